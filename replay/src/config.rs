@@ -1,0 +1,408 @@
+//! The validated configuration of a replay run.
+//!
+//! The binary parses flags; everything here is already checked, so the run itself never
+//! meets a bad value. Each mode is an enum parsed with a clear error, never a string with a
+//! silent fallback.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::ReplayError;
+
+/// One candidate endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// Short name used in tables and result files.
+    pub name: String,
+    /// Base URL, e.g. `http://127.0.0.1:8000` (a trailing `/v1` is accepted and dropped).
+    pub url: String,
+}
+
+impl FromStr for Target {
+    type Err = String;
+    /// `URL` or `NAME=URL`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, url) = match s.split_once('=') {
+            Some((n, u)) if !n.contains('/') && !n.contains(':') => (n.to_string(), u.to_string()),
+            _ => (String::new(), s.to_string()),
+        };
+        let url = url
+            .trim_end_matches('/')
+            .trim_end_matches("/v1")
+            .to_string();
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "target {s:?}: expected http://HOST:PORT or https://..., optionally NAME=URL"
+            ));
+        }
+        let name = if name.is_empty() {
+            url.split("://").nth(1).unwrap_or(&url).to_string()
+        } else {
+            name
+        };
+        Ok(Target { name, url })
+    }
+}
+
+/// Which OpenAI endpoint a built request (a row without a body) goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointKind {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+impl EndpointKind {
+    /// The request path.
+    pub fn path(self) -> &'static str {
+        match self {
+            EndpointKind::Completions => "/v1/completions",
+            EndpointKind::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+impl FromStr for EndpointKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "completions" | "/v1/completions" => Ok(EndpointKind::Completions),
+            "chat" | "/v1/chat/completions" => Ok(EndpointKind::Chat),
+            _ => Err(format!(
+                "unknown endpoint {s:?} (expected completions or chat)"
+            )),
+        }
+    }
+}
+
+/// How built requests choose `max_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputLen {
+    /// The recorded output length, with `ignore_eos` so the server generates exactly it.
+    Recorded,
+    /// The recorded request's own `max_tokens`, without `ignore_eos`.
+    Request,
+    /// A fixed length, with `ignore_eos`.
+    Fixed(u32),
+}
+
+impl FromStr for OutputLen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "recorded" => Ok(OutputLen::Recorded),
+            "request" => Ok(OutputLen::Request),
+            n => match n.parse::<u32>() {
+                Ok(v) if v > 0 => Ok(OutputLen::Fixed(v)),
+                _ => Err(format!(
+                    "--output-len {s:?}: expected recorded, request or a positive number"
+                )),
+            },
+        }
+    }
+}
+
+/// How turns of one session are paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionMode {
+    /// Every request at its recorded time.
+    Open,
+    /// A session's next turn when the candidate finished the previous one, plus think time.
+    Closed,
+}
+
+impl FromStr for SessionMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "open" => Ok(SessionMode::Open),
+            "closed" => Ok(SessionMode::Closed),
+            _ => Err(format!(
+                "unknown session mode {s:?} (expected open or closed)"
+            )),
+        }
+    }
+}
+
+/// Where send times come from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrivals {
+    /// The trace's recorded arrival offsets, divided by `speedup`.
+    Recorded {
+        /// 2.0 = twice as fast.
+        speedup: f64,
+    },
+    /// Gamma inter-arrivals as in vLLM (`burstiness` 1 = Poisson); `rate` infinite = all at once.
+    Rate {
+        /// Requests per second.
+        rate: f64,
+        /// Gamma shape.
+        burstiness: f64,
+    },
+}
+
+/// A latency SLO for goodput (`ttft:500`), in milliseconds, inclusive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slo {
+    /// Which metric.
+    pub metric: SloMetric,
+    /// Limit in milliseconds (a request passes when its value ≤ this).
+    pub limit_ms: f64,
+}
+
+/// Metrics an SLO can bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SloMetric {
+    /// Time to first token.
+    Ttft,
+    /// Time per output token.
+    Tpot,
+    /// End-to-end latency.
+    E2el,
+}
+
+impl SloMetric {
+    /// The key as written on the command line and in JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            SloMetric::Ttft => "ttft",
+            SloMetric::Tpot => "tpot",
+            SloMetric::E2el => "e2el",
+        }
+    }
+}
+
+impl FromStr for Slo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (k, v) = s
+            .split_once(':')
+            .ok_or_else(|| format!("--goodput {s:?}: expected KEY:MS, e.g. ttft:500"))?;
+        let metric = match k {
+            "ttft" => SloMetric::Ttft,
+            "tpot" => SloMetric::Tpot,
+            "e2el" => SloMetric::E2el,
+            _ => {
+                return Err(format!(
+                    "--goodput {s:?}: unknown key {k:?} (expected ttft, tpot or e2el)"
+                ))
+            }
+        };
+        let limit_ms: f64 = v
+            .parse()
+            .ok()
+            .filter(|x: &f64| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| {
+                format!("--goodput {s:?}: {v:?} is not a non-negative number of milliseconds")
+            })?;
+        Ok(Slo { metric, limit_ms })
+    }
+}
+
+impl fmt::Display for Slo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.metric.key(), self.limit_ms)
+    }
+}
+
+/// Metrics that get percentiles (`--percentile-metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PercentileMetric {
+    /// Time to first token.
+    Ttft,
+    /// Time per output token.
+    Tpot,
+    /// Inter-token latency.
+    Itl,
+    /// End-to-end latency.
+    E2el,
+}
+
+impl PercentileMetric {
+    /// vLLM's key stem.
+    pub fn key(self) -> &'static str {
+        match self {
+            PercentileMetric::Ttft => "ttft",
+            PercentileMetric::Tpot => "tpot",
+            PercentileMetric::Itl => "itl",
+            PercentileMetric::E2el => "e2el",
+        }
+    }
+}
+
+impl FromStr for PercentileMetric {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ttft" => Ok(PercentileMetric::Ttft),
+            "tpot" => Ok(PercentileMetric::Tpot),
+            "itl" => Ok(PercentileMetric::Itl),
+            "e2el" => Ok(PercentileMetric::E2el),
+            _ => Err(format!(
+                "unknown metric {s:?} (expected ttft, tpot, itl or e2el)"
+            )),
+        }
+    }
+}
+
+/// Which part of the trace is replayed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Selection {
+    /// Skip this much of the trace (trace time, from its first arrival).
+    pub start_offset: Duration,
+    /// Replay only this much of the trace (trace time).
+    pub duration: Option<Duration>,
+    /// Keep this fraction of sessions (or requests without sessions), deterministically.
+    pub sample_ratio: Option<f64>,
+    /// Keep at most this many requests (the earliest).
+    pub max_requests: Option<usize>,
+}
+
+/// How requests are built and sent.
+#[derive(Debug, Clone)]
+pub struct RequestOptions {
+    /// Endpoint for rows without a body.
+    pub endpoint: EndpointKind,
+    /// Rewrites the model name of every request.
+    pub model: Option<String>,
+    /// Output length policy for rows without a body.
+    pub output_len: OutputLen,
+    /// Streams built requests (default); rows with a body keep their own `stream`.
+    pub stream: bool,
+    /// Salt mixed into synthesized prompts (per-run random when not given).
+    pub prompt_salt: u64,
+    /// Extra headers.
+    pub headers: Vec<(String, String)>,
+    /// Sent as `Authorization: Bearer ...`.
+    pub api_key: Option<String>,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+/// Everything a replay run needs, validated.
+#[derive(Debug, Clone)]
+pub struct ReplayConfig {
+    /// Candidate endpoints, replayed in turn with the same schedule.
+    pub targets: Vec<Target>,
+    /// Which rows.
+    pub selection: Selection,
+    /// Send times.
+    pub arrivals: Arrivals,
+    /// Caps requests in flight.
+    pub max_concurrency: Option<usize>,
+    /// Session pacing.
+    pub session_mode: SessionMode,
+    /// Request building and sending.
+    pub request: RequestOptions,
+    /// Open the connection pool before the clock starts.
+    pub preconnect: bool,
+    /// Requests sent and not counted before the clock starts.
+    pub num_warmups: usize,
+    /// Seed for sampling and synthetic arrivals.
+    pub seed: u64,
+    /// Goodput SLOs.
+    pub goodput: Vec<Slo>,
+    /// Metrics that get percentiles.
+    pub percentile_metrics: Vec<PercentileMetric>,
+    /// Which percentiles.
+    pub metric_percentiles: Vec<f64>,
+    /// Pause between targets.
+    pub cooldown: Duration,
+    /// Show a live progress bar (on a terminal).
+    pub progress: bool,
+    /// Client worker threads (0 = one per core).
+    pub client_threads: usize,
+    /// `--label`.
+    pub label: Option<String>,
+    /// `--metadata K=V`.
+    pub metadata: Vec<(String, String)>,
+    /// Sample each target's `/metrics` during the run (vLLM's scheduler gauges).
+    pub server_metrics: bool,
+}
+
+impl ReplayConfig {
+    /// Checks values that flags alone cannot: ranges and combinations.
+    pub fn validate(&self) -> Result<(), ReplayError> {
+        let bad = |m: String| Err(ReplayError::Config(m));
+        if self.targets.is_empty() {
+            return bad("no target".into());
+        }
+        let mut names: Vec<&str> = self.targets.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.len() != self.targets.len() {
+            return bad("two targets share a name; name them with NAME=URL".into());
+        }
+        match self.arrivals {
+            Arrivals::Recorded { speedup } if !(speedup.is_finite() && speedup > 0.0) => {
+                return bad(format!("--speedup {speedup}: must be a positive number"))
+            }
+            Arrivals::Rate { rate, burstiness } => {
+                if !(rate > 0.0) {
+                    return bad(format!("--request-rate {rate}: must be positive (or inf)"));
+                }
+                if !(burstiness.is_finite() && burstiness > 0.0) {
+                    return bad(format!(
+                        "--burstiness {burstiness}: must be a positive number"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if let Some(r) = self.selection.sample_ratio {
+            if !(r > 0.0 && r <= 1.0) {
+                return bad(format!("--sample-ratio {r}: must be in (0, 1]"));
+            }
+        }
+        if self.max_concurrency == Some(0) {
+            return bad("--max-concurrency must be at least 1".into());
+        }
+        for p in &self.metric_percentiles {
+            if !(0.0..=100.0).contains(p) {
+                return bad(format!("--metric-percentiles: {p} is not within 0..100"));
+            }
+        }
+        if self.request.timeout.is_zero() {
+            return bad("--timeout must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_with_and_without_names() {
+        let t: Target = "http://127.0.0.1:8000/v1/".parse().unwrap();
+        assert_eq!(t.url, "http://127.0.0.1:8000");
+        assert_eq!(t.name, "127.0.0.1:8000");
+        let t: Target = "awq=https://h:1".parse().unwrap();
+        assert_eq!((t.name.as_str(), t.url.as_str()), ("awq", "https://h:1"));
+        assert!("localhost:8000".parse::<Target>().is_err());
+    }
+
+    #[test]
+    fn slos_parse_and_reject_garbage() {
+        let s: Slo = "ttft:500".parse().unwrap();
+        assert_eq!((s.metric, s.limit_ms), (SloMetric::Ttft, 500.0));
+        assert!("ttft".parse::<Slo>().is_err());
+        assert!("foo:1".parse::<Slo>().is_err());
+        assert!("tpot:-1".parse::<Slo>().is_err());
+        assert!("tpot:abc".parse::<Slo>().is_err());
+    }
+
+    #[test]
+    fn output_len_modes() {
+        assert_eq!(
+            "recorded".parse::<OutputLen>().unwrap(),
+            OutputLen::Recorded
+        );
+        assert_eq!("128".parse::<OutputLen>().unwrap(), OutputLen::Fixed(128));
+        assert!("0".parse::<OutputLen>().is_err());
+        assert!("lots".parse::<OutputLen>().is_err());
+    }
+}

@@ -1,0 +1,284 @@
+//! vLLM-compatible metrics from per-request results (../shared/docs/metrics.md).
+//!
+//! Inputs are the result rows themselves (integer microseconds), so aggregation loses
+//! nothing: every value is converted to milliseconds once, percentiles are exact over all
+//! values (numpy's linear interpolation), never from a histogram.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use trace_format::stats::Summary;
+use trace_format::{Outcome, TraceRecord};
+
+use crate::config::{Slo, SloMetric};
+
+/// The aggregate metrics of one run against one target.
+#[derive(Debug, Clone, Serialize)]
+pub struct Metrics {
+    /// Requests sent.
+    pub num_prompts: usize,
+    /// Requests with outcome `ok`.
+    pub completed: usize,
+    /// All others.
+    pub failed: usize,
+    /// From the scheduled start of the first request to the end of the last one, s.
+    pub duration_s: f64,
+    /// Σ prompt tokens of completed requests.
+    pub total_input_tokens: i64,
+    /// Σ output tokens of completed requests.
+    pub total_output_tokens: i64,
+    /// completed / duration.
+    pub request_throughput: f64,
+    /// Requests per second meeting every SLO (None without SLOs).
+    pub request_goodput: Option<f64>,
+    /// Σ output tokens / duration.
+    pub output_throughput: f64,
+    /// (Σ prompt + Σ output tokens) / duration.
+    pub total_token_throughput: f64,
+    /// Most requests in flight at once.
+    pub max_concurrent_requests: usize,
+    /// TTFT, ms, over completed requests.
+    pub ttft: Summary,
+    /// TPOT, ms, over completed requests with more than one output token.
+    pub tpot: Summary,
+    /// ITL, ms, pooled chunk gaps of completed requests.
+    pub itl: Summary,
+    /// E2EL, ms, over completed requests.
+    pub e2el: Summary,
+    /// Chunk gap per token of the later chunk, ms, when per-chunk token counts are known.
+    pub itl_per_token: Option<Summary>,
+    /// Fraction of all requests meeting every SLO (None without SLOs).
+    pub slo_attainment: Option<f64>,
+    /// Actual send − scheduled send (minus queue and connect time), ms.
+    pub dispatch_lag: Summary,
+    /// Client queue time waiting for a concurrency slot, ms.
+    pub queue: Summary,
+    /// Connect time of requests that opened a connection, ms.
+    pub connect: Summary,
+    /// Requests that opened a new connection.
+    pub new_connections: usize,
+    /// Requests per outcome.
+    pub outcomes: BTreeMap<String, usize>,
+    /// Completed requests per output-token source.
+    pub output_token_sources: BTreeMap<String, usize>,
+}
+
+fn ms(us: i64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Whether a completed request meets every SLO (vLLM's goodput rule).
+pub fn meets_slos(r: &TraceRecord, slos: &[Slo]) -> bool {
+    if r.outcome != Outcome::Ok {
+        return false;
+    }
+    slos.iter().all(|s| {
+        let v = match s.metric {
+            SloMetric::Ttft => r.ttft_us.map(ms),
+            SloMetric::E2el => r.e2el_us.map(ms),
+            SloMetric::Tpot => Some(tpot_ms(r).unwrap_or(0.0)),
+        };
+        v.is_some_and(|v| v <= s.limit_ms)
+    })
+}
+
+/// TPOT of one request, ms: (E2EL − TTFT) / (output_tokens − 1), when output_tokens > 1.
+pub fn tpot_ms(r: &TraceRecord) -> Option<f64> {
+    let out = r.output_tokens?;
+    if out <= 1 {
+        return None;
+    }
+    Some(ms(r.e2el_us? - r.ttft_us?) / (out - 1) as f64)
+}
+
+/// Computes the metrics of `records`, a run that started at `run_start_us` (epoch µs).
+pub fn compute(
+    records: &[TraceRecord],
+    run_start_us: i64,
+    slos: &[Slo],
+    percentiles: &[f64],
+) -> Metrics {
+    let ok: Vec<&TraceRecord> = records
+        .iter()
+        .filter(|r| r.outcome == Outcome::Ok)
+        .collect();
+    let mut end_us = run_start_us;
+    let mut intervals: Vec<(i64, i64)> = Vec::with_capacity(records.len());
+    for r in records {
+        let span = r
+            .e2el_us
+            .or_else(|| r.chunk_times_us.last().copied())
+            .unwrap_or(0)
+            .max(0);
+        end_us = end_us.max(r.arrival_time_us + span);
+        intervals.push((r.arrival_time_us, r.arrival_time_us + span));
+    }
+    let duration_s = ((end_us - run_start_us).max(1)) as f64 / 1e6;
+
+    let total_input_tokens: i64 = ok.iter().filter_map(|r| r.prompt_tokens).sum();
+    let total_output_tokens: i64 = ok.iter().filter_map(|r| r.output_tokens).sum();
+
+    let mut ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_us.map(ms)).collect();
+    let mut e2el: Vec<f64> = ok.iter().filter_map(|r| r.e2el_us.map(ms)).collect();
+    let mut tpot: Vec<f64> = ok.iter().filter_map(|r| tpot_ms(r)).collect();
+    let mut itl = Vec::new();
+    let mut itl_tok = Vec::new();
+    let mut have_tokens = false;
+    for r in &ok {
+        for (i, w) in r.chunk_times_us.windows(2).enumerate() {
+            let gap = ms(w[1] - w[0]);
+            itl.push(gap);
+            if let Some(ct) = &r.chunk_tokens {
+                have_tokens = true;
+                if let Some(&n) = ct.get(i + 1) {
+                    if n > 0 {
+                        itl_tok.push(gap / f64::from(n));
+                    }
+                }
+            }
+        }
+    }
+    let mut lag: Vec<f64> = records
+        .iter()
+        .filter_map(|r| r.dispatch_lag_us.map(ms))
+        .collect();
+    let mut queue: Vec<f64> = records.iter().filter_map(|r| r.queue_us.map(ms)).collect();
+    let mut connect: Vec<f64> = records
+        .iter()
+        .filter(|r| r.new_connection == Some(true))
+        .filter_map(|r| r.connect_us.map(ms))
+        .collect();
+
+    let good = if slos.is_empty() {
+        None
+    } else {
+        Some(records.iter().filter(|r| meets_slos(r, slos)).count())
+    };
+    let mut outcomes = BTreeMap::new();
+    for r in records {
+        *outcomes.entry(r.outcome.to_string()).or_insert(0) += 1;
+    }
+    let mut output_token_sources = BTreeMap::new();
+    for r in &ok {
+        let k = r
+            .output_tokens_source
+            .map_or("unknown".to_string(), |s| s.to_string());
+        *output_token_sources.entry(k).or_insert(0) += 1;
+    }
+    let p = percentiles;
+    Metrics {
+        num_prompts: records.len(),
+        completed: ok.len(),
+        failed: records.len() - ok.len(),
+        duration_s,
+        total_input_tokens,
+        total_output_tokens,
+        request_throughput: ok.len() as f64 / duration_s,
+        request_goodput: good.map(|g| g as f64 / duration_s),
+        output_throughput: total_output_tokens as f64 / duration_s,
+        total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / duration_s,
+        max_concurrent_requests: max_overlap(&mut intervals),
+        ttft: Summary::from_values(&mut ttft, p),
+        tpot: Summary::from_values(&mut tpot, p),
+        itl: Summary::from_values(&mut itl, p),
+        e2el: Summary::from_values(&mut e2el, p),
+        itl_per_token: have_tokens.then(|| Summary::from_values(&mut itl_tok, p)),
+        slo_attainment: good.map(|g| {
+            if records.is_empty() {
+                0.0
+            } else {
+                g as f64 / records.len() as f64
+            }
+        }),
+        dispatch_lag: Summary::from_values(&mut lag, &[50.0, 99.0]),
+        queue: Summary::from_values(&mut queue, &[50.0, 99.0]),
+        new_connections: records
+            .iter()
+            .filter(|r| r.new_connection == Some(true))
+            .count(),
+        connect: Summary::from_values(&mut connect, &[50.0, 99.0]),
+        outcomes,
+        output_token_sources,
+    }
+}
+
+/// Most intervals overlapping at one instant (an end at t frees its slot before a start at t).
+pub fn max_overlap(intervals: &mut [(i64, i64)]) -> usize {
+    let mut ev: Vec<(i64, i32)> = Vec::with_capacity(intervals.len() * 2);
+    for &(s, e) in intervals.iter() {
+        ev.push((s, 1));
+        ev.push((e.max(s), -1));
+    }
+    ev.sort_unstable();
+    let (mut cur, mut best) = (0i64, 0i64);
+    for (_, d) in ev {
+        cur += i64::from(d);
+        best = best.max(cur);
+    }
+    best as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace_format::TokenSource;
+
+    fn ok(start_ms: i64, chunks_ms: &[i64], out: i64) -> TraceRecord {
+        let mut r = TraceRecord::new(format!("r{start_ms}"), start_ms * 1000, "/v1/completions");
+        r.chunk_times_us = chunks_ms.iter().map(|c| c * 1000).collect();
+        r.ttft_us = r.chunk_times_us.first().copied();
+        r.e2el_us = r.chunk_times_us.last().copied();
+        r.output_tokens = Some(out);
+        r.output_tokens_source = Some(TokenSource::Usage);
+        r.prompt_tokens = Some(10);
+        r
+    }
+
+    #[test]
+    fn vllm_definitions_on_a_known_run() {
+        // Two completed requests, one failed.
+        let a = ok(0, &[100, 110, 120, 130], 4); // TPOT (130-100)/3 = 10
+        let b = ok(1000, &[200, 240], 5); // coalesced chunks: TPOT (240-200)/4 = 10, one ITL of 40
+        let mut c = TraceRecord::new("c", 500_000, "/v1/completions");
+        c.outcome = Outcome::HttpError;
+        let m = compute(&[a, b, c], 0, &["ttft:150".parse().unwrap()], &[50.0, 99.0]);
+        assert_eq!((m.completed, m.failed), (2, 1));
+        assert!((m.duration_s - 1.24).abs() < 1e-9);
+        assert_eq!(
+            m.total_output_tokens, 9,
+            "tokens from usage, not chunk count (6)"
+        );
+        assert_eq!(m.total_input_tokens, 20);
+        assert_eq!(m.ttft.mean, 150.0);
+        assert_eq!(m.tpot.mean, 10.0);
+        assert_eq!(m.itl.count, 4);
+        assert_eq!(m.itl.max, 40.0);
+        assert_eq!(m.e2el.median, 185.0);
+        // Goodput: only a (TTFT 100 ≤ 150) passes; b's TTFT is 200.
+        assert!((m.request_goodput.unwrap() - 1.0 / 1.24).abs() < 1e-9);
+        assert!((m.slo_attainment.unwrap() - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(m.outcomes["http_error"], 1);
+    }
+
+    #[test]
+    fn tpot_slo_passes_single_token_requests() {
+        let r = ok(0, &[100], 1);
+        assert!(meets_slos(&r, &["tpot:0".parse().unwrap()]));
+        assert_eq!(tpot_ms(&r), None);
+    }
+
+    #[test]
+    fn per_token_itl_uses_chunk_token_counts() {
+        let mut r = ok(0, &[10, 30, 50], 9);
+        r.chunk_tokens = Some(vec![1, 4, 4]);
+        let m = compute(&[r], 0, &[], &[50.0]);
+        let pt = m.itl_per_token.unwrap();
+        assert_eq!((pt.count, pt.mean), (2, 5.0));
+    }
+
+    #[test]
+    fn overlap_counts_concurrency() {
+        assert_eq!(max_overlap(&mut [(0, 10), (5, 15), (10, 20), (30, 40)]), 2);
+        assert_eq!(max_overlap(&mut []), 0);
+    }
+}

@@ -1,0 +1,337 @@
+//! The schedule of a run: which rows are replayed, when each is sent, and (in closed
+//! session mode) which turns wait for which.
+//!
+//! Offsets are absolute from the run's start (`start + offset`), never gaps to the previous
+//! send, so timing errors do not accumulate. Everything here is computed before the clock
+//! starts, including every request body, so nothing but sending happens at send time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Gamma};
+use trace_format::TraceRecord;
+
+use crate::config::{Arrivals, RequestOptions, Selection, SessionMode};
+use crate::error::ReplayError;
+use crate::prompt::{build_request, stable_hash, BuiltRequest};
+
+/// One request of the schedule.
+#[derive(Debug, Clone)]
+pub struct PlannedRequest {
+    /// The trace row's request id.
+    pub request_id: String,
+    /// The trace row's session.
+    pub session_id: Option<String>,
+    /// Scheduled send offset from the run start (open mode, and first turns in closed mode).
+    pub offset: Duration,
+    /// Closed mode: think time between the previous turn's end and this one.
+    pub think: Duration,
+    /// Closed mode: the next turn of this request's session (index into the plan).
+    pub next_turn: Option<usize>,
+    /// Closed mode: whether this turn waits for a previous one.
+    pub waits_for_previous: bool,
+    /// The request to send.
+    pub req: BuiltRequest,
+    /// The recorded prompt length.
+    pub prompt_tokens: Option<i64>,
+}
+
+/// The whole schedule.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Requests, ordered by offset.
+    pub items: Vec<PlannedRequest>,
+    /// Span of the selected rows in trace time (last arrival − first).
+    pub trace_span: Duration,
+    /// Rows in the input trace.
+    pub trace_rows: usize,
+}
+
+impl Plan {
+    /// Offset of the last scheduled first-send.
+    pub fn last_offset(&self) -> Duration {
+        self.items
+            .iter()
+            .map(|p| p.offset)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// Indices of the rows `sel` keeps, in arrival order. `records` must be sorted by arrival.
+pub fn select(records: &[TraceRecord], sel: &Selection, seed: u64) -> Vec<usize> {
+    let Some(first) = records.first().map(|r| r.arrival_time_us) else {
+        return Vec::new();
+    };
+    let lo = first.saturating_add(sel.start_offset.as_micros() as i64);
+    let hi = sel
+        .duration
+        .map(|d| lo.saturating_add(d.as_micros() as i64));
+    let mut out: Vec<usize> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.arrival_time_us >= lo && hi.is_none_or(|h| r.arrival_time_us < h))
+        .filter(|(_, r)| match sel.sample_ratio {
+            None => true,
+            Some(ratio) => {
+                let key = r.session_id.as_deref().unwrap_or(&r.request_id);
+                let h = stable_hash(key) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                ((h >> 11) as f64 / (1u64 << 53) as f64) < ratio
+            }
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if let Some(m) = sel.max_requests {
+        out.truncate(m);
+    }
+    out
+}
+
+/// Send offsets for `n` requests: recorded arrivals (µs since epoch, ascending) scaled by
+/// the speedup, or vLLM's gamma process.
+pub fn offsets(arrivals_us: &[i64], mode: Arrivals, seed: u64) -> Vec<Duration> {
+    match mode {
+        Arrivals::Recorded { speedup } => {
+            let first = arrivals_us.first().copied().unwrap_or(0);
+            arrivals_us
+                .iter()
+                .map(|a| Duration::from_secs_f64(((a - first).max(0) as f64 / 1e6) / speedup))
+                .collect()
+        }
+        Arrivals::Rate { rate, burstiness } => {
+            if rate.is_infinite() {
+                return vec![Duration::ZERO; arrivals_us.len()];
+            }
+            // vLLM: the first request at once, then gamma(shape=burstiness, scale=1/(rate·burstiness)) gaps.
+            let gamma =
+                Gamma::new(burstiness, 1.0 / (rate * burstiness)).expect("validated parameters");
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut t = 0.0f64;
+            (0..arrivals_us.len())
+                .map(|i| {
+                    if i > 0 {
+                        t += gamma.sample(&mut rng);
+                    }
+                    Duration::from_secs_f64(t)
+                })
+                .collect()
+        }
+    }
+}
+
+/// Builds the schedule for `records` (sorted by arrival).
+#[allow(clippy::too_many_arguments)]
+pub fn build_plan(
+    records: &[TraceRecord],
+    sel: &Selection,
+    arrivals: Arrivals,
+    session_mode: SessionMode,
+    opts: &RequestOptions,
+    default_model: &str,
+    block_size: Option<usize>,
+    seed: u64,
+) -> Result<Plan, ReplayError> {
+    let chosen = select(records, sel, seed);
+    if chosen.is_empty() {
+        return Err(ReplayError::Empty(if records.is_empty() {
+            "the trace has no rows".into()
+        } else {
+            "the window/sample selected no rows".into()
+        }));
+    }
+    let arrivals_us: Vec<i64> = chosen.iter().map(|&i| records[i].arrival_time_us).collect();
+    let offs = offsets(&arrivals_us, arrivals, seed);
+    let speedup = match arrivals {
+        Arrivals::Recorded { speedup } => speedup,
+        Arrivals::Rate { .. } => 1.0,
+    };
+    let mut items = Vec::with_capacity(chosen.len());
+    for (k, &i) in chosen.iter().enumerate() {
+        let rec = &records[i];
+        let req =
+            build_request(rec, opts, default_model, block_size).map_err(ReplayError::Config)?;
+        items.push(PlannedRequest {
+            request_id: rec.request_id.clone(),
+            session_id: rec.session_id.clone(),
+            offset: offs[k],
+            think: Duration::ZERO,
+            next_turn: None,
+            waits_for_previous: false,
+            req,
+            prompt_tokens: rec.prompt_tokens,
+        });
+    }
+    if session_mode == SessionMode::Closed {
+        let mut last_of: HashMap<&str, usize> = HashMap::new();
+        for k in 0..items.len() {
+            let Some(sid) = records[chosen[k]].session_id.as_deref() else {
+                continue;
+            };
+            if let Some(&prev) = last_of.get(sid) {
+                let p = &records[chosen[prev]];
+                let c = &records[chosen[k]];
+                let prev_end = p.arrival_time_us + p.e2el_us.unwrap_or(0).max(0);
+                let think_us = (c.arrival_time_us - prev_end).max(0);
+                items[k].think = Duration::from_secs_f64(think_us as f64 / 1e6 / speedup);
+                items[k].waits_for_previous = true;
+                items[prev].next_turn = Some(k);
+            }
+            last_of.insert(sid, k);
+        }
+    }
+    Ok(Plan {
+        trace_span: Duration::from_micros(
+            (arrivals_us[arrivals_us.len() - 1] - arrivals_us[0]).max(0) as u64,
+        ),
+        trace_rows: records.len(),
+        items,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{EndpointKind, OutputLen};
+
+    fn rec(id: &str, t_ms: i64, session: Option<&str>) -> TraceRecord {
+        let mut r = TraceRecord::new(id, 1_700_000_000_000_000 + t_ms * 1000, "/v1/completions");
+        r.prompt_tokens = Some(5);
+        r.output_tokens = Some(3);
+        r.session_id = session.map(str::to_string);
+        r
+    }
+
+    fn opts() -> RequestOptions {
+        RequestOptions {
+            endpoint: EndpointKind::Completions,
+            model: None,
+            output_len: OutputLen::Recorded,
+            stream: true,
+            prompt_salt: 1,
+            headers: vec![],
+            api_key: None,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn recorded_offsets_scale_with_speedup() {
+        let o = offsets(
+            &[10_000_000, 10_500_000, 12_000_000],
+            Arrivals::Recorded { speedup: 2.0 },
+            0,
+        );
+        assert_eq!(
+            o,
+            vec![
+                Duration::ZERO,
+                Duration::from_millis(250),
+                Duration::from_millis(1000)
+            ]
+        );
+    }
+
+    #[test]
+    fn gamma_offsets_have_the_asked_rate_and_are_seeded() {
+        let a = offsets(
+            &vec![0; 20_000],
+            Arrivals::Rate {
+                rate: 100.0,
+                burstiness: 1.0,
+            },
+            3,
+        );
+        let b = offsets(
+            &vec![0; 20_000],
+            Arrivals::Rate {
+                rate: 100.0,
+                burstiness: 1.0,
+            },
+            3,
+        );
+        assert_eq!(a, b);
+        let rate = 19_999.0 / a.last().unwrap().as_secs_f64();
+        assert!((rate - 100.0).abs() < 3.0, "rate {rate}");
+        let inf = offsets(
+            &[0, 0, 0],
+            Arrivals::Rate {
+                rate: f64::INFINITY,
+                burstiness: 1.0,
+            },
+            3,
+        );
+        assert!(inf.iter().all(|d| d.is_zero()));
+    }
+
+    #[test]
+    fn window_sample_and_max_select_rows() {
+        let rs: Vec<TraceRecord> = (0..100)
+            .map(|i| rec(&format!("r{i}"), i * 100, None))
+            .collect();
+        let sel = Selection {
+            start_offset: Duration::from_secs(1),
+            duration: Some(Duration::from_secs(2)),
+            ..Default::default()
+        };
+        let s = select(&rs, &sel, 0);
+        assert_eq!(s, (10..30).collect::<Vec<_>>());
+        let sel = Selection {
+            max_requests: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(select(&rs, &sel, 0).len(), 5);
+        let sel = Selection {
+            sample_ratio: Some(0.5),
+            ..Default::default()
+        };
+        let n = select(&rs, &sel, 0).len();
+        assert!((30..70).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn sampling_keeps_sessions_whole() {
+        let rs: Vec<TraceRecord> = (0..200)
+            .map(|i| rec(&format!("r{i}"), i, Some(&format!("s{}", i % 20))))
+            .collect();
+        let sel = Selection {
+            sample_ratio: Some(0.5),
+            ..Default::default()
+        };
+        let kept = select(&rs, &sel, 42);
+        for s in 0..20 {
+            let n = kept
+                .iter()
+                .filter(|&&i| rs[i].session_id.as_deref() == Some(&format!("s{s}")))
+                .count();
+            assert!(n == 0 || n == 10, "session s{s} split: {n}");
+        }
+    }
+
+    #[test]
+    fn closed_sessions_chain_turns_with_think_time() {
+        let mut rs = vec![
+            rec("a1", 0, Some("a")),
+            rec("b1", 100, Some("b")),
+            rec("a2", 1000, Some("a")),
+        ];
+        rs[0].e2el_us = Some(400_000);
+        let p = build_plan(
+            &rs,
+            &Selection::default(),
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Closed,
+            &opts(),
+            "m",
+            None,
+            0,
+        )
+        .unwrap();
+        assert_eq!(p.items[0].next_turn, Some(2));
+        assert!(p.items[2].waits_for_previous);
+        assert_eq!(p.items[2].think, Duration::from_millis(600));
+        assert!(!p.items[1].waits_for_previous);
+    }
+}

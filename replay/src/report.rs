@@ -1,0 +1,630 @@
+//! What a run tells people: the console report (definitions table first, then results as
+//! the seed report asks), the JSON result with vLLM's key names, the dispatch-lag verdict,
+//! and the side-by-side table of a multi-target run.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Map, Value};
+use trace_format::stats::{percentile_label, Summary};
+
+use crate::config::{Arrivals, ReplayConfig};
+use crate::metrics::Metrics;
+use crate::run::RunOutput;
+
+/// The definitions table printed above every result (../shared/docs/metrics.md).
+pub const DEFINITIONS: &str = "\
+Metric definitions (vLLM's `vllm bench serve`; measured at the client from t0 = request written):
+  TTFT      time of the first chunk - t0 (a chunk = an SSE event with non-empty `choices`)
+  ITL       gap between consecutive chunks, pooled over successful requests (k tokens in a chunk = one gap)
+  TPOT      per request, (E2EL - TTFT) / (output_tokens - 1), output_tokens from usage
+  E2EL      time of the last chunk - t0 (non-streamed: whole response read)
+  goodput   requests/s meeting every --goodput SLO (inclusive)
+  throughput  completed requests (or tokens) / duration; duration = scheduled start of the first request
+              to the end of the last one
+  dispatch lag  actual send - scheduled send (client overhead; queue and connect time reported apart)
+";
+
+/// Whether the client itself limited the run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Verdict {
+    /// Dispatch lag p50, ms.
+    pub lag_p50_ms: f64,
+    /// Dispatch lag p99, ms.
+    pub lag_p99_ms: f64,
+    /// Dispatch lag max, ms.
+    pub lag_max_ms: f64,
+    /// Client worker CPU utilisation (0–1), when measured.
+    pub client_cpu_utilization: Option<f64>,
+    /// True when the result may reflect the client rather than the server.
+    pub client_saturated: bool,
+    /// One sentence for people.
+    pub message: String,
+}
+
+/// p99 dispatch lag above which the client is said not to keep up, ms.
+pub const LAG_P99_LIMIT_MS: f64 = 1.0;
+/// Client CPU utilisation above which it is said to be saturated.
+pub const CPU_LIMIT: f64 = 0.9;
+
+/// Judges whether the client kept up.
+pub fn verdict(m: &Metrics, run: &RunOutput) -> Verdict {
+    let p99 = m.dispatch_lag.get(99.0).unwrap_or(0.0);
+    let cpu = run.client_load.as_ref().map(|c| c.utilization);
+    let lag_bad = p99 > LAG_P99_LIMIT_MS;
+    let cpu_bad = cpu.is_some_and(|c| c > CPU_LIMIT);
+    let message = match (lag_bad, cpu_bad) {
+        (false, false) => format!(
+            "OK: the client kept up (dispatch lag p99 {p99:.3} ms ≤ {LAG_P99_LIMIT_MS} ms{}).",
+            cpu.map(|c| format!(", client CPU {:.0}%", c * 100.0)).unwrap_or_default()
+        ),
+        _ => format!(
+            "WARNING: the client could not keep up ({}{}): latencies include the client's own backlog and are NOT \
+             server figures. Use fewer requests per process, --client-threads, or shard across processes.",
+            if lag_bad { format!("dispatch lag p99 {p99:.3} ms > {LAG_P99_LIMIT_MS} ms") } else { String::new() },
+            match (lag_bad, cpu_bad) {
+                (true, true) => format!("; client CPU {:.0}%", cpu.unwrap_or(0.0) * 100.0),
+                (false, true) => format!("client CPU {:.0}%", cpu.unwrap_or(0.0) * 100.0),
+                _ => String::new(),
+            }
+        ),
+    };
+    Verdict {
+        lag_p50_ms: m.dispatch_lag.get(50.0).unwrap_or(0.0),
+        lag_p99_ms: p99,
+        lag_max_ms: m.dispatch_lag.max,
+        client_cpu_utilization: cpu,
+        client_saturated: lag_bad || cpu_bad,
+        message,
+    }
+}
+
+/// Identity of the replayed trace, for provenance.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TraceIdentity {
+    /// Input files.
+    pub files: Vec<String>,
+    /// Rows in the input.
+    pub rows: usize,
+    /// Stable hash of (request_id, arrival_time) of every row, hex.
+    pub content_hash: String,
+}
+
+/// Computes the identity of a trace.
+pub fn trace_identity(trace: &trace_format::Trace) -> TraceIdentity {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for r in &trace.records {
+        for b in r
+            .request_id
+            .as_bytes()
+            .iter()
+            .chain(r.arrival_time_us.to_le_bytes().iter())
+        {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    TraceIdentity {
+        files: trace
+            .files
+            .iter()
+            .map(|f| f.path.display().to_string())
+            .collect(),
+        rows: trace.records.len(),
+        content_hash: format!("{h:016x}"),
+    }
+}
+
+fn put_summary(obj: &mut Map<String, Value>, key: &str, s: &Summary) {
+    obj.insert(format!("mean_{key}_ms"), json!(s.mean));
+    obj.insert(format!("median_{key}_ms"), json!(s.median));
+    obj.insert(format!("std_{key}_ms"), json!(s.std));
+    for (p, v) in &s.percentiles {
+        obj.insert(format!("p{}_{key}_ms", percentile_label(*p)), json!(v));
+    }
+}
+
+fn summary_json(s: &Summary) -> Value {
+    let mut o = Map::new();
+    o.insert("count".into(), json!(s.count));
+    o.insert("mean".into(), json!(s.mean));
+    o.insert("median".into(), json!(s.median));
+    o.insert("std".into(), json!(s.std));
+    o.insert("min".into(), json!(s.min));
+    o.insert("max".into(), json!(s.max));
+    for (p, v) in &s.percentiles {
+        o.insert(format!("p{}", percentile_label(*p)), json!(v));
+    }
+    Value::Object(o)
+}
+
+/// Everything the JSON result is made of.
+pub struct ResultInputs<'a> {
+    /// The configuration.
+    pub cfg: &'a ReplayConfig,
+    /// The run.
+    pub run: &'a RunOutput,
+    /// Its metrics.
+    pub metrics: &'a Metrics,
+    /// The trace's identity.
+    pub trace: &'a TraceIdentity,
+    /// The exact command line.
+    pub command: &'a str,
+    /// Add vLLM's per-request arrays.
+    pub detailed: bool,
+}
+
+/// The JSON result: vLLM's key names for what vLLM reports, ours under `llmreplay`.
+pub fn result_json(i: &ResultInputs) -> Value {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
+    let mut o = Map::new();
+    o.insert(
+        "date".into(),
+        json!(chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string()),
+    );
+    o.insert(
+        "backend".into(),
+        json!(if run.records.iter().any(|r| r.endpoint.contains("chat")) {
+            "openai-chat"
+        } else {
+            "openai"
+        }),
+    );
+    o.insert("model_id".into(), json!(run.model));
+    o.insert("tokenizer_id".into(), Value::Null);
+    o.insert("num_prompts".into(), json!(m.num_prompts));
+    let (rate, burstiness) = match cfg.arrivals {
+        Arrivals::Rate { rate, burstiness } => (
+            if rate.is_infinite() {
+                json!("inf")
+            } else {
+                json!(rate)
+            },
+            json!(burstiness),
+        ),
+        Arrivals::Recorded { .. } => (json!("trace"), Value::Null),
+    };
+    o.insert("request_rate".into(), rate);
+    o.insert("burstiness".into(), burstiness);
+    o.insert("max_concurrency".into(), json!(cfg.max_concurrency));
+    if let Some(l) = &cfg.label {
+        o.insert("label".into(), json!(l));
+    }
+    for (k, v) in &cfg.metadata {
+        o.insert(k.clone(), json!(v));
+    }
+    o.insert("duration".into(), json!(m.duration_s));
+    o.insert("completed".into(), json!(m.completed));
+    o.insert("failed".into(), json!(m.failed));
+    o.insert("total_input_tokens".into(), json!(m.total_input_tokens));
+    o.insert("total_output_tokens".into(), json!(m.total_output_tokens));
+    o.insert("request_throughput".into(), json!(m.request_throughput));
+    o.insert("request_goodput".into(), json!(m.request_goodput));
+    o.insert("output_throughput".into(), json!(m.output_throughput));
+    o.insert(
+        "total_token_throughput".into(),
+        json!(m.total_token_throughput),
+    );
+    o.insert(
+        "max_concurrent_requests".into(),
+        json!(m.max_concurrent_requests),
+    );
+    for pm in &cfg.percentile_metrics {
+        let s = match pm.key() {
+            "ttft" => &m.ttft,
+            "tpot" => &m.tpot,
+            "itl" => &m.itl,
+            _ => &m.e2el,
+        };
+        put_summary(&mut o, pm.key(), s);
+    }
+    if i.detailed {
+        let recs = &run.records;
+        let okv = |r: &&trace_format::TraceRecord| r.outcome == trace_format::Outcome::Ok;
+        o.insert(
+            "input_lens".into(),
+            json!(recs
+                .iter()
+                .map(|r| r.prompt_tokens.unwrap_or(0))
+                .collect::<Vec<_>>()),
+        );
+        o.insert(
+            "output_lens".into(),
+            json!(recs
+                .iter()
+                .map(|r| if okv(&r) {
+                    r.output_tokens.unwrap_or(0)
+                } else {
+                    0
+                })
+                .collect::<Vec<_>>()),
+        );
+        o.insert(
+            "ttfts".into(),
+            json!(recs
+                .iter()
+                .map(|r| if okv(&r) {
+                    r.ttft_us.unwrap_or(0) as f64 / 1e6
+                } else {
+                    0.0
+                })
+                .collect::<Vec<_>>()),
+        );
+        o.insert(
+            "itls".into(),
+            json!(recs
+                .iter()
+                .map(|r| if okv(&r) {
+                    r.chunk_times_us
+                        .windows(2)
+                        .map(|w| (w[1] - w[0]) as f64 / 1e6)
+                        .collect()
+                } else {
+                    Vec::new()
+                })
+                .collect::<Vec<Vec<f64>>>()),
+        );
+        o.insert(
+            "errors".into(),
+            json!(recs
+                .iter()
+                .map(|r| r.error.clone().unwrap_or_default())
+                .collect::<Vec<_>>()),
+        );
+    }
+    let v = verdict(m, run);
+    let mut ours = Map::new();
+    ours.insert("tool_version".into(), json!(env!("CARGO_PKG_VERSION")));
+    ours.insert("command".into(), json!(i.command));
+    ours.insert("run_id".into(), json!(run.run_id));
+    ours.insert(
+        "started_at".into(),
+        json!(chrono::DateTime::from_timestamp_micros(run.started_at_us).map(|t| t.to_rfc3339())),
+    );
+    ours.insert(
+        "target".into(),
+        json!({"name": run.target.name, "url": run.target.url, "models": run.target_info.models, "version": run.target_info.version}),
+    );
+    let (speedup, mode) = match cfg.arrivals {
+        Arrivals::Recorded { speedup } => (json!(speedup), "recorded"),
+        Arrivals::Rate { .. } => (Value::Null, "rate"),
+    };
+    ours.insert(
+        "trace".into(),
+        json!({
+            "files": i.trace.files, "rows": i.trace.rows, "content_hash": i.trace.content_hash,
+            "selected_rows": run.plan_len, "span_s": run.trace_span.as_secs_f64(),
+            "arrivals": mode, "speedup": speedup,
+            "start_offset_s": cfg.selection.start_offset.as_secs_f64(),
+            "window_s": cfg.selection.duration.map(|d| d.as_secs_f64()),
+            "sample_ratio": cfg.selection.sample_ratio, "max_requests": cfg.selection.max_requests,
+            "session_mode": format!("{:?}", cfg.session_mode).to_lowercase(),
+            "seed": cfg.seed, "prompt_salt": cfg.request.prompt_salt,
+        }),
+    );
+    ours.insert(
+        "goodput_slos".into(),
+        Value::Object(
+            cfg.goodput
+                .iter()
+                .map(|s| (s.metric.key().to_string(), json!(s.limit_ms)))
+                .collect::<Map<_, _>>(),
+        ),
+    );
+    ours.insert("slo_attainment".into(), json!(m.slo_attainment));
+    ours.insert("slo_pass".into(), json!(slo_pass(m)));
+    ours.insert("dispatch_lag_ms".into(), summary_json(&m.dispatch_lag));
+    ours.insert("client_queue_ms".into(), summary_json(&m.queue));
+    ours.insert(
+        "connections".into(),
+        json!({"preconnected": run.preconnected, "new_during_run": m.new_connections, "connect_ms": summary_json(&m.connect)}),
+    );
+    ours.insert(
+        "client".into(),
+        json!({"load": run.client_load, "verdict": v}),
+    );
+    ours.insert("e2el_ms".into(), summary_json(&m.e2el));
+    if let Some(pt) = &m.itl_per_token {
+        ours.insert("itl_per_token_ms".into(), summary_json(pt));
+    }
+    ours.insert("outcomes".into(), json!(m.outcomes));
+    ours.insert("output_token_sources".into(), json!(m.output_token_sources));
+    ours.insert("warmups".into(), json!(run.warmups));
+    if !run.server_gauges.is_empty() {
+        ours.insert("server_gauges".into(), json!(run.server_gauges));
+    }
+    o.insert("llmreplay".into(), Value::Object(ours));
+    Value::Object(o)
+}
+
+/// PASS when at least 95% of requests meet every SLO; None without SLOs.
+pub fn slo_pass(m: &Metrics) -> Option<bool> {
+    m.slo_attainment.map(|a| a >= 0.95)
+}
+
+fn line(out: &mut String, label: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "{label:<40} {value}");
+}
+
+fn section(out: &mut String, title: &str) {
+    let _ = writeln!(out, "{:-^50}", title);
+}
+
+/// The console report of one run.
+pub fn console_report(i: &ResultInputs) -> String {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
+    let mut out = String::new();
+    let _ = writeln!(out, "{:=^50}", " Serving Benchmark Result ");
+    line(&mut out, "Command:", i.command);
+    line(
+        &mut out,
+        "Target:",
+        format!("{} ({})", run.target.name, run.target.url),
+    );
+    line(&mut out, "Model:", &run.model);
+    if let Some(v) = &run.target_info.version {
+        line(&mut out, "Target version:", v);
+    }
+    line(
+        &mut out,
+        "Trace:",
+        format!(
+            "{} ({} rows, hash {}), {} selected",
+            i.trace.files.join(", "),
+            i.trace.rows,
+            i.trace.content_hash,
+            run.plan_len
+        ),
+    );
+    match cfg.arrivals {
+        Arrivals::Recorded { speedup } => line(
+            &mut out,
+            "Arrivals:",
+            format!("recorded, speedup {speedup}"),
+        ),
+        Arrivals::Rate { rate, burstiness } => {
+            line(
+                &mut out,
+                "Traffic request rate:",
+                if rate.is_infinite() {
+                    "inf".into()
+                } else {
+                    format!("{rate}")
+                },
+            );
+            line(&mut out, "Burstiness factor:", burstiness);
+        }
+    }
+    line(
+        &mut out,
+        "Maximum request concurrency:",
+        cfg.max_concurrency.map_or("none".into(), |c| c.to_string()),
+    );
+    line(&mut out, "Successful requests:", m.completed);
+    line(&mut out, "Failed requests:", m.failed);
+    line(
+        &mut out,
+        "Benchmark duration (s):",
+        format!("{:.2}", m.duration_s),
+    );
+    line(&mut out, "Total input tokens:", m.total_input_tokens);
+    line(&mut out, "Total generated tokens:", m.total_output_tokens);
+    line(
+        &mut out,
+        "Request throughput (req/s):",
+        format!("{:.2}", m.request_throughput),
+    );
+    if let Some(g) = m.request_goodput {
+        line(&mut out, "Request goodput (req/s):", format!("{g:.2}"));
+        line(
+            &mut out,
+            "SLO attainment:",
+            format!("{:.1}%", m.slo_attainment.unwrap_or(0.0) * 100.0),
+        );
+    }
+    line(
+        &mut out,
+        "Output token throughput (tok/s):",
+        format!("{:.2}", m.output_throughput),
+    );
+    line(
+        &mut out,
+        "Total Token throughput (tok/s):",
+        format!("{:.2}", m.total_token_throughput),
+    );
+    line(
+        &mut out,
+        "Max concurrent requests:",
+        m.max_concurrent_requests,
+    );
+    for pm in &cfg.percentile_metrics {
+        let (title, name, s) = match pm.key() {
+            "ttft" => ("Time to First Token", "TTFT", &m.ttft),
+            "tpot" => ("Time per Output Token (excl. 1st token)", "TPOT", &m.tpot),
+            "itl" => ("Inter-token Latency", "ITL", &m.itl),
+            _ => ("End-to-end Latency", "E2EL", &m.e2el),
+        };
+        section(&mut out, title);
+        line(
+            &mut out,
+            &format!("Mean {name} (ms):"),
+            format!("{:.2}", s.mean),
+        );
+        line(
+            &mut out,
+            &format!("Median {name} (ms):"),
+            format!("{:.2}", s.median),
+        );
+        line(
+            &mut out,
+            &format!("Std {name} (ms):"),
+            format!("{:.2}", s.std),
+        );
+        for (p, v) in &s.percentiles {
+            line(
+                &mut out,
+                &format!("P{} {name} (ms):", percentile_label(*p)),
+                format!("{v:.2}"),
+            );
+        }
+    }
+    if let Some(pt) = &m.itl_per_token {
+        section(&mut out, "Per-token ITL (chunk gap / tokens)");
+        line(
+            &mut out,
+            "Mean per-token ITL (ms):",
+            format!("{:.2}", pt.mean),
+        );
+        for (p, v) in &pt.percentiles {
+            line(
+                &mut out,
+                &format!("P{} per-token ITL (ms):", percentile_label(*p)),
+                format!("{v:.2}"),
+            );
+        }
+    }
+    section(&mut out, "Client");
+    let v = verdict(m, run);
+    line(
+        &mut out,
+        "Dispatch lag p50/p99/max (ms):",
+        format!(
+            "{:.3} / {:.3} / {:.3}",
+            v.lag_p50_ms, v.lag_p99_ms, v.lag_max_ms
+        ),
+    );
+    if cfg.max_concurrency.is_some() {
+        line(
+            &mut out,
+            "Client queue time p50/p99 (ms):",
+            format!(
+                "{:.2} / {:.2}",
+                m.queue.get(50.0).unwrap_or(0.0),
+                m.queue.get(99.0).unwrap_or(0.0)
+            ),
+        );
+    }
+    line(
+        &mut out,
+        "Connections (preconnected / new):",
+        format!(
+            "{} / {} (connect time excluded from TTFT)",
+            run.preconnected, m.new_connections
+        ),
+    );
+    if let Some(c) = &run.client_load {
+        line(
+            &mut out,
+            "Client CPU:",
+            format!(
+                "{:.2} s on {} threads ({:.0}%)",
+                c.cpu_seconds,
+                c.worker_threads,
+                c.utilization * 100.0
+            ),
+        );
+    }
+    for (name, g) in &run.server_gauges {
+        line(
+            &mut out,
+            &format!("Server {name} mean/max:"),
+            format!("{:.2} / {:.2}", g.mean, g.max),
+        );
+    }
+    line(
+        &mut out,
+        "Outcomes:",
+        m.outcomes
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    let _ = writeln!(out, "{}", v.message);
+    let _ = writeln!(out, "{}", "=".repeat(50));
+    out
+}
+
+/// The side-by-side table that ends a multi-target run.
+pub fn comparison_table(cfg: &ReplayConfig, runs: &[(RunOutput, Metrics)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:=^50}", " Targets side by side ");
+    let _ = writeln!(
+        out,
+        "{:<20} {:>6} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  {}",
+        "target",
+        "ok",
+        "failed",
+        "req/s",
+        "goodput",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "SLO"
+    );
+    let base = runs.first().map(|(_, m)| m);
+    for (run, m) in runs {
+        let p = |s: &Summary, q: f64| s.get(q).map_or("-".to_string(), |v| format!("{v:.1}"));
+        let slo = match slo_pass(m) {
+            None => "-".to_string(),
+            Some(true) => "PASS".into(),
+            Some(false) => "FAIL".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<20} {:>6} {:>6} {:>9.2} {:>9} {:>10} {:>10} {:>10} {:>10}  {}",
+            run.target.name,
+            m.completed,
+            m.failed,
+            m.request_throughput,
+            m.request_goodput.map_or("-".into(), |g| format!("{g:.2}")),
+            p(&m.ttft, 50.0),
+            p(&m.ttft, 99.0),
+            p(&m.tpot, 50.0),
+            p(&m.tpot, 99.0),
+            slo
+        );
+        if let Some(b) = base {
+            if !std::ptr::eq(b, m) {
+                let d = |a: f64, b: f64| {
+                    if b == 0.0 {
+                        "-".to_string()
+                    } else {
+                        format!("{:+.1}%", (a / b - 1.0) * 100.0)
+                    }
+                };
+                let _ = writeln!(
+                    out,
+                    "{:<20} {:>6} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+                    "  vs first",
+                    "",
+                    "",
+                    d(m.request_throughput, b.request_throughput),
+                    "",
+                    d(m.ttft.median, b.ttft.median),
+                    d(
+                        m.ttft.get(99.0).unwrap_or(0.0),
+                        b.ttft.get(99.0).unwrap_or(0.0)
+                    ),
+                    d(m.tpot.median, b.tpot.median),
+                    d(
+                        m.tpot.get(99.0).unwrap_or(0.0),
+                        b.tpot.get(99.0).unwrap_or(0.0)
+                    ),
+                );
+            }
+        }
+    }
+    if !cfg.goodput.is_empty() {
+        let _ = writeln!(
+            out,
+            "SLO: PASS when at least 95% of requests meet every SLO ({}).",
+            cfg.goodput
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    out
+}

@@ -1,0 +1,480 @@
+//! Running a plan against one target: discovery, warm-up, preconnect, the paced run, and
+//! the per-request result rows.
+//!
+//! The client runs on its own tokio runtime (threads named `llmreplay-client`) so its CPU
+//! can be measured apart from anything else in the process, such as an in-process sim.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, Semaphore};
+use trace_format::{Outcome, TokenSource, TraceRecord};
+
+use crate::client::Client;
+use crate::config::{ReplayConfig, Target};
+use crate::cpu;
+use crate::error::ReplayError;
+use crate::pacer::{spawn_pacer, Release};
+use crate::plan::{build_plan, Plan};
+
+/// Name prefix of the client runtime's threads.
+pub const CLIENT_THREAD: &str = "llmreplay-clien";
+
+/// What a target says about itself.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TargetInfo {
+    /// Model ids from `/v1/models`.
+    pub models: Vec<String>,
+    /// The body of `/version`, when offered.
+    pub version: Option<serde_json::Value>,
+}
+
+/// The client's own resource use during the run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClientLoad {
+    /// CPU seconds of the client's worker threads.
+    pub cpu_seconds: f64,
+    /// Worker threads.
+    pub worker_threads: usize,
+    /// cpu_seconds / (wall × worker threads).
+    pub utilization: f64,
+    /// CPU seconds of the pacer thread (spinning near deadlines).
+    pub pacer_cpu_seconds: f64,
+}
+
+/// One run against one target.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    /// The target.
+    pub target: Target,
+    /// What it said about itself.
+    pub target_info: TargetInfo,
+    /// The model name requests were built with.
+    pub model: String,
+    /// Unique id of this run.
+    pub run_id: String,
+    /// Wall-clock time of the schedule's start, µs since the epoch.
+    pub started_at_us: i64,
+    /// One row per request, in plan order.
+    pub records: Vec<TraceRecord>,
+    /// The plan that was replayed.
+    pub plan_len: usize,
+    /// Trace time span of the selection.
+    pub trace_span: Duration,
+    /// Wall time of the run.
+    pub wall: Duration,
+    /// Connections opened before the clock started.
+    pub preconnected: usize,
+    /// Warm-up requests sent.
+    pub warmups: usize,
+    /// Client CPU, when measurable.
+    pub client_load: Option<ClientLoad>,
+    /// The server's scheduler gauges sampled during the run (`--server-metrics`).
+    pub server_gauges: std::collections::BTreeMap<String, crate::server_metrics::GaugeStats>,
+}
+
+/// Builds the client runtime.
+pub fn client_runtime(threads: usize) -> Result<tokio::runtime::Runtime, ReplayError> {
+    let n = if threads == 0 {
+        cpu::available_cpus()
+    } else {
+        threads
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(n)
+        .thread_name(CLIENT_THREAD)
+        .enable_all()
+        .build()
+        .map_err(|e| ReplayError::Runtime(e.to_string()))
+}
+
+fn now_epoch_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Asks the target for its models and version. Unreachable is an error: nothing can run.
+pub async fn discover(client: &Client, target: &Target) -> Result<TargetInfo, ReplayError> {
+    let (status, body) = client
+        .get("/v1/models")
+        .await
+        .map_err(|e| ReplayError::Target {
+            target: target.name.clone(),
+            message: format!("unreachable: {e}"),
+        })?;
+    let mut info = TargetInfo::default();
+    if status == 200 {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
+            if let Some(data) = v.get("data").and_then(|d| d.as_array()) {
+                info.models = data
+                    .iter()
+                    .filter_map(|m| m.get("id")?.as_str().map(String::from))
+                    .collect();
+            }
+        }
+    }
+    if let Ok((200, body)) = client.get("/version").await {
+        info.version = serde_json::from_slice(&body).ok();
+    }
+    Ok(info)
+}
+
+/// How many connections to open before the clock starts: the concurrency the run will reach.
+fn preconnect_count(plan: &Plan, records: &[TraceRecord], cfg: &ReplayConfig) -> usize {
+    let n = plan.items.len();
+    let estimate = match cfg.max_concurrency {
+        Some(c) => c.min(n),
+        None => {
+            // Peak overlap of [offset, offset + recorded e2el], when the trace has latencies;
+            // otherwise every request that starts within the first second.
+            let by_id: std::collections::HashMap<&str, i64> = records
+                .iter()
+                .filter_map(|r| Some((r.request_id.as_str(), r.e2el_us?)))
+                .collect();
+            if by_id.is_empty() {
+                plan.items
+                    .iter()
+                    .filter(|p| p.offset < Duration::from_secs(1))
+                    .count()
+            } else {
+                let mut iv: Vec<(i64, i64)> = plan
+                    .items
+                    .iter()
+                    .map(|p| {
+                        let s = p.offset.as_micros() as i64;
+                        (
+                            s,
+                            s + by_id
+                                .get(p.request_id.as_str())
+                                .copied()
+                                .unwrap_or(1_000_000),
+                        )
+                    })
+                    .collect();
+                crate::metrics::max_overlap(&mut iv) + 4
+            }
+        }
+    };
+    estimate.clamp(1, 4096).min(n)
+}
+
+struct Shared {
+    plan: Plan,
+    client: Arc<Client>,
+    sem: Option<Semaphore>,
+    start: Instant,
+    started_at_us: i64,
+    results: mpsc::UnboundedSender<(usize, TraceRecord, Instant)>,
+    in_flight: AtomicUsize,
+    target: String,
+    run_id: String,
+    model: String,
+}
+
+/// Runs the plan built from `records` against `target` on runtime `rt`.
+pub fn run_target(
+    rt: &tokio::runtime::Runtime,
+    cfg: &ReplayConfig,
+    records: &[TraceRecord],
+    block_size: Option<usize>,
+    target: &Target,
+    run_id: &str,
+    progress: &dyn Fn(Progress),
+) -> Result<RunOutput, ReplayError> {
+    let client = Client::new(
+        &target.url,
+        &cfg.request.headers,
+        cfg.request.api_key.as_deref(),
+        cfg.request.timeout,
+    )?;
+    let info = rt.block_on(discover(&client, target))?;
+    let model = cfg
+        .request
+        .model
+        .clone()
+        .or_else(|| info.models.first().cloned())
+        .unwrap_or_else(|| "default".into());
+    let plan = build_plan(
+        records,
+        &cfg.selection,
+        cfg.arrivals,
+        cfg.session_mode,
+        &cfg.request,
+        &model,
+        block_size,
+        cfg.seed,
+    )?;
+
+    // Warm-ups: same shape as the first request, different salt, not counted.
+    if cfg.num_warmups > 0 {
+        let mut wopts = cfg.request.clone();
+        wopts.prompt_salt ^= 0x5741_524d; // "WARM"
+        let first = records
+            .iter()
+            .find(|r| r.request_id == plan.items[0].request_id);
+        if let Some(first) = first {
+            let req = crate::prompt::build_request(first, &wopts, &model, block_size)
+                .map_err(ReplayError::Config)?;
+            rt.block_on(async {
+                for _ in 0..cfg.num_warmups {
+                    client.execute(&req).await;
+                }
+            });
+        }
+    }
+    let preconnected = if cfg.preconnect {
+        let want = preconnect_count(&plan, records, cfg).saturating_sub(client.idle_count());
+        rt.block_on(client.preconnect(want))
+            .map_err(|e| ReplayError::Target {
+                target: target.name.clone(),
+                message: format!("preconnect: {e}"),
+            })?
+    } else {
+        0
+    };
+
+    let total = plan.items.len();
+    let initial: Vec<Release> = plan
+        .items
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !p.waits_for_previous)
+        .map(|(i, p)| (p.offset, i))
+        .collect();
+    let trace_span = plan.trace_span;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let lead = Duration::from_millis(20);
+    let shared = Arc::new(Shared {
+        sem: cfg.max_concurrency.map(Semaphore::new),
+        plan,
+        client,
+        start: Instant::now() + lead,
+        started_at_us: now_epoch_us() + lead.as_micros() as i64,
+        results: tx,
+        in_flight: AtomicUsize::new(0),
+        target: target.name.clone(),
+        run_id: run_id.to_string(),
+        model: model.clone(),
+    });
+    let sampler = cfg.server_metrics.then(|| {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        // Its own client, so scrapes never take a pooled request connection.
+        let scrape = Client::new(
+            &target.url,
+            &cfg.request.headers,
+            cfg.request.api_key.as_deref(),
+            Duration::from_secs(5),
+        );
+        let task = scrape.ok().map(|c| {
+            rt.spawn(crate::server_metrics::sample(
+                c,
+                Duration::from_millis(100),
+                stop_rx,
+            ))
+        });
+        (stop_tx, task)
+    });
+    let cpu0 = cpu::threads_cpu(CLIENT_THREAD);
+    let pacer_cpu0 = cpu::threads_cpu("llmreplay-pacer").unwrap_or_default();
+    let handle = rt.handle().clone();
+    let sh = shared.clone();
+    let (successor_tx, pacer) = spawn_pacer(shared.start, initial, total, move |idx, scheduled| {
+        handle.spawn(one_request(sh.clone(), idx, scheduled));
+    })
+    .map_err(|e| ReplayError::Runtime(format!("pacer thread: {e}")))?;
+
+    let mut rows: Vec<Option<TraceRecord>> = vec![None; total];
+    let mut done = 0usize;
+    let mut failed = 0usize;
+    let wall0 = Instant::now();
+    rt.block_on(async {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        while done < total {
+            tokio::select! {
+                got = rx.recv() => {
+                    let Some((idx, rec, end)) = got else { break };
+                    // Closed sessions: a finished turn schedules its successor after its think time.
+                    if let Some(next) = shared.plan.items[idx].next_turn {
+                        let at = end.saturating_duration_since(shared.start) + shared.plan.items[next].think;
+                        let _ = successor_tx.send((at, next));
+                    }
+                    if rec.outcome != Outcome::Ok { failed += 1; }
+                    rows[idx] = Some(rec);
+                    done += 1;
+                }
+                _ = tick.tick() => {
+                    progress(Progress { done, failed, in_flight: shared.in_flight.load(Ordering::Relaxed), total });
+                }
+            }
+        }
+    });
+    progress(Progress {
+        done,
+        failed,
+        in_flight: 0,
+        total,
+    });
+    let _ = pacer.join();
+    let wall = wall0.elapsed().saturating_sub(lead);
+    let client_load = match (cpu0, cpu::threads_cpu(CLIENT_THREAD)) {
+        (Some(a), Some(b)) => {
+            let workers = rt.metrics().num_workers();
+            let secs = b.saturating_sub(a).as_secs_f64();
+            Some(ClientLoad {
+                cpu_seconds: secs,
+                worker_threads: workers,
+                utilization: secs / (wall.as_secs_f64().max(1e-9) * workers as f64),
+                pacer_cpu_seconds: cpu::threads_cpu("llmreplay-pacer")
+                    .unwrap_or_default()
+                    .saturating_sub(pacer_cpu0)
+                    .as_secs_f64(),
+            })
+        }
+        _ => None,
+    };
+    let server_gauges = match sampler {
+        Some((stop, Some(task))) => {
+            let _ = stop.send(());
+            rt.block_on(task).unwrap_or_default()
+        }
+        _ => Default::default(),
+    };
+    let records_out: Vec<TraceRecord> = rows.into_iter().flatten().collect();
+    if records_out.len() != total {
+        return Err(ReplayError::Runtime(format!(
+            "{} of {total} requests reported no result",
+            total - records_out.len()
+        )));
+    }
+    Ok(RunOutput {
+        target: target.clone(),
+        target_info: info,
+        model,
+        run_id: run_id.to_string(),
+        started_at_us: shared.started_at_us,
+        records: records_out,
+        plan_len: total,
+        trace_span,
+        wall,
+        preconnected,
+        warmups: cfg.num_warmups,
+        client_load,
+        server_gauges,
+    })
+}
+
+/// Progress of a run, for a live display.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Requests finished.
+    pub done: usize,
+    /// Of which failed.
+    pub failed: usize,
+    /// In flight now.
+    pub in_flight: usize,
+    /// Requests in the plan.
+    pub total: usize,
+}
+
+/// Sends a result row even if the request task is torn down early, so the run never waits
+/// for a row that will not come.
+struct RowGuard {
+    shared: Arc<Shared>,
+    idx: usize,
+    sent: bool,
+}
+
+impl Drop for RowGuard {
+    fn drop(&mut self) {
+        if !self.sent {
+            let item = &self.shared.plan.items[self.idx];
+            let mut rec = TraceRecord::new(
+                item.request_id.clone(),
+                now_epoch_us(),
+                item.req.endpoint.clone(),
+            );
+            rec.outcome = Outcome::ClientCancelled;
+            rec.error = Some("request task ended before its result was recorded".into());
+            rec.target = Some(self.shared.target.clone());
+            rec.run_id = Some(self.shared.run_id.clone());
+            let _ = self.shared.results.send((self.idx, rec, Instant::now()));
+        }
+    }
+}
+
+async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
+    let mut guard = RowGuard {
+        shared: sh.clone(),
+        idx,
+        sent: false,
+    };
+    let released = Instant::now();
+    let _permit = match &sh.sem {
+        Some(s) => s.acquire().await.ok(),
+        None => None,
+    };
+    let queue = released.elapsed();
+    sh.in_flight.fetch_add(1, Ordering::Relaxed);
+    let item = &sh.plan.items[idx];
+    let ex = sh.client.execute(&item.req).await;
+    let end = ex.end;
+    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
+
+    let t0_off = ex.t0.saturating_duration_since(sh.start);
+    let mut rec = TraceRecord::new(
+        item.request_id.clone(),
+        sh.started_at_us + t0_off.as_micros() as i64,
+        item.req.endpoint.clone(),
+    );
+    rec.session_id = item.session_id.clone();
+    rec.model = Some(sh.model.clone());
+    rec.stream = item.req.stream;
+    match ex.prompt_tokens {
+        Some(p) => {
+            rec.prompt_tokens = Some(p);
+            rec.prompt_tokens_source = Some(TokenSource::Usage);
+        }
+        None => {
+            rec.prompt_tokens = item.prompt_tokens;
+            rec.prompt_tokens_source = item.prompt_tokens.map(|_| TokenSource::Estimate);
+        }
+    }
+    match ex.completion_tokens {
+        Some(c) => {
+            rec.output_tokens = Some(c);
+            rec.output_tokens_source = Some(TokenSource::Usage);
+        }
+        None if !ex.chunk_times_us.is_empty() => {
+            rec.output_tokens = Some(ex.chunk_times_us.len() as i64);
+            rec.output_tokens_source = Some(TokenSource::Estimate);
+        }
+        None => {}
+    }
+    rec.max_tokens = item.req.max_tokens;
+    rec.status = ex.status;
+    rec.outcome = ex.outcome;
+    rec.error = ex.error;
+    rec.ttft_us = ex.ttft_us;
+    rec.e2el_us = ex.e2el_us;
+    rec.chunk_times_us = ex.chunk_times_us;
+    rec.chunk_tokens = ex.chunk_tokens;
+    rec.request_bytes = item.req.body.len() as i64;
+    rec.response_bytes = ex.response_bytes;
+    let sched_off = scheduled.saturating_duration_since(sh.start);
+    rec.scheduled_offset_us = Some(sched_off.as_micros() as i64);
+    let lag = ex
+        .t0
+        .saturating_duration_since(scheduled)
+        .saturating_sub(queue)
+        .saturating_sub(ex.connect);
+    rec.dispatch_lag_us = Some(lag.as_micros() as i64);
+    rec.queue_us = Some(queue.as_micros() as i64);
+    rec.new_connection = Some(ex.new_connection);
+    rec.connect_us = ex.new_connection.then_some(ex.connect.as_micros() as i64);
+    rec.target = Some(sh.target.clone());
+    rec.run_id = Some(sh.run_id.clone());
+    guard.sent = true;
+    let _ = sh.results.send((idx, rec, end));
+}

@@ -1,0 +1,192 @@
+//! A simulated OpenAI-compatible LLM server with no GPU, for testing `llmreplay` and for
+//! demos: it speaks vLLM's OpenAI API (`/v1/completions`, `/v1/chat/completions`, streamed
+//! and not, `/v1/models`, `/version`, `/health`, `/metrics` with vLLM's metric names) and
+//! times its output with a model of a GPU serving engine.
+//!
+//! # Timing
+//! - [`Timing::Engine`] runs a vLLM V1-like continuous-batching engine in real time (see
+//!   [`engine`]): a waiting queue, `max_num_seqs` running sequences, a per-step token budget
+//!   with chunked prefill, a paged KV cache with preemption, and a prefix cache. Latency is
+//!   flat at low load and climbs past a knee, as on a GPU. [`Profile`] holds the engine's
+//!   parameters; [`Profile::named`] gives built-in ones (`llama-3.1-8b-h100`, `tiny`).
+//! - [`Timing::Fixed`] emits chunk `i` of every request at `t0 + ttft + i × itl`
+//!   independently of load: a ground-truth server to check a client's measurements against.
+//!
+//! # Tokenization
+//! There is no real tokenizer: **one token per whitespace-separated word** of the prompt
+//! (a completion `prompt` string or array of strings; a token-id array counts its length;
+//! chat counts the words of every message's `content` string or text parts, with no chat
+//! template overhead). The replay tool generates filler prompts of exactly N words, so
+//! `usage.prompt_tokens` equals the intended length. Output tokens are words such as
+//! `" lorem"` from a small fixed vocabulary, deterministic per request content and seed.
+//!
+//! # Output length
+//! With `ignore_eos: true` a request generates exactly `max_tokens` tokens
+//! (`finish_reason: "length"`); otherwise a pseudo-random length in `[1, max_tokens]` fixed by
+//! the request content and [`SimConfig::seed`] (`"stop"` when shorter than `max_tokens`).
+//! `max_tokens` defaults to 16 for completions and 256 for chat (`max_completion_tokens`
+//! takes precedence for chat). Each content chunk carries
+//! [`SimConfig::tokens_per_chunk`] tokens (the last may carry fewer), as with speculative
+//! decoding; `usage` still counts tokens.
+//!
+//! # Faults
+//! By rate ([`Faults`], seeded) or forced per request with the header
+//! `x-sim-fault: error|rate-limit|reset|stall`: `error` answers 500, `rate-limit` 429 with
+//! `Retry-After`, `reset` streams a few chunks and then drops the connection (no `[DONE]`),
+//! `stall` sends the headers and then nothing for [`Faults::stall`].
+#![deny(missing_docs)]
+
+pub mod engine;
+pub mod metrics;
+mod openai;
+pub mod profile;
+mod server;
+pub mod tokens;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+pub use engine::{Emit, Engine};
+pub use metrics::{FinishReason, Metrics, MetricsSnapshot};
+pub use profile::Profile;
+
+/// Configuration of a simulated server.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// How output is timed.
+    pub timing: Timing,
+    /// Tokens per SSE content chunk (>= 1; default 1).
+    pub tokens_per_chunk: u32,
+    /// Seed for output lengths, output text and fault draws.
+    pub seed: u64,
+    /// Injected faults.
+    pub faults: Faults,
+    /// Model name reported by `/v1/models`, in responses and as the metrics label
+    /// (default `"llmreplay-sim"`). Requests may name any model.
+    pub model_name: String,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            timing: Timing::Engine(Profile::default()),
+            tokens_per_chunk: 1,
+            seed: 0,
+            faults: Faults::default(),
+            model_name: "llmreplay-sim".into(),
+        }
+    }
+}
+
+/// How the simulated server times its output.
+#[derive(Debug, Clone)]
+pub enum Timing {
+    /// A continuous-batching engine model with these parameters.
+    Engine(Profile),
+    /// Every request independently: first chunk at `t0 + ttft`, chunk `i` at
+    /// `t0 + ttft + i × itl` (absolute deadlines; `t0` = request handled).
+    Fixed {
+        /// Time to the first chunk.
+        ttft: Duration,
+        /// Time between chunks.
+        itl: Duration,
+    },
+}
+
+/// Fault injection rates (each in `[0, 1]`, summing to at most 1), drawn per request from a
+/// RNG seeded with [`SimConfig::seed`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// Fraction of requests answered with 500.
+    pub error_rate: f64,
+    /// Fraction of requests answered with 429 and `Retry-After`.
+    pub rate_limit_rate: f64,
+    /// `Retry-After` seconds of a 429 (0 is sent as 1).
+    pub retry_after_secs: u32,
+    /// Fraction of requests whose connection is dropped after a few chunks.
+    pub reset_rate: f64,
+    /// Fraction of requests that send headers and then stall.
+    pub stall_rate: f64,
+    /// How long a stall lasts before the response proceeds (zero means one hour).
+    pub stall: Duration,
+}
+
+/// Errors of the simulated server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The configuration is invalid.
+    #[error("invalid simulator configuration: {0}")]
+    Config(String),
+    /// The listening socket could not be bound.
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// Address asked for.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Other I/O error on the listener.
+    #[error("listener I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running simulated server (from [`start`]).
+#[derive(Debug)]
+pub struct SimHandle {
+    addr: SocketAddr,
+    shutdown: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), SimError>>,
+}
+
+impl SimHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:8000`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, drains in-flight responses for up to a second, and waits for the
+    /// server to end.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// Binds `addr` (port 0 picks a free port) and serves on the current tokio runtime until
+/// [`SimHandle::shutdown`].
+pub async fn start(addr: SocketAddr, cfg: SimConfig) -> Result<SimHandle, SimError> {
+    server::validate(&cfg)?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| SimError::Bind { addr, source })?;
+    let addr = listener.local_addr()?;
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(listener, cfg, async move {
+        let _ = rx.await;
+    }));
+    Ok(SimHandle {
+        addr,
+        shutdown: tx,
+        task,
+    })
+}
+
+/// Serves HTTP/1.1 and h2c (prior knowledge) on `listener` until `shutdown` completes, then
+/// drains in-flight responses for up to a second.
+pub async fn serve(
+    listener: TcpListener,
+    cfg: SimConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), SimError> {
+    server::serve(listener, cfg, shutdown).await
+}

@@ -1,0 +1,860 @@
+//! Flag definitions (the CLI contract, defined once here) and the wiring from validated
+//! flags to the library crates.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use replay::config::{
+    Arrivals, EndpointKind, OutputLen, PercentileMetric, ReplayConfig, RequestOptions, Selection,
+    SessionMode, Slo, Target,
+};
+use trace_format::{FileMeta, Producer};
+
+/// Capture production LLM traffic and replay it against candidate endpoints.
+#[derive(Parser, Debug)]
+#[command(name = "llmreplay", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a simulated OpenAI-compatible engine (no GPU).
+    Sim(SimArgs),
+    /// Replay a trace's arrival shape against one or more targets (default: an in-process sim).
+    Replay(ReplayArgs),
+    /// Write a synthetic trace (vLLM's random dataset as a trace).
+    Synth(SynthArgs),
+    /// Summarise traces: rows, span, arrival rate, requests in flight, tokens, outcomes.
+    Inspect(InspectArgs),
+    /// Start a sim, drive synthetic load at rising rates, and show where latency leaves its flat region.
+    Demo(DemoArgs),
+}
+
+/// A duration: `250ms`, `30s`, `5m`, `1h`, or plain seconds (`1.5`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Duration::from_secs_f64(v * mult)),
+        _ => Err(format!("{s:?} is not a duration (e.g. 500ms, 30s, 5m, 1h)")),
+    }
+}
+
+/// A rate: a positive number or `inf`.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s {
+        "inf" | "infinity" => Ok(f64::INFINITY),
+        _ => match s.parse::<f64>() {
+            Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+            _ => Err(format!("{s:?} is not a positive rate (or inf)")),
+        },
+    }
+}
+
+fn parse_kv(s: &str, sep: char) -> Result<(String, String), String> {
+    match s.split_once(sep) {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("{s:?}: expected KEY{sep}VALUE")),
+    }
+}
+
+fn parse_percentiles(s: &str) -> Result<Vec<f64>, String> {
+    s.split(',')
+        .map(|p| match p.trim().parse::<f64>() {
+            Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+            _ => Err(format!("{p:?} is not a percentile in 0..100")),
+        })
+        .collect()
+}
+
+fn parse_metrics(s: &str) -> Result<Vec<PercentileMetric>, String> {
+    s.split(',').map(|m| m.trim().parse()).collect()
+}
+
+#[derive(Args, Debug, Clone)]
+struct SimOpts {
+    /// Engine profile (see `llmreplay sim --list-profiles`).
+    #[arg(long, default_value = "llama-3.1-8b-h100")]
+    profile: String,
+    /// Ground-truth timing instead of the engine model: `TTFT_MS,ITL_MS` for every request, independent of load.
+    #[arg(long, value_name = "TTFT_MS,ITL_MS")]
+    fixed_timing: Option<String>,
+    /// Tokens per streamed chunk (as speculative decoding coalesces them).
+    #[arg(long, default_value_t = 1)]
+    tokens_per_chunk: u32,
+    /// Seed for output lengths and fault draws.
+    #[arg(long, default_value_t = 0)]
+    sim_seed: u64,
+    /// Model name the sim reports.
+    #[arg(long, default_value = "llmreplay-sim")]
+    served_model_name: String,
+    /// Fraction of requests answered with 500.
+    #[arg(long, default_value_t = 0.0)]
+    error_rate: f64,
+    /// Fraction of requests answered with 429 + Retry-After.
+    #[arg(long, default_value_t = 0.0)]
+    rate_limit_rate: f64,
+    /// Fraction of streams whose connection is reset mid-stream.
+    #[arg(long, default_value_t = 0.0)]
+    reset_rate: f64,
+    /// Fraction of requests that stall after their headers.
+    #[arg(long, default_value_t = 0.0)]
+    stall_rate: f64,
+    /// How long a stall lasts.
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    stall: Duration,
+}
+
+impl SimOpts {
+    fn config(&self) -> Result<sim::SimConfig> {
+        let timing = match &self.fixed_timing {
+            Some(spec) => {
+                let (t, i) = spec
+                    .split_once(',')
+                    .context("--fixed-timing: expected TTFT_MS,ITL_MS, e.g. 50,10")?;
+                let ms = |v: &str| -> Result<Duration> {
+                    let x: f64 = v
+                        .trim()
+                        .parse()
+                        .with_context(|| format!("--fixed-timing: {v:?} is not a number"))?;
+                    if !(x.is_finite() && x >= 0.0) {
+                        bail!(
+                            "--fixed-timing: {v:?} must be a non-negative number of milliseconds"
+                        );
+                    }
+                    Ok(Duration::from_secs_f64(x / 1000.0))
+                };
+                sim::Timing::Fixed {
+                    ttft: ms(t)?,
+                    itl: ms(i)?,
+                }
+            }
+            None => sim::Timing::Engine(sim::Profile::named(&self.profile).with_context(|| {
+                format!(
+                    "unknown profile {:?} (known: {})",
+                    self.profile,
+                    sim::Profile::names().join(", ")
+                )
+            })?),
+        };
+        Ok(sim::SimConfig {
+            timing,
+            tokens_per_chunk: self.tokens_per_chunk,
+            seed: self.sim_seed,
+            faults: sim::Faults {
+                error_rate: self.error_rate,
+                rate_limit_rate: self.rate_limit_rate,
+                retry_after_secs: 1,
+                reset_rate: self.reset_rate,
+                stall_rate: self.stall_rate,
+                stall: self.stall,
+            },
+            model_name: self.served_model_name.clone(),
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// Print the built-in profiles and exit.
+    #[arg(long)]
+    list_profiles: bool,
+    #[command(flatten)]
+    sim: SimOpts,
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// Trace files, directories or globs.
+    #[arg(required = true)]
+    traces: Vec<String>,
+    /// Target base URL, `URL` or `NAME=URL`; repeat to replay the same schedule against each in turn.
+    /// Without one, an in-process sim is the target.
+    #[arg(long = "target")]
+    targets: Vec<Target>,
+    /// Replay speed: 2.0 = twice as fast, 0.5 = half.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Skip this much of the trace (trace time).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    start_offset: Duration,
+    /// Replay only this much of the trace (trace time).
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Keep this fraction of sessions (whole sessions when session_id is present).
+    #[arg(long)]
+    sample_ratio: Option<f64>,
+    /// Replay at most this many requests (the earliest).
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// Replace recorded timing with gamma arrivals at this rate (req/s, or inf = all at once).
+    #[arg(long, value_parser = parse_rate)]
+    request_rate: Option<f64>,
+    /// Gamma shape of inter-arrivals with --request-rate (1 = Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
+    /// Cap on requests in flight; waiting for a slot is client queue time, not latency.
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Session pacing: open (recorded times) or closed (next turn after the candidate answers + think time).
+    #[arg(long, default_value = "open")]
+    session_mode: SessionMode,
+    /// Endpoint for rows without a recorded body: completions or chat.
+    #[arg(long, default_value = "completions")]
+    endpoint: EndpointKind,
+    /// Model name for every request (default: the row's, else the target's first model).
+    #[arg(long)]
+    model: Option<String>,
+    /// Output length of built requests: recorded (with ignore_eos), request (the row's max_tokens), or N.
+    #[arg(long, default_value = "recorded")]
+    output_len: OutputLen,
+    /// Send built requests without streaming.
+    #[arg(long)]
+    no_stream: bool,
+    /// Salt for synthesized prompts (default: random per run, so runs do not hit each other's prefix cache).
+    #[arg(long)]
+    prompt_salt: Option<u64>,
+    /// Seed for sampling and synthetic arrivals.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Extra request header `K:V` (repeatable).
+    #[arg(long = "header", value_parser = |s: &str| parse_kv(s, ':'))]
+    headers: Vec<(String, String)>,
+    /// API key, sent as a bearer token (default: $OPENAI_API_KEY).
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Per-request timeout.
+    #[arg(long, value_parser = parse_duration, default_value = "600s")]
+    timeout: Duration,
+    /// Do not open the connection pool before the clock starts.
+    #[arg(long)]
+    no_preconnect: bool,
+    /// Requests sent before the clock starts, not counted.
+    #[arg(long, default_value_t = 0)]
+    num_warmups: usize,
+    /// Latency SLOs for goodput, `KEY:MS` with keys ttft, tpot, e2el.
+    #[arg(long, num_args = 1..)]
+    goodput: Vec<Slo>,
+    /// Metrics that get percentiles.
+    #[arg(long, value_parser = parse_metrics, default_value = "ttft,tpot,itl,e2el")]
+    percentile_metrics: Vec<PercentileMetric>,
+    /// Percentiles to report.
+    #[arg(long, value_parser = parse_percentiles, default_value = "50,95,99")]
+    metric_percentiles: Vec<f64>,
+    /// Write the JSON result here (vLLM's key names); with several targets, one file each (NAME inserted).
+    #[arg(long)]
+    save_result: Option<PathBuf>,
+    /// Add vLLM's per-request arrays to the JSON result.
+    #[arg(long)]
+    save_detailed: bool,
+    /// Write one Parquet row per request (trace schema + schedule, lag, target, run id).
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// Pause between targets.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    cooldown: Duration,
+    /// A label for this run (kept in the results).
+    #[arg(long)]
+    label: Option<String>,
+    /// Provenance `K=V` kept in the results (engine, version, GPU, settings...).
+    #[arg(long, num_args = 1.., value_parser = |s: &str| parse_kv(s, '='))]
+    metadata: Vec<(String, String)>,
+    /// Sample each target's /metrics during the run (on by default for the in-process sim).
+    #[arg(long)]
+    server_metrics: bool,
+    /// Client worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    client_threads: usize,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+    /// The in-process sim used when no --target is given.
+    #[command(flatten)]
+    sim: SimOpts,
+}
+
+#[derive(Args, Debug)]
+struct SynthArgs {
+    /// Output trace file.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Number of requests.
+    #[arg(long, default_value_t = 1000)]
+    num_prompts: usize,
+    /// Prompt length, tokens.
+    #[arg(long, default_value_t = 1024)]
+    input_len: u32,
+    /// Output length, tokens.
+    #[arg(long, default_value_t = 128)]
+    output_len: u32,
+    /// Lengths uniform in [len*(1-F), len*(1+F)].
+    #[arg(long, default_value_t = 0.0)]
+    range_ratio: f64,
+    /// Arrival rate, req/s (inf = all at t=0).
+    #[arg(long, value_parser = parse_rate, default_value = "inf")]
+    request_rate: f64,
+    /// Gamma shape of inter-arrivals (1 = Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
+    /// Endpoint recorded on every row.
+    #[arg(long, default_value = "completions")]
+    endpoint: EndpointKind,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+struct InspectArgs {
+    /// Trace files, directories or globs.
+    #[arg(required = true)]
+    traces: Vec<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// Offered request rates to step through (req/s).
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8,12,16,24")]
+    rates: Vec<f64>,
+    /// Seconds of load per rate.
+    #[arg(long, default_value_t = 8.0)]
+    seconds: f64,
+    /// Prompt length, tokens.
+    #[arg(long, default_value_t = 256)]
+    input_len: u32,
+    /// Output length, tokens.
+    #[arg(long, default_value_t = 64)]
+    output_len: u32,
+    /// Directory for the demo's trace and results.
+    #[arg(long, default_value = "llmreplay-demo")]
+    out: PathBuf,
+    /// Sim options (the demo defaults to the tiny profile, whose knee sits at a few requests/s).
+    #[command(flatten)]
+    sim: SimOpts,
+}
+
+/// The command line as typed, quoted where needed, for provenance.
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "\"'$`\\".contains(c)) {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Sim(a) => run_sim(a),
+        Command::Replay(a) => run_replay(a),
+        Command::Synth(a) => run_synth(a),
+        Command::Inspect(a) => run_inspect(a),
+        Command::Demo(a) => run_demo(a),
+    }
+}
+
+fn run_sim(a: SimArgs) -> Result<()> {
+    if a.list_profiles {
+        for name in sim::Profile::names() {
+            let p = sim::Profile::named(name).context("built-in profile")?;
+            println!("{}\n", p.describe());
+        }
+        return Ok(());
+    }
+    let cfg = a.sim.config()?;
+    let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+    rt.block_on(async move {
+        let handle = sim::start(a.listen, cfg)
+            .await
+            .context("starting the sim")?;
+        eprintln!(
+            "llmreplay sim listening on {} (Ctrl-C to stop)",
+            handle.url()
+        );
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        handle.shutdown().await;
+        Ok(())
+    })
+}
+
+/// A sim on its own runtime (threads named `llmreplay-sim`), so the client's CPU is measured apart.
+struct EmbeddedSim {
+    rt: tokio::runtime::Runtime,
+    handle: Option<sim::SimHandle>,
+}
+
+impl EmbeddedSim {
+    fn start(cfg: sim::SimConfig) -> Result<EmbeddedSim> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("llmreplay-sim")
+            .enable_all()
+            .build()
+            .context("sim runtime")?;
+        let handle = rt
+            .block_on(sim::start(
+                "127.0.0.1:0".parse().expect("literal address"),
+                cfg,
+            ))
+            .context("starting the in-process sim")?;
+        Ok(EmbeddedSim {
+            rt,
+            handle: Some(handle),
+        })
+    }
+    fn url(&self) -> String {
+        self.handle.as_ref().map(|h| h.url()).unwrap_or_default()
+    }
+}
+
+impl Drop for EmbeddedSim {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            self.rt.block_on(h.shutdown());
+        }
+    }
+}
+
+fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
+    ReplayConfig {
+        targets,
+        selection: Selection {
+            start_offset: a.start_offset,
+            duration: a.duration,
+            sample_ratio: a.sample_ratio,
+            max_requests: a.max_requests,
+        },
+        arrivals: match a.request_rate {
+            Some(rate) => Arrivals::Rate {
+                rate,
+                burstiness: a.burstiness,
+            },
+            None => Arrivals::Recorded { speedup: a.speedup },
+        },
+        max_concurrency: a.max_concurrency,
+        session_mode: a.session_mode,
+        request: RequestOptions {
+            endpoint: a.endpoint,
+            model: a.model.clone(),
+            output_len: a.output_len,
+            stream: !a.no_stream,
+            prompt_salt: a
+                .prompt_salt
+                .unwrap_or_else(|| now_us() as u64 ^ u64::from(std::process::id())),
+            headers: a.headers.clone(),
+            api_key: a.api_key.clone(),
+            timeout: a.timeout,
+        },
+        preconnect: !a.no_preconnect,
+        num_warmups: a.num_warmups,
+        seed: a.seed,
+        goodput: a.goodput.clone(),
+        percentile_metrics: a.percentile_metrics.clone(),
+        metric_percentiles: a.metric_percentiles.clone(),
+        cooldown: a.cooldown,
+        progress: !a.quiet,
+        client_threads: a.client_threads,
+        label: a.label.clone(),
+        metadata: a.metadata.clone(),
+        server_metrics: a.server_metrics,
+    }
+}
+
+fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
+    use std::io::IsTerminal;
+    let on = enabled && std::io::stderr().is_terminal();
+    move |t: &Target, p: replay::Progress| {
+        if on {
+            eprint!(
+                "\r{}: {}/{} done, {} failed, {} in flight   ",
+                t.name, p.done, p.total, p.failed, p.in_flight
+            );
+            if p.done == p.total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+/// Inserts the target name before the extension: `out.json` → `out-NAME.json`.
+fn per_target_path(path: &Path, name: &str, many: bool) -> PathBuf {
+    if !many {
+        return path.to_path_buf();
+    }
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}-{safe}{ext}"))
+}
+
+fn run_replay(a: ReplayArgs) -> Result<()> {
+    let trace = trace_format::read_traces(&a.traces).context("reading the trace")?;
+    let block_size = trace
+        .files
+        .iter()
+        .find_map(|f| f.meta.block_size)
+        .map(|b| b as usize);
+    let mut sim_guard = None;
+    let mut cfg = replay_config(&a, a.targets.clone());
+    if cfg.targets.is_empty() {
+        let s = EmbeddedSim::start(a.sim.config()?)?;
+        cfg.targets = vec![Target {
+            name: "sim".into(),
+            url: s.url(),
+        }];
+        cfg.server_metrics = true;
+        eprintln!(
+            "no --target: replaying against an in-process sim ({}) at {}",
+            a.sim.profile,
+            s.url()
+        );
+        sim_guard = Some(s);
+    }
+    cfg.validate()?;
+    let command = command_line();
+    let runs = replay::replay(
+        &cfg,
+        &trace.records,
+        block_size,
+        &progress_bar(cfg.progress),
+    )?;
+    drop(sim_guard);
+    let identity = replay::report::trace_identity(&trace);
+    println!("{}", replay::report::DEFINITIONS);
+    let many = runs.len() > 1;
+    for (run, m) in &runs {
+        let inputs = replay::report::ResultInputs {
+            cfg: &cfg,
+            run,
+            metrics: m,
+            trace: &identity,
+            command: &command,
+            detailed: a.save_detailed,
+        };
+        println!("{}", replay::report::console_report(&inputs));
+        if let Some(p) = &a.save_result {
+            let p = per_target_path(p, &run.target.name, many);
+            let json = replay::report::result_json(&inputs);
+            std::fs::write(&p, serde_json::to_vec_pretty(&json)?)
+                .with_context(|| format!("writing {}", p.display()))?;
+            eprintln!("result written to {}", p.display());
+        }
+    }
+    if many {
+        println!("{}", replay::report::comparison_table(&cfg, &runs));
+    }
+    if let Some(p) = &a.results {
+        let rows: Vec<_> = runs
+            .iter()
+            .flat_map(|(r, _)| r.records.iter().cloned())
+            .collect();
+        let mut meta = FileMeta::new(Producer::Replay, command.clone());
+        meta.source = Some(identity.files.join(","));
+        meta.extra
+            .insert("trace_content_hash".into(), identity.content_hash.clone());
+        if let Some(l) = &cfg.label {
+            meta.extra.insert("label".into(), l.clone());
+        }
+        for (k, v) in &cfg.metadata {
+            meta.extra.insert(k.clone(), v.clone());
+        }
+        for (run, _) in &runs {
+            meta.extra.insert(
+                format!("target.{}.url", run.target.name),
+                run.target.url.clone(),
+            );
+            meta.extra.insert(
+                format!("target.{}.models", run.target.name),
+                run.target_info.models.join(","),
+            );
+            if let Some(v) = &run.target_info.version {
+                meta.extra
+                    .insert(format!("target.{}.version", run.target.name), v.to_string());
+            }
+        }
+        trace_format::write_trace_file(p, &rows, &meta)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("{} result rows written to {}", rows.len(), p.display());
+    }
+    Ok(())
+}
+
+fn run_synth(a: SynthArgs) -> Result<()> {
+    let spec = replay::synth::SynthSpec {
+        num_prompts: a.num_prompts,
+        input_len: a.input_len,
+        output_len: a.output_len,
+        range_ratio: a.range_ratio,
+        request_rate: a.request_rate,
+        burstiness: a.burstiness,
+        seed: a.seed,
+        endpoint: a.endpoint,
+        start_us: now_us(),
+    };
+    let rows = replay::synth::synth(&spec)?;
+    let meta = FileMeta::new(Producer::Synth, command_line());
+    trace_format::write_trace_file(&a.output, &rows, &meta)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    eprintln!(
+        "{} synthetic requests written to {}",
+        rows.len(),
+        a.output.display()
+    );
+    Ok(())
+}
+
+fn run_inspect(a: InspectArgs) -> Result<()> {
+    use std::io::Write;
+    let trace = trace_format::read_traces(&a.traces).context("reading the trace")?;
+    let summary = trace_format::inspect::summarize(&trace);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
+    } else {
+        writeln!(out, "{summary}")?;
+    }
+    Ok(())
+}
+
+fn run_demo(mut a: DemoArgs) -> Result<()> {
+    if a.sim.profile == "llama-3.1-8b-h100" && a.sim.fixed_timing.is_none() {
+        // The default for `sim` and `replay` is the H100 profile; the demo wants a knee a
+        // laptop reaches in seconds.
+        a.sim.profile = "tiny".into();
+    }
+    if a.rates.is_empty() || a.rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+        bail!("--rates: give positive request rates, e.g. 2,4,8");
+    }
+    if !(a.seconds.is_finite() && a.seconds > 0.0) {
+        bail!("--seconds must be positive");
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let s = EmbeddedSim::start(a.sim.config()?)?;
+    println!(
+        "llmreplay demo: in-process sim (profile {}) at {}",
+        a.sim.profile,
+        s.url()
+    );
+    let max_rate = a.rates.iter().cloned().fold(0.0, f64::max);
+    let spec = replay::synth::SynthSpec {
+        num_prompts: ((max_rate * a.seconds).ceil() as usize).max(1),
+        input_len: a.input_len,
+        output_len: a.output_len,
+        range_ratio: 0.25,
+        request_rate: f64::INFINITY,
+        burstiness: 1.0,
+        seed: 0,
+        endpoint: EndpointKind::Completions,
+        start_us: now_us(),
+    };
+    let rows = replay::synth::synth(&spec)?;
+    let trace_path = a.out.join("trace.parquet");
+    trace_format::write_trace_file(
+        &trace_path,
+        &rows,
+        &FileMeta::new(Producer::Synth, command_line()),
+    )?;
+    println!(
+        "synthetic trace: {} ({} requests, prompt {}±25%, output {}±25% tokens)",
+        trace_path.display(),
+        rows.len(),
+        a.input_len,
+        a.output_len
+    );
+    println!("\n{}", replay::report::DEFINITIONS);
+    println!(
+        "{:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>9} {:>9} {:>9}",
+        "offered/s",
+        "requests",
+        "done/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "running",
+        "waiting",
+        "lag p99"
+    );
+    let command = command_line();
+    let identity = replay::report::trace_identity(&trace_format::Trace {
+        records: rows.clone(),
+        files: vec![],
+    });
+    let mut last = None;
+    for (i, rate) in a.rates.iter().enumerate() {
+        let n = ((rate * a.seconds).ceil() as usize).clamp(1, rows.len());
+        let cfg = ReplayConfig {
+            targets: vec![Target {
+                name: "sim".into(),
+                url: s.url(),
+            }],
+            selection: Selection {
+                max_requests: Some(n),
+                ..Default::default()
+            },
+            arrivals: Arrivals::Rate {
+                rate: *rate,
+                burstiness: 1.0,
+            },
+            max_concurrency: None,
+            session_mode: SessionMode::Open,
+            request: RequestOptions {
+                endpoint: EndpointKind::Completions,
+                model: None,
+                output_len: OutputLen::Recorded,
+                stream: true,
+                prompt_salt: i as u64 + 1, // fresh prompts per level: no prefix cache carry-over
+                headers: vec![],
+                api_key: None,
+                timeout: Duration::from_secs(120),
+            },
+            preconnect: true,
+            num_warmups: 0,
+            seed: i as u64,
+            goodput: vec![],
+            percentile_metrics: vec![
+                PercentileMetric::Ttft,
+                PercentileMetric::Tpot,
+                PercentileMetric::Itl,
+                PercentileMetric::E2el,
+            ],
+            metric_percentiles: vec![50.0, 95.0, 99.0],
+            cooldown: Duration::ZERO,
+            progress: false,
+            client_threads: 0,
+            label: Some(format!("demo-rate-{rate}")),
+            metadata: vec![],
+            server_metrics: true,
+        };
+        let runs = replay::replay(&cfg, &rows, None, &|_, _| {})?;
+        let Some((run, m)) = runs.into_iter().next() else {
+            bail!("no run result")
+        };
+        let g = |k: &str| run.server_gauges.get(k).map_or(f64::NAN, |g| g.mean);
+        println!(
+            "{:>10.1} {:>9} {:>9.2} {:>8.1} ms {:>8.1} ms {:>8.1} ms {:>9.2} {:>9.2} {:>6.3} ms",
+            rate,
+            m.num_prompts,
+            m.request_throughput,
+            m.ttft.median,
+            m.ttft.get(99.0).unwrap_or(f64::NAN),
+            m.tpot.median,
+            g("vllm:num_requests_running"),
+            g("vllm:num_requests_waiting"),
+            m.dispatch_lag.get(99.0).unwrap_or(0.0),
+        );
+        let inputs = replay::report::ResultInputs {
+            cfg: &cfg,
+            run: &run,
+            metrics: &m,
+            trace: &identity,
+            command: &command,
+            detailed: false,
+        };
+        let json = replay::report::result_json(&inputs);
+        let p = a.out.join(format!("result-rate-{rate}.json"));
+        std::fs::write(&p, serde_json::to_vec_pretty(&json)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        last = Some((cfg, run, m));
+    }
+    println!("\n(running/waiting: the sim's own vllm:num_requests_running/_waiting gauges, mean over the level)");
+    println!("Past the knee, requests queue in the engine: TTFT climbs first (prefill queueing), then TPOT as batches fill.");
+    if let Some((cfg, run, m)) = last {
+        let inputs = replay::report::ResultInputs {
+            cfg: &cfg,
+            run: &run,
+            metrics: &m,
+            trace: &identity,
+            command: &command,
+            detailed: false,
+        };
+        println!(
+            "\nFull report of the highest level:\n{}",
+            replay::report::console_report(&inputs)
+        );
+    }
+    println!("trace and per-level JSON results in {}", a.out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_rates_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_rate("inf").unwrap(), f64::INFINITY);
+        assert!(parse_rate("0").is_err());
+    }
+
+    #[test]
+    fn per_target_names() {
+        assert_eq!(
+            per_target_path(Path::new("r/out.json"), "a:b", true),
+            PathBuf::from("r/out-a_b.json")
+        );
+        assert_eq!(
+            per_target_path(Path::new("out.json"), "x", false),
+            PathBuf::from("out.json")
+        );
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

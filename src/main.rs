@@ -1,0 +1,27 @@
+//! `llmreplay`: the command line. Argument parsing and wiring only; the work lives in the
+//! library crates (`trace-format`, `replay`, `sim`, `proxy`).
+
+mod cli;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed pipe (`llmreplay inspect x | head`) is not an error.
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                return ExitCode::SUCCESS;
+            }
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

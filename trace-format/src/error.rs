@@ -1,0 +1,81 @@
+//! Typed errors of the trace-format crate.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong reading or writing traces.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error on a named path.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A Parquet or Arrow error on a named path.
+    #[error("{path}: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What the Parquet/Arrow layer said.
+        message: String,
+    },
+    /// The file was written with a schema major version this build does not read.
+    #[error(
+        "{path}: trace schema version {found} is not supported (this build reads {supported}.x)"
+    )]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version in the file.
+        found: String,
+        /// The major version this build reads.
+        supported: u32,
+    },
+    /// A Parquet file that is not an llmreplay trace (no version metadata, missing columns).
+    #[error("{path}: not an llmreplay trace: {reason}")]
+    NotATrace {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A path, directory or glob that matched no trace file.
+    #[error("{0}: no trace files found")]
+    NoFiles(String),
+    /// A bad row in an input (journal line, import row), with its line number.
+    #[error("{path}:{line}: {message}")]
+    BadRow {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// An invalid argument.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps an I/O error with its path.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    /// Wraps a Parquet/Arrow error with its path.
+    pub fn format(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {
+        Error::Format {
+            path: path.into(),
+            message: e.to_string(),
+        }
+    }
+}

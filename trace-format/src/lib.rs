@@ -1,0 +1,16 @@
+//! The llmreplay trace format: the schema (defined once), the Parquet writer and reader,
+//! trace summaries, and the OpenAI/SSE stream parser that both capture and replay use.
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod inspect;
+pub mod reader;
+pub mod schema;
+pub mod sse;
+pub mod stats;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use reader::{read_traces, Trace, TraceFile};
+pub use schema::{Outcome, Producer, TokenSource, TraceRecord, SCHEMA_VERSION};
+pub use writer::{write_trace_file, FileMeta, TraceWriter, WriterConfig};

@@ -1,0 +1,402 @@
+//! The trace schema v1: one row per request, defined once.
+//!
+//! Captures, imports, synthetic traces and replay results all use this schema, so the same
+//! SQL answers questions about production and about a candidate, and the two join on
+//! `request_id`. Column names are constants here; [`schema`] builds the Arrow schema from
+//! them and nothing else spells a column name.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, TimeUnit};
+use serde::{Deserialize, Serialize};
+
+/// The schema version written into every file (`llmreplay.schema_version`).
+///
+/// Readers accept any `1.x`; a different major version is an error.
+pub const SCHEMA_VERSION: &str = "1.0";
+/// The major version this build reads.
+pub const SCHEMA_MAJOR: u32 = 1;
+
+/// Names of the columns, as users write them in SQL.
+pub mod col {
+    /// Unique per request (utf8).
+    pub const REQUEST_ID: &str = "request_id";
+    /// Conversation/session key when known (utf8, null).
+    pub const SESSION_ID: &str = "session_id";
+    /// When the request arrived (timestamp µs, UTC).
+    pub const ARRIVAL_TIME: &str = "arrival_time";
+    /// Request path, e.g. `/v1/chat/completions`.
+    pub const ENDPOINT: &str = "endpoint";
+    /// Model name (null when unknown).
+    pub const MODEL: &str = "model";
+    /// Whether the response was streamed.
+    pub const STREAM: &str = "stream";
+    /// Prompt tokens (null when unknown).
+    pub const PROMPT_TOKENS: &str = "prompt_tokens";
+    /// Output tokens (null when unknown).
+    pub const OUTPUT_TOKENS: &str = "output_tokens";
+    /// `max_tokens` asked for (null when absent).
+    pub const MAX_TOKENS: &str = "max_tokens";
+    /// Where `prompt_tokens` came from.
+    pub const PROMPT_TOKENS_SOURCE: &str = "prompt_tokens_source";
+    /// Where `output_tokens` came from.
+    pub const OUTPUT_TOKENS_SOURCE: &str = "output_tokens_source";
+    /// HTTP status (null when no response).
+    pub const STATUS: &str = "status";
+    /// `ok`, `http_error`, `upstream_error`, `client_cancelled`, `timeout`.
+    pub const OUTCOME: &str = "outcome";
+    /// Error text (null when none).
+    pub const ERROR: &str = "error";
+    /// Time to first token from t0, µs.
+    pub const TTFT_US: &str = "ttft_us";
+    /// End-to-end latency from t0, µs.
+    pub const E2EL_US: &str = "e2el_us";
+    /// Offset from t0 of every chunk, µs.
+    pub const CHUNK_TIMES_US: &str = "chunk_times_us";
+    /// Tokens in each chunk, when known.
+    pub const CHUNK_TOKENS: &str = "chunk_tokens";
+    /// The request JSON, only when recorded.
+    pub const BODY: &str = "body";
+    /// Hashes of consecutive prompt blocks, when computed.
+    pub const PREFIX_HASHES: &str = "prefix_hashes";
+    /// Bytes of the request body.
+    pub const REQUEST_BYTES: &str = "request_bytes";
+    /// Bytes of the response body.
+    pub const RESPONSE_BYTES: &str = "response_bytes";
+    /// Replay: the request's scheduled send offset from the run start, µs.
+    pub const SCHEDULED_OFFSET_US: &str = "scheduled_offset_us";
+    /// Replay: actual send − scheduled send, µs.
+    pub const DISPATCH_LAG_US: &str = "dispatch_lag_us";
+    /// Replay: time spent waiting for a `--max-concurrency` slot, µs.
+    pub const QUEUE_US: &str = "queue_us";
+    /// Replay: whether the request opened a new connection.
+    pub const NEW_CONNECTION: &str = "new_connection";
+    /// Replay: time spent connecting when the connection was new, µs (not part of TTFT).
+    pub const CONNECT_US: &str = "connect_us";
+    /// Replay: the target's name.
+    pub const TARGET: &str = "target";
+    /// Replay: the run's id.
+    pub const RUN_ID: &str = "run_id";
+}
+
+/// Key-value metadata keys written into every file.
+pub mod meta {
+    /// Schema version, e.g. `1.0`.
+    pub const SCHEMA_VERSION: &str = "llmreplay.schema_version";
+    /// `capture`, `import`, `replay`, `synth`.
+    pub const PRODUCER: &str = "llmreplay.producer";
+    /// Version of the tool that wrote the file.
+    pub const TOOL_VERSION: &str = "llmreplay.tool_version";
+    /// The producing command line.
+    pub const COMMAND: &str = "llmreplay.command";
+    /// For imports: the source file(s) and format.
+    pub const SOURCE: &str = "llmreplay.source";
+    /// Block size of `prefix_hashes`, in tokens.
+    pub const BLOCK_SIZE: &str = "llmreplay.block_size";
+    /// Prefix of free-form provenance keys (`--metadata K=V`, target info).
+    pub const EXTRA_PREFIX: &str = "llmreplay.meta.";
+}
+
+/// Which program wrote a trace file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Producer {
+    /// `llmreplay capture`.
+    Capture,
+    /// `llmreplay import`.
+    Import,
+    /// `llmreplay replay` results.
+    Replay,
+    /// `llmreplay synth`.
+    Synth,
+}
+
+/// What became of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A complete 2xx response.
+    Ok,
+    /// The server answered with a non-2xx status.
+    HttpError,
+    /// Connection refused or reset, a truncated or malformed stream.
+    UpstreamError,
+    /// The client went away before the response ended.
+    ClientCancelled,
+    /// No complete answer within the timeout.
+    Timeout,
+}
+
+/// Where a token count came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenSource {
+    /// The server's `usage` field.
+    Usage,
+    /// Counted with the configured tokenizer.
+    Tokenizer,
+    /// Taken from an imported trace.
+    Recorded,
+    /// An estimate (e.g. chunk count or bytes); not exact.
+    Estimate,
+}
+
+macro_rules! str_enum {
+    ($t:ty { $($v:ident => $s:literal),* $(,)? }) => {
+        impl $t {
+            /// The name stored in trace files.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$v => $s),* }
+            }
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$t] = &[$(Self::$v),*];
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($s => Ok(Self::$v),)*
+                    other => Err(format!(
+                        "unknown {} {other:?} (expected one of: {})",
+                        stringify!($t),
+                        [$($s),*].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+str_enum!(Producer { Capture => "capture", Import => "import", Replay => "replay", Synth => "synth" });
+str_enum!(Outcome {
+    Ok => "ok",
+    HttpError => "http_error",
+    UpstreamError => "upstream_error",
+    ClientCancelled => "client_cancelled",
+    Timeout => "timeout",
+});
+str_enum!(TokenSource { Usage => "usage", Tokenizer => "tokenizer", Recorded => "recorded", Estimate => "estimate" });
+
+/// One request: one row of a trace file.
+///
+/// Times are integer microseconds so nothing is lost to rounding; `arrival_time_us` is
+/// microseconds since the Unix epoch (UTC), every other `_us` field is an offset from t0
+/// (see ../shared/docs/metrics.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceRecord {
+    /// Unique per request.
+    pub request_id: String,
+    /// Conversation/session key when known.
+    pub session_id: Option<String>,
+    /// Arrival (capture) or send (replay) time, µs since the Unix epoch, UTC.
+    pub arrival_time_us: i64,
+    /// Request path.
+    pub endpoint: String,
+    /// Model name.
+    pub model: Option<String>,
+    /// Whether the response is streamed.
+    pub stream: bool,
+    /// Prompt tokens.
+    pub prompt_tokens: Option<i64>,
+    /// Output tokens.
+    pub output_tokens: Option<i64>,
+    /// `max_tokens` of the request.
+    pub max_tokens: Option<i64>,
+    /// Where `prompt_tokens` came from (null when unknown).
+    pub prompt_tokens_source: Option<TokenSource>,
+    /// Where `output_tokens` came from (null when unknown).
+    pub output_tokens_source: Option<TokenSource>,
+    /// HTTP status.
+    pub status: Option<u16>,
+    /// What became of the request.
+    pub outcome: Outcome,
+    /// Error text.
+    pub error: Option<String>,
+    /// Time to first chunk from t0, µs.
+    pub ttft_us: Option<i64>,
+    /// End-to-end latency from t0, µs.
+    pub e2el_us: Option<i64>,
+    /// Offset from t0 of every chunk, µs.
+    pub chunk_times_us: Vec<i64>,
+    /// Tokens in each chunk, when known.
+    pub chunk_tokens: Option<Vec<i32>>,
+    /// The request JSON, only when recorded.
+    pub body: Option<String>,
+    /// Hashes of consecutive prompt blocks.
+    pub prefix_hashes: Option<Vec<u64>>,
+    /// Request body bytes.
+    pub request_bytes: i64,
+    /// Response body bytes.
+    pub response_bytes: i64,
+    /// Replay: scheduled send offset from the run start, µs.
+    pub scheduled_offset_us: Option<i64>,
+    /// Replay: actual send − scheduled send, µs.
+    pub dispatch_lag_us: Option<i64>,
+    /// Replay: client queue time waiting for a concurrency slot, µs.
+    pub queue_us: Option<i64>,
+    /// Replay: whether the request's connection was new.
+    pub new_connection: Option<bool>,
+    /// Replay: time spent connecting, µs (not part of TTFT).
+    pub connect_us: Option<i64>,
+    /// Replay: the target's name.
+    pub target: Option<String>,
+    /// Replay: the run's id.
+    pub run_id: Option<String>,
+}
+
+impl TraceRecord {
+    /// A record with the given identity and every optional field empty.
+    pub fn new(
+        request_id: impl Into<String>,
+        arrival_time_us: i64,
+        endpoint: impl Into<String>,
+    ) -> Self {
+        TraceRecord {
+            request_id: request_id.into(),
+            session_id: None,
+            arrival_time_us,
+            endpoint: endpoint.into(),
+            model: None,
+            stream: false,
+            prompt_tokens: None,
+            output_tokens: None,
+            max_tokens: None,
+            prompt_tokens_source: None,
+            output_tokens_source: None,
+            status: None,
+            outcome: Outcome::Ok,
+            error: None,
+            ttft_us: None,
+            e2el_us: None,
+            chunk_times_us: Vec::new(),
+            chunk_tokens: None,
+            body: None,
+            prefix_hashes: None,
+            request_bytes: 0,
+            response_bytes: 0,
+            scheduled_offset_us: None,
+            dispatch_lag_us: None,
+            queue_us: None,
+            new_connection: None,
+            connect_us: None,
+            target: None,
+            run_id: None,
+        }
+    }
+
+    /// A rough size in bytes, for rotation by size.
+    pub fn approx_bytes(&self) -> usize {
+        128 + self.request_id.len()
+            + self.endpoint.len()
+            + self.session_id.as_ref().map_or(0, String::len)
+            + self.model.as_ref().map_or(0, String::len)
+            + self.error.as_ref().map_or(0, String::len)
+            + self.body.as_ref().map_or(0, String::len)
+            + self.chunk_times_us.len() * 8
+            + self.chunk_tokens.as_ref().map_or(0, |v| v.len() * 4)
+            + self.prefix_hashes.as_ref().map_or(0, |v| v.len() * 8)
+    }
+}
+
+/// The Arrow schema of trace files (without file metadata).
+pub fn schema() -> Schema {
+    use col::*;
+    let list_of = |dt: DataType| DataType::List(Arc::new(Field::new("item", dt, true)));
+    Schema::new(vec![
+        Field::new(REQUEST_ID, DataType::Utf8, false),
+        Field::new(SESSION_ID, DataType::Utf8, true),
+        Field::new(
+            ARRIVAL_TIME,
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new(ENDPOINT, DataType::Utf8, false),
+        Field::new(MODEL, DataType::Utf8, true),
+        Field::new(STREAM, DataType::Boolean, false),
+        Field::new(PROMPT_TOKENS, DataType::Int64, true),
+        Field::new(OUTPUT_TOKENS, DataType::Int64, true),
+        Field::new(MAX_TOKENS, DataType::Int64, true),
+        Field::new(PROMPT_TOKENS_SOURCE, DataType::Utf8, true),
+        Field::new(OUTPUT_TOKENS_SOURCE, DataType::Utf8, true),
+        Field::new(STATUS, DataType::Int32, true),
+        Field::new(OUTCOME, DataType::Utf8, false),
+        Field::new(ERROR, DataType::Utf8, true),
+        Field::new(TTFT_US, DataType::Int64, true),
+        Field::new(E2EL_US, DataType::Int64, true),
+        Field::new(CHUNK_TIMES_US, list_of(DataType::Int64), false),
+        Field::new(CHUNK_TOKENS, list_of(DataType::Int32), true),
+        Field::new(BODY, DataType::Utf8, true),
+        Field::new(PREFIX_HASHES, list_of(DataType::UInt64), true),
+        Field::new(REQUEST_BYTES, DataType::Int64, false),
+        Field::new(RESPONSE_BYTES, DataType::Int64, false),
+        Field::new(SCHEDULED_OFFSET_US, DataType::Int64, true),
+        Field::new(DISPATCH_LAG_US, DataType::Int64, true),
+        Field::new(QUEUE_US, DataType::Int64, true),
+        Field::new(NEW_CONNECTION, DataType::Boolean, true),
+        Field::new(CONNECT_US, DataType::Int64, true),
+        Field::new(TARGET, DataType::Utf8, true),
+        Field::new(RUN_ID, DataType::Utf8, true),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_round_trip_through_their_names() {
+        for o in Outcome::ALL {
+            assert_eq!(o.as_str().parse::<Outcome>().unwrap(), *o);
+        }
+        for s in TokenSource::ALL {
+            assert_eq!(s.as_str().parse::<TokenSource>().unwrap(), *s);
+        }
+        for p in Producer::ALL {
+            assert_eq!(p.as_str().parse::<Producer>().unwrap(), *p);
+        }
+        let err = "oops".parse::<Outcome>().unwrap_err();
+        assert!(err.contains("http_error"), "{err}");
+    }
+
+    #[test]
+    fn schema_has_the_documented_columns() {
+        let s = schema();
+        for name in [
+            "request_id",
+            "session_id",
+            "arrival_time",
+            "endpoint",
+            "model",
+            "stream",
+            "prompt_tokens",
+            "output_tokens",
+            "max_tokens",
+            "prompt_tokens_source",
+            "output_tokens_source",
+            "status",
+            "outcome",
+            "error",
+            "ttft_us",
+            "e2el_us",
+            "chunk_times_us",
+            "chunk_tokens",
+            "body",
+            "prefix_hashes",
+            "request_bytes",
+            "response_bytes",
+        ] {
+            assert!(s.field_with_name(name).is_ok(), "missing column {name}");
+        }
+        assert!(matches!(
+            s.field_with_name("arrival_time").unwrap().data_type(),
+            DataType::Timestamp(TimeUnit::Microsecond, Some(tz)) if tz.as_ref() == "UTC"
+        ));
+    }
+}

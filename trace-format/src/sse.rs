@@ -1,0 +1,313 @@
+//! The one OpenAI/SSE stream parser that capture and replay share.
+//!
+//! [`SseParser`] turns bytes, fed as they arrive in arbitrary pieces, into the `data`
+//! payloads of complete server-sent events (CRLF, LF and CR line ends, multi-line data,
+//! comments and other fields ignored). [`classify`] reads one payload the way
+//! ../shared/docs/metrics.md counts chunks: an event whose JSON has a non-empty `choices`
+//! array is a chunk; `[DONE]` and a usage-only final event are not.
+//!
+//! Both sit on the per-chunk path, so neither allocates once its buffers have grown, and
+//! `classify` parses the JSON without building a tree (the `choices` array is only counted).
+
+use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// Incremental SSE parser; reuse one per response.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    /// Bytes of the line in progress.
+    line: Vec<u8>,
+    /// Data of the event in progress (`data:` lines joined with `\n`).
+    data: Vec<u8>,
+    /// Whether the event in progress has seen a `data` field.
+    has_data: bool,
+    /// The previous piece ended in CR: a leading LF in the next piece belongs to it.
+    skip_lf: bool,
+    /// Total bytes fed.
+    bytes: u64,
+}
+
+impl SseParser {
+    /// A new parser.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds bytes; `on_event` gets the data of every event completed by them.
+    pub fn feed(&mut self, mut bytes: &[u8], mut on_event: impl FnMut(&[u8])) {
+        self.bytes += bytes.len() as u64;
+        if self.skip_lf {
+            self.skip_lf = false;
+            if let Some(rest) = bytes.strip_prefix(b"\n") {
+                bytes = rest;
+            }
+        }
+        while !bytes.is_empty() {
+            match memchr::memchr2(b'\n', b'\r', bytes) {
+                None => {
+                    self.line.extend_from_slice(bytes);
+                    return;
+                }
+                Some(i) => {
+                    let end_len = if bytes[i] == b'\r' {
+                        match bytes.get(i + 1) {
+                            Some(b'\n') => 2,
+                            Some(_) => 1,
+                            None => {
+                                self.skip_lf = true;
+                                1
+                            }
+                        }
+                    } else {
+                        1
+                    };
+                    if self.line.is_empty() {
+                        self.process_line_slice(&bytes[..i], &mut on_event);
+                    } else {
+                        self.line.extend_from_slice(&bytes[..i]);
+                        let line = std::mem::take(&mut self.line);
+                        self.process_line_slice(&line, &mut on_event);
+                        self.line = line;
+                        self.line.clear();
+                    }
+                    bytes = &bytes[i + end_len..];
+                }
+            }
+        }
+    }
+
+    fn process_line_slice(&mut self, line: &[u8], on_event: &mut impl FnMut(&[u8])) {
+        if line.is_empty() {
+            if self.has_data {
+                on_event(&self.data);
+            }
+            self.data.clear();
+            self.has_data = false;
+            return;
+        }
+        if line[0] == b':' {
+            return; // comment
+        }
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &b""[..]),
+        };
+        if field == b"data" {
+            if self.has_data {
+                self.data.push(b'\n');
+            }
+            self.data.extend_from_slice(value);
+            self.has_data = true;
+        }
+    }
+
+    /// True when bytes of an unfinished event are pending: the stream ended mid-event.
+    pub fn has_partial(&self) -> bool {
+        self.has_data || !self.line.is_empty()
+    }
+
+    /// Total bytes fed so far.
+    pub fn bytes_fed(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Token counts of an OpenAI `usage` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    /// `usage.prompt_tokens`.
+    #[serde(default)]
+    pub prompt_tokens: Option<i64>,
+    /// `usage.completion_tokens`.
+    #[serde(default)]
+    pub completion_tokens: Option<i64>,
+}
+
+/// What one SSE `data` payload of an OpenAI-style stream is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// A chunk: non-empty `choices`; `usage` is present with `continuous_usage_stats`.
+    Chunk {
+        /// Usage carried by the chunk, cumulative.
+        usage: Option<Usage>,
+    },
+    /// A usage-only event (`choices` empty or absent, `usage` present).
+    Usage(Usage),
+    /// `[DONE]`.
+    Done,
+    /// An error object sent in the stream (`{"error": ...}`), with its message.
+    Error(String),
+    /// Valid JSON that is none of the above (e.g. empty `choices` without usage).
+    Other,
+    /// Not JSON.
+    Invalid,
+}
+
+#[derive(Deserialize)]
+struct RawEvent {
+    #[serde(default, deserialize_with = "count_seq")]
+    choices: Option<usize>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+fn count_seq<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    struct Count;
+    impl<'de> Visitor<'de> for Count {
+        type Value = Option<usize>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array or null")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut n = 0;
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                n += 1;
+            }
+            Ok(Some(n))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Count)
+}
+
+/// Classifies one SSE `data` payload.
+pub fn classify(data: &[u8]) -> StreamEvent {
+    let trimmed = data.trim_ascii();
+    if trimmed == b"[DONE]" {
+        return StreamEvent::Done;
+    }
+    match serde_json::from_slice::<RawEvent>(trimmed) {
+        Err(_) => StreamEvent::Invalid,
+        Ok(RawEvent { error: Some(e), .. }) => StreamEvent::Error(error_message(&e)),
+        Ok(RawEvent {
+            choices: Some(n),
+            usage,
+            ..
+        }) if n > 0 => StreamEvent::Chunk { usage },
+        Ok(RawEvent { usage: Some(u), .. }) => StreamEvent::Usage(u),
+        Ok(_) => StreamEvent::Other,
+    }
+}
+
+/// The `message` of an OpenAI error object, or its JSON text.
+pub fn error_message(e: &serde_json::Value) -> String {
+    match e.get("message").and_then(|m| m.as_str()) {
+        Some(m) => m.to_string(),
+        None => match e.as_str() {
+            Some(s) => s.to_string(),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// Reads `usage` from a whole (non-streamed) OpenAI response body.
+pub fn response_usage(body: &[u8]) -> Option<Usage> {
+    #[derive(Deserialize)]
+    struct Resp {
+        usage: Option<Usage>,
+    }
+    serde_json::from_slice::<Resp>(body)
+        .ok()
+        .and_then(|r| r.usage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(pieces: &[&[u8]]) -> Vec<String> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        for piece in pieces {
+            p.feed(piece, |d| out.push(String::from_utf8_lossy(d).into_owned()));
+        }
+        out
+    }
+
+    #[test]
+    fn parses_events_split_anywhere() {
+        let stream =
+            b"data: {\"a\":1}\n\n: comment\nevent: x\ndata: one\ndata: two\n\ndata: [DONE]\n\n";
+        let whole = events(&[stream]);
+        assert_eq!(whole, vec!["{\"a\":1}", "one\ntwo", "[DONE]"]);
+        for cut in 0..stream.len() {
+            let (a, b) = stream.split_at(cut);
+            assert_eq!(events(&[a, b]), whole, "cut at {cut}");
+        }
+        let bytewise: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(events(&bytewise), whole);
+    }
+
+    #[test]
+    fn handles_crlf_and_cr_line_ends_across_pieces() {
+        assert_eq!(events(&[b"data: x\r\n\r\ndata: y\r\r"]), vec!["x", "y"]);
+        assert_eq!(events(&[b"data: x\r", b"\n\r", b"\n"]), vec!["x"]);
+        assert_eq!(events(&[b"data:nospace\n\n"]), vec!["nospace"]);
+    }
+
+    #[test]
+    fn partial_event_is_reported() {
+        let mut p = SseParser::new();
+        p.feed(b"data: {\"choices\":[", |_| panic!("no event yet"));
+        assert!(p.has_partial());
+        p.feed(b"1]}\n\n", |_| {});
+        assert!(!p.has_partial());
+    }
+
+    #[test]
+    fn classifies_like_metrics_md() {
+        let chat_role =
+            br#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+        assert_eq!(classify(chat_role), StreamEvent::Chunk { usage: None });
+        let with_usage = br#"{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
+        assert_eq!(
+            classify(with_usage),
+            StreamEvent::Chunk {
+                usage: Some(Usage {
+                    prompt_tokens: Some(3),
+                    completion_tokens: Some(2)
+                })
+            }
+        );
+        let usage_only = br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#;
+        assert_eq!(
+            classify(usage_only),
+            StreamEvent::Usage(Usage {
+                prompt_tokens: Some(3),
+                completion_tokens: Some(7)
+            })
+        );
+        assert_eq!(classify(b" [DONE] "), StreamEvent::Done);
+        assert_eq!(classify(br#"{"choices":[]}"#), StreamEvent::Other);
+        assert_eq!(
+            classify(br#"{"choices":null,"usage":null}"#),
+            StreamEvent::Other
+        );
+        assert_eq!(classify(b"not json"), StreamEvent::Invalid);
+        assert_eq!(
+            classify(br#"{"error":{"message":"boom","code":500}}"#),
+            StreamEvent::Error("boom".into())
+        );
+    }
+
+    #[test]
+    fn whole_response_usage() {
+        let body =
+            br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":10,"completion_tokens":4}}"#;
+        assert_eq!(
+            response_usage(body).and_then(|u| u.completion_tokens),
+            Some(4)
+        );
+        assert_eq!(response_usage(b"<html>"), None);
+    }
+}

@@ -226,7 +226,7 @@ struct ReplayArgs {
     /// Output length of built requests: recorded (with ignore_eos), request (the row's max_tokens), or N.
     #[arg(long, default_value = "recorded")]
     output_len: OutputLen,
-    /// Send built requests without streaming.
+    /// Send built requests without streaming (by default they stream as their row did).
     #[arg(long)]
     no_stream: bool,
     /// Salt for synthesized prompts (default: random per run, so runs do not hit each other's prefix cache).
@@ -317,6 +317,9 @@ struct SynthArgs {
     /// Endpoint recorded on every row.
     #[arg(long, default_value = "completions")]
     endpoint: EndpointKind,
+    /// Fraction of requests that stream.
+    #[arg(long, default_value_t = 1.0)]
+    stream_ratio: f64,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -639,6 +642,7 @@ fn run_synth(a: SynthArgs) -> Result<()> {
         seed: a.seed,
         endpoint: a.endpoint,
         start_us: now_us(),
+        stream_ratio: a.stream_ratio,
     };
     let rows = replay::synth::synth(&spec)?;
     let meta = FileMeta::new(Producer::Synth, command_line());
@@ -695,6 +699,7 @@ fn run_demo(mut a: DemoArgs) -> Result<()> {
         seed: 0,
         endpoint: EndpointKind::Completions,
         start_us: now_us(),
+        stream_ratio: 1.0,
     };
     let rows = replay::synth::synth(&spec)?;
     let trace_path = a.out.join("trace.parquet");

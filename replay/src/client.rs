@@ -25,6 +25,49 @@ use crate::error::ReplayError;
 use crate::prompt::BuiltRequest;
 
 type Sender = SendRequest<Full<Bytes>>;
+type ConnDriver = std::pin::Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+
+/// One pooled HTTP/1.1 connection: the request handle and the connection's I/O future.
+///
+/// The request task that holds a connection polls its I/O future itself (no separate
+/// connection task), so bytes are read and timestamped in the same poll, with no hop
+/// between tasks; an idle pooled connection is simply not polled.
+struct Conn {
+    sender: Sender,
+    driver: ConnDriver,
+}
+
+impl Conn {
+    /// Polls the connection until it can take another request (the previous response fully
+    /// processed). False when it closed or did not get there within a short time.
+    async fn settle(&mut self) -> bool {
+        let wait = async {
+            loop {
+                tokio::select! {
+                    biased;
+                    r = std::future::poll_fn(|cx| self.sender.poll_ready(cx)) => return r.is_ok(),
+                    _ = &mut self.driver => return false,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_millis(50), wait)
+            .await
+            .unwrap_or(false)
+    }
+
+    /// Runs `work` while driving the connection's I/O in this task.
+    async fn drive<T>(driver: &mut ConnDriver, work: impl Future<Output = T>) -> T {
+        tokio::pin!(work);
+        let mut closed = false;
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut work => return r,
+                _ = &mut *driver, if !closed => closed = true,
+            }
+        }
+    }
+}
 
 /// Where a target lives, parsed from its URL.
 #[derive(Debug, Clone)]
@@ -96,7 +139,7 @@ pub struct Exchange {
 pub struct Client {
     ep: Endpoint,
     tls: Option<tokio_rustls::TlsConnector>,
-    idle: Mutex<Vec<Sender>>,
+    idle: Mutex<Vec<Conn>>,
     headers: HeaderMap,
     timeout: Duration,
 }
@@ -147,7 +190,7 @@ impl Client {
     }
 
     /// Opens a new connection.
-    async fn connect(&self) -> Result<Sender, String> {
+    async fn connect(&self) -> Result<Conn, String> {
         let tcp = TcpStream::connect((self.ep.host.as_str(), self.ep.port))
             .await
             .map_err(|e| format!("connect {}: {e}", self.ep.authority))?;
@@ -195,19 +238,19 @@ impl Client {
         }
     }
 
-    fn take_idle(&self) -> Option<Sender> {
+    fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(s) = idle.pop() {
-            if s.is_ready() {
-                return Some(s);
+        while let Some(c) = idle.pop() {
+            if !c.sender.is_closed() {
+                return Some(c);
             }
         }
         None
     }
 
-    fn put_idle(&self, s: Sender) {
-        if s.is_ready() {
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+    async fn put_idle(&self, mut c: Conn) {
+        if c.settle().await {
+            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(c);
         }
     }
 
@@ -228,23 +271,26 @@ impl Client {
     /// A simple GET returning status and body (for discovery: `/v1/models`, `/version`).
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes), String> {
         let fut = async {
-            let mut s = match self.take_idle() {
-                Some(s) => s,
+            let mut c = match self.take_idle() {
+                Some(c) => c,
                 None => self.connect().await?,
             };
-            let resp = s
-                .send_request(self.request(path, Method::GET, Bytes::new()))
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = resp.status().as_u16();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            self.put_idle(s);
-            Ok((status, body))
+            let req = self.request(path, Method::GET, Bytes::new());
+            let sender = &mut c.sender;
+            let r = Conn::drive(&mut c.driver, async move {
+                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                let status = resp.status().as_u16();
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                Ok::<_, String>((status, body))
+            })
+            .await?;
+            self.put_idle(c).await;
+            Ok(r)
         };
         match tokio::time::timeout(Duration::from_secs(10), fut).await {
             Ok(r) => r,
@@ -269,28 +315,38 @@ impl Client {
                     (s, true, c0.elapsed())
                 }
             };
-            let mut sender = match sender {
-                Ok(s) => s,
+            let mut conn = match sender {
+                Ok(c) => c,
                 Err(e) => {
                     let now = Instant::now();
                     return Exchange::failed(now, true, connect, Outcome::UpstreamError, e);
                 }
             };
             let http_req = self.request(&req.endpoint, Method::POST, req.body.clone());
-            let t0 = Instant::now();
-            let deadline = tokio::time::Instant::from_std(t0 + self.timeout);
-            let resp = match tokio::time::timeout_at(deadline, sender.send_request(http_req)).await
-            {
-                Err(_) => {
-                    return Exchange::failed(
+            let sender = &mut conn.sender;
+            let stream = req.stream;
+            let timeout = self.timeout;
+            // t0 is taken in the same task that writes the request: the connection's I/O is
+            // polled right after this future first returns Pending.
+            let result = Conn::drive(&mut conn.driver, async move {
+                let t0 = Instant::now();
+                let deadline = tokio::time::Instant::from_std(t0 + timeout);
+                match tokio::time::timeout_at(deadline, sender.send_request(http_req)).await {
+                    Err(_) => Ok(Exchange::failed(
                         t0,
-                        new_connection,
-                        connect,
+                        false,
+                        Duration::ZERO,
                         Outcome::Timeout,
                         "no response headers within the timeout".into(),
-                    )
+                    )),
+                    Ok(Err(e)) => Err((t0, e)),
+                    Ok(Ok(resp)) => Ok(read_response(resp, t0, deadline, stream).await),
                 }
-                Ok(Err(e)) => {
+            })
+            .await;
+            let mut ex = match result {
+                Ok(ex) => ex,
+                Err((t0, e)) => {
                     // A pooled connection the server closed meanwhile: retry once on a new one.
                     if !new_connection
                         && attempt == 1
@@ -306,30 +362,28 @@ impl Client {
                         format!("request failed: {e}"),
                     );
                 }
-                Ok(Ok(r)) => r,
             };
-            let mut ex = read_response(resp, t0, deadline, req.stream).await;
             ex.new_connection = new_connection;
             ex.connect = connect;
             if ex.outcome == Outcome::Ok || ex.outcome == Outcome::HttpError {
-                self.put_idle(sender);
+                self.put_idle(conn).await;
             }
             return ex;
         }
     }
 }
 
-async fn handshake<I>(io: I) -> Result<Sender, String>
+async fn handshake<I>(io: I) -> Result<Conn, String>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, conn) = http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
+    Ok(Conn {
+        sender,
+        driver: Box::pin(conn),
+    })
 }
 
 impl Exchange {

@@ -269,7 +269,8 @@ pub struct RequestOptions {
     pub model: Option<String>,
     /// Output length policy for rows without a body.
     pub output_len: OutputLen,
-    /// Streams built requests (default); rows with a body keep their own `stream`.
+    /// Allows streaming: built requests stream when their row did; false sends every built
+    /// request unstreamed. Rows with a body keep their own `stream`.
     pub stream: bool,
     /// Salt mixed into synthesized prompts (per-run random when not given).
     pub prompt_salt: u64,
@@ -323,6 +324,46 @@ pub struct ReplayConfig {
 }
 
 impl ReplayConfig {
+    /// A configuration for `targets` with the defaults of `llmreplay replay` (recorded
+    /// arrivals at speed 1, streaming, preconnect, percentiles 50/95/99 of TTFT, TPOT, ITL and
+    /// E2EL, a 600 s timeout, salt 0), for library users and tests.
+    pub fn new(targets: Vec<Target>) -> Self {
+        ReplayConfig {
+            targets,
+            selection: Selection::default(),
+            arrivals: Arrivals::Recorded { speedup: 1.0 },
+            max_concurrency: None,
+            session_mode: SessionMode::Open,
+            request: RequestOptions {
+                endpoint: EndpointKind::Completions,
+                model: None,
+                output_len: OutputLen::Recorded,
+                stream: true,
+                prompt_salt: 0,
+                headers: Vec::new(),
+                api_key: None,
+                timeout: Duration::from_secs(600),
+            },
+            preconnect: true,
+            num_warmups: 0,
+            seed: 0,
+            goodput: Vec::new(),
+            percentile_metrics: vec![
+                PercentileMetric::Ttft,
+                PercentileMetric::Tpot,
+                PercentileMetric::Itl,
+                PercentileMetric::E2el,
+            ],
+            metric_percentiles: vec![50.0, 95.0, 99.0],
+            cooldown: Duration::ZERO,
+            progress: false,
+            client_threads: 0,
+            label: None,
+            metadata: Vec::new(),
+            server_metrics: false,
+        }
+    }
+
     /// Checks values that flags alone cannot: ranges and combinations.
     pub fn validate(&self) -> Result<(), ReplayError> {
         let bad = |m: String| Err(ReplayError::Config(m));

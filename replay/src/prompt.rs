@@ -169,13 +169,15 @@ pub fn build_request(
     if ignore_eos {
         obj.insert("ignore_eos".into(), json!(true));
     }
-    obj.insert("stream".into(), json!(opts.stream));
-    if opts.stream {
+    // Built requests stream as the row did, unless streaming is turned off.
+    let stream = opts.stream && rec.stream;
+    obj.insert("stream".into(), json!(stream));
+    if stream {
         obj.insert("stream_options".into(), json!({"include_usage": true}));
     }
     Ok(BuiltRequest {
         endpoint: endpoint.path().to_string(),
-        stream: opts.stream,
+        stream,
         body: Bytes::from(serde_json::to_vec(&body).expect("JSON values serialize")),
         max_tokens: Some(max_tokens),
     })
@@ -265,6 +267,7 @@ mod tests {
     #[test]
     fn built_request_has_recorded_lengths() {
         let mut rec = TraceRecord::new("r1", 0, "/v1/completions");
+        rec.stream = true;
         rec.prompt_tokens = Some(12);
         rec.output_tokens = Some(34);
         let b = build_request(&rec, &opts(), "m", None).unwrap();

@@ -31,6 +31,8 @@ pub struct SynthSpec {
     pub endpoint: EndpointKind,
     /// Arrival time of the first request, µs since the epoch.
     pub start_us: i64,
+    /// Fraction of requests that stream (the rest are not streamed), in [0, 1].
+    pub stream_ratio: f64,
 }
 
 fn sample_len(rng: &mut ChaCha8Rng, mean: u32, r: f64) -> i64 {
@@ -61,6 +63,12 @@ pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
             "--input-len and --output-len must be at least 1".into(),
         ));
     }
+    if !(0.0..=1.0).contains(&spec.stream_ratio) {
+        return Err(ReplayError::Config(format!(
+            "--stream-ratio {}: must be in [0, 1]",
+            spec.stream_ratio
+        )));
+    }
     if !(spec.request_rate > 0.0) || !(spec.burstiness.is_finite() && spec.burstiness > 0.0) {
         return Err(ReplayError::Config(
             "--request-rate and --burstiness must be positive".into(),
@@ -84,7 +92,7 @@ pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
                 spec.start_us + off.as_micros() as i64,
                 spec.endpoint.path(),
             );
-            r.stream = true;
+            r.stream = rng.gen_bool(spec.stream_ratio);
             r.prompt_tokens = Some(sample_len(&mut rng, spec.input_len, spec.range_ratio));
             r.output_tokens = Some(sample_len(&mut rng, spec.output_len, spec.range_ratio));
             r.max_tokens = r.output_tokens;
@@ -110,6 +118,7 @@ mod tests {
             seed: 1,
             endpoint: EndpointKind::Completions,
             start_us: 0,
+            stream_ratio: 0.75,
         }
     }
 

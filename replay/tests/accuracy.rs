@@ -1,0 +1,213 @@
+//! End-to-end accuracy on loopback: replay against a scripted server with known timing
+//! (TTFT 50 ms, then chunks 10 ms apart carrying 4 tokens each) at 100 concurrent streams.
+//! Mean TTFT, ITL and TPOT must be within 1 ms of the script, and output tokens must come
+//! from usage, not from the chunk count.
+
+#[path = "../../tests/support/scripted.rs"]
+mod scripted;
+
+use std::time::Duration;
+
+use replay::config::{Arrivals, Target};
+use replay::ReplayConfig;
+use scripted::{Script, ScriptedServer};
+use trace_format::{Outcome, TokenSource, TraceRecord};
+
+/// `n` requests arriving 1 ms apart: each lasts 290 ms, so 100 of them are all in flight at
+/// once, without every stream's chunks falling due at the same instant (a burst at t=0 is a
+/// connection-storm scenario of its own, measured in bench/).
+fn trace(n: usize, stream: bool) -> Vec<TraceRecord> {
+    (0..n)
+        .map(|i| {
+            let mut r = TraceRecord::new(
+                format!("req-{i:04}"),
+                1_700_000_000_000_000 + i as i64 * 1000,
+                "/v1/completions",
+            );
+            r.stream = stream;
+            r.prompt_tokens = Some(10);
+            r.output_tokens = Some(100);
+            r
+        })
+        .collect()
+}
+
+const SCRIPT: Script = Script {
+    ttft: Duration::from_millis(50),
+    itl: Duration::from_millis(10),
+    chunks: 25,
+    tokens_per_chunk: 4,
+    prompt_tokens: 10,
+};
+
+#[test]
+fn metrics_match_the_script_at_100_concurrent_streams() {
+    let server = ScriptedServer::start(SCRIPT);
+    let cfg = ReplayConfig::new(vec![Target {
+        name: "scripted".into(),
+        url: server.url(),
+    }]);
+    let runs = replay::replay(&cfg, &trace(100, true), None, &|_, _| {}).expect("replay runs");
+    let (run, m) = &runs[0];
+    assert_eq!(m.completed, 100, "outcomes: {:?}", m.outcomes);
+    assert_eq!(
+        m.max_concurrent_requests, 100,
+        "all 100 streams in flight at once"
+    );
+    // The discovery request's connection is pooled too, so 99 more make 100.
+    assert!(
+        run.preconnected >= 99,
+        "the pool is opened before the clock starts: {}",
+        run.preconnected
+    );
+    assert!(
+        run.records.iter().all(|r| r.new_connection == Some(false)),
+        "no request paid for connecting"
+    );
+
+    // Output tokens from usage (100), not the chunk count (25).
+    for r in &run.records {
+        assert_eq!(r.output_tokens, Some(100));
+        assert_eq!(r.output_tokens_source, Some(TokenSource::Usage));
+        assert_eq!(r.chunk_times_us.len(), 25);
+    }
+    assert_eq!(m.total_output_tokens, 100 * 100);
+
+    let log = server.requests();
+    assert_eq!(log.len(), 100);
+    let server_ttft: f64 = log
+        .iter()
+        .map(|l| (l.chunk_written[0] - l.received).as_secs_f64() * 1e3)
+        .sum::<f64>()
+        / log.len() as f64;
+    let first_rx = log.iter().map(|l| l.received).min().unwrap();
+    let spread = log
+        .iter()
+        .map(|l| (l.received - first_rx).as_secs_f64() * 1e3)
+        .fold(0.0, f64::max);
+    eprintln!(
+        "server's own TTFT mean {server_ttft:.3} ms; requests received over {spread:.3} ms; client dispatch lag p50 {:.3} max {:.3} ms",
+        m.dispatch_lag.median, m.dispatch_lag.max
+    );
+    let tpot_script = (SCRIPT.itl.as_secs_f64() * 1e3 * 24.0) / 99.0;
+    eprintln!(
+        "TTFT mean {:.3} ms (script 50), ITL mean {:.3} ms (script 10), TPOT mean {:.3} ms (script {tpot_script:.3})",
+        m.ttft.mean, m.itl.mean, m.tpot.mean
+    );
+    assert!(
+        (m.ttft.mean - 50.0).abs() <= 1.0,
+        "TTFT mean {}",
+        m.ttft.mean
+    );
+    assert!((m.itl.mean - 10.0).abs() <= 1.0, "ITL mean {}", m.itl.mean);
+    assert!(
+        (m.tpot.mean - tpot_script).abs() <= 1.0,
+        "TPOT mean {}",
+        m.tpot.mean
+    );
+
+    // Against what the server logged it actually did: the client's TTFT minus the server's
+    // own (first write − request read) is transport plus client overhead.
+    assert!(
+        m.ttft.mean >= server_ttft - 0.5,
+        "client TTFT {} below the server's own {}",
+        m.ttft.mean,
+        server_ttft
+    );
+    assert!(
+        m.ttft.mean - server_ttft <= 1.0,
+        "client adds {} ms",
+        m.ttft.mean - server_ttft
+    );
+}
+
+#[test]
+fn non_streamed_requests_use_the_whole_response() {
+    let server = ScriptedServer::start(SCRIPT);
+    let mut cfg = ReplayConfig::new(vec![Target {
+        name: "s".into(),
+        url: server.url(),
+    }]);
+    cfg.arrivals = Arrivals::Rate {
+        rate: f64::INFINITY,
+        burstiness: 1.0,
+    };
+    let runs = replay::replay(&cfg, &trace(5, false), None, &|_, _| {}).expect("replay runs");
+    let (run, m) = &runs[0];
+    assert_eq!(m.completed, 5);
+    for r in &run.records {
+        assert!(!r.stream);
+        assert!(r.chunk_times_us.is_empty());
+        assert_eq!(r.output_tokens, Some(100));
+        let e2el = r.e2el_us.unwrap() as f64 / 1e3;
+        assert!((e2el - 290.0).abs() < 5.0, "E2EL {e2el}");
+    }
+    let bodies: Vec<String> = server.requests().iter().map(|l| l.body.clone()).collect();
+    assert!(
+        bodies.iter().all(|b| b.contains("\"stream\":false")),
+        "{bodies:?}"
+    );
+}
+
+#[test]
+fn unreachable_target_is_an_error_not_a_hang() {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = ReplayConfig::new(vec![Target {
+        name: "gone".into(),
+        url: format!("http://127.0.0.1:{port}"),
+    }]);
+    let err = replay::replay(&cfg, &trace(3, true), None, &|_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("unreachable"), "{err}");
+}
+
+#[test]
+fn failed_requests_are_recorded_outcomes() {
+    // The sim with forced faults: 500, 429 and a reset mid-stream, each recorded per request.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sim = rt
+        .block_on(sim::start(
+            "127.0.0.1:0".parse().unwrap(),
+            sim::SimConfig {
+                timing: sim::Timing::Fixed {
+                    ttft: Duration::from_millis(5),
+                    itl: Duration::from_millis(1),
+                },
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let mut out = Vec::new();
+    for fault in ["error", "rate-limit", "reset"] {
+        let mut cfg = ReplayConfig::new(vec![Target {
+            name: fault.into(),
+            url: sim.url(),
+        }]);
+        cfg.request.headers = vec![("x-sim-fault".into(), fault.into())];
+        let runs = replay::replay(&cfg, &trace(2, true), None, &|_, _| {})
+            .expect("a failing server still gives a run");
+        out.push((fault, runs.into_iter().next().unwrap()));
+    }
+    for (fault, (run, m)) in &out {
+        assert_eq!(m.failed, 2, "{fault}: {:?}", m.outcomes);
+        for r in &run.records {
+            match *fault {
+                "error" => assert_eq!((r.outcome, r.status), (Outcome::HttpError, Some(500))),
+                "rate-limit" => assert_eq!((r.outcome, r.status), (Outcome::HttpError, Some(429))),
+                _ => {
+                    assert_eq!(r.outcome, Outcome::UpstreamError, "{r:?}");
+                    assert!(
+                        r.error.as_deref().unwrap_or("").contains("chunks"),
+                        "{:?}",
+                        r.error
+                    );
+                }
+            }
+        }
+    }
+    rt.block_on(sim.shutdown());
+}

@@ -73,17 +73,11 @@ fn parse_kv(s: &str, sep: char) -> Result<(String, String), String> {
     }
 }
 
-fn parse_percentiles(s: &str) -> Result<Vec<f64>, String> {
-    s.split(',')
-        .map(|p| match p.trim().parse::<f64>() {
-            Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
-            _ => Err(format!("{p:?} is not a percentile in 0..100")),
-        })
-        .collect()
-}
-
-fn parse_metrics(s: &str) -> Result<Vec<PercentileMetric>, String> {
-    s.split(',').map(|m| m.trim().parse()).collect()
+fn parse_percentile(p: &str) -> Result<f64, String> {
+    match p.trim().parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!("{p:?} is not a percentile in 0..100")),
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -254,10 +248,10 @@ struct ReplayArgs {
     #[arg(long, num_args = 1..)]
     goodput: Vec<Slo>,
     /// Metrics that get percentiles.
-    #[arg(long, value_parser = parse_metrics, default_value = "ttft,tpot,itl,e2el")]
+    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
     percentile_metrics: Vec<PercentileMetric>,
     /// Percentiles to report.
-    #[arg(long, value_parser = parse_percentiles, default_value = "50,95,99")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_percentile, default_value = "50,95,99")]
     metric_percentiles: Vec<f64>,
     /// Write the JSON result here (vLLM's key names); with several targets, one file each (NAME inserted).
     #[arg(long)]
@@ -861,5 +855,46 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// Regression: a list flag whose parser returned a Vec panicked at access time.
+    #[test]
+    fn every_subcommand_parses_its_defaults() {
+        for args in [
+            &["llmreplay", "replay", "t.parquet"][..],
+            &[
+                "llmreplay",
+                "replay",
+                "t.parquet",
+                "--percentile-metrics",
+                "ttft,e2el",
+                "--metric-percentiles",
+                "50,99.9",
+            ],
+            &["llmreplay", "synth", "-o", "x.parquet"],
+            &["llmreplay", "inspect", "x"],
+            &["llmreplay", "demo"],
+            &["llmreplay", "sim"],
+        ] {
+            Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+        let Cli {
+            command: Command::Replay(r),
+        } = Cli::try_parse_from([
+            "llmreplay",
+            "replay",
+            "t",
+            "--metric-percentiles",
+            "50,99.9",
+        ])
+        .unwrap()
+        else {
+            panic!("not replay")
+        };
+        assert_eq!(r.metric_percentiles, vec![50.0, 99.9]);
+        assert!(
+            Cli::try_parse_from(["llmreplay", "replay", "t", "--metric-percentiles", "101"])
+                .is_err()
+        );
     }
 }

@@ -1,0 +1,376 @@
+//! End-to-end tests of the `llmreplay` binary: real processes, real sockets on loopback.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::scripted::{Script, ScriptedServer};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_llmreplay"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run llmreplay")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("llmreplay-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn synth(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let p = dir.join(name);
+    let mut args = vec!["synth", "-o", p.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert!(o.status.success(), "synth failed: {:?}", text(&o));
+    p
+}
+
+#[test]
+fn replay_without_target_prints_a_full_report() {
+    let dir = tempdir("notarget");
+    let trace = synth(
+        &dir,
+        "t.parquet",
+        &[
+            "--num-prompts",
+            "30",
+            "--input-len",
+            "64",
+            "--output-len",
+            "16",
+            "--request-rate",
+            "50",
+            "--stream-ratio",
+            "0.7",
+        ],
+    );
+    let result = dir.join("r.json");
+    let o = run(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--speedup",
+        "2",
+        "--goodput",
+        "ttft:500",
+        "tpot:50",
+        "--save-result",
+        result.to_str().unwrap(),
+        "-q",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    for needle in [
+        "Metric definitions",
+        "Serving Benchmark Result",
+        "Successful requests:                     30",
+        "Request goodput (req/s):",
+        "P95 TTFT (ms):",
+        "P99 TPOT (ms):",
+        "Median ITL (ms):",
+        "Dispatch lag p50/p99/max (ms):",
+        "Server vllm:num_requests_running",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+    assert!(
+        out.contains("OK: the client kept up")
+            || out.contains("WARNING: the client could not keep up")
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    assert_eq!(v["completed"], 30);
+    assert_eq!(v["failed"], 0);
+    assert!(v["p99_ttft_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["llmreplay"]["trace"]["speedup"], 2.0);
+    assert_eq!(v["llmreplay"]["trace"]["rows"], 30);
+}
+
+/// A Poisson trace replayed at --speedup 2: every request is scheduled at exactly half its
+/// recorded offset, sent on time, and the server sees the same arrival shape.
+#[test]
+fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
+    let dir = tempdir("speedup");
+    let trace_path = synth(
+        &dir,
+        "p.parquet",
+        &[
+            "--num-prompts",
+            "200",
+            "--request-rate",
+            "100",
+            "--seed",
+            "3",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+        ],
+    );
+    let server = ScriptedServer::start(Script {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(2),
+        chunks: 4,
+        tokens_per_chunk: 1,
+        prompt_tokens: 8,
+    });
+    let results = dir.join("results.parquet");
+    let o = run(&[
+        "replay",
+        trace_path.to_str().unwrap(),
+        "--target",
+        &format!("scripted={}", server.url()),
+        "--speedup",
+        "2",
+        "--results",
+        results.to_str().unwrap(),
+        "-q",
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+
+    let trace = trace_format::read_traces(&[trace_path.to_str().unwrap()]).unwrap();
+    let res = trace_format::read_traces(&[results.to_str().unwrap()]).unwrap();
+    assert_eq!(res.records.len(), 200);
+    assert_eq!(res.files[0].meta.producer, trace_format::Producer::Replay);
+    let first = trace.records[0].arrival_time_us;
+    let by_id: std::collections::HashMap<&str, i64> = trace
+        .records
+        .iter()
+        .map(|r| (r.request_id.as_str(), r.arrival_time_us - first))
+        .collect();
+    let mut lags = Vec::new();
+    for r in &res.records {
+        let recorded = by_id[r.request_id.as_str()];
+        let scheduled = r.scheduled_offset_us.unwrap();
+        assert!(
+            (scheduled - recorded / 2).abs() <= 1,
+            "{}: scheduled {scheduled} µs, recorded {recorded} µs",
+            r.request_id
+        );
+        assert_eq!(r.outcome, trace_format::Outcome::Ok, "{r:?}");
+        let lag = r.dispatch_lag_us.unwrap();
+        assert!(
+            (0..5_000).contains(&lag),
+            "{}: sent {lag} µs after its schedule",
+            r.request_id
+        );
+        lags.push(lag);
+        // The actual send time in the row is the schedule plus lag (plus queue/connect, zero here).
+        assert_eq!(r.queue_us, Some(0));
+    }
+    lags.sort_unstable();
+    eprintln!(
+        "dispatch lag p50 {} µs, p99 {} µs, max {} µs",
+        lags[100], lags[197], lags[199]
+    );
+
+    // The server's view: receive offsets match the halved recorded offsets.
+    let log = server.requests();
+    let posted: Vec<_> = log.iter().filter(|l| l.path == "/v1/completions").collect();
+    assert_eq!(posted.len(), 200);
+    let mut rx: Vec<Instant> = posted.iter().map(|l| l.received).collect();
+    rx.sort();
+    let mut want: Vec<i64> = by_id.values().map(|v| v / 2).collect();
+    want.sort_unstable();
+    let mut errs: Vec<i64> = rx
+        .iter()
+        .zip(&want)
+        .map(|(t, w)| ((*t - rx[0]).as_micros() as i64 - w).abs())
+        .collect();
+    errs.sort_unstable();
+    eprintln!(
+        "server-side arrival error p50 {} µs, p99 {} µs",
+        errs[100], errs[197]
+    );
+    assert!(
+        errs[197] <= 3_000,
+        "server-side arrival shape p99 error {} µs",
+        errs[197]
+    );
+}
+
+#[test]
+fn bad_input_gives_clear_errors_not_panics() {
+    let dir = tempdir("bad");
+    // Missing file.
+    let o = run(&["replay", dir.join("nope.parquet").to_str().unwrap(), "-q"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no trace files found") && !err.contains("panicked"),
+        "{err}"
+    );
+    // Not a Parquet file.
+    let junk = dir.join("junk.parquet");
+    std::fs::write(&junk, b"this is not parquet").unwrap();
+    let o = run(&["inspect", junk.to_str().unwrap()]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains("junk.parquet") && !err.contains("panicked"),
+        "{err}"
+    );
+    // A bad flag value names the accepted ones.
+    let o = run(&[
+        "replay",
+        junk.to_str().unwrap(),
+        "--session-mode",
+        "sometimes",
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err.contains("open or closed"), "{err}");
+    let o = run(&["replay", junk.to_str().unwrap(), "--goodput", "latency:5"]);
+    assert!(text(&o).1.contains("ttft, tpot or e2el"));
+    // An unreachable target: a clear message and a failing exit code.
+    let trace = synth(&dir, "t.parquet", &["--num-prompts", "3"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = run(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--target",
+        &format!("http://127.0.0.1:{port}"),
+        "-q",
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("unreachable"), "{err}");
+    // A window that selects nothing.
+    let o = run(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--start-offset",
+        "1h",
+        "-q",
+    ]);
+    assert!(text(&o).1.contains("nothing to replay"), "{:?}", text(&o));
+}
+
+#[test]
+fn inspect_reports_the_traffic_figures() {
+    let dir = tempdir("inspect");
+    let trace = synth(
+        &dir,
+        "t.parquet",
+        &[
+            "--num-prompts",
+            "100",
+            "--input-len",
+            "100",
+            "--output-len",
+            "10",
+            "--request-rate",
+            "20",
+        ],
+    );
+    let o = run(&["inspect", trace.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rows"], 100);
+    let text_out = text(&run(&["inspect", trace.to_str().unwrap()])).0;
+    assert!(text_out.contains("100"), "{text_out}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `llmreplay sim` answers a streamed chat request with well-formed SSE, a final usage chunk
+/// and `[DONE]`.
+#[test]
+fn sim_streams_chat_with_usage_and_done() {
+    let port = free_port();
+    let mut child = bin()
+        .args([
+            "sim",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--profile",
+            "tiny",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sock = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("sim did not start: {e}");
+            }
+        }
+    };
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hello there friend"}],"max_tokens":5,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#;
+    write!(
+        sock,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut resp = String::new();
+    let _ = sock.read_to_string(&mut resp);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(
+        resp.to_ascii_lowercase()
+            .contains("content-type: text/event-stream"),
+        "{resp}"
+    );
+    // De-chunk loosely: collect the `data:` payloads in order.
+    let events: Vec<&str> = resp
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{events:?}");
+    let json: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("each event is JSON"))
+        .collect();
+    assert_eq!(json[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = json.last().unwrap();
+    assert_eq!(usage["choices"].as_array().map(|a| a.len()), Some(0));
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    assert_eq!(usage["usage"]["prompt_tokens"], 3);
+    let content_chunks = json
+        .iter()
+        .filter(|j| {
+            j["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
+        .count();
+    assert_eq!(content_chunks, 5);
+}

@@ -21,8 +21,12 @@ pub struct Cli {
     command: Command,
 }
 
+// Parsed once per process; boxing the larger argument structs would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a transparent streaming proxy in front of one upstream and record its traffic as a trace.
+    Capture(crate::capture_cmd::CaptureArgs),
     /// Run a simulated OpenAI-compatible engine (no GPU).
     Sim(SimArgs),
     /// Replay a trace's arrival shape against one or more targets (default: an in-process sim).
@@ -33,10 +37,14 @@ enum Command {
     Inspect(InspectArgs),
     /// Start a sim, drive synthetic load at rising rates, and show where latency leaves its flat region.
     Demo(DemoArgs),
+    /// Configurations side by side: differences, SLO pass/fail, and whether each exceeds run-to-run noise.
+    Compare(crate::report_cmd::CompareArgs),
+    /// Write the capacity report of result files: one self-contained HTML file with plots, or Markdown.
+    Report(crate::report_cmd::ReportArgs),
 }
 
 /// A duration: `250ms`, `30s`, `5m`, `1h`, or plain seconds (`1.5`).
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
         (n, 1e-3)
@@ -171,6 +179,13 @@ struct SimArgs {
     /// Print the built-in profiles and exit.
     #[arg(long)]
     list_profiles: bool,
+    /// Serve as a ground-truth server: the --fixed-timing script (default 50,10) from a
+    /// dedicated writer thread with microsecond precision, logging when every chunk was written.
+    #[arg(long)]
+    ground_truth: bool,
+    /// With --ground-truth: write the per-request chunk log here (JSON lines) on exit.
+    #[arg(long, requires = "ground_truth")]
+    chunk_log: Option<PathBuf>,
     #[command(flatten)]
     sim: SimOpts,
 }
@@ -280,6 +295,9 @@ struct ReplayArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Sweeps, repeats and the capacity answer.
+    #[command(flatten)]
+    capacity: crate::report_cmd::SweepArgs,
     /// The in-process sim used when no --target is given.
     #[command(flatten)]
     sim: SimOpts,
@@ -332,13 +350,13 @@ struct InspectArgs {
 #[derive(Args, Debug)]
 struct DemoArgs {
     /// Offered request rates to step through (req/s).
-    #[arg(long, value_delimiter = ',', default_value = "2,4,8,12,16,24")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,6")]
     rates: Vec<f64>,
     /// Seconds of load per rate.
     #[arg(long, default_value_t = 8.0)]
     seconds: f64,
     /// Prompt length, tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 128)]
     input_len: u32,
     /// Output length, tokens.
     #[arg(long, default_value_t = 64)]
@@ -346,13 +364,16 @@ struct DemoArgs {
     /// Directory for the demo's trace and results.
     #[arg(long, default_value = "llmreplay-demo")]
     out: PathBuf,
+    /// Latency SLOs for goodput and the capacity answer, `KEY:MS`.
+    #[arg(long, num_args = 1.., default_values = ["ttft:500", "tpot:50"])]
+    goodput: Vec<Slo>,
     /// Sim options (the demo defaults to the tiny profile, whose knee sits at a few requests/s).
     #[command(flatten)]
     sim: SimOpts,
 }
 
 /// The command line as typed, quoted where needed, for provenance.
-fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     std::env::args()
         .map(|a| {
             if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "\"'$`\\".contains(c)) {
@@ -374,11 +395,22 @@ fn now_us() -> i64 {
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Capture(a) => crate::capture_cmd::run_capture(a),
         Command::Sim(a) => run_sim(a),
         Command::Replay(a) => run_replay(a),
         Command::Synth(a) => run_synth(a),
         Command::Inspect(a) => run_inspect(a),
         Command::Demo(a) => run_demo(a),
+        Command::Compare(a) => {
+            if crate::report_cmd::run_compare(a)? {
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+                eprintln!("regression beyond noise found");
+                std::process::exit(i32::from(crate::report_cmd::EXIT_REGRESSION));
+            }
+            Ok(())
+        }
+        Command::Report(a) => crate::report_cmd::run_report(a),
     }
 }
 
@@ -389,6 +421,9 @@ fn run_sim(a: SimArgs) -> Result<()> {
             println!("{}\n", p.describe());
         }
         return Ok(());
+    }
+    if a.ground_truth {
+        return run_ground_truth(&a);
     }
     let cfg = a.sim.config()?;
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
@@ -406,6 +441,58 @@ fn run_sim(a: SimArgs) -> Result<()> {
         handle.shutdown().await;
         Ok(())
     })
+}
+
+/// Waits for SIGINT or SIGTERM.
+async fn shutdown_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+fn run_ground_truth(a: &SimArgs) -> Result<()> {
+    use std::io::Write;
+    let (ttft, itl) = match a.sim.config()?.timing {
+        sim::Timing::Fixed { ttft, itl } => (ttft, itl),
+        sim::Timing::Engine(_) => (Duration::from_millis(50), Duration::from_millis(10)),
+    };
+    let cfg = sim::groundtruth::GroundTruthConfig {
+        ttft,
+        itl,
+        tokens_per_chunk: a.sim.tokens_per_chunk,
+        ..Default::default()
+    };
+    let gt = sim::groundtruth::GroundTruth::start(a.listen, cfg)
+        .with_context(|| format!("binding {}", a.listen))?;
+    eprintln!(
+        "llmreplay ground-truth server on {} (TTFT {:?}, ITL {:?}, {} tokens/chunk); SIGINT/SIGTERM to stop",
+        gt.url(),
+        ttft,
+        itl,
+        cfg.tokens_per_chunk
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(shutdown_signal())?;
+    if let Some(p) = &a.chunk_log {
+        let log = gt.log();
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        );
+        for entry in &log {
+            serde_json::to_writer(&mut f, entry)?;
+            f.write_all(b"\n")?;
+        }
+        f.flush()?;
+        eprintln!("{} request logs written to {}", log.len(), p.display());
+    }
+    Ok(())
 }
 
 /// A sim on its own runtime (threads named `llmreplay-sim`), so the client's CPU is measured apart.
@@ -475,6 +562,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             headers: a.headers.clone(),
             api_key: a.api_key.clone(),
             timeout: a.timeout,
+            tokenizer: None,
         },
         preconnect: !a.no_preconnect,
         num_warmups: a.num_warmups,
@@ -558,6 +646,29 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
     }
     cfg.validate()?;
     let command = command_line();
+    if let Some(spec) = a.capacity.spec(&cfg) {
+        a.capacity.prepare(&mut cfg);
+        let r = crate::report_cmd::run_sweep(
+            &cfg,
+            &spec,
+            &a.capacity,
+            &trace,
+            block_size,
+            crate::report_cmd::SweepOutputs {
+                command: &command,
+                save_result: a.save_result.as_deref(),
+                detailed: a.save_detailed,
+                results: a.results.as_deref(),
+            },
+            &progress_bar(cfg.progress),
+        );
+        drop(sim_guard);
+        return r;
+    }
+    if !cfg.goodput.is_empty() {
+        // The SLO percentile is what pass/fail is judged at: make sure it is reported.
+        a.capacity.prepare(&mut cfg);
+    }
     let runs = replay::replay(
         &cfg,
         &trace.records,
@@ -587,7 +698,23 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         }
     }
     if many {
-        println!("{}", replay::report::comparison_table(&cfg, &runs));
+        let results: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|(run, m)| {
+                replay::report::result_json(&replay::report::ResultInputs {
+                    cfg: &cfg,
+                    run,
+                    metrics: m,
+                    trace: &identity,
+                    command: &command,
+                    detailed: false,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            crate::report_cmd::comparison(&results, a.capacity.slo_percentile)
+        );
     }
     if let Some(p) = &a.results {
         let rows: Vec<_> = runs
@@ -709,118 +836,61 @@ fn run_demo(mut a: DemoArgs) -> Result<()> {
         a.input_len,
         a.output_len
     );
-    println!("\n{}", replay::report::DEFINITIONS);
-    println!(
-        "{:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>9} {:>9} {:>9}",
-        "offered/s",
-        "requests",
-        "done/s",
-        "TTFT p50",
-        "TTFT p99",
-        "TPOT p50",
-        "running",
-        "waiting",
-        "lag p99"
-    );
-    let command = command_line();
-    let identity = replay::report::trace_identity(&trace_format::Trace {
-        records: rows.clone(),
-        files: vec![],
-    });
-    let mut last = None;
-    for (i, rate) in a.rates.iter().enumerate() {
-        let n = ((rate * a.seconds).ceil() as usize).clamp(1, rows.len());
-        let cfg = ReplayConfig {
-            targets: vec![Target {
-                name: "sim".into(),
-                url: s.url(),
-            }],
-            selection: Selection {
-                max_requests: Some(n),
-                ..Default::default()
-            },
-            arrivals: Arrivals::Rate {
-                rate: *rate,
-                burstiness: 1.0,
-            },
-            max_concurrency: None,
-            session_mode: SessionMode::Open,
-            request: RequestOptions {
-                endpoint: EndpointKind::Completions,
-                model: None,
-                output_len: OutputLen::Recorded,
-                stream: true,
-                prompt_salt: i as u64 + 1, // fresh prompts per level: no prefix cache carry-over
-                headers: vec![],
-                api_key: None,
-                timeout: Duration::from_secs(120),
-            },
-            preconnect: true,
-            num_warmups: 0,
-            seed: i as u64,
-            goodput: vec![],
-            percentile_metrics: vec![
-                PercentileMetric::Ttft,
-                PercentileMetric::Tpot,
-                PercentileMetric::Itl,
-                PercentileMetric::E2el,
-            ],
-            metric_percentiles: vec![50.0, 95.0, 99.0],
-            cooldown: Duration::ZERO,
-            progress: false,
-            client_threads: 0,
-            label: Some(format!("demo-rate-{rate}")),
-            metadata: vec![],
-            server_metrics: true,
-        };
-        let runs = replay::replay(&cfg, &rows, None, &|_, _| {})?;
-        let Some((run, m)) = runs.into_iter().next() else {
-            bail!("no run result")
-        };
-        let g = |k: &str| run.server_gauges.get(k).map_or(f64::NAN, |g| g.mean);
-        println!(
-            "{:>10.1} {:>9} {:>9.2} {:>8.1} ms {:>8.1} ms {:>8.1} ms {:>9.2} {:>9.2} {:>6.3} ms",
-            rate,
-            m.num_prompts,
-            m.request_throughput,
-            m.ttft.median,
-            m.ttft.get(99.0).unwrap_or(f64::NAN),
-            m.tpot.median,
-            g("vllm:num_requests_running"),
-            g("vllm:num_requests_waiting"),
-            m.dispatch_lag.get(99.0).unwrap_or(0.0),
-        );
-        let inputs = replay::report::ResultInputs {
-            cfg: &cfg,
-            run: &run,
-            metrics: &m,
-            trace: &identity,
-            command: &command,
-            detailed: false,
-        };
-        let json = replay::report::result_json(&inputs);
-        let p = a.out.join(format!("result-rate-{rate}.json"));
-        std::fs::write(&p, serde_json::to_vec_pretty(&json)?)
-            .with_context(|| format!("writing {}", p.display()))?;
-        last = Some((cfg, run, m));
-    }
-    println!("\n(running/waiting: the sim's own vllm:num_requests_running/_waiting gauges, mean over the level)");
+    // The levels are a request-rate sweep: the same mechanism as `replay --sweep`.
+    let trace = trace_format::read_traces(&[trace_path.display().to_string()])
+        .context("reading the demo trace back")?;
+    let mut cfg = ReplayConfig::new(vec![Target {
+        name: "sim".into(),
+        url: s.url(),
+    }]);
+    cfg.request.timeout = Duration::from_secs(120);
+    cfg.request.prompt_salt = now_us() as u64;
+    cfg.server_metrics = true;
+    cfg.goodput = a.goodput.clone();
+    cfg.label = Some(format!("demo-{}", a.sim.profile));
+    let levels = a
+        .rates
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let sweep_args = crate::report_cmd::SweepArgs {
+        sweep: Some(
+            format!("request-rate={levels}")
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!(e))?,
+        ),
+        num_runs: 1,
+        level_duration: Some(Duration::from_secs_f64(a.seconds)),
+        slo_percentile: 95.0,
+        plan: crate::report_cmd::PlanArgs {
+            target_qps: None,
+            redundancy: 2,
+            cost_per_hour: None,
+        },
+    };
+    sweep_args.prepare(&mut cfg);
+    cfg.validate()?;
+    let sweep_path = a.out.join("sweep.json");
+    let spec = sweep_args.sweep.clone().context("the demo's sweep")?;
+    crate::report_cmd::run_sweep(
+        &cfg,
+        &spec,
+        &sweep_args,
+        &trace,
+        None,
+        crate::report_cmd::SweepOutputs {
+            command: &command_line(),
+            save_result: Some(&sweep_path),
+            detailed: true,
+            results: None,
+        },
+        &|_, _| {},
+    )?;
+    drop(s);
+    crate::report_cmd::write_reports(&sweep_path, &a.out)?;
     println!("Past the knee, requests queue in the engine: TTFT climbs first (prefill queueing), then TPOT as batches fill.");
-    if let Some((cfg, run, m)) = last {
-        let inputs = replay::report::ResultInputs {
-            cfg: &cfg,
-            run: &run,
-            metrics: &m,
-            trace: &identity,
-            command: &command,
-            detailed: false,
-        };
-        println!(
-            "\nFull report of the highest level:\n{}",
-            replay::report::console_report(&inputs)
-        );
-    }
-    println!("trace and per-level JSON results in {}", a.out.display());
+    println!("trace, sweep JSON and reports in {}", a.out.display());
     Ok(())
 }
 
@@ -875,6 +945,32 @@ mod tests {
             &["llmreplay", "inspect", "x"],
             &["llmreplay", "demo"],
             &["llmreplay", "sim"],
+            &[
+                "llmreplay",
+                "replay",
+                "t.parquet",
+                "--sweep",
+                "max-concurrency=1,8,16",
+                "--num-runs",
+                "3",
+                "--slo-percentile",
+                "99",
+                "--cost-per-hour",
+                "2.5",
+            ],
+            &["llmreplay", "compare", "a.json", "b.json"],
+            &["llmreplay", "report", "a.json", "-o", "r.html"],
+            &[
+                "llmreplay",
+                "report",
+                "a.json",
+                "-o",
+                "r.md",
+                "--format",
+                "md",
+                "--alerts",
+                "rules.yaml",
+            ],
         ] {
             Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         }
@@ -892,6 +988,19 @@ mod tests {
             panic!("not replay")
         };
         assert_eq!(r.metric_percentiles, vec![50.0, 99.9]);
+        for bad in [
+            &["llmreplay", "replay", "t", "--sweep", "max-concurrency=1.5"][..],
+            &["llmreplay", "replay", "t", "--sweep", "qps=1,2"],
+            &["llmreplay", "replay", "t", "--num-runs", "0"],
+            &["llmreplay", "replay", "t", "--slo-percentile", "0"],
+            &["llmreplay", "replay", "t", "--redundancy", "0"],
+            &["llmreplay", "compare", "only-one.json"],
+        ] {
+            assert!(
+                Cli::try_parse_from(bad).is_err(),
+                "{bad:?} must be rejected"
+            );
+        }
         assert!(
             Cli::try_parse_from(["llmreplay", "replay", "t", "--metric-percentiles", "101"])
                 .is_err()

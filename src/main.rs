@@ -1,7 +1,9 @@
 //! `llmreplay`: the command line. Argument parsing and wiring only; the work lives in the
 //! library crates (`trace-format`, `replay`, `sim`, `proxy`).
 
+mod capture_cmd;
 mod cli;
+mod report_cmd;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 
 use support::scripted::{Script, ScriptedServer};
 
+/// These tests start processes that measure time; running them one at a time keeps one
+/// test's CPU burst out of another's timing on a 2-core machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_llmreplay"))
 }
@@ -47,6 +55,7 @@ fn synth(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
 
 #[test]
 fn replay_without_target_prints_a_full_report() {
+    let _serial = serial();
     let dir = tempdir("notarget");
     let trace = synth(
         &dir,
@@ -108,6 +117,7 @@ fn replay_without_target_prints_a_full_report() {
 /// recorded offset, sent on time, and the server sees the same arrival shape.
 #[test]
 fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
+    let _serial = serial();
     let dir = tempdir("speedup");
     let trace_path = synth(
         &dir,
@@ -209,6 +219,7 @@ fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
 
 #[test]
 fn bad_input_gives_clear_errors_not_panics() {
+    let _serial = serial();
     let dir = tempdir("bad");
     // Missing file.
     let o = run(&["replay", dir.join("nope.parquet").to_str().unwrap(), "-q"]);
@@ -270,6 +281,7 @@ fn bad_input_gives_clear_errors_not_panics() {
 
 #[test]
 fn inspect_reports_the_traffic_figures() {
+    let _serial = serial();
     let dir = tempdir("inspect");
     let trace = synth(
         &dir,
@@ -305,6 +317,7 @@ fn free_port() -> u16 {
 /// and `[DONE]`.
 #[test]
 fn sim_streams_chat_with_usage_and_done() {
+    let _serial = serial();
     let port = free_port();
     let mut child = bin()
         .args([

@@ -1,1 +1,37 @@
-//! placeholder
+//! The llmreplay capture proxy: a transparent streaming reverse proxy in front of one
+//! OpenAI-compatible upstream that records every generation request as a row of the trace
+//! schema (see `trace_format::TraceRecord`) into rotating, crash-safe Parquet files.
+//!
+//! - Transparent: status, headers (minus hop-by-hop) and body bytes reach the client as the
+//!   upstream sent them; each frame is forwarded the moment it arrives, observed on the way
+//!   (one `Instant::now()` per frame, the shared SSE parser, no lock).
+//! - Token counts: a streaming request that did not ask for usage gets
+//!   `stream_options.include_usage` (and vLLM's `continuous_usage_stats` with
+//!   [`UsageMode::Vllm`]); what that adds to the stream is removed byte-exactly before the
+//!   client sees it (see [`observe`]).
+//! - Timing: t0 is when the request headers were read; TTFT, E2EL and chunk times are µs
+//!   offsets from it, as in ../shared/docs/metrics.md.
+//! - Records go through a bounded queue to the trace writer's own thread; a full queue drops
+//!   and counts, never delays a request.
+//!
+//! Start one with [`start`] and stop it with [`ProxyHandle::shutdown`].
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod jsonscan;
+pub mod metrics;
+pub mod observe;
+pub mod prefix;
+mod record;
+pub mod request;
+mod server;
+mod sink;
+mod tls;
+
+pub use config::{ProxyConfig, RecordBodies, TlsFiles, UsageMode};
+pub use error::{ProxyError, Result};
+pub use metrics::Metrics;
+pub use observe::{StreamObserver, Strip};
+pub use prefix::Tokenizer;
+pub use server::{start, ProxyHandle, ShutdownReport, SECRET_HEADERS};

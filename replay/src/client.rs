@@ -42,12 +42,10 @@ impl Conn {
     /// processed). False when it closed or did not get there within a short time.
     async fn settle(&mut self) -> bool {
         let wait = async {
-            loop {
-                tokio::select! {
-                    biased;
-                    r = std::future::poll_fn(|cx| self.sender.poll_ready(cx)) => return r.is_ok(),
-                    _ = &mut self.driver => return false,
-                }
+            tokio::select! {
+                biased;
+                r = std::future::poll_fn(|cx| self.sender.poll_ready(cx)) => r.is_ok(),
+                _ = &mut self.driver => false,
             }
         };
         tokio::time::timeout(Duration::from_millis(50), wait)
@@ -299,7 +297,9 @@ impl Client {
     }
 
     /// Sends one request and reads its response to the end, recording every chunk's time.
-    pub async fn execute(&self, req: &BuiltRequest) -> Exchange {
+    /// `request_id` goes out as `x-request-id` (vLLM takes it as its own request id), so
+    /// server-side logs join the results.
+    pub async fn execute(&self, req: &BuiltRequest, request_id: Option<&str>) -> Exchange {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -322,7 +322,12 @@ impl Client {
                     return Exchange::failed(now, true, connect, Outcome::UpstreamError, e);
                 }
             };
-            let http_req = self.request(&req.endpoint, Method::POST, req.body.clone());
+            let mut http_req = self.request(&req.endpoint, Method::POST, req.body.clone());
+            if let Some(v) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+                http_req
+                    .headers_mut()
+                    .insert(HeaderName::from_static("x-request-id"), v);
+            }
             let sender = &mut conn.sender;
             let stream = req.stream;
             let timeout = self.timeout;

@@ -274,6 +274,9 @@ pub struct RequestOptions {
     pub stream: bool,
     /// Salt mixed into synthesized prompts (per-run random when not given).
     pub prompt_salt: u64,
+    /// Tokenizer that synthesized prompts are exact for (`--tokenizer`); `None` keeps the
+    /// word filler: exact for the sim, approximate for a real target.
+    pub tokenizer: Option<std::sync::Arc<crate::prompt::PromptTokenizer>>,
     /// Extra headers.
     pub headers: Vec<(String, String)>,
     /// Sent as `Authorization: Bearer ...`.
@@ -340,6 +343,7 @@ impl ReplayConfig {
                 output_len: OutputLen::Recorded,
                 stream: true,
                 prompt_salt: 0,
+                tokenizer: None,
                 headers: Vec::new(),
                 api_key: None,
                 timeout: Duration::from_secs(600),
@@ -381,7 +385,7 @@ impl ReplayConfig {
                 return bad(format!("--speedup {speedup}: must be a positive number"))
             }
             Arrivals::Rate { rate, burstiness } => {
-                if !(rate > 0.0) {
+                if rate.is_nan() || rate <= 0.0 {
                     return bad(format!("--request-rate {rate}: must be positive (or inf)"));
                 }
                 if !(burstiness.is_finite() && burstiness > 0.0) {
@@ -404,6 +408,15 @@ impl ReplayConfig {
             if !(0.0..=100.0).contains(p) {
                 return bad(format!("--metric-percentiles: {p} is not within 0..100"));
             }
+        }
+        if let Some((k, _)) = self
+            .metadata
+            .iter()
+            .find(|(k, _)| crate::report::is_result_key(k))
+        {
+            return bad(format!(
+                "--metadata {k}=...: {k:?} is a key of the result itself; choose another name"
+            ));
         }
         if self.request.timeout.is_zero() {
             return bad("--timeout must be positive".into());
@@ -434,6 +447,23 @@ mod tests {
         assert!("foo:1".parse::<Slo>().is_err());
         assert!("tpot:-1".parse::<Slo>().is_err());
         assert!("tpot:abc".parse::<Slo>().is_err());
+    }
+
+    #[test]
+    fn metadata_cannot_overwrite_result_keys() {
+        let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
+        c.metadata = vec![("gpu".into(), "H100".into())];
+        assert!(c.validate().is_ok());
+        for k in ["completed", "p99_ttft_ms", "mean_itl_ms", "llmreplay"] {
+            c.metadata = vec![(k.into(), "x".into())];
+            assert!(
+                c.validate()
+                    .unwrap_err()
+                    .to_string()
+                    .contains("key of the result"),
+                "{k}"
+            );
+        }
     }
 
     #[test]

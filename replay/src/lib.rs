@@ -3,17 +3,25 @@
 //! client's own dispatch lag recorded so a saturated client never reads like a slow server.
 #![deny(missing_docs)]
 
+pub mod alerts;
+pub mod capacity;
 pub mod client;
+pub mod compare;
 pub mod config;
 pub mod cpu;
+pub mod document;
 pub mod error;
+pub mod html;
 pub mod metrics;
 pub mod pacer;
 pub mod plan;
 pub mod prompt;
 pub mod report;
+pub mod results;
 pub mod run;
 pub mod server_metrics;
+pub mod svg;
+pub mod sweep;
 pub mod synth;
 
 pub use config::ReplayConfig;
@@ -43,9 +51,29 @@ pub fn replay(
             std::thread::sleep(cfg.cooldown);
         }
         let run_id = format!("{run_base}-{i}");
-        let run = run::run_target(&rt, cfg, records, block_size, target, &run_id, &|p| {
+        // The server's histograms before and after: its own view of exactly this run.
+        let scraper = if cfg.server_metrics {
+            client::Client::new(
+                &target.url,
+                &cfg.request.headers,
+                cfg.request.api_key.as_deref(),
+                std::time::Duration::from_secs(5),
+            )
+            .ok()
+        } else {
+            None
+        };
+        let before = scraper
+            .as_ref()
+            .and_then(|c| rt.block_on(server_metrics::scrape(c)));
+        let mut run = run::run_target(&rt, cfg, records, block_size, target, &run_id, &|p| {
             progress(target, p)
         })?;
+        if let (Some(c), Some(b)) = (&scraper, &before) {
+            if let Some(a) = rt.block_on(server_metrics::scrape(c)) {
+                run.server_histograms = server_metrics::delta(b, &a);
+            }
+        }
         let m = metrics::compute(
             &run.records,
             run.started_at_us,

@@ -8,9 +8,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, Gamma};
 use trace_format::TraceRecord;
 
 use crate::config::{Arrivals, RequestOptions, Selection, SessionMode};
@@ -102,24 +99,42 @@ pub fn offsets(arrivals_us: &[i64], mode: Arrivals, seed: u64) -> Vec<Duration> 
                 .collect()
         }
         Arrivals::Rate { rate, burstiness } => {
-            if rate.is_infinite() {
-                return vec![Duration::ZERO; arrivals_us.len()];
-            }
-            // vLLM: the first request at once, then gamma(shape=burstiness, scale=1/(rate·burstiness)) gaps.
-            let gamma =
-                Gamma::new(burstiness, 1.0 / (rate * burstiness)).expect("validated parameters");
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let mut t = 0.0f64;
-            (0..arrivals_us.len())
-                .map(|i| {
-                    if i > 0 {
-                        t += gamma.sample(&mut rng);
-                    }
-                    Duration::from_secs_f64(t)
-                })
-                .collect()
+            // vLLM's gamma process; `ReplayConfig::validate` has checked the parameters.
+            trace_format::arrivals::gamma_offsets(arrivals_us.len(), rate, burstiness, seed)
+                .expect("validated rate and burstiness")
         }
     }
+}
+
+/// Builds the request of every chosen row, in order. Prompt synthesis with a tokenizer
+/// re-tokenizes every prompt (tens of ms for a 100k-token one), so the rows are split across
+/// the machine's cores; the result does not depend on the split.
+fn build_requests(
+    records: &[TraceRecord],
+    chosen: &[usize],
+    opts: &RequestOptions,
+    default_model: &str,
+    block_size: Option<usize>,
+) -> Result<Vec<BuiltRequest>, ReplayError> {
+    let build = |i: &usize| {
+        build_request(&records[*i], opts, default_model, block_size).map_err(ReplayError::Config)
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if opts.tokenizer.is_none() || threads < 2 || chosen.len() < 64 {
+        return chosen.iter().map(build).collect();
+    }
+    let per = chosen.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = chosen
+            .chunks(per)
+            .map(|part| s.spawn(move || part.iter().map(build).collect::<Result<Vec<_>, _>>()))
+            .collect();
+        let mut out = Vec::with_capacity(chosen.len());
+        for h in handles {
+            out.extend(h.join().expect("prompt synthesis does not panic")?);
+        }
+        Ok(out)
+    })
 }
 
 /// Builds the schedule for `records` (sorted by arrival).
@@ -148,11 +163,10 @@ pub fn build_plan(
         Arrivals::Recorded { speedup } => speedup,
         Arrivals::Rate { .. } => 1.0,
     };
+    let reqs = build_requests(records, &chosen, opts, default_model, block_size)?;
     let mut items = Vec::with_capacity(chosen.len());
-    for (k, &i) in chosen.iter().enumerate() {
+    for ((k, &i), req) in chosen.iter().enumerate().zip(reqs) {
         let rec = &records[i];
-        let req =
-            build_request(rec, opts, default_model, block_size).map_err(ReplayError::Config)?;
         items.push(PlannedRequest {
             request_id: rec.request_id.clone(),
             session_id: rec.session_id.clone(),
@@ -211,6 +225,7 @@ mod tests {
             output_len: OutputLen::Recorded,
             stream: true,
             prompt_salt: 1,
+            tokenizer: None,
             headers: vec![],
             api_key: None,
             timeout: Duration::from_secs(1),

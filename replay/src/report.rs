@@ -24,6 +24,45 @@ Metric definitions (vLLM's `vllm bench serve`; measured at the client from t0 = 
   dispatch lag  actual send - scheduled send (client overhead; queue and connect time reported apart)
 ";
 
+/// Top-level keys of the JSON result that `--metadata` may not overwrite.
+const RESULT_KEYS: &[&str] = &[
+    "date",
+    "backend",
+    "model_id",
+    "tokenizer_id",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "label",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_concurrent_requests",
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "errors",
+    "generated_texts",
+    "llmreplay",
+];
+
+/// Whether `key` is one the JSON result itself writes (so `--metadata` must not use it).
+pub fn is_result_key(key: &str) -> bool {
+    RESULT_KEYS.contains(&key)
+        || ["mean_", "median_", "std_", "p"]
+            .iter()
+            .any(|p| key.starts_with(p))
+            && key.ends_with("_ms")
+}
+
 /// Whether the client itself limited the run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Verdict {
@@ -153,6 +192,21 @@ pub struct ResultInputs<'a> {
     pub detailed: bool,
 }
 
+/// How exact the lengths of synthesized prompts (rows without a body) are.
+pub fn prompt_lengths(cfg: &ReplayConfig) -> String {
+    match &cfg.request.tokenizer {
+        Some(t) => format!(
+            "exact for tokenizer {} ({})",
+            t.tokenizer().name(),
+            match cfg.request.endpoint {
+                crate::config::EndpointKind::Completions => "completions prompt",
+                crate::config::EndpointKind::Chat => "chat content; the template adds its own",
+            }
+        ),
+        None => "word filler: exact for the llmreplay sim, approximate for other targets (use --tokenizer)".into(),
+    }
+}
+
 /// The JSON result: vLLM's key names for what vLLM reports, ours under `llmreplay`.
 pub fn result_json(i: &ResultInputs) -> Value {
     let (cfg, run, m) = (i.cfg, i.run, i.metrics);
@@ -170,7 +224,13 @@ pub fn result_json(i: &ResultInputs) -> Value {
         }),
     );
     o.insert("model_id".into(), json!(run.model));
-    o.insert("tokenizer_id".into(), Value::Null);
+    o.insert(
+        "tokenizer_id".into(),
+        cfg.request
+            .tokenizer
+            .as_ref()
+            .map_or(Value::Null, |t| json!(t.tokenizer().name())),
+    );
     o.insert("num_prompts".into(), json!(m.num_prompts));
     let (rate, burstiness) = match cfg.arrivals {
         Arrivals::Rate { rate, burstiness } => (
@@ -299,6 +359,7 @@ pub fn result_json(i: &ResultInputs) -> Value {
             "sample_ratio": cfg.selection.sample_ratio, "max_requests": cfg.selection.max_requests,
             "session_mode": format!("{:?}", cfg.session_mode).to_lowercase(),
             "seed": cfg.seed, "prompt_salt": cfg.request.prompt_salt,
+            "synthesized_prompts": prompt_lengths(cfg),
         }),
     );
     ours.insert(
@@ -331,6 +392,21 @@ pub fn result_json(i: &ResultInputs) -> Value {
     ours.insert("warmups".into(), json!(run.warmups));
     if !run.server_gauges.is_empty() {
         ours.insert("server_gauges".into(), json!(run.server_gauges));
+    }
+    if !run.server_histograms.is_empty() {
+        let mut h = Map::new();
+        for (k, v) in &run.server_histograms {
+            h.insert(k.clone(), json!(v));
+        }
+        h.insert("client_ttft_mean_ms".into(), json!(m.ttft.mean));
+        if let Some(t) = run
+            .server_histograms
+            .get("ttft_ms")
+            .filter(|t| t.count > 0.0)
+        {
+            h.insert("ttft_gap_ms".into(), json!(m.ttft.mean - t.mean));
+        }
+        ours.insert("server_histograms".into(), Value::Object(h));
     }
     o.insert("llmreplay".into(), Value::Object(ours));
     Value::Object(o)
@@ -394,6 +470,7 @@ pub fn console_report(i: &ResultInputs) -> String {
             line(&mut out, "Burstiness factor:", burstiness);
         }
     }
+    line(&mut out, "Synthesized prompts:", prompt_lengths(cfg));
     line(
         &mut out,
         "Maximum request concurrency:",
@@ -523,6 +600,37 @@ pub fn console_report(i: &ResultInputs) -> String {
             ),
         );
     }
+    if let Some(t) = run
+        .server_histograms
+        .get("ttft_ms")
+        .filter(|t| t.count > 0.0)
+    {
+        line(
+            &mut out,
+            "TTFT mean client / server (ms):",
+            format!(
+                "{:.2} / {:.2} (gap {:.2}; the server's vllm:time_to_first_token_seconds over the run)",
+                m.ttft.mean,
+                t.mean,
+                m.ttft.mean - t.mean
+            ),
+        );
+    }
+    if let Some(q) = run
+        .server_histograms
+        .get("queue_time_ms")
+        .filter(|q| q.count > 0.0)
+    {
+        line(
+            &mut out,
+            "Server queue time mean / p95 (ms):",
+            format!(
+                "{:.2} / {}",
+                q.mean,
+                q.p95.map_or("-".into(), |v| format!("{v:.2}"))
+            ),
+        );
+    }
     for (name, g) in &run.server_gauges {
         line(
             &mut out,
@@ -550,7 +658,7 @@ pub fn comparison_table(cfg: &ReplayConfig, runs: &[(RunOutput, Metrics)]) -> St
     let _ = writeln!(out, "{:=^50}", " Targets side by side ");
     let _ = writeln!(
         out,
-        "{:<20} {:>6} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  {}",
+        "{:<20} {:>6} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  SLO",
         "target",
         "ok",
         "failed",
@@ -560,7 +668,6 @@ pub fn comparison_table(cfg: &ReplayConfig, runs: &[(RunOutput, Metrics)]) -> St
         "TTFT p99",
         "TPOT p50",
         "TPOT p99",
-        "SLO"
     );
     let base = runs.first().map(|(_, m)| m);
     for (run, m) in runs {

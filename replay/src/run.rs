@@ -72,6 +72,9 @@ pub struct RunOutput {
     pub client_load: Option<ClientLoad>,
     /// The server's scheduler gauges sampled during the run (`--server-metrics`).
     pub server_gauges: std::collections::BTreeMap<String, crate::server_metrics::GaugeStats>,
+    /// The server's histograms over the run (after − before scrape; `--server-metrics`).
+    pub server_histograms:
+        std::collections::BTreeMap<String, crate::server_metrics::HistogramSummary>,
 }
 
 /// Builds the client runtime.
@@ -219,7 +222,7 @@ pub fn run_target(
                 .map_err(ReplayError::Config)?;
             rt.block_on(async {
                 for _ in 0..cfg.num_warmups {
-                    client.execute(&req).await;
+                    client.execute(&req, None).await;
                 }
             });
         }
@@ -362,6 +365,7 @@ pub fn run_target(
         warmups: cfg.num_warmups,
         client_load,
         server_gauges,
+        server_histograms: Default::default(),
     })
 }
 
@@ -418,7 +422,7 @@ async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
     let queue = released.elapsed();
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let item = &sh.plan.items[idx];
-    let ex = sh.client.execute(&item.req).await;
+    let ex = sh.client.execute(&item.req, Some(&item.request_id)).await;
     let end = ex.end;
     sh.in_flight.fetch_sub(1, Ordering::Relaxed);
 

@@ -90,9 +90,217 @@ pub async fn sample(
     sums
 }
 
+/// vLLM histograms scraped before and after a run, so the server's own view of the run
+/// (its TTFT, queue time and E2E latency) can be read beside the client's.
+pub const HISTOGRAMS: &[(&str, &str)] = &[
+    ("ttft_ms", "vllm:time_to_first_token_seconds"),
+    ("queue_time_ms", "vllm:request_queue_time_seconds"),
+    ("e2el_ms", "vllm:e2e_request_latency_seconds"),
+];
+
+/// A Prometheus histogram at one moment: cumulative counts per upper bound (all label sets
+/// summed), sum and count.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    /// (le, cumulative count), ascending, `+Inf` last.
+    pub buckets: Vec<(f64, f64)>,
+    /// `_sum`.
+    pub sum: f64,
+    /// `_count`.
+    pub count: f64,
+}
+
+fn series_value<'a>(line: &'a str, name: &str) -> Option<(&'a str, f64)> {
+    let rest = line.strip_prefix(name)?;
+    let (labels, value) = match rest.as_bytes().first() {
+        Some(b'{') => {
+            let i = rest.find('}')?;
+            (&rest[1..i], &rest[i + 1..])
+        }
+        Some(b' ') => ("", rest),
+        _ => return None,
+    };
+    Some((labels, value.split_whitespace().next()?.parse().ok()?))
+}
+
+/// Reads histogram `name` from a text exposition (None when absent).
+pub fn histogram(text: &str, name: &str) -> Option<Histogram> {
+    let (b, s, c) = (
+        format!("{name}_bucket"),
+        format!("{name}_sum"),
+        format!("{name}_count"),
+    );
+    let mut h = Histogram::default();
+    let mut seen = false;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((labels, v)) = series_value(line, &b) {
+            let le = labels.split(',').find_map(|kv| {
+                let (k, val) = kv.split_once('=')?;
+                (k.trim() == "le").then(|| val.trim().trim_matches('"').to_string())
+            })?;
+            let le: f64 = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            match h.buckets.iter_mut().find(|(x, _)| *x == le) {
+                Some((_, n)) => *n += v,
+                None => h.buckets.push((le, v)),
+            }
+            seen = true;
+        } else if let Some((_, v)) = series_value(line, &s) {
+            h.sum += v;
+            seen = true;
+        } else if let Some((_, v)) = series_value(line, &c) {
+            h.count += v;
+            seen = true;
+        }
+    }
+    h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    seen.then_some(h)
+}
+
+impl Histogram {
+    /// `self − before`: what was observed between two scrapes.
+    pub fn since(&self, before: &Histogram) -> Histogram {
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, n)| {
+                    let b = before
+                        .buckets
+                        .iter()
+                        .find(|(x, _)| x == le)
+                        .map_or(0.0, |x| x.1);
+                    (*le, (n - b).max(0.0))
+                })
+                .collect(),
+            sum: (self.sum - before.sum).max(0.0),
+            count: (self.count - before.count).max(0.0),
+        }
+    }
+
+    /// Prometheus' `histogram_quantile`: linear interpolation within the bucket holding rank
+    /// q × count (the lowest bucket from 0; a rank in `+Inf` gives the highest finite bound).
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let mut prev = (0.0, 0.0);
+        for &(le, n) in &self.buckets {
+            if n >= rank {
+                if le.is_infinite() {
+                    return Some(prev.0);
+                }
+                let width = n - prev.1;
+                let frac = if width > 0.0 {
+                    (rank - prev.1) / width
+                } else {
+                    1.0
+                };
+                return Some(prev.0 + (le - prev.0) * frac);
+            }
+            prev = (le, n);
+        }
+        Some(prev.0)
+    }
+}
+
+/// What the server's histogram saw during a run, ms.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HistogramSummary {
+    /// Observations during the run.
+    pub count: f64,
+    /// sum / count.
+    pub mean: f64,
+    /// Bucket-interpolated quantiles (as `histogram_quantile`; only as exact as the buckets).
+    pub p50: Option<f64>,
+    /// 95th.
+    pub p95: Option<f64>,
+    /// 99th.
+    pub p99: Option<f64>,
+}
+
+impl HistogramSummary {
+    /// Summarises a histogram in seconds as milliseconds.
+    pub fn of(h: &Histogram) -> HistogramSummary {
+        let ms = |v: Option<f64>| v.map(|x| x * 1e3);
+        HistogramSummary {
+            count: h.count,
+            mean: if h.count > 0.0 {
+                h.sum / h.count * 1e3
+            } else {
+                0.0
+            },
+            p50: ms(h.quantile(0.5)),
+            p95: ms(h.quantile(0.95)),
+            p99: ms(h.quantile(0.99)),
+        }
+    }
+}
+
+/// Every histogram of [`HISTOGRAMS`] in a scrape.
+pub fn histograms(text: &str) -> BTreeMap<String, Histogram> {
+    HISTOGRAMS
+        .iter()
+        .filter_map(|(k, n)| Some((k.to_string(), histogram(text, n)?)))
+        .collect()
+}
+
+/// The run's share of each histogram: after − before, summarised.
+pub fn delta(
+    before: &BTreeMap<String, Histogram>,
+    after: &BTreeMap<String, Histogram>,
+) -> BTreeMap<String, HistogramSummary> {
+    after
+        .iter()
+        .map(|(k, a)| {
+            let d = match before.get(k) {
+                Some(b) => a.since(b),
+                None => a.clone(),
+            };
+            (k.clone(), HistogramSummary::of(&d))
+        })
+        .collect()
+}
+
+/// Scrapes `/metrics` once (None when the target has none).
+pub async fn scrape(client: &Client) -> Option<BTreeMap<String, Histogram>> {
+    match client.get("/metrics").await {
+        Ok((200, body)) => Some(histograms(&String::from_utf8_lossy(&body))),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histogram_delta_and_quantile_as_prometheus() {
+        let before = "vllm:time_to_first_token_seconds_bucket{le=\"0.1\",model_name=\"m\"} 10\n\
+            vllm:time_to_first_token_seconds_bucket{le=\"0.5\",model_name=\"m\"} 10\n\
+            vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 10\n\
+            vllm:time_to_first_token_seconds_sum{model_name=\"m\"} 0.5\n\
+            vllm:time_to_first_token_seconds_count{model_name=\"m\"} 10\n";
+        let after = "vllm:time_to_first_token_seconds_bucket{le=\"0.1\",model_name=\"m\"} 20\n\
+            vllm:time_to_first_token_seconds_bucket{le=\"0.5\",model_name=\"m\"} 30\n\
+            vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 30\n\
+            vllm:time_to_first_token_seconds_sum{model_name=\"m\"} 4.5\n\
+            vllm:time_to_first_token_seconds_count{model_name=\"m\"} 30\n";
+        let d = delta(&histograms(before), &histograms(after));
+        let t = &d["ttft_ms"];
+        assert_eq!(t.count, 20.0);
+        assert!((t.mean - 200.0).abs() < 1e-9);
+        // rank 10 of 20 is the top of the first bucket (10 observations <= 0.1 s).
+        assert!((t.p50.unwrap() - 100.0).abs() < 1e-9);
+        // rank 19 is 9/10 of the way through (0.1, 0.5].
+        assert!((t.p95.unwrap() - 460.0).abs() < 1e-9);
+        assert!(!d.contains_key("queue_time_ms"));
+    }
 
     #[test]
     fn reads_gauges_with_and_without_labels() {

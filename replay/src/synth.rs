@@ -69,7 +69,11 @@ pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
             spec.stream_ratio
         )));
     }
-    if !(spec.request_rate > 0.0) || !(spec.burstiness.is_finite() && spec.burstiness > 0.0) {
+    if spec.request_rate.is_nan()
+        || spec.request_rate <= 0.0
+        || !spec.burstiness.is_finite()
+        || spec.burstiness <= 0.0
+    {
         return Err(ReplayError::Config(
             "--request-rate and --burstiness must be positive".into(),
         ));

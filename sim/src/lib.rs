@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 
 pub mod engine;
+pub mod groundtruth;
 pub mod metrics;
 mod openai;
 pub mod profile;

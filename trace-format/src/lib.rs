@@ -2,12 +2,15 @@
 //! trace summaries, and the OpenAI/SSE stream parser that both capture and replay use.
 #![deny(missing_docs)]
 
+pub mod arrivals;
 pub mod error;
+pub mod import;
 pub mod inspect;
 pub mod reader;
 pub mod schema;
 pub mod sse;
 pub mod stats;
+pub mod tokenize;
 pub mod writer;
 
 pub use error::{Error, Result};

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Client accuracy against a ground-truth server.
+
+Joins llmreplay's per-request results (Parquet) with the ground-truth server's chunk log
+(JSON lines, one entry per request, matched on x-request-id) and reports the client's TTFT,
+ITL and TPOT error against the nominal script and against the times the server logged it
+actually wrote each chunk: mean, p99 and standard deviation, in milliseconds.
+
+usage: accuracy.py RESULTS.parquet CHUNK_LOG.jsonl TTFT_MS ITL_MS TOKENS_PER_CHUNK
+"""
+import json
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+
+
+def stats(xs):
+    a = np.asarray(xs, dtype=float)
+    if a.size == 0:
+        return {"n": 0, "mean": float("nan"), "p99": float("nan"), "std": float("nan")}
+    return {"n": int(a.size), "mean": float(a.mean()), "p99": float(np.percentile(a, 99)), "std": float(a.std())}
+
+
+def main():
+    results, log_path, ttft_ms, itl_ms, tpc = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+    t = pq.read_table(results).to_pydict()
+    server = {}
+    with open(log_path, newline="") as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("request_id"):
+                server[e["request_id"]] = e
+    ttft_nom, ttft_log, itl_nom, itl_log, tpot_nom, tpot_log = [], [], [], [], [], []
+    client_gaps, server_gaps = [], []
+    missing = 0
+    ok = 0
+    for i, rid in enumerate(t["request_id"]):
+        if t["outcome"][i] != "ok":
+            continue
+        ok += 1
+        s = server.get(rid)
+        if s is None or not s["complete"]:
+            missing += 1
+            continue
+        chunks = t["chunk_times_us"][i]
+        written = s["chunk_written_us"]
+        nominal = s["chunk_nominal_us"]
+        if len(chunks) != len(written):
+            missing += 1
+            continue
+        ttft = t["ttft_us"][i] / 1000.0
+        ttft_nom.append(ttft - ttft_ms)
+        ttft_log.append(ttft - written[0] / 1000.0)
+        cg = np.diff(np.asarray(chunks, dtype=float)) / 1000.0
+        sg = np.diff(np.asarray(written, dtype=float)) / 1000.0
+        ng = np.diff(np.asarray(nominal, dtype=float)) / 1000.0
+        client_gaps.extend(cg)
+        server_gaps.extend(sg)
+        itl_nom.extend(cg - ng)
+        itl_log.extend(cg - sg)
+        out = t["output_tokens"][i]
+        if out and out > 1:
+            tpot = (t["e2el_us"][i] - t["ttft_us"][i]) / 1000.0 / (out - 1)
+            tpot_n = (nominal[-1] - nominal[0]) / 1000.0 / (out - 1)
+            tpot_l = (written[-1] - written[0]) / 1000.0 / (out - 1)
+            tpot_nom.append(tpot - tpot_n)
+            tpot_log.append(tpot - tpot_l)
+    cg, sg = np.asarray(client_gaps), np.asarray(server_gaps)
+    report = {
+        "requests_ok": ok,
+        "unmatched": missing,
+        "ttft_err_vs_nominal_ms": stats(ttft_nom),
+        "ttft_err_vs_logged_ms": stats(ttft_log),
+        "itl_err_vs_nominal_ms": stats(itl_nom),
+        "itl_err_vs_logged_ms": stats(itl_log),
+        "tpot_err_vs_nominal_ms": stats(tpot_nom),
+        "tpot_err_vs_logged_ms": stats(tpot_log),
+        "client_itl_std_ms": float(cg.std()) if cg.size else float("nan"),
+        "server_gap_std_ms": float(sg.std()) if sg.size else float("nan"),
+        "client_itl_jitter_ms": float(cg.std() - sg.std()) if cg.size else float("nan"),
+    }
+    json.dump(report, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Turns a bench/out/<run> directory into the Markdown tables of bench/README.md."""
+import glob
+import json
+import os
+import re
+import sys
+
+
+def load(p):
+    with open(p) as f:
+        return json.load(f)
+
+
+def main():
+    out = sys.argv[1]
+    print(f"Run: `{out}`\n")
+    acc = sorted(glob.glob(os.path.join(out, "acc-*-errors.json")),
+                 key=lambda p: tuple(int(x) for x in re.findall(r"\d+", os.path.basename(p))))
+    if acc:
+        print("### Accuracy against the ground-truth server (TTFT 50 ms, ITL 10 ms, 100 tokens)\n")
+        print("| streams | tok/chunk | TTFT err vs logged mean / p99 / std (ms) | TTFT err vs nominal mean / p99 | ITL err vs logged mean / p99 / std | TPOT err vs logged mean / p99 | client ITL jitter (ms) | dispatch lag p99 (ms) | client CPU per SSE event (µs) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for p in acc:
+            m = re.search(r"acc-(\d+)-tpc(\d+)-errors.json", p)
+            n, tpc = m.group(1), m.group(2)
+            e = load(p)
+            r = load(p.replace("-errors.json", ".json"))
+            ours = r["llmreplay"]
+            load_ = ours["client"]["load"] or {}
+            events = r["completed"] * (100 // int(tpc) + (1 if 100 % int(tpc) else 0))
+            cpu_us = (load_.get("cpu_seconds", 0) * 1e6 / events) if events else float("nan")
+            tl, tn, il, pl = e["ttft_err_vs_logged_ms"], e["ttft_err_vs_nominal_ms"], e["itl_err_vs_logged_ms"], e["tpot_err_vs_logged_ms"]
+            print(f"| {n} | {tpc} | {tl['mean']:.3f} / {tl['p99']:.3f} / {tl['std']:.3f} | {tn['mean']:.3f} / {tn['p99']:.3f} "
+                  f"| {il['mean']:.4f} / {il['p99']:.3f} / {il['std']:.3f} | {pl['mean']:.4f} / {pl['p99']:.4f} "
+                  f"| {e['client_itl_jitter_ms']:.4f} | {ours['dispatch_lag_ms']['p99']:.3f} | {cpu_us:.2f} |")
+        print()
+    sched = sorted(glob.glob(os.path.join(out, "sched-*.json")), key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0]))
+    if sched:
+        print("### Schedule fidelity (open loop, short requests)\n")
+        print("| offered req/s | requests | dispatch lag p50 (ms) | p99 (ms) | max (ms) | client CPU | verdict |")
+        print("|---|---|---|---|---|---|---|")
+        for p in sched:
+            r = load(p)
+            rate = re.findall(r"\d+", os.path.basename(p))[0]
+            lag = r["llmreplay"]["dispatch_lag_ms"]
+            v = r["llmreplay"]["client"]["verdict"]
+            cpu = v.get("client_cpu_utilization")
+            print(f"| {rate} | {r['num_prompts']} | {lag['p50']:.3f} | {lag['p99']:.3f} | {lag['max']:.3f} | "
+                  f"{(cpu or 0) * 100:.0f}% | {'saturated' if v['client_saturated'] else 'kept up'} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+//! The proxy's validated configuration: built once (by the CLI or a test) and shared
+//! read-only by every connection.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::prefix::Tokenizer;
+
+/// How much of each request body is kept in the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecordBodies {
+    /// Nothing: no text and no hashes.
+    None,
+    /// No text, but `prefix_hashes` of the prompt's blocks (the default).
+    #[default]
+    Hashes,
+    /// The request JSON as the client sent it (for exact replay), and the hashes.
+    Full,
+}
+
+/// Whether and how the proxy asks a streaming upstream for token counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UsageMode {
+    /// Never touch requests (`--no-inject-usage`).
+    Off,
+    /// Add `stream_options.include_usage` (OpenAI's API; the default).
+    #[default]
+    Standard,
+    /// Also add vLLM's `continuous_usage_stats` for per-chunk token counts.
+    Vllm,
+}
+
+/// Certificate chain and private key (PEM files) for a TLS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// Everything the capture proxy needs; see [`ProxyConfig::new`] for the defaults.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Address to listen on (port 0 picks one).
+    pub listen: SocketAddr,
+    /// Admin listener for `/metrics` and `/healthz` (`None`: no admin listener).
+    pub admin: Option<SocketAddr>,
+    /// Upstream base URL, `http://` or `https://`, optionally with a path prefix.
+    pub upstream: String,
+    /// PEM CA bundle trusted for an https upstream instead of the web PKI roots.
+    pub upstream_ca: Option<PathBuf>,
+    /// Speak HTTP/2 with prior knowledge to a plain-http upstream (h2c). An https upstream
+    /// negotiates h2 or HTTP/1.1 by ALPN.
+    pub upstream_h2: bool,
+    /// Serve TLS on the listener.
+    pub tls: Option<TlsFiles>,
+    /// Directory of the trace files.
+    pub out: PathBuf,
+    /// Trace file name prefix.
+    pub file_prefix: String,
+    /// What to keep of request bodies.
+    pub record_bodies: RecordBodies,
+    /// Tokens per prefix-hash block.
+    pub block_size: u32,
+    /// How tokens are counted for prefix hashes.
+    pub tokenizer: Tokenizer,
+    /// Usage injection.
+    pub usage: UsageMode,
+    /// Fraction of generation requests recorded, in (0, 1].
+    pub sample_rate: f64,
+    /// Records queued for the writer before new ones are dropped.
+    pub queue_capacity: usize,
+    /// Longest wait for the upstream's response headers (then 504, outcome `timeout`).
+    pub upstream_timeout: Duration,
+    /// Longest gap between two frames of a response body (then the stream is cut, outcome
+    /// `timeout`).
+    pub idle_timeout: Duration,
+    /// Largest generation request body read (larger ones get 413).
+    pub max_request_body: usize,
+    /// Rotate trace files at this estimated size.
+    pub max_file_bytes: u64,
+    /// Rotate trace files at this age.
+    pub max_file_age: Duration,
+    /// The writer's loss window on a crash (journal hand-over interval).
+    pub flush_interval: Duration,
+    /// Request header whose value becomes `session_id` (never a credential header).
+    pub session_header: Option<String>,
+    /// The producing command line, for the file metadata.
+    pub command: String,
+}
+
+impl ProxyConfig {
+    /// A configuration with defaults: no admin listener, record hashes with 16-token blocks,
+    /// standard usage injection, everything sampled, 16 Ki queued records, 10 min upstream
+    /// and idle timeouts, 64 MiB request bodies, 256 MiB / 1 h files, 200 ms flush.
+    pub fn new(listen: SocketAddr, upstream: impl Into<String>, out: impl Into<PathBuf>) -> Self {
+        ProxyConfig {
+            listen,
+            admin: None,
+            upstream: upstream.into(),
+            upstream_ca: None,
+            upstream_h2: false,
+            tls: None,
+            out: out.into(),
+            file_prefix: "capture".into(),
+            record_bodies: RecordBodies::Hashes,
+            block_size: 16,
+            tokenizer: Tokenizer::Whitespace,
+            usage: UsageMode::Standard,
+            sample_rate: 1.0,
+            queue_capacity: 16 * 1024,
+            upstream_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(600),
+            max_request_body: 64 * 1024 * 1024,
+            max_file_bytes: 256 * 1024 * 1024,
+            max_file_age: Duration::from_secs(3600),
+            flush_interval: Duration::from_millis(200),
+            session_header: None,
+            command: String::new(),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The proxy's own metrics, rendered in the Prometheus text format on the admin listener.
+//!
+//! Everything is an atomic updated once per request when its record is finished (never per
+//! chunk, never under a lock). Latency histograms use vLLM's bucket bounds under the
+//! `llmreplay_capture_` prefix, so they line up with a vLLM server's own; the OpenTelemetry
+//! GenAI client metrics (`gen_ai_client_operation_duration_seconds`,
+//! `gen_ai_client_token_usage`) use the bucket bounds the semantic conventions advise. No
+//! label carries request data (model names, headers): cardinality stays fixed and no secret
+//! can leak into a scrape.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+use trace_format::Outcome;
+
+/// vLLM's bounds for `vllm:time_to_first_token_seconds`.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's bounds for `vllm:inter_token_latency_seconds`.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// vLLM's bounds for `vllm:e2e_request_latency_seconds`.
+pub const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+/// OpenTelemetry GenAI advice for `gen_ai.client.operation.duration`.
+pub const OTEL_DURATION_BUCKETS: &[f64] = &[
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+/// OpenTelemetry GenAI advice for `gen_ai.client.token.usage`.
+pub const OTEL_TOKEN_BUCKETS: &[f64] = &[
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+/// A fixed-bucket histogram of atomics; the sum is kept in millionths of the unit.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum_micro: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micro: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds one observation.
+    pub fn observe(&self, v: f64) {
+        let v = if v.is_finite() && v > 0.0 { v } else { 0.0 };
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            self.counts[i].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micro.fetch_add((v * 1e6) as u64, Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str, help: &str, head: bool) {
+        if head {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        }
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cum = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cum += c.load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}");
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let sum = self.sum_micro.load(Relaxed) as f64 / 1e6;
+        let l = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{l} {sum}\n{name}_count{l} {count}");
+    }
+}
+
+/// All of the proxy's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: [AtomicU64; 5],
+    /// Requests forwarded without a record (not a generation endpoint).
+    pub passthrough: AtomicU64,
+    /// Recorded requests not yet finished.
+    pub in_flight: AtomicI64,
+    /// Records the writer appended.
+    pub records_written: AtomicU64,
+    /// Records dropped because the writer's queue was full.
+    pub records_dropped: AtomicU64,
+    /// Records the writer failed to append.
+    pub record_errors: AtomicU64,
+    /// Request body bytes of recorded requests.
+    pub request_bytes: AtomicU64,
+    /// Response body bytes sent to clients for recorded requests.
+    pub response_bytes: AtomicU64,
+    /// Time to first chunk.
+    pub ttft: Histogram,
+    /// Gaps between consecutive chunks of successful streams.
+    pub itl: Histogram,
+    /// End-to-end latency of successful requests.
+    pub e2el: Histogram,
+    /// OTel `gen_ai.client.operation.duration`.
+    pub otel_duration: Histogram,
+    /// OTel `gen_ai.client.token.usage`, input.
+    pub otel_input_tokens: Histogram,
+    /// OTel `gen_ai.client.token.usage`, output.
+    pub otel_output_tokens: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Default::default(),
+            passthrough: AtomicU64::new(0),
+            in_flight: AtomicI64::new(0),
+            records_written: AtomicU64::new(0),
+            records_dropped: AtomicU64::new(0),
+            record_errors: AtomicU64::new(0),
+            request_bytes: AtomicU64::new(0),
+            response_bytes: AtomicU64::new(0),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            e2el: Histogram::new(E2E_BUCKETS),
+            otel_duration: Histogram::new(OTEL_DURATION_BUCKETS),
+            otel_input_tokens: Histogram::new(OTEL_TOKEN_BUCKETS),
+            otel_output_tokens: Histogram::new(OTEL_TOKEN_BUCKETS),
+        }
+    }
+}
+
+fn outcome_index(o: Outcome) -> usize {
+    Outcome::ALL.iter().position(|x| *x == o).unwrap_or(0)
+}
+
+impl Metrics {
+    /// Counts one finished recorded request.
+    pub fn count_outcome(&self, o: Outcome) {
+        self.requests[outcome_index(o)].fetch_add(1, Relaxed);
+    }
+
+    /// Finished recorded requests with this outcome.
+    pub fn requests(&self, o: Outcome) -> u64 {
+        self.requests[outcome_index(o)].load(Relaxed)
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut s = String::with_capacity(16 * 1024);
+        let p = "llmreplay_capture";
+        let _ = writeln!(
+            s,
+            "# HELP {p}_requests_total Recorded requests by outcome.\n# TYPE {p}_requests_total counter"
+        );
+        for o in Outcome::ALL {
+            let _ = writeln!(
+                s,
+                "{p}_requests_total{{outcome=\"{o}\"}} {}",
+                self.requests(*o)
+            );
+        }
+        let counters: [(&str, &str, &AtomicU64); 6] = [
+            (
+                "passthrough_requests_total",
+                "Requests forwarded without a record (not a generation endpoint).",
+                &self.passthrough,
+            ),
+            (
+                "records_written_total",
+                "Records appended to the trace.",
+                &self.records_written,
+            ),
+            (
+                "records_dropped_total",
+                "Records dropped because the writer queue was full.",
+                &self.records_dropped,
+            ),
+            (
+                "record_errors_total",
+                "Records the writer failed to append.",
+                &self.record_errors,
+            ),
+            (
+                "request_bytes_total",
+                "Request body bytes of recorded requests.",
+                &self.request_bytes,
+            ),
+            (
+                "response_bytes_total",
+                "Response body bytes sent to clients for recorded requests.",
+                &self.response_bytes,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                s,
+                "# HELP {p}_{name} {help}\n# TYPE {p}_{name} counter\n{p}_{name} {}",
+                v.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP {p}_requests_in_flight Recorded requests in flight.\n# TYPE {p}_requests_in_flight gauge\n{p}_requests_in_flight {}",
+            self.in_flight.load(Relaxed)
+        );
+        self.ttft.render(
+            &mut s,
+            &format!("{p}_time_to_first_token_seconds"),
+            "",
+            "Time from request arrival to the first chunk (vLLM buckets).",
+            true,
+        );
+        self.itl.render(
+            &mut s,
+            &format!("{p}_inter_token_latency_seconds"),
+            "",
+            "Gap between consecutive chunks of successful streams (vLLM buckets).",
+            true,
+        );
+        self.e2el.render(
+            &mut s,
+            &format!("{p}_e2e_request_latency_seconds"),
+            "",
+            "End-to-end latency of successful requests (vLLM buckets).",
+            true,
+        );
+        self.otel_duration.render(
+            &mut s,
+            "gen_ai_client_operation_duration_seconds",
+            "",
+            "GenAI operation duration seen by the proxy (OpenTelemetry GenAI).",
+            true,
+        );
+        self.otel_input_tokens.render(
+            &mut s,
+            "gen_ai_client_token_usage",
+            "gen_ai_token_type=\"input\"",
+            "Tokens used per request (OpenTelemetry GenAI).",
+            true,
+        );
+        self.otel_output_tokens.render(
+            &mut s,
+            "gen_ai_client_token_usage",
+            "gen_ai_token_type=\"output\"",
+            "",
+            false,
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_cumulative_buckets() {
+        let m = Metrics::default();
+        m.ttft.observe(0.003);
+        m.ttft.observe(0.05);
+        m.count_outcome(Outcome::ClientCancelled);
+        let s = m.render();
+        assert!(s.contains("llmreplay_capture_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(s.contains("llmreplay_capture_time_to_first_token_seconds_bucket{le=\"0.06\"} 2"));
+        assert!(s.contains("llmreplay_capture_time_to_first_token_seconds_count 2"));
+        assert!(s.contains("llmreplay_capture_requests_total{outcome=\"client_cancelled\"} 1"));
+        assert!(
+            s.contains("gen_ai_client_token_usage_bucket{gen_ai_token_type=\"output\",le=\"1\"} 0")
+        );
+    }
+}

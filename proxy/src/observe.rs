@@ -1,0 +1,370 @@
+//! Observing an OpenAI-style SSE response as it streams through, and removing what the
+//! proxy itself caused (injected usage) so the client sees the upstream's bytes as they would
+//! have been without the proxy.
+//!
+//! [`StreamObserver::observe`] takes each response frame with the one timestamp taken for it
+//! and hands back the bytes to forward: the frame itself (a refcounted `Bytes`, no copy) when
+//! nothing is stripped, or slices of it around what is cut. It records the chunk times
+//! (offsets from t0, µs), cumulative usage and stream state in vectors owned by the record, so
+//! the per-chunk path takes no lock and allocates nothing once those vectors have grown.
+//!
+//! # Stripping (only when the proxy injected usage)
+//! Events are framed on raw bytes (blank-line terminated; CRLF, LF or CR). Each complete event
+//! is classified with [`trace_format::sse::classify`]:
+//! - a usage-only event (`choices` empty, `usage` set) is dropped whole when
+//!   [`Strip::usage_events`] (we injected `stream_options.include_usage`): vLLM's and OpenAI's
+//!   final `{"choices":[],"usage":{...}}` event, so `data: [DONE]` follows the last chunk as
+//!   it would have;
+//! - in a chunk, the top-level `"usage"` member (an object with vLLM's
+//!   `continuous_usage_stats`, `null` in OpenAI's chunks under `include_usage`) is cut out
+//!   byte-exactly when [`Strip::chunk_usage`]: from the end of the previous member's value to
+//!   the end of the usage value, so `…]},"usage":{…}}` becomes `…]}}` with every other byte
+//!   untouched. An event whose JSON spans several `data:` lines is forwarded untouched.
+//!
+//! While stripping, an event is forwarded when its terminating blank line has arrived: bytes
+//! of an unfinished event are held (an SSE client cannot act on them before that anyway).
+//! vLLM, SGLang and OpenAI write whole events per frame, so nothing is held in practice.
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+use trace_format::sse::{classify, SseParser, StreamEvent, Usage};
+
+use crate::jsonscan::member_removal_range;
+
+/// What to remove from a stream because the proxy injected it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Strip {
+    /// Drop usage-only events (the proxy added `stream_options.include_usage`).
+    pub usage_events: bool,
+    /// Cut the top-level `usage` member out of chunks (the proxy added usage to chunks).
+    pub chunk_usage: bool,
+}
+
+impl Strip {
+    /// True when anything is stripped.
+    pub fn any(self) -> bool {
+        self.usage_events || self.chunk_usage
+    }
+}
+
+/// Observes one SSE response; one per response.
+#[derive(Debug, Default)]
+pub struct StreamObserver {
+    parser: SseParser,
+    strip: Strip,
+    /// Bytes of an unfinished raw event from earlier frames (stripping only).
+    pending: BytesMut,
+    /// The current raw line has content (stripping only).
+    line_has_content: bool,
+    /// The previous frame ended in CR: a leading LF in the next one belongs to it.
+    cr_pending: bool,
+    /// That CR ended an event: `Some(dropped)`. Its LF then goes with it (forwarded alone,
+    /// or dropped); otherwise the LF belongs to the event in progress.
+    cr_event_end: Option<bool>,
+    /// Offset from t0 of every chunk, µs.
+    pub chunk_times_us: Vec<i64>,
+    /// Cumulative `completion_tokens` of every chunk that carried usage.
+    pub cumulative_tokens: Vec<i64>,
+    /// The last usage seen (chunk or usage-only event).
+    pub usage: Option<Usage>,
+    /// `[DONE]` was seen.
+    pub done: bool,
+    /// The first error event's message.
+    pub stream_error: Option<String>,
+    /// Events whose data was not JSON.
+    pub invalid: usize,
+    /// Bytes handed back for the client.
+    pub bytes_out: u64,
+    /// Events dropped or cut by stripping.
+    pub stripped: u64,
+}
+
+/// What to do with one complete raw event.
+enum Action {
+    Forward,
+    Drop,
+    Cut(usize, usize),
+}
+
+impl StreamObserver {
+    /// An observer that strips what `strip` says; `chunk_capacity` pre-sizes the chunk vector
+    /// (e.g. from `max_tokens`) so it rarely grows on the per-chunk path.
+    pub fn new(strip: Strip, chunk_capacity: usize) -> Self {
+        StreamObserver {
+            strip,
+            chunk_times_us: Vec::with_capacity(chunk_capacity),
+            cumulative_tokens: Vec::new(),
+            line_has_content: false,
+            ..Default::default()
+        }
+    }
+
+    /// Observes one frame received `t_us` after t0 and pushes the bytes to forward onto `out`
+    /// (the frame itself when nothing is stripped).
+    pub fn observe(&mut self, t_us: i64, frame: Bytes, out: &mut VecDeque<Bytes>) {
+        if !self.strip.any() {
+            let Self {
+                parser,
+                chunk_times_us,
+                cumulative_tokens,
+                usage,
+                done,
+                stream_error,
+                invalid,
+                ..
+            } = self;
+            parser.feed(&frame, |ev| {
+                note_event(
+                    classify(ev),
+                    t_us,
+                    chunk_times_us,
+                    cumulative_tokens,
+                    usage,
+                    done,
+                    stream_error,
+                    invalid,
+                );
+            });
+            self.bytes_out += frame.len() as u64;
+            out.push_back(frame);
+            return;
+        }
+        self.observe_stripping(t_us, frame, out);
+    }
+
+    /// The stream ended: hands back any held bytes of an unfinished event, untouched.
+    pub fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+        if !self.pending.is_empty() {
+            let rest = self.pending.split().freeze();
+            self.parser.feed(&rest, |_| {});
+            self.bytes_out += rest.len() as u64;
+            out.push_back(rest);
+        }
+    }
+
+    /// True when the stream ended inside an event.
+    pub fn has_partial(&self) -> bool {
+        self.parser.has_partial() || !self.pending.is_empty()
+    }
+
+    fn observe_stripping(&mut self, t_us: i64, frame: Bytes, out: &mut VecDeque<Bytes>) {
+        let buf: &[u8] = &frame;
+        let mut i = 0usize;
+        let mut event_start = 0usize;
+        if self.cr_pending {
+            self.cr_pending = false;
+            if buf.first() == Some(&b'\n') {
+                i = 1;
+                if let Some(dropped) = self.cr_event_end {
+                    // The LF of the CRLF that ended the previous event goes with that event.
+                    self.parser.feed(b"\n", |_| {});
+                    event_start = 1;
+                    if !dropped {
+                        self.bytes_out += 1;
+                        out.push_back(frame.slice(..1));
+                    }
+                }
+            }
+        }
+        self.cr_event_end = None;
+        while i < buf.len() {
+            let Some(j) = memchr::memchr2(b'\n', b'\r', &buf[i..]) else {
+                self.line_has_content = true;
+                break;
+            };
+            let at = i + j;
+            if j > 0 {
+                self.line_has_content = true;
+            }
+            let end = if buf[at] == b'\r' {
+                match buf.get(at + 1) {
+                    Some(b'\n') => at + 2,
+                    Some(_) => at + 1,
+                    None => {
+                        self.cr_pending = true;
+                        at + 1
+                    }
+                }
+            } else {
+                at + 1
+            };
+            i = end;
+            if self.line_has_content {
+                self.line_has_content = false;
+                continue;
+            }
+            // An empty line: the raw event ends here.
+            let raw = if self.pending.is_empty() {
+                frame.slice(event_start..end)
+            } else {
+                self.pending.extend_from_slice(&buf[event_start..end]);
+                self.pending.split().freeze()
+            };
+            event_start = end;
+            let action = self.decide(t_us, &raw);
+            if self.cr_pending {
+                self.cr_event_end = Some(matches!(action, Action::Drop));
+            }
+            match action {
+                Action::Forward => {
+                    self.bytes_out += raw.len() as u64;
+                    out.push_back(raw);
+                }
+                Action::Drop => {
+                    self.stripped += 1;
+                }
+                Action::Cut(a, b) => {
+                    self.stripped += 1;
+                    self.bytes_out += (raw.len() - (b - a)) as u64;
+                    out.push_back(raw.slice(..a));
+                    out.push_back(raw.slice(b..));
+                }
+            }
+        }
+        if event_start < buf.len() {
+            self.pending.extend_from_slice(&buf[event_start..]);
+        }
+    }
+
+    /// Classifies one complete raw event (recording what it says) and decides its fate.
+    fn decide(&mut self, t_us: i64, raw: &[u8]) -> Action {
+        let mut kind = None;
+        self.parser.feed(raw, |ev| kind = Some(classify(ev)));
+        let Some(kind) = kind else {
+            return Action::Forward; // no data: comments, blank lines
+        };
+        let action = match &kind {
+            StreamEvent::Usage(_) if self.strip.usage_events => Action::Drop,
+            StreamEvent::Chunk { .. } if self.strip.chunk_usage => usage_cut(raw),
+            _ => Action::Forward,
+        };
+        note_event(
+            kind,
+            t_us,
+            &mut self.chunk_times_us,
+            &mut self.cumulative_tokens,
+            &mut self.usage,
+            &mut self.done,
+            &mut self.stream_error,
+            &mut self.invalid,
+        );
+        action
+    }
+}
+
+/// Where the top-level `usage` member of a one-line `data:` event is, as a cut of `raw`.
+fn usage_cut(raw: &[u8]) -> Action {
+    let Some(rest) = raw.strip_prefix(b"data:") else {
+        return Action::Forward;
+    };
+    let mut start = raw.len() - rest.len();
+    if raw.get(start) == Some(&b' ') {
+        start += 1;
+    }
+    match member_removal_range(raw, start, b"usage") {
+        Some((a, b)) => Action::Cut(a, b),
+        None => Action::Forward,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn note_event(
+    kind: StreamEvent,
+    t_us: i64,
+    chunk_times_us: &mut Vec<i64>,
+    cumulative: &mut Vec<i64>,
+    usage: &mut Option<Usage>,
+    done: &mut bool,
+    stream_error: &mut Option<String>,
+    invalid: &mut usize,
+) {
+    match kind {
+        StreamEvent::Chunk { usage: u } => {
+            chunk_times_us.push(t_us);
+            if let Some(u) = u {
+                if let Some(c) = u.completion_tokens {
+                    cumulative.push(c);
+                }
+                *usage = Some(u);
+            }
+        }
+        StreamEvent::Usage(u) => *usage = Some(u),
+        StreamEvent::Done => *done = true,
+        StreamEvent::Error(m) => {
+            stream_error.get_or_insert(m);
+        }
+        StreamEvent::Other => {}
+        StreamEvent::Invalid => *invalid += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(strip: Strip, pieces: &[&[u8]]) -> (Vec<u8>, StreamObserver) {
+        let mut o = StreamObserver::new(strip, 8);
+        let mut q = VecDeque::new();
+        for (n, p) in pieces.iter().enumerate() {
+            o.observe(n as i64, Bytes::copy_from_slice(p), &mut q);
+        }
+        o.finish(&mut q);
+        let out: Vec<u8> = q.iter().flat_map(|b| b.iter().copied()).collect();
+        assert_eq!(out.len() as u64, o.bytes_out);
+        (out, o)
+    }
+
+    const VLLM_USAGE: &[u8] = b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\" a\"}],\"usage\":{\"prompt_tokens\":3,\"total_tokens\":4,\"completion_tokens\":1}}\n\n\
+data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\" b\"}],\"usage\":{\"prompt_tokens\":3,\"total_tokens\":5,\"completion_tokens\":2}}\n\n\
+data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"total_tokens\":5,\"completion_tokens\":2}}\n\n\
+data: [DONE]\n\n";
+    const VLLM_PLAIN: &[u8] =
+        b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\" a\"}]}\n\n\
+data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\" b\"}]}\n\n\
+data: [DONE]\n\n";
+
+    #[test]
+    fn passes_through_when_not_stripping() {
+        let (out, o) = run(Strip::default(), &[VLLM_USAGE]);
+        assert_eq!(out, VLLM_USAGE);
+        assert_eq!(o.chunk_times_us.len(), 2);
+        assert_eq!(o.cumulative_tokens, vec![1, 2]);
+        assert!(o.done);
+    }
+
+    #[test]
+    fn strips_injected_usage_byte_exactly_at_any_split() {
+        let strip = Strip {
+            usage_events: true,
+            chunk_usage: true,
+        };
+        for cut in 0..VLLM_USAGE.len() {
+            let (a, b) = VLLM_USAGE.split_at(cut);
+            let (out, o) = run(strip, &[a, b]);
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(VLLM_PLAIN),
+                "cut at {cut}"
+            );
+            assert_eq!(o.cumulative_tokens, vec![1, 2]);
+            assert_eq!(o.usage.and_then(|u| u.completion_tokens), Some(2));
+            assert!(o.done);
+        }
+    }
+
+    #[test]
+    fn crlf_events_drop_cleanly() {
+        let s = b"data: {\"choices\":[{\"t\":1}]}\r\n\r\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let want = b"data: {\"choices\":[{\"t\":1}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let strip = Strip {
+            usage_events: true,
+            chunk_usage: false,
+        };
+        for cut in 0..s.len() {
+            let (a, b) = s.split_at(cut);
+            let (out, _) = run(strip, &[a, b]);
+            assert_eq!(out, want, "cut at {cut}");
+        }
+    }
+}

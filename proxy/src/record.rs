@@ -1,0 +1,391 @@
+//! One request's record from arrival to its end, and the response body that streams the
+//! upstream's frames to the client while observing them.
+//!
+//! [`Recording`] owns the row being built. Whatever ends a request finishes it exactly once:
+//! the end of the upstream body, an upstream error or timeout, or being dropped (the client
+//! went away, so hyper dropped the handler or the body: outcome `client_cancelled` with the
+//! chunks seen so far, and dropping the upstream body cancels the upstream request).
+//! Finishing updates the metrics and queues the row for the writer; nothing here waits.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+use trace_format::sse::{error_message, response_usage};
+use trace_format::{Outcome, TokenSource, TraceRecord};
+
+use crate::observe::{StreamObserver, Strip};
+use crate::server::Shared;
+
+/// Error type of response bodies.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bytes of a non-streamed response kept to read its usage or error message.
+const WHOLE_BODY_CAP: usize = 8 * 1024 * 1024;
+
+/// Microseconds from `t0` to `t`.
+pub(crate) fn us_since(t0: Instant, t: Instant) -> i64 {
+    t.saturating_duration_since(t0).as_micros() as i64
+}
+
+/// The row of one recorded request, finished exactly once.
+pub(crate) struct Recording {
+    shared: Arc<Shared>,
+    /// When the request headers were read.
+    pub(crate) t0: Instant,
+    /// The row being built.
+    pub(crate) rec: TraceRecord,
+    sampled: bool,
+    done: bool,
+}
+
+impl Recording {
+    /// Starts a record (counts it in flight).
+    pub(crate) fn new(shared: Arc<Shared>, t0: Instant, rec: TraceRecord, sampled: bool) -> Self {
+        shared.metrics.in_flight.fetch_add(1, Relaxed);
+        Recording {
+            shared,
+            t0,
+            rec,
+            sampled,
+            done: false,
+        }
+    }
+
+    /// Finishes the row with `outcome` at `end`: e2el from the last chunk (or `end` for a
+    /// complete response without chunks), metrics, and the writer queue.
+    pub(crate) fn finish(&mut self, outcome: Outcome, error: Option<String>, end: Instant) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let r = &mut self.rec;
+        r.outcome = outcome;
+        if r.error.is_none() {
+            r.error = error;
+        }
+        let complete = matches!(outcome, Outcome::Ok | Outcome::HttpError);
+        if r.ttft_us.is_none() {
+            r.ttft_us = r.chunk_times_us.first().copied();
+        }
+        if r.e2el_us.is_none() {
+            r.e2el_us = r
+                .chunk_times_us
+                .last()
+                .copied()
+                .or_else(|| complete.then(|| us_since(self.t0, end)));
+        }
+        let m = &self.shared.metrics;
+        m.count_outcome(outcome);
+        m.request_bytes.fetch_add(r.request_bytes as u64, Relaxed);
+        m.response_bytes.fetch_add(r.response_bytes as u64, Relaxed);
+        if outcome == Outcome::Ok {
+            if let Some(t) = r.ttft_us {
+                m.ttft.observe(t as f64 / 1e6);
+            }
+            if let Some(e) = r.e2el_us {
+                m.e2el.observe(e as f64 / 1e6);
+            }
+            for w in r.chunk_times_us.windows(2) {
+                m.itl.observe((w[1] - w[0]) as f64 / 1e6);
+            }
+            m.otel_duration.observe(us_since(self.t0, end) as f64 / 1e6);
+            if let Some(p) = r.prompt_tokens {
+                m.otel_input_tokens.observe(p as f64);
+            }
+            if let Some(o) = r.output_tokens {
+                m.otel_output_tokens.observe(o as f64);
+            }
+        }
+        if self.sampled {
+            let rec = std::mem::replace(r, TraceRecord::new(String::new(), 0, String::new()));
+            self.shared.sink.send(rec);
+        }
+        if m.in_flight.fetch_sub(1, Relaxed) == 1 {
+            self.shared.idle.notify_waiters();
+        }
+    }
+
+    /// Outcome and error for a request cut short by the client (or by a forced shutdown).
+    fn cancelled(&self) -> (Outcome, String) {
+        if self.shared.hard_stop.load(Relaxed) {
+            (
+                Outcome::ClientCancelled,
+                "cut by the proxy's shutdown after the drain timeout".into(),
+            )
+        } else {
+            (Outcome::ClientCancelled, "client disconnected".into())
+        }
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if !self.done {
+            let (o, e) = self.cancelled();
+            let e = if self.rec.status.is_none() {
+                format!("{e} before the response headers")
+            } else {
+                e
+            };
+            self.finish(o, Some(e), Instant::now());
+        }
+    }
+}
+
+enum Mode {
+    Sse(StreamObserver),
+    Whole { copy: Vec<u8>, bytes: u64 },
+}
+
+/// The response body of a recorded request: forwards each upstream frame as it arrives and
+/// observes it on the way.
+pub(crate) struct ObservedBody {
+    inner: Incoming,
+    mode: Mode,
+    queue: VecDeque<Bytes>,
+    rec: Recording,
+    idle: Pin<Box<Sleep>>,
+    idle_timeout: Duration,
+    last_frame: Instant,
+    ended: bool,
+}
+
+impl ObservedBody {
+    /// Wraps the upstream body; `sse` selects SSE observation (with `strip`).
+    pub(crate) fn new(
+        inner: Incoming,
+        sse: bool,
+        strip: Strip,
+        rec: Recording,
+        idle_timeout: Duration,
+    ) -> Self {
+        let cap = rec
+            .rec
+            .max_tokens
+            .map_or(256, |m| m.clamp(1, 8192) as usize + 2);
+        let mode = if sse {
+            Mode::Sse(StreamObserver::new(strip, cap))
+        } else {
+            Mode::Whole {
+                copy: Vec::new(),
+                bytes: 0,
+            }
+        };
+        let now = Instant::now();
+        ObservedBody {
+            inner,
+            mode,
+            queue: VecDeque::with_capacity(4),
+            rec,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle_timeout,
+            last_frame: now,
+            ended: false,
+        }
+    }
+
+    /// The upstream body ended normally at `now`.
+    fn complete(&mut self, now: Instant) {
+        if let Mode::Sse(o) = &mut self.mode {
+            o.finish(&mut self.queue);
+        }
+        self.end(None, now);
+        self.ended = true;
+    }
+
+    /// Moves what was observed into the row and finishes it.
+    fn end(&mut self, stream_failure: Option<(Outcome, String)>, end: Instant) {
+        if self.rec.done {
+            return;
+        }
+        let status = self.rec.rec.status.unwrap_or(0);
+        let ok_status = (200..300).contains(&status);
+        let (outcome, error) = match &mut self.mode {
+            Mode::Sse(o) => {
+                let r = &mut self.rec.rec;
+                r.response_bytes = o.bytes_out as i64;
+                r.chunk_times_us = std::mem::take(&mut o.chunk_times_us);
+                let usage = o.usage;
+                if let Some(u) = usage {
+                    r.prompt_tokens = u.prompt_tokens;
+                    r.output_tokens = u.completion_tokens;
+                }
+                if r.output_tokens.is_none() {
+                    r.output_tokens = o.cumulative_tokens.last().copied();
+                }
+                r.prompt_tokens_source = r.prompt_tokens.map(|_| TokenSource::Usage);
+                r.output_tokens_source = r.output_tokens.map(|_| TokenSource::Usage);
+                if !o.cumulative_tokens.is_empty()
+                    && o.cumulative_tokens.len() == r.chunk_times_us.len()
+                {
+                    let mut prev = 0;
+                    r.chunk_tokens = Some(
+                        o.cumulative_tokens
+                            .iter()
+                            .map(|&c| {
+                                let d = (c - prev).clamp(0, i64::from(i32::MAX)) as i32;
+                                prev = c;
+                                d
+                            })
+                            .collect(),
+                    );
+                }
+                let n = r.chunk_times_us.len();
+                match stream_failure {
+                    Some(f) => (f.0, Some(f.1)),
+                    None if !ok_status => (Outcome::HttpError, Some(format!("HTTP {status}"))),
+                    None => match o.stream_error.take() {
+                        Some(m) => (
+                            Outcome::UpstreamError,
+                            Some(format!("error event in stream: {m}")),
+                        ),
+                        None if !o.done => (
+                            Outcome::UpstreamError,
+                            Some(format!("stream ended without [DONE] after {n} chunks")),
+                        ),
+                        None => (Outcome::Ok, None),
+                    },
+                }
+            }
+            Mode::Whole { copy, bytes } => {
+                let r = &mut self.rec.rec;
+                r.response_bytes = *bytes as i64;
+                match stream_failure {
+                    Some(f) => (f.0, Some(f.1)),
+                    None if !ok_status => {
+                        let msg = serde_json::from_slice::<serde_json::Value>(copy)
+                            .ok()
+                            .and_then(|v| v.get("error").map(error_message))
+                            .unwrap_or_else(|| {
+                                String::from_utf8_lossy(&copy[..copy.len().min(512)]).into_owned()
+                            });
+                        (Outcome::HttpError, Some(format!("HTTP {status}: {msg}")))
+                    }
+                    None => {
+                        if let Some(u) = response_usage(copy) {
+                            r.prompt_tokens = u.prompt_tokens;
+                            r.output_tokens = u.completion_tokens;
+                            r.prompt_tokens_source = u.prompt_tokens.map(|_| TokenSource::Usage);
+                            r.output_tokens_source =
+                                u.completion_tokens.map(|_| TokenSource::Usage);
+                        }
+                        let e2el = us_since(self.rec.t0, end);
+                        r.e2el_us = Some(e2el);
+                        r.ttft_us = Some(e2el);
+                        (Outcome::Ok, None)
+                    }
+                }
+            }
+        };
+        self.rec.finish(outcome, error, end);
+    }
+}
+
+impl Body for ObservedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(b) = this.queue.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(b))));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => {
+                    // Lazy idle timer: re-armed only when it fires early.
+                    loop {
+                        if this.idle.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        let deadline = this.last_frame + this.idle_timeout;
+                        let now = Instant::now();
+                        if deadline > now {
+                            this.idle
+                                .as_mut()
+                                .reset(tokio::time::Instant::from_std(deadline));
+                            continue;
+                        }
+                        let msg = format!("no data from the upstream for {:?}", this.idle_timeout);
+                        this.end(Some((Outcome::Timeout, msg.clone())), now);
+                        this.ended = true;
+                        return Poll::Ready(Some(Err(msg.into())));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    let now = Instant::now();
+                    this.last_frame = now;
+                    let data = match frame.into_data() {
+                        Ok(d) => d,
+                        Err(other) => return Poll::Ready(Some(Ok(other))),
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    match &mut this.mode {
+                        Mode::Sse(o) => {
+                            o.observe(us_since(this.rec.t0, now), data, &mut this.queue);
+                        }
+                        Mode::Whole { copy, bytes } => {
+                            *bytes += data.len() as u64;
+                            if copy.len() + data.len() <= WHOLE_BODY_CAP {
+                                copy.extend_from_slice(&data);
+                            }
+                            this.queue.push_back(data);
+                        }
+                    }
+                    // A body of known length is complete now, and the server may drop us
+                    // without polling again once it has written that many bytes.
+                    if this.inner.is_end_stream() {
+                        this.complete(now);
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let now = Instant::now();
+                    this.end(
+                        Some((Outcome::UpstreamError, format!("upstream body: {e}"))),
+                        now,
+                    );
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
+                Poll::Ready(None) => this.complete(Instant::now()),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.queue.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.mode {
+            Mode::Whole { .. } => self.inner.size_hint(),
+            Mode::Sse(_) => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for ObservedBody {
+    fn drop(&mut self) {
+        if !self.rec.done {
+            let (o, e) = self.rec.cancelled();
+            self.end(Some((o, e)), Instant::now());
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The record sink: a bounded queue to the trace-format [`TraceWriter`] running on its own
+//! thread, so writing never slows the proxy. A full queue drops the record (counted in
+//! `records_dropped_total` and logged) instead of waiting.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use trace_format::writer::RecoveryReport;
+use trace_format::{TraceRecord, TraceWriter, WriterConfig};
+
+use crate::error::{ProxyError, Result};
+use crate::metrics::Metrics;
+
+enum Msg {
+    Record(Box<TraceRecord>),
+    Close,
+}
+
+/// The sending side; cheap to share.
+#[derive(Debug)]
+pub(crate) struct Sink {
+    tx: SyncSender<Msg>,
+    metrics: Arc<Metrics>,
+}
+
+/// The writer thread; [`WriterThread::close`] finishes the files.
+#[derive(Debug)]
+pub(crate) struct WriterThread {
+    tx: SyncSender<Msg>,
+    handle: JoinHandle<Result<Vec<PathBuf>>>,
+}
+
+/// Opens the writer (recovering journals a crash left in the directory) and starts its
+/// thread.
+pub(crate) fn start(
+    cfg: WriterConfig,
+    capacity: usize,
+    metrics: Arc<Metrics>,
+) -> Result<(Sink, WriterThread, RecoveryReport)> {
+    let tick = cfg.flush_interval / 2;
+    let (writer, report) = TraceWriter::open(cfg)?;
+    let (tx, rx) = mpsc::sync_channel(capacity.max(1));
+    let m = metrics.clone();
+    let handle = std::thread::Builder::new()
+        .name("llmreplay-writer".into())
+        .spawn(move || run(writer, rx, tick, &m))?;
+    Ok((
+        Sink {
+            tx: tx.clone(),
+            metrics,
+        },
+        WriterThread { tx, handle },
+        report,
+    ))
+}
+
+fn run(
+    mut writer: TraceWriter,
+    rx: Receiver<Msg>,
+    tick: Duration,
+    metrics: &Metrics,
+) -> Result<Vec<PathBuf>> {
+    let tick = tick.max(Duration::from_millis(1));
+    let mut last_tick = std::time::Instant::now();
+    loop {
+        match rx.recv_timeout(tick) {
+            Ok(Msg::Record(rec)) => match writer.append(*rec) {
+                Ok(()) => {
+                    metrics.records_written.fetch_add(1, Relaxed);
+                }
+                Err(e) => {
+                    let n = metrics.record_errors.fetch_add(1, Relaxed);
+                    if n.is_power_of_two() || n == 0 {
+                        eprintln!(
+                            "llmreplay capture: trace write failed ({} so far): {e}",
+                            n + 1
+                        );
+                    }
+                }
+            },
+            Ok(Msg::Close) | Err(RecvTimeoutError::Disconnected) => {
+                // Anything still queued was sent before Close: keep it.
+                while let Ok(Msg::Record(rec)) = rx.try_recv() {
+                    if writer.append(*rec).is_ok() {
+                        metrics.records_written.fetch_add(1, Relaxed);
+                    }
+                }
+                return Ok(writer.close()?);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if last_tick.elapsed() >= tick {
+            last_tick = std::time::Instant::now();
+            if let Err(e) = writer.tick() {
+                eprintln!("llmreplay capture: trace flush failed: {e}");
+            }
+        }
+    }
+}
+
+impl Sink {
+    /// Queues a record, or drops and counts it when the queue is full.
+    pub(crate) fn send(&self, rec: TraceRecord) {
+        match self.tx.try_send(Msg::Record(Box::new(rec))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                let n = self.metrics.records_dropped.fetch_add(1, Relaxed) + 1;
+                if n.is_power_of_two() || n % 1000 == 0 {
+                    eprintln!(
+                        "llmreplay capture: trace writer queue full, {n} records dropped so far"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl WriterThread {
+    /// Finishes the files (after everything queued before this call) and returns them.
+    pub(crate) fn close(self) -> Result<Vec<PathBuf>> {
+        let _ = self.tx.send(Msg::Close);
+        drop(self.tx);
+        self.handle
+            .join()
+            .map_err(|_| ProxyError::WriterThread("panicked".into()))?
+    }
+}

@@ -1,0 +1,873 @@
+//! The capacity answer: from a series of load levels (a sweep, or several result files of one
+//! configuration) to the sentence an infrastructure team asks for — the highest level at which
+//! the chosen percentile of every SLO is met, the first level that breaks and why, the knee
+//! (where goodput stops following throughput or latency leaves its flat region) — and the
+//! capacity plan (replicas and cost for a target load).
+//!
+//! Everything here works on [`LevelPoint`]s read from vLLM-style result JSON, so the console
+//! at the end of a sweep, `llmreplay compare` and `llmreplay report` all reach the same answer
+//! from the same numbers. The rules are constants below and are printed with every answer.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use trace_format::stats::percentile_label;
+
+use crate::config::{Slo, SloMetric};
+
+/// A level with more failed requests than this fraction breaks the SLO, whatever its
+/// latencies (vLLM's percentiles are over completed requests only).
+pub const MAX_ERROR_FRACTION: f64 = 0.01;
+/// Goodput below this fraction of request throughput means goodput stopped following it.
+pub const GOODPUT_FOLLOW_FRACTION: f64 = 0.9;
+/// p50 TTFT or TPOT above this multiple of its lowest-level value leaves the flat region.
+pub const FLAT_LATENCY_FACTOR: f64 = 2.0;
+/// Latency rises below this many ms are never called a bend (timer and scheduling jitter).
+pub const FLAT_LATENCY_FLOOR_MS: f64 = 10.0;
+/// Throughput must reach at least this fraction of the offered load times the lower levels'
+/// median throughput per unit of load (rate and speedup axes).
+pub const LOAD_FOLLOW_FRACTION: f64 = 0.7;
+/// Raising concurrency must gain at least this fraction of the proportional throughput gain.
+pub const THROUGHPUT_FOLLOW_FRACTION: f64 = 0.5;
+/// Hours in a month for the cost estimate (365 × 24 / 12).
+pub const HOURS_PER_MONTH: f64 = 730.0;
+
+/// What a sweep varies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Axis {
+    /// `--max-concurrency` levels.
+    MaxConcurrency,
+    /// `--request-rate` levels (req/s).
+    RequestRate,
+    /// `--speedup` levels (multiples of the captured load).
+    Speedup,
+}
+
+impl Axis {
+    /// The flag name without dashes, as in `--sweep max-concurrency=...`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Axis::MaxConcurrency => "max-concurrency",
+            Axis::RequestRate => "request-rate",
+            Axis::Speedup => "speedup",
+        }
+    }
+
+    /// Parses [`Axis::key`].
+    pub fn from_key(s: &str) -> Option<Axis> {
+        match s {
+            "max-concurrency" | "concurrency" => Some(Axis::MaxConcurrency),
+            "request-rate" | "rate" => Some(Axis::RequestRate),
+            "speedup" => Some(Axis::Speedup),
+            _ => None,
+        }
+    }
+
+    /// A level as people read it: `concurrency 16`, `4 req/s`, `2.5x`.
+    pub fn level_label(self, level: f64) -> String {
+        match self {
+            Axis::MaxConcurrency => format!("concurrency {}", fmt_num(level)),
+            Axis::RequestRate => format!("{} req/s offered", fmt_num(level)),
+            Axis::Speedup => format!("{}x the captured load", fmt_num(level)),
+        }
+    }
+
+    /// Short label for table headers and plot axes.
+    pub fn short(self) -> &'static str {
+        match self {
+            Axis::MaxConcurrency => "max concurrency",
+            Axis::RequestRate => "offered req/s",
+            Axis::Speedup => "speedup (x captured load)",
+        }
+    }
+}
+
+/// A number without needless decimals: 16, 2.5, 0.25.
+pub fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Mean and spread of one figure over the repeated runs of a level.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Stat {
+    /// Runs with a value.
+    pub n: usize,
+    /// Mean over runs.
+    pub mean: f64,
+    /// Sample standard deviation over runs (None with one run: no spread measured).
+    pub std: Option<f64>,
+    /// Smallest run value.
+    pub min: f64,
+    /// Largest run value.
+    pub max: f64,
+}
+
+impl Stat {
+    /// Mean and spread of `values` (None when empty).
+    pub fn of(values: &[f64]) -> Option<Stat> {
+        if values.is_empty() {
+            return None;
+        }
+        let n = values.len();
+        let mean = values.iter().sum::<f64>() / n as f64;
+        let std = (n > 1).then(|| {
+            (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+        });
+        Some(Stat {
+            n,
+            mean,
+            std,
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        })
+    }
+
+    /// A single value (one run).
+    pub fn one(v: f64) -> Stat {
+        Stat {
+            n: 1,
+            mean: v,
+            std: None,
+            min: v,
+            max: v,
+        }
+    }
+}
+
+/// One load level of one configuration: every numeric figure of its results, over runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LevelPoint {
+    /// The axis value.
+    pub level: f64,
+    /// Runs at this level.
+    pub runs: usize,
+    /// Numeric top-level keys of the vLLM result (`request_throughput`, `p95_ttft_ms`, ...).
+    pub values: BTreeMap<String, Stat>,
+    /// Failed / sent requests, mean over runs.
+    pub failed_fraction: f64,
+}
+
+impl LevelPoint {
+    /// Aggregates the vLLM-style results of the runs of one level.
+    pub fn from_results(level: f64, results: &[&Value]) -> LevelPoint {
+        let mut acc: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut fails = Vec::new();
+        for r in results {
+            if let Some(o) = r.as_object() {
+                for (k, v) in o {
+                    if let Some(x) = v.as_f64() {
+                        acc.entry(k.clone()).or_default().push(x);
+                    }
+                }
+            }
+            let sent = r.get("num_prompts").and_then(Value::as_f64).unwrap_or(0.0);
+            let failed = r.get("failed").and_then(Value::as_f64).unwrap_or(0.0);
+            fails.push(if sent > 0.0 { failed / sent } else { 0.0 });
+        }
+        LevelPoint {
+            level,
+            runs: results.len(),
+            values: acc
+                .into_iter()
+                .filter_map(|(k, v)| Stat::of(&v).map(|s| (k, s)))
+                .collect(),
+            failed_fraction: Stat::of(&fails).map_or(0.0, |s| s.mean),
+        }
+    }
+
+    /// The mean of a figure, when present.
+    pub fn mean(&self, key: &str) -> Option<f64> {
+        self.values.get(key).map(|s| s.mean)
+    }
+
+    /// A figure with its spread.
+    pub fn stat(&self, key: &str) -> Option<&Stat> {
+        self.values.get(key)
+    }
+}
+
+/// The vLLM key of percentile `p` of an SLO metric: `p95_ttft_ms`.
+pub fn pct_key(p: f64, metric: &str) -> String {
+    format!("p{}_{metric}_ms", percentile_label(p))
+}
+
+/// One SLO checked at one level.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SloCheck {
+    /// `ttft`, `tpot` or `e2el`.
+    pub metric: String,
+    /// The percentile value, ms (None when the result lacks that percentile).
+    pub value_ms: Option<f64>,
+    /// The SLO, ms.
+    pub limit_ms: f64,
+    /// value ≤ limit.
+    pub ok: bool,
+}
+
+/// Checks every SLO at `p`'s chosen percentile, plus the error rule.
+pub fn check_level(p: &LevelPoint, slos: &[Slo], pct: f64) -> (Vec<SloCheck>, bool) {
+    let checks: Vec<SloCheck> = slos
+        .iter()
+        .map(|s| {
+            let v = p.mean(&pct_key(pct, s.metric.key()));
+            SloCheck {
+                metric: s.metric.key().into(),
+                value_ms: v,
+                limit_ms: s.limit_ms,
+                ok: v.is_some_and(|v| v <= s.limit_ms),
+            }
+        })
+        .collect();
+    let errors_ok = p.failed_fraction <= MAX_ERROR_FRACTION;
+    let ok = errors_ok && checks.iter().all(|c| c.ok);
+    (checks, ok)
+}
+
+/// The first level that breaks the SLO, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Break {
+    /// The level.
+    pub level: f64,
+    /// Every SLO at that level.
+    pub checks: Vec<SloCheck>,
+    /// Failed fraction at that level.
+    pub failed_fraction: f64,
+    /// What broke first: `ttft`, `tpot`, `e2el` or `errors`.
+    pub first: String,
+    /// What that means.
+    pub why: String,
+}
+
+/// Where the curves bend.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Knee {
+    /// The last level before the bend (the answer the seed takes to the infrastructure team).
+    pub level: f64,
+    /// The first bent level.
+    pub bent_level: f64,
+    /// What bent there, one clause each.
+    pub reasons: Vec<String>,
+    /// Request throughput at the knee level, req/s.
+    pub served_rps: Option<f64>,
+}
+
+/// The capacity answer of one configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CapacityAnswer {
+    /// Which configuration.
+    pub name: String,
+    /// The axis.
+    pub axis: Axis,
+    /// The percentile SLOs are judged at.
+    pub slo_percentile: f64,
+    /// The SLOs (`ttft` → ms).
+    pub slos: BTreeMap<String, f64>,
+    /// Highest level (contiguous from the lowest) at which every SLO is met.
+    pub max_ok_level: Option<f64>,
+    /// Request throughput at that level, req/s (mean over runs).
+    pub max_ok_request_throughput: Option<f64>,
+    /// Goodput at that level, req/s.
+    pub max_ok_goodput: Option<f64>,
+    /// Level where the breaking metric crosses its limit, by linear interpolation between the
+    /// last good and the first broken level (an estimate, not a measurement).
+    pub interpolated_level: Option<f64>,
+    /// The first level that breaks.
+    pub first_break: Option<Break>,
+    /// Levels above the first break that pass again (noise; rerun with --num-runs).
+    pub passes_above_break: Vec<f64>,
+    /// The knee.
+    pub knee: Option<Knee>,
+    /// The answer in one sentence.
+    pub sentence: String,
+}
+
+fn why(metric: &str) -> &'static str {
+    match metric {
+        "ttft" => "TTFT climbed first: prefill queueing (new requests wait for admission behind running ones)",
+        "tpot" => "TPOT climbed first: decode batches too large (every step carries more sequences and KV reads)",
+        "e2el" => "end-to-end latency broke first (prefill and decode together)",
+        _ => "requests failed (errors or timeouts)",
+    }
+}
+
+/// Finds the knee: the last level before goodput stops following throughput, latency leaves
+/// its flat region, or throughput stops following load.
+pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> {
+    let base = points.first()?;
+    let b_ttft = base.mean("median_ttft_ms");
+    let b_tpot = base.mean("median_tpot_ms");
+    for w in 1..points.len() {
+        let (prev, p) = (&points[w - 1], &points[w]);
+        let mut reasons = Vec::new();
+        let thr = p.mean("request_throughput").unwrap_or(0.0);
+        if have_slos {
+            if let Some(g) = p.mean("request_goodput") {
+                if thr > 0.0 && g < GOODPUT_FOLLOW_FRACTION * thr {
+                    reasons.push(format!(
+                        "goodput fell to {:.0}% of request throughput ({:.2} of {:.2} req/s)",
+                        100.0 * g / thr,
+                        g,
+                        thr
+                    ));
+                }
+            }
+        }
+        for (name, key, b) in [
+            ("TTFT", "median_ttft_ms", b_ttft),
+            ("TPOT", "median_tpot_ms", b_tpot),
+        ] {
+            if let (Some(b), Some(v)) = (b, p.mean(key)) {
+                if b > 0.0 && v > FLAT_LATENCY_FACTOR * b && v - b > FLAT_LATENCY_FLOOR_MS {
+                    reasons.push(format!(
+                        "p50 {name} left its flat region ({v:.1} ms, {:.1}x its {:.1} ms at the lowest level)",
+                        v / b,
+                        b
+                    ));
+                }
+            }
+        }
+        let prev_thr = prev.mean("request_throughput").unwrap_or(0.0);
+        match axis {
+            Axis::RequestRate | Axis::Speedup => {
+                // Throughput per unit of offered load, against the median of the lower levels
+                // (short levels end with a drain tail, and a few Poisson arrivals are noisy).
+                let mut ratios: Vec<f64> = points[..w]
+                    .iter()
+                    .filter(|q| q.level > 0.0)
+                    .filter_map(|q| Some(q.mean("request_throughput")? / q.level))
+                    .collect();
+                ratios.sort_by(f64::total_cmp);
+                let typical = ratios
+                    .get(ratios.len().saturating_sub(1) / 2)
+                    .copied()
+                    .unwrap_or(0.0);
+                let expected = typical * p.level;
+                if expected > 0.0 && thr < LOAD_FOLLOW_FRACTION * expected {
+                    reasons.push(format!(
+                        "throughput stopped following the offered load ({thr:.2} req/s where {expected:.2} was expected)"
+                    ));
+                }
+            }
+            Axis::MaxConcurrency => {
+                let ideal = prev_thr * (p.level / prev.level.max(1e-9) - 1.0);
+                if ideal > 0.0 && thr - prev_thr < THROUGHPUT_FOLLOW_FRACTION * ideal {
+                    reasons.push(format!(
+                        "throughput stopped scaling with concurrency ({prev_thr:.2} -> {thr:.2} req/s for {}x the concurrency)",
+                        fmt_num(p.level / prev.level.max(1e-9))
+                    ));
+                }
+            }
+        }
+        if !reasons.is_empty() {
+            return Some(Knee {
+                level: prev.level,
+                bent_level: p.level,
+                reasons,
+                served_rps: prev.mean("request_throughput"),
+            });
+        }
+    }
+    None
+}
+
+/// Computes the capacity answer of one configuration's levels (sorted by level here).
+pub fn answer(
+    name: &str,
+    axis: Axis,
+    points: &[LevelPoint],
+    slos: &[Slo],
+    pct: f64,
+) -> CapacityAnswer {
+    let mut pts: Vec<&LevelPoint> = points.iter().collect();
+    pts.sort_by(|a, b| a.level.total_cmp(&b.level));
+    let sorted: Vec<LevelPoint> = pts.iter().map(|p| (*p).clone()).collect();
+    let knee = knee(&sorted, axis, !slos.is_empty());
+    let mut max_ok: Option<&LevelPoint> = None;
+    let mut first_break = None;
+    let mut passes_above = Vec::new();
+    let mut interpolated = None;
+    if !slos.is_empty() {
+        for p in &sorted {
+            let (checks, ok) = check_level(p, slos, pct);
+            match (&first_break, ok) {
+                (None, true) => max_ok = Some(p),
+                (None, false) => {
+                    let errors_broke = p.failed_fraction > MAX_ERROR_FRACTION;
+                    let first = if errors_broke {
+                        "errors".to_string()
+                    } else {
+                        checks
+                            .iter()
+                            .filter(|c| !c.ok)
+                            .max_by(|a, b| {
+                                let r = |c: &SloCheck| {
+                                    c.value_ms
+                                        .map_or(f64::INFINITY, |v| v / c.limit_ms.max(1e-9))
+                                };
+                                r(a).total_cmp(&r(b))
+                            })
+                            .map_or("errors".into(), |c| c.metric.clone())
+                    };
+                    if let (Some(ok_p), false) = (max_ok, errors_broke) {
+                        let k = pct_key(pct, &first);
+                        let limit = slos
+                            .iter()
+                            .find(|s| s.metric.key() == first)
+                            .map(|s| s.limit_ms);
+                        if let (Some(v0), Some(v1), Some(l)) = (ok_p.mean(&k), p.mean(&k), limit) {
+                            if v1 > v0 && p.level.is_finite() {
+                                interpolated = Some(
+                                    ok_p.level + (l - v0) / (v1 - v0) * (p.level - ok_p.level),
+                                );
+                            }
+                        }
+                    }
+                    first_break = Some(Break {
+                        level: p.level,
+                        why: why(&first).to_string(),
+                        first,
+                        checks,
+                        failed_fraction: p.failed_fraction,
+                    });
+                }
+                (Some(_), true) => passes_above.push(p.level),
+                (Some(_), false) => {}
+            }
+        }
+    }
+    let slo_map: BTreeMap<String, f64> = slos
+        .iter()
+        .map(|s| (s.metric.key().to_string(), s.limit_ms))
+        .collect();
+    let mut a = CapacityAnswer {
+        name: name.to_string(),
+        axis,
+        slo_percentile: pct,
+        slos: slo_map,
+        max_ok_level: max_ok.map(|p| p.level),
+        max_ok_request_throughput: max_ok.and_then(|p| p.mean("request_throughput")),
+        max_ok_goodput: max_ok.and_then(|p| p.mean("request_goodput")),
+        interpolated_level: interpolated,
+        first_break,
+        passes_above_break: passes_above,
+        knee,
+        sentence: String::new(),
+    };
+    a.sentence = sentence(&a, slos);
+    a
+}
+
+fn slo_text(slos: &[Slo], pct: f64) -> String {
+    slos.iter()
+        .map(|s| {
+            format!(
+                "p{} {} <= {} ms",
+                percentile_label(pct),
+                s.metric.key().to_uppercase(),
+                fmt_num(s.limit_ms)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
+    let mut s = String::new();
+    let pct = a.slo_percentile;
+    let level = |l: f64| a.axis.level_label(l);
+    if slos.is_empty() {
+        let _ = write!(
+            s,
+            "{}: no --goodput SLO given, so no capacity answer; ",
+            a.name
+        );
+    } else {
+        match (a.max_ok_level, &a.first_break) {
+            (Some(l), _) => {
+                if a.axis == Axis::Speedup {
+                    let _ = write!(
+                        s,
+                        "{} holds {}x the captured load within the SLO ({})",
+                        a.name,
+                        fmt_num(l),
+                        slo_text(slos, pct)
+                    );
+                } else {
+                    let _ = write!(
+                        s,
+                        "{} meets the SLO ({}) up to {}",
+                        a.name,
+                        slo_text(slos, pct),
+                        level(l)
+                    );
+                }
+                if let Some(t) = a.max_ok_request_throughput {
+                    let _ = write!(s, " ({t:.2} req/s");
+                    if let Some(g) = a.max_ok_goodput {
+                        let _ = write!(s, ", goodput {g:.2} req/s");
+                    }
+                    s.push(')');
+                }
+            }
+            (None, Some(_)) => {
+                let _ = write!(
+                    s,
+                    "{} misses the SLO ({}) already at the lowest level tested",
+                    a.name,
+                    slo_text(slos, pct)
+                );
+            }
+            (None, None) => {
+                let _ = write!(s, "{} has no levels", a.name);
+            }
+        }
+        match &a.first_break {
+            Some(b) => {
+                let what = if b.first == "errors" {
+                    format!("{:.1}% of requests failed", b.failed_fraction * 100.0)
+                } else {
+                    let c = b.checks.iter().find(|c| c.metric == b.first);
+                    match c.and_then(|c| c.value_ms.map(|v| (v, c.limit_ms))) {
+                        Some((v, l)) => format!(
+                            "p{} {} {:.1} ms > {} ms",
+                            percentile_label(pct),
+                            b.first.to_uppercase(),
+                            v,
+                            fmt_num(l)
+                        ),
+                        None => format!("no p{} {} in the results", percentile_label(pct), b.first),
+                    }
+                };
+                let _ = write!(s, "; it breaks at {}: {what} — {}", level(b.level), b.why);
+                if let Some(i) = a.interpolated_level {
+                    let _ = write!(
+                        s,
+                        " (the limit is crossed near {}, interpolated)",
+                        if a.axis == Axis::Speedup {
+                            format!("{:.2}x", i)
+                        } else {
+                            fmt_num((i * 100.0).round() / 100.0)
+                        }
+                    );
+                }
+            }
+            None if a.max_ok_level.is_some() => {
+                let _ = write!(
+                    s,
+                    "; no tested level breaks it (extend the sweep to find the limit)"
+                );
+            }
+            None => {}
+        }
+        if !a.passes_above_break.is_empty() {
+            let _ = write!(
+                s,
+                "; note: {} passes again above the break (noise: repeat with --num-runs)",
+                a.passes_above_break
+                    .iter()
+                    .map(|l| fmt_num(*l))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        s.push_str("; ");
+    }
+    match &a.knee {
+        Some(k) => {
+            let _ = write!(
+                s,
+                "knee at {}{} ({} at {}).",
+                level(k.level),
+                k.served_rps
+                    .map(|t| format!(", {t:.2} req/s served"))
+                    .unwrap_or_default(),
+                k.reasons.join("; "),
+                fmt_num(k.bent_level)
+            );
+        }
+        None => s.push_str("no knee within the tested levels (the curves stay flat)."),
+    }
+    s
+}
+
+/// The rules behind every answer, printed with it.
+pub fn rules_text(pct: f64) -> String {
+    format!(
+        "Rules: a level meets the SLO when the mean over runs of its p{p} of every --goodput metric is within its limit \
+and at most {err}% of requests failed; capacity = the highest level meeting it with every lower level meeting it too. \
+Knee = the last level before goodput < {gf}% of request throughput, p50 TTFT/TPOT > {lf}x the lowest level's \
+(and > {fl} ms above it), or throughput stops following load.",
+        p = percentile_label(pct),
+        err = MAX_ERROR_FRACTION * 100.0,
+        gf = GOODPUT_FOLLOW_FRACTION * 100.0,
+        lf = FLAT_LATENCY_FACTOR,
+        fl = FLAT_LATENCY_FLOOR_MS,
+    )
+}
+
+/// Where the target load of a capacity plan comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadSource {
+    /// `--target-qps`.
+    TargetQps,
+    /// The captured trace's peak 1-second arrival rate.
+    TracePeak,
+}
+
+/// Replicas and cost to serve a target load within the SLO.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CapacityPlan {
+    /// Which configuration.
+    pub name: String,
+    /// Requests/s one replica serves within the SLO (throughput at the capacity level).
+    pub per_replica_rps: f64,
+    /// The load to serve, req/s.
+    pub target_qps: f64,
+    /// Where it came from.
+    pub target_source: LoadSource,
+    /// Replicas that carry the load: ceil(target / per replica).
+    pub replicas_for_load: u64,
+    /// Independent failure domains, each able to carry the whole load (`--redundancy`).
+    pub redundancy: u32,
+    /// replicas_for_load × redundancy.
+    pub replicas: u64,
+    /// Fraction of the fleet's SLO capacity the target uses.
+    pub utilization: f64,
+    /// `--cost-per-hour` of one replica.
+    pub cost_per_hour: Option<f64>,
+    /// replicas × cost_per_hour × 730.
+    pub monthly_cost: Option<f64>,
+    /// The plan in one sentence.
+    pub sentence: String,
+}
+
+/// The capacity plan of an answer, or None without a capacity (no SLO met, or no SLOs).
+pub fn plan(
+    a: &CapacityAnswer,
+    target_qps: f64,
+    source: LoadSource,
+    redundancy: u32,
+    cost_per_hour: Option<f64>,
+) -> Option<CapacityPlan> {
+    let per = a.max_ok_request_throughput.filter(|t| *t > 0.0)?;
+    if !(target_qps.is_finite() && target_qps > 0.0) {
+        return None;
+    }
+    let redundancy = redundancy.max(1);
+    let for_load = (target_qps / per).ceil().max(1.0) as u64;
+    let replicas = for_load * u64::from(redundancy);
+    let monthly = cost_per_hour.map(|c| c * replicas as f64 * HOURS_PER_MONTH);
+    let src = match source {
+        LoadSource::TargetQps => "--target-qps",
+        LoadSource::TracePeak => "the capture's peak 1-second arrival rate",
+    };
+    let mut sentence = format!(
+        "{}: {:.2} req/s ({src}) / {:.2} req/s per replica within the SLO = {for_load} replica{}; x{redundancy} redundancy = {replicas} replica{}",
+        a.name,
+        target_qps,
+        per,
+        if for_load == 1 { "" } else { "s" },
+        if replicas == 1 { "" } else { "s" },
+    );
+    if let (Some(c), Some(m)) = (cost_per_hour, monthly) {
+        let _ = write!(sentence, ", {m:.0}/month at {c}/hour each");
+    }
+    sentence.push('.');
+    Some(CapacityPlan {
+        name: a.name.clone(),
+        per_replica_rps: per,
+        target_qps,
+        target_source: source,
+        replicas_for_load: for_load,
+        redundancy,
+        replicas,
+        utilization: target_qps / (per * replicas as f64),
+        cost_per_hour,
+        monthly_cost: monthly,
+        sentence,
+    })
+}
+
+/// The SLOs recorded in a result (`llmreplay.goodput_slos`).
+pub fn slos_of(result: &Value) -> Vec<Slo> {
+    let mut out = Vec::new();
+    if let Some(o) = result
+        .pointer("/llmreplay/goodput_slos")
+        .and_then(Value::as_object)
+    {
+        for (k, v) in o {
+            let metric = match k.as_str() {
+                "ttft" => SloMetric::Ttft,
+                "tpot" => SloMetric::Tpot,
+                "e2el" => SloMetric::E2el,
+                _ => continue,
+            };
+            if let Some(limit_ms) = v.as_f64() {
+                out.push(Slo { metric, limit_ms });
+            }
+        }
+    }
+    out
+}
+
+/// JSON of an answer (for the sweep file and reports).
+pub fn answer_json(a: &CapacityAnswer, plan: Option<&CapacityPlan>) -> Value {
+    let mut v = json!(a);
+    if let (Some(p), Some(o)) = (plan, v.as_object_mut()) {
+        o.insert("plan".into(), json!(p));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synthetic level: throughput, goodput, p50/p95 TTFT and TPOT.
+    fn lvl(level: f64, thr: f64, good: f64, ttft: (f64, f64), tpot: (f64, f64)) -> LevelPoint {
+        let v = json!({
+            "num_prompts": 100, "failed": 0,
+            "request_throughput": thr, "request_goodput": good,
+            "median_ttft_ms": ttft.0, "p95_ttft_ms": ttft.1,
+            "median_tpot_ms": tpot.0, "p95_tpot_ms": tpot.1,
+        });
+        LevelPoint::from_results(level, &[&v])
+    }
+
+    fn slos() -> Vec<Slo> {
+        vec!["ttft:500".parse().unwrap(), "tpot:50".parse().unwrap()]
+    }
+
+    #[test]
+    fn ttft_breaking_first_means_prefill_queueing() {
+        let pts = vec![
+            lvl(1.0, 1.0, 1.0, (40.0, 60.0), (22.0, 24.0)),
+            lvl(2.0, 2.0, 2.0, (42.0, 80.0), (24.0, 27.0)),
+            lvl(3.0, 2.9, 2.8, (60.0, 300.0), (27.0, 31.0)),
+            lvl(4.0, 3.0, 1.2, (900.0, 2100.0), (30.0, 36.0)),
+            lvl(6.0, 3.0, 0.4, (3000.0, 6000.0), (31.0, 38.0)),
+        ];
+        let a = answer("sim", Axis::RequestRate, &pts, &slos(), 95.0);
+        assert_eq!(a.max_ok_level, Some(3.0));
+        assert_eq!(a.max_ok_request_throughput, Some(2.9));
+        let b = a.first_break.as_ref().unwrap();
+        assert_eq!((b.level, b.first.as_str()), (4.0, "ttft"));
+        assert!(b.why.contains("prefill queueing"));
+        let i = a.interpolated_level.unwrap();
+        assert!(i > 3.0 && i < 4.0, "{i}");
+        let k = a.knee.as_ref().unwrap();
+        assert_eq!((k.level, k.bent_level), (3.0, 4.0), "{k:?}");
+        assert!(
+            a.sentence.contains("up to 3 req/s offered"),
+            "{}",
+            a.sentence
+        );
+        assert!(a.sentence.contains("breaks at 4 req/s"), "{}", a.sentence);
+        assert!(a.sentence.contains("knee at 3 req/s"), "{}", a.sentence);
+    }
+
+    #[test]
+    fn tpot_breaking_first_means_decode_batches_too_large() {
+        let pts = vec![
+            lvl(1.0, 0.5, 0.5, (40.0, 45.0), (20.0, 21.0)),
+            lvl(8.0, 3.8, 3.8, (45.0, 60.0), (30.0, 35.0)),
+            lvl(16.0, 6.0, 2.0, (60.0, 120.0), (50.0, 75.0)),
+        ];
+        let a = answer("awq", Axis::MaxConcurrency, &pts, &slos(), 95.0);
+        assert_eq!(a.max_ok_level, Some(8.0));
+        let b = a.first_break.unwrap();
+        assert_eq!(b.first, "tpot");
+        assert!(b.why.contains("decode batches too large"));
+        // Knee: at 16, goodput 2.0 < 90% of 6.0.
+        assert_eq!(a.knee.unwrap().level, 8.0);
+    }
+
+    #[test]
+    fn errors_break_a_level_with_good_latencies() {
+        let mut bad = lvl(4.0, 4.0, 4.0, (40.0, 45.0), (20.0, 21.0));
+        bad.failed_fraction = 0.2;
+        let pts = vec![lvl(2.0, 2.0, 2.0, (40.0, 45.0), (20.0, 21.0)), bad];
+        let a = answer("x", Axis::RequestRate, &pts, &slos(), 95.0);
+        assert_eq!(a.max_ok_level, Some(2.0));
+        assert_eq!(a.first_break.unwrap().first, "errors");
+    }
+
+    #[test]
+    fn speedup_capacity_is_a_multiple_of_the_captured_load() {
+        let pts = vec![
+            lvl(1.0, 2.0, 2.0, (40.0, 50.0), (20.0, 21.0)),
+            lvl(2.0, 4.0, 4.0, (41.0, 60.0), (20.0, 22.0)),
+            lvl(3.0, 5.0, 2.0, (400.0, 900.0), (25.0, 30.0)),
+        ];
+        let a = answer("h100", Axis::Speedup, &pts, &slos(), 95.0);
+        assert!(
+            a.sentence.starts_with("h100 holds 2x the captured load"),
+            "{}",
+            a.sentence
+        );
+        assert!(a.sentence.contains("interpolated"), "{}", a.sentence);
+    }
+
+    #[test]
+    fn never_breaking_and_no_slos_say_so() {
+        let pts = vec![
+            lvl(1.0, 1.0, 1.0, (40.0, 45.0), (20.0, 21.0)),
+            lvl(2.0, 2.0, 2.0, (41.0, 46.0), (20.0, 21.0)),
+        ];
+        let a = answer("x", Axis::RequestRate, &pts, &slos(), 95.0);
+        assert!(a.first_break.is_none() && a.knee.is_none());
+        assert!(
+            a.sentence.contains("no tested level breaks it"),
+            "{}",
+            a.sentence
+        );
+        let a = answer("x", Axis::RequestRate, &pts, &[], 95.0);
+        assert_eq!(a.max_ok_level, None);
+        assert!(a.sentence.contains("no --goodput SLO"), "{}", a.sentence);
+    }
+
+    #[test]
+    fn concurrency_knee_from_throughput_plateau_without_slos() {
+        let pts = vec![
+            lvl(1.0, 1.0, 1.0, (40.0, 45.0), (20.0, 21.0)),
+            lvl(2.0, 1.9, 1.9, (40.0, 45.0), (21.0, 22.0)),
+            lvl(4.0, 3.6, 3.6, (41.0, 46.0), (22.0, 24.0)),
+            lvl(8.0, 3.9, 3.9, (42.0, 46.0), (23.0, 25.0)),
+        ];
+        let k = knee(&pts, Axis::MaxConcurrency, false).unwrap();
+        assert_eq!((k.level, k.bent_level), (4.0, 8.0));
+        assert!(k.reasons[0].contains("stopped scaling"), "{:?}", k.reasons);
+    }
+
+    #[test]
+    fn plan_counts_replicas_with_redundancy_and_cost() {
+        let pts = vec![
+            lvl(1.0, 2.5, 2.5, (40.0, 45.0), (20.0, 21.0)),
+            lvl(2.0, 3.0, 0.5, (900.0, 1000.0), (20.0, 21.0)),
+        ];
+        let a = answer("x", Axis::RequestRate, &pts, &slos(), 95.0);
+        let p = plan(&a, 11.0, LoadSource::TargetQps, 2, Some(2.5)).unwrap();
+        assert_eq!((p.replicas_for_load, p.replicas), (5, 10));
+        assert_eq!(p.monthly_cost, Some(10.0 * 2.5 * 730.0));
+        assert!(p.sentence.contains("10 replicas"), "{}", p.sentence);
+        let none = answer("x", Axis::RequestRate, &pts[1..], &slos(), 95.0);
+        assert!(plan(&none, 11.0, LoadSource::TargetQps, 2, None).is_none());
+    }
+
+    #[test]
+    fn stats_have_spread_only_with_repeats() {
+        assert_eq!(Stat::of(&[3.0]).unwrap().std, None);
+        let s = Stat::of(&[1.0, 3.0]).unwrap();
+        assert_eq!(s.mean, 2.0);
+        assert!((s.std.unwrap() - 2f64.sqrt()).abs() < 1e-12);
+    }
+}

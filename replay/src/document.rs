@@ -1,0 +1,417 @@
+//! What `llmreplay report` says, gathered once ([`ReportData`]) and written as Markdown for
+//! the infrastructure team ([`markdown`]) or as one self-contained HTML file with plots
+//! (`crate::html`): the capacity answer and plan first, the definitions table, the exact
+//! commands, the levels and why, p50/p95/p99 and goodput per level, the comparison, and the
+//! JSON files it all came from.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+use trace_format::stats::percentile_label;
+use trace_format::TraceRecord;
+
+use crate::capacity::{self, fmt_num, CapacityAnswer, CapacityPlan};
+use crate::results::{self, ArrivalProfile, ResultFile, Samples, Series};
+use crate::sweep::PlanInputs;
+
+/// The metric definitions table (shared/docs/metrics.md), Markdown.
+pub const DEFINITIONS_MD: &str = "\
+| metric | definition in this report |
+|---|---|
+| TTFT | from sending the request (t0: request written) to the first output chunk, measured at the client |
+| ITL | gap between two consecutive output chunks, pooled across all successful requests |
+| TPOT | per request, (E2EL − TTFT) / (output_tokens − 1); output tokens from the server's usage |
+| E2EL | from t0 to the last chunk |
+| request throughput | completed requests / duration (scheduled start of the first request to the end of the last) |
+| system (output) throughput | total output tokens per second across all requests running in parallel |
+| goodput | requests per second meeting every SLO given with `--goodput` (inclusive) |
+| SLO met at a level | the pXX of every `--goodput` metric (mean over `--num-runs`) within its limit, ≤ 1% of requests failed |
+| knee | the last level before goodput falls below 90% of throughput, p50 latency leaves its flat region, or throughput stops following load |
+";
+
+/// Everything a report shows.
+#[derive(Debug, Clone)]
+pub struct ReportData {
+    /// Title.
+    pub title: String,
+    /// The result files read.
+    pub files: Vec<String>,
+    /// Configurations across levels.
+    pub series: Vec<Series>,
+    /// Capacity answer per series.
+    pub answers: Vec<CapacityAnswer>,
+    /// Capacity plan per series with a capacity.
+    pub plans: Vec<CapacityPlan>,
+    /// Why no plan, when none.
+    pub plan_note: Option<String>,
+    /// Per-request samples: (series, level, samples).
+    pub samples: Vec<(String, f64, Samples)>,
+    /// The trace's arrival rate.
+    pub arrivals: Option<ArrivalProfile>,
+    /// Console comparison of the series, when more than one.
+    pub comparison: Option<String>,
+    /// `--note` texts (why these levels, context).
+    pub notes: Vec<String>,
+    /// The command that made the report.
+    pub command: String,
+    /// Server-side figures beside the client's: (series, level, json).
+    pub server: Vec<(String, f64, Value)>,
+}
+
+/// Inputs of [`build`] beyond the files.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// `--slo-percentile` override.
+    pub slo_percentile: Option<f64>,
+    /// Plan inputs.
+    pub plan: PlanInputs,
+    /// Rows of `--results` Parquet files (per-request data when the JSON lacks it).
+    pub records: Vec<TraceRecord>,
+    /// The trace's arrival rate from `--trace` (else the sweep file's).
+    pub arrivals: Option<ArrivalProfile>,
+    /// `--note`.
+    pub notes: Vec<String>,
+    /// The report command.
+    pub command: String,
+    /// Title.
+    pub title: Option<String>,
+}
+
+/// Gathers a report from result files.
+pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
+    let series = results::series_of_files(files, o.slo_percentile);
+    let answers: Vec<CapacityAnswer> = series.iter().map(Series::answer).collect();
+    let arrivals = o.arrivals.clone().or_else(|| {
+        files.iter().find_map(|f| {
+            f.sweep()
+                .and_then(|s| s.pointer("/trace/arrivals"))
+                .and_then(|a| serde_json::from_value::<ArrivalProfile>(a.clone()).ok())
+                .filter(|a| !a.counts.is_empty())
+        })
+    });
+    // Target load and cost: the report's flags, else what the sweep was run with.
+    let recorded = |k: &str| {
+        files
+            .iter()
+            .find_map(|f| f.sweep()?.pointer(&format!("/plan_inputs/{k}"))?.as_f64())
+    };
+    let plan_inputs = PlanInputs {
+        target_qps: o.plan.target_qps.or_else(|| recorded("target_qps")),
+        cost_per_hour: o.plan.cost_per_hour.or_else(|| recorded("cost_per_hour")),
+        ..o.plan
+    };
+    let mut plans = Vec::new();
+    let mut plan_note = None;
+    if plan_inputs.target_qps.is_none() && arrivals.is_none() {
+        plan_note = Some(
+            "no capacity plan: give --target-qps, or --trace for the capture's peak arrival rate"
+                .into(),
+        );
+    } else {
+        let empty = ArrivalProfile::default();
+        for a in &answers {
+            if let Some(p) = results::plan_for(a, arrivals.as_ref().unwrap_or(&empty), plan_inputs)
+            {
+                plans.push(p);
+            }
+        }
+        if plans.is_empty() {
+            plan_note = Some("no capacity plan: no configuration met the SLO at any level (or no --goodput SLO was given)".into());
+        }
+    }
+    let by_run = results::samples_of_records(&o.records);
+    let mut samples = Vec::new();
+    let mut server = Vec::new();
+    for s in &series {
+        for p in &s.points {
+            let mut merged = Samples::default();
+            let mut any = false;
+            for (l, r) in s
+                .runs
+                .iter()
+                .filter(|(l, _)| l.to_bits() == p.level.to_bits())
+            {
+                let _ = l;
+                let got = results::samples_of_result(r).or_else(|| {
+                    let target = r.pointer("/llmreplay/target/name")?.as_str()?.to_string();
+                    let run = r.pointer("/llmreplay/run_id")?.as_str()?.to_string();
+                    by_run.get(&(target, run)).cloned()
+                });
+                if let Some(g) = got {
+                    any = true;
+                    merged.ttft.extend(g.ttft);
+                    merged.tpot.extend(g.tpot);
+                    merged.itl.extend(g.itl);
+                }
+                if let Some(sv) = r.pointer("/llmreplay/server_histograms") {
+                    server.push((s.name.clone(), p.level, sv.clone()));
+                }
+            }
+            if any {
+                samples.push((s.name.clone(), p.level, merged));
+            }
+        }
+    }
+    let comparison = (series.len() > 1).then(|| {
+        let t = crate::compare::compare(&series);
+        crate::compare::render(&series, &t)
+    });
+    ReportData {
+        title: o
+            .title
+            .clone()
+            .unwrap_or_else(|| "LLM serving capacity report".into()),
+        files: files.iter().map(|f| f.path.clone()).collect(),
+        series,
+        answers,
+        plans,
+        plan_note,
+        samples,
+        arrivals,
+        comparison,
+        notes: o.notes.clone(),
+        command: o.command.clone(),
+        server,
+    }
+}
+
+/// Why these levels, read off the answer.
+pub fn levels_why(s: &Series, a: &CapacityAnswer) -> String {
+    let levels = s
+        .points
+        .iter()
+        .map(|p| fmt_num(p.level))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut t = format!("{} levels: {levels}", s.axis.key());
+    if let Some(r) = s.points.first().map(|p| p.runs) {
+        let _ = write!(t, " ({r} run{} each)", if r == 1 { "" } else { "s" });
+    }
+    t.push_str(". ");
+    match (a.max_ok_level, &a.first_break) {
+        (Some(ok), Some(b)) => {
+            let _ = write!(
+                t,
+                "They bracket the limit: {} meets the SLO and {} does not, so the capacity lies between them{}.",
+                fmt_num(ok),
+                fmt_num(b.level),
+                if b.level / ok.max(1e-9) > 1.5 {
+                    "; a finer sweep between the two narrows it"
+                } else {
+                    ""
+                }
+            );
+        }
+        (Some(_), None) if !s.slos.is_empty() => t.push_str(
+            "Every level meets the SLO: the limit lies above the highest level; extend the sweep upward.",
+        ),
+        (None, Some(_)) => t.push_str(
+            "The lowest level already misses the SLO: extend the sweep downward (or relax the SLO).",
+        ),
+        _ => t.push_str("No SLO was given, so the levels only trace the latency and throughput curves."),
+    }
+    t
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// One row per level: figures with their spread when repeated.
+pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
+    let pl = percentile_label(s.slo_percentile);
+    let mut head = vec![
+        s.axis.short().to_string(),
+        "runs".into(),
+        "req/s".into(),
+        "goodput req/s".into(),
+        "output tok/s".into(),
+    ];
+    let mut pcts = vec![50.0, s.slo_percentile, 99.0];
+    pcts.dedup();
+    let mut keys = Vec::new();
+    for (m, name) in [
+        ("ttft", "TTFT"),
+        ("tpot", "TPOT"),
+        ("itl", "ITL"),
+        ("e2el", "E2EL"),
+    ] {
+        for p in &pcts {
+            keys.push(capacity::pct_key(*p, m));
+            head.push(format!("{name} p{} ms", percentile_label(*p)));
+        }
+    }
+    head.push("failed".into());
+    head.push("SLO".into());
+    let _ = pl;
+    let rows = s
+        .points
+        .iter()
+        .map(|p| {
+            let f = |k: &str, d: usize| match p.stat(k) {
+                Some(st) => match st.std {
+                    Some(sd) => format!("{:.d$} ± {:.d$}", st.mean, sd),
+                    None => format!("{:.d$}", st.mean),
+                },
+                None => "–".into(),
+            };
+            let mut r = vec![
+                fmt_num(p.level),
+                p.runs.to_string(),
+                f("request_throughput", 2),
+                f("request_goodput", 2),
+                f("output_throughput", 1),
+            ];
+            for k in &keys {
+                // p50 is stored as median_*_ms by vLLM and as p50_*_ms when asked for.
+                let alt = k.replacen("p50_", "median_", 1);
+                r.push(if p.stat(k).is_some() {
+                    f(k, 1)
+                } else {
+                    f(&alt, 1)
+                });
+            }
+            r.push(format!("{:.1}%", p.failed_fraction * 100.0));
+            r.push(if s.slos.is_empty() {
+                "–".into()
+            } else if capacity::check_level(p, &s.slos, s.slo_percentile).1 {
+                "PASS".into()
+            } else {
+                "FAIL".into()
+            });
+            r
+        })
+        .collect();
+    (head, rows)
+}
+
+/// The Markdown report.
+pub fn markdown(d: &ReportData) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "# {}\n", d.title);
+    let _ = writeln!(o, "## The capacity answer\n");
+    for a in &d.answers {
+        let _ = writeln!(o, "- **{}**", a.sentence);
+    }
+    if let Some(a) = d.answers.first() {
+        let _ = writeln!(o, "\n_{}_\n", capacity::rules_text(a.slo_percentile));
+    }
+    let _ = writeln!(o, "## Capacity plan\n");
+    if !d.plans.is_empty() {
+        let _ = writeln!(o, "| configuration | per replica within SLO (req/s) | target load (req/s) | source | replicas for the load | redundancy | replicas | utilisation at target | monthly cost |\n|---|---|---|---|---|---|---|---|---|");
+        for p in &d.plans {
+            let _ = writeln!(
+                o,
+                "| {} | {:.2} | {:.2} | {} | {} | x{} | **{}** | {:.0}% | {} |",
+                md_escape(&p.name),
+                p.per_replica_rps,
+                p.target_qps,
+                match p.target_source {
+                    capacity::LoadSource::TargetQps => "--target-qps",
+                    capacity::LoadSource::TracePeak => "capture's peak (1 s buckets)",
+                },
+                p.replicas_for_load,
+                p.redundancy,
+                p.replicas,
+                p.utilization * 100.0,
+                p.monthly_cost.map_or("–".into(), |m| format!(
+                    "{m:.0} ({} h/month)",
+                    capacity::HOURS_PER_MONTH
+                ))
+            );
+        }
+        let _ = writeln!(o, "\nRedundancy R: R independent failure domains, each able to carry the whole target load alone (2 = survives losing one zone).\n");
+        for p in &d.plans {
+            let _ = writeln!(o, "- {}", p.sentence);
+        }
+        o.push('\n');
+    }
+    if let Some(n) = &d.plan_note {
+        let _ = writeln!(o, "{n}\n");
+    }
+    let _ = writeln!(o, "## Definitions\n\n{DEFINITIONS_MD}");
+    let _ = writeln!(o, "## How it was measured\n");
+    let _ = writeln!(o, "Exact commands:\n\n```sh");
+    for s in &d.series {
+        for c in &s.commands {
+            let _ = writeln!(o, "{c}");
+        }
+    }
+    let _ = writeln!(o, "```\n");
+    for (s, a) in d.series.iter().zip(&d.answers) {
+        let _ = writeln!(o, "- **{}** — {}", md_escape(&s.name), levels_why(s, a));
+        if !s.slos.is_empty() {
+            let _ = writeln!(
+                o,
+                "  SLOs (`--goodput`): {}, judged at p{}.",
+                s.slos
+                    .iter()
+                    .map(|x| format!("`{x}`"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                percentile_label(s.slo_percentile)
+            );
+        }
+    }
+    for n in &d.notes {
+        let _ = writeln!(o, "- {n}");
+    }
+    if let Some(a) = &d.arrivals {
+        let _ = writeln!(
+            o,
+            "- The captured trace: {} s, mean {:.2} req/s, peak {:.0} req/s (1 s buckets).",
+            a.counts.len(),
+            a.mean_per_s,
+            a.peak_per_s
+        );
+    }
+    o.push('\n');
+    let _ = writeln!(o, "## Results per level\n");
+    for s in &d.series {
+        let _ = writeln!(o, "### {}\n", md_escape(&s.name));
+        let (head, rows) = level_rows(s);
+        let _ = writeln!(o, "| {} |", head.join(" | "));
+        let _ = writeln!(o, "|{}|", vec!["---"; head.len()].join("|"));
+        for r in rows {
+            let _ = writeln!(o, "| {} |", r.join(" | "));
+        }
+        o.push('\n');
+    }
+    if !d.server.is_empty() {
+        let _ = writeln!(
+            o,
+            "## Server-side view (the server's own histograms, before/after each run)\n"
+        );
+        let _ = writeln!(o, "A client TTFT far above the server's, growing with load, means the client (not the server) is saturated.\n");
+        let _ = writeln!(o, "| configuration | level | client TTFT mean ms | server TTFT mean ms | gap ms | server queue time mean ms |\n|---|---|---|---|---|---|");
+        for (n, l, v) in &d.server {
+            let g = |k: &str| {
+                v.pointer(k)
+                    .and_then(Value::as_f64)
+                    .map_or("–".into(), |x| format!("{x:.1}"))
+            };
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} |",
+                md_escape(n),
+                fmt_num(*l),
+                g("/client_ttft_mean_ms"),
+                g("/ttft_ms/mean"),
+                g("/ttft_gap_ms"),
+                g("/queue_time_ms/mean")
+            );
+        }
+        o.push('\n');
+    }
+    if let Some(c) = &d.comparison {
+        let _ = writeln!(o, "## Comparison\n\n```text\n{c}```\n");
+    }
+    let _ = writeln!(o, "## Source files\n");
+    for f in &d.files {
+        let _ = writeln!(o, "- `{f}`");
+    }
+    if !d.command.is_empty() {
+        let _ = writeln!(o, "\nReport written by: `{}`", d.command);
+    }
+    o
+}

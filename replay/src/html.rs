@@ -1,0 +1,497 @@
+//! The HTML report: one self-contained file (inline CSS and inline SVG, no scripts, nothing
+//! loaded from the network) with the capacity answer and plan, the plots — the trace's arrival
+//! rate, latency against load with the SLO lines and the knee marked, goodput against
+//! throughput, TTFT/TPOT/ITL distributions per target — and the tables of the Markdown report.
+
+use std::fmt::Write as _;
+
+use trace_format::stats::percentile_label;
+
+use crate::capacity::{self, fmt_num};
+use crate::document::{level_rows, levels_why, ReportData};
+use crate::svg::{cdf, esc, Chart, Line, Rule, PALETTE};
+
+const CSS: &str = "body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1320px;color:#222;padding:0 16px}\
+h1{font-size:24px}h2{font-size:19px;margin-top:32px;border-bottom:1px solid #ddd}h3{font-size:16px}\
+table{border-collapse:collapse;font-size:12px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}\
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.answer{font-size:15px;background:#f6f9ff;border-left:4px solid #0072B2;padding:8px 12px;margin:6px 0}\
+.pass{color:#0a7a2f;font-weight:bold}.fail{color:#b00020;font-weight:bold}pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}\
+.plots{display:flex;flex-wrap:wrap;gap:12px}.chart{border:1px solid #ddd}.note{color:#555;font-size:13px}";
+
+fn color(i: usize) -> String {
+    PALETTE[i % PALETTE.len()].to_string()
+}
+
+/// The plots of a report, as (caption, svg).
+pub fn plots(d: &ReportData) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    // Arrival rate of the trace.
+    if let Some(a) = &d.arrivals {
+        let c = Chart {
+            title: "Captured trace: arrival rate over time".into(),
+            x_label: "time since first arrival (s)".into(),
+            y_label: "requests / s".into(),
+            lines: vec![Line {
+                name: format!("arrivals per {} s", fmt_num(a.bucket_s)),
+                points: a
+                    .counts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (i as f64 * a.bucket_s, f64::from(*c) / a.bucket_s))
+                    .collect(),
+                color: color(0),
+                dashed: false,
+                markers: a.counts.len() < 30,
+            }],
+            hrules: vec![Rule {
+                at: a.mean_per_s,
+                label: format!("mean {:.2}/s", a.mean_per_s),
+                color: "#666".into(),
+            }],
+            y_from_zero: true,
+            ..Default::default()
+        };
+        out.push((
+            "The trace's arrival rate (the load the capacity plan is sized for)".into(),
+            c.render(),
+        ));
+    }
+    let Some(first) = d.series.first() else {
+        return out;
+    };
+    let multi_level = d.series.iter().any(|s| s.points.len() > 1);
+    let axis = first.axis;
+    let log_x = d.series.iter().all(|s| {
+        let lv: Vec<f64> = s
+            .points
+            .iter()
+            .map(|p| p.level)
+            .filter(|l| l.is_finite())
+            .collect();
+        lv.len() > 2
+            && lv.iter().all(|l| *l > 0.0)
+            && lv.last().copied().unwrap_or(1.0) / lv[0] >= 8.0
+    });
+    if multi_level {
+        let pct = first.slo_percentile;
+        for (metric, name) in [("ttft", "TTFT"), ("tpot", "TPOT")] {
+            let mut lines = Vec::new();
+            for (i, s) in d.series.iter().enumerate() {
+                for (p, dashed) in [(50.0, true), (pct, false), (99.0, false)] {
+                    if p == 99.0 && pct == 99.0 {
+                        continue;
+                    }
+                    let key = if p == 50.0 {
+                        format!("median_{metric}_ms")
+                    } else {
+                        capacity::pct_key(p, metric)
+                    };
+                    let pts: Vec<(f64, f64)> = s
+                        .points
+                        .iter()
+                        .filter_map(|lp| Some((lp.level, lp.mean(&key)?)))
+                        .collect();
+                    if pts.is_empty() {
+                        continue;
+                    }
+                    lines.push(Line {
+                        name: format!("{} p{}", s.name, percentile_label(p)),
+                        points: pts,
+                        color: if p == 99.0 && pct != 99.0 {
+                            color(i + 4)
+                        } else {
+                            color(i)
+                        },
+                        dashed,
+                        markers: true,
+                    });
+                }
+            }
+            let hrules = first
+                .slos
+                .iter()
+                .filter(|s| s.metric.key() == metric)
+                .map(|s| Rule {
+                    at: s.limit_ms,
+                    label: format!("SLO p{} {} ms", percentile_label(pct), fmt_num(s.limit_ms)),
+                    color: "#b00020".into(),
+                })
+                .collect();
+            let c = Chart {
+                title: format!(
+                    "{name} against load (p50 dashed, p{} and p99 solid)",
+                    percentile_label(pct)
+                ),
+                x_label: axis.short().into(),
+                y_label: format!("{name} (ms)"),
+                lines,
+                hrules,
+                vrules: knee_rules(d),
+                log_x,
+                log_y: true,
+                ..Default::default()
+            };
+            out.push((
+                format!("{name} against load, with the SLO line and the knee marked"),
+                c.render(),
+            ));
+        }
+        // Goodput against throughput.
+        let mut lines: Vec<Line> = d
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Line {
+                name: s.name.clone(),
+                points: s
+                    .points
+                    .iter()
+                    .filter_map(|p| {
+                        Some((p.mean("request_throughput")?, p.mean("request_goodput")?))
+                    })
+                    .collect(),
+                color: color(i),
+                dashed: false,
+                markers: true,
+            })
+            .collect();
+        let maxt = d
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().filter_map(|p| p.mean("request_throughput")))
+            .fold(0.0, f64::max);
+        lines.push(Line {
+            name: "goodput = throughput".into(),
+            points: vec![(0.0, 0.0), (maxt, maxt)],
+            color: "#999".into(),
+            dashed: true,
+            markers: false,
+        });
+        let c = Chart {
+            title: "Goodput against request throughput".into(),
+            x_label: "request throughput (req/s)".into(),
+            y_label: "goodput (req/s within SLO)".into(),
+            lines,
+            y_from_zero: true,
+            ..Default::default()
+        };
+        out.push(("Goodput against throughput: where the curve leaves the diagonal, requests still finish but too slowly".into(), c.render()));
+        // Throughput against load.
+        let c = Chart {
+            title: "Request throughput against load".into(),
+            x_label: axis.short().into(),
+            y_label: "req/s".into(),
+            lines: d
+                .series
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Line {
+                    name: s.name.clone(),
+                    points: s
+                        .points
+                        .iter()
+                        .filter_map(|p| Some((p.level, p.mean("request_throughput")?)))
+                        .collect(),
+                    color: color(i),
+                    dashed: false,
+                    markers: true,
+                })
+                .collect(),
+            vrules: knee_rules(d),
+            log_x,
+            y_from_zero: true,
+            ..Default::default()
+        };
+        out.push(("Request throughput against load".into(), c.render()));
+    }
+    // Distributions per target.
+    for s in &d.series {
+        let levels: Vec<&(String, f64, crate::results::Samples)> =
+            d.samples.iter().filter(|(n, _, _)| *n == s.name).collect();
+        if levels.is_empty() {
+            continue;
+        }
+        // At most 6 levels, spread over the range.
+        let pick: Vec<&&(String, f64, crate::results::Samples)> = if levels.len() <= 6 {
+            levels.iter().collect()
+        } else {
+            (0..6)
+                .map(|i| &levels[i * (levels.len() - 1) / 5])
+                .collect()
+        };
+        for (metric, name) in [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL")] {
+            let lines: Vec<Line> = pick
+                .iter()
+                .enumerate()
+                .map(|(i, (_, l, smp))| {
+                    let v = match metric {
+                        "ttft" => &smp.ttft,
+                        "tpot" => &smp.tpot,
+                        _ => &smp.itl,
+                    };
+                    Line {
+                        name: if multi_level {
+                            s.axis.level_label(*l)
+                        } else {
+                            s.name.clone()
+                        },
+                        points: cdf(v, 400),
+                        color: color(i),
+                        dashed: false,
+                        markers: false,
+                    }
+                })
+                .collect();
+            let spread = lines
+                .iter()
+                .flat_map(|l| l.points.iter().map(|p| p.0))
+                .filter(|v| *v > 0.0)
+                .fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+            let hrules = Vec::new();
+            let vrules = s
+                .slos
+                .iter()
+                .filter(|x| x.metric.key() == metric)
+                .map(|x| Rule {
+                    at: x.limit_ms,
+                    label: format!("SLO {} ms", fmt_num(x.limit_ms)),
+                    color: "#b00020".into(),
+                })
+                .collect();
+            let c = Chart {
+                title: format!("{name} distribution — {}", s.name),
+                x_label: format!("{name} (ms)"),
+                y_label: "fraction of requests ≤ x".into(),
+                lines,
+                hrules,
+                vrules,
+                log_x: spread.1 / spread.0.max(1e-9) > 30.0,
+                y_from_zero: true,
+                ..Default::default()
+            };
+            out.push((
+                format!("{name} distribution (CDF) per level, {}", s.name),
+                c.render(),
+            ));
+        }
+    }
+    out
+}
+
+fn knee_rules(d: &ReportData) -> Vec<Rule> {
+    d.answers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| {
+            let k = a.knee.as_ref()?;
+            Some(Rule {
+                at: k.level,
+                label: format!("knee {} ({})", fmt_num(k.level), a.name),
+                color: color(i),
+            })
+        })
+        .collect()
+}
+
+fn table(o: &mut String, head: &[String], rows: &[Vec<String>]) {
+    o.push_str("<table><tr>");
+    for h in head {
+        let _ = write!(o, "<th>{}</th>", esc(h));
+    }
+    o.push_str("</tr>");
+    for r in rows {
+        o.push_str("<tr>");
+        for c in r {
+            let cls = match c.as_str() {
+                "PASS" => " class=\"pass\"",
+                "FAIL" => " class=\"fail\"",
+                _ => "",
+            };
+            let _ = write!(o, "<td{cls}>{}</td>", esc(c));
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</table>");
+}
+
+/// Minimal Markdown-table-to-HTML for the definitions table.
+fn md_table(o: &mut String, md: &str) {
+    let rows: Vec<Vec<String>> = md
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
+        .map(|l| {
+            l.trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().replace('`', ""))
+                .collect()
+        })
+        .collect();
+    if let Some((h, r)) = rows.split_first() {
+        table(o, h, r);
+    }
+}
+
+/// The HTML report.
+pub fn render(d: &ReportData) -> String {
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title><style>{CSS}</style></head><body><h1>{t}</h1>",
+        t = esc(&d.title)
+    );
+    o.push_str("<h2>The capacity answer</h2>");
+    for a in &d.answers {
+        let _ = write!(o, "<p class=\"answer\">{}</p>", esc(&a.sentence));
+    }
+    if let Some(a) = d.answers.first() {
+        let _ = write!(
+            o,
+            "<p class=\"note\">{}</p>",
+            esc(&capacity::rules_text(a.slo_percentile))
+        );
+    }
+    o.push_str("<h2>Capacity plan</h2>");
+    if !d.plans.is_empty() {
+        let head: Vec<String> = [
+            "configuration",
+            "per replica within SLO (req/s)",
+            "target load (req/s)",
+            "source",
+            "replicas for the load",
+            "redundancy",
+            "replicas",
+            "utilisation at target",
+            "monthly cost",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let rows: Vec<Vec<String>> = d
+            .plans
+            .iter()
+            .map(|p| {
+                vec![
+                    p.name.clone(),
+                    format!("{:.2}", p.per_replica_rps),
+                    format!("{:.2}", p.target_qps),
+                    match p.target_source {
+                        capacity::LoadSource::TargetQps => "--target-qps".into(),
+                        capacity::LoadSource::TracePeak => "capture's peak (1 s buckets)".into(),
+                    },
+                    p.replicas_for_load.to_string(),
+                    format!("x{}", p.redundancy),
+                    p.replicas.to_string(),
+                    format!("{:.0}%", p.utilization * 100.0),
+                    p.monthly_cost.map_or("–".into(), |m| format!("{m:.0}")),
+                ]
+            })
+            .collect();
+        table(&mut o, &head, &rows);
+        o.push_str("<p class=\"note\">Redundancy R: R independent failure domains, each able to carry the whole target load alone. Monthly cost: replicas × cost per hour × 730 h.</p>");
+        for p in &d.plans {
+            let _ = write!(o, "<p>{}</p>", esc(&p.sentence));
+        }
+    }
+    if let Some(n) = &d.plan_note {
+        let _ = write!(o, "<p class=\"note\">{}</p>", esc(n));
+    }
+    o.push_str("<h2>Plots</h2><div class=\"plots\">");
+    for (cap, svg) in plots(d) {
+        let _ = write!(
+            o,
+            "<figure>{svg}<figcaption class=\"note\">{}</figcaption></figure>",
+            esc(&cap)
+        );
+    }
+    o.push_str("</div><h2>Definitions</h2>");
+    md_table(&mut o, crate::document::DEFINITIONS_MD);
+    o.push_str("<h2>How it was measured</h2><p>Exact commands:</p><pre>");
+    for s in &d.series {
+        for c in &s.commands {
+            let _ = writeln!(o, "{}", esc(c));
+        }
+    }
+    o.push_str("</pre><ul>");
+    for (s, a) in d.series.iter().zip(&d.answers) {
+        let _ = write!(
+            o,
+            "<li><b>{}</b> — {}",
+            esc(&s.name),
+            esc(&levels_why(s, a))
+        );
+        if !s.slos.is_empty() {
+            let _ = write!(
+                o,
+                " SLOs: {}, judged at p{}.",
+                esc(&s
+                    .slos
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")),
+                percentile_label(s.slo_percentile)
+            );
+        }
+        o.push_str("</li>");
+    }
+    for n in &d.notes {
+        let _ = write!(o, "<li>{}</li>", esc(n));
+    }
+    o.push_str("</ul><h2>Results per level</h2>");
+    for s in &d.series {
+        let _ = write!(o, "<h3>{}</h3>", esc(&s.name));
+        let (h, r) = level_rows(s);
+        table(&mut o, &h, &r);
+    }
+    if !d.server.is_empty() {
+        o.push_str("<h2>Server-side view</h2><p class=\"note\">The server's own TTFT and queue-time histograms (scraped before and after each run) beside the client's TTFT: a gap that widens with load means the client, not the server, is saturated.</p>");
+        let head: Vec<String> = [
+            "configuration",
+            "level",
+            "client TTFT mean ms",
+            "server TTFT mean ms",
+            "gap ms",
+            "server queue time mean ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let rows: Vec<Vec<String>> = d
+            .server
+            .iter()
+            .map(|(n, l, v)| {
+                let g = |k: &str| {
+                    v.pointer(k)
+                        .and_then(serde_json::Value::as_f64)
+                        .map_or("–".into(), |x| format!("{x:.1}"))
+                };
+                vec![
+                    n.clone(),
+                    fmt_num(*l),
+                    g("/client_ttft_mean_ms"),
+                    g("/ttft_ms/mean"),
+                    g("/ttft_gap_ms"),
+                    g("/queue_time_ms/mean"),
+                ]
+            })
+            .collect();
+        table(&mut o, &head, &rows);
+    }
+    if let Some(c) = &d.comparison {
+        let _ = write!(o, "<h2>Comparison</h2><pre>{}</pre>", esc(c));
+    }
+    o.push_str("<h2>Source files</h2><ul>");
+    for f in &d.files {
+        let _ = write!(o, "<li><code>{}</code></li>", esc(f));
+    }
+    o.push_str("</ul>");
+    if !d.command.is_empty() {
+        let _ = write!(
+            o,
+            "<p class=\"note\">Report written by <code>{}</code></p>",
+            esc(&d.command)
+        );
+    }
+    o.push_str("</body></html>\n");
+    o
+}

@@ -1,0 +1,407 @@
+//! Sweeps: the same trace replayed at a series of load levels (`--sweep
+//! max-concurrency=1,8,16,32`, `request-rate=...`, `speedup=...`), each level a fresh,
+//! comparable run — same rows and schedule seed, a prompt salt of its own so the server's
+//! prefix cache does not carry over from one level (or repeat) to the next, a cooldown
+//! between levels — repeated `--num-runs` times for a mean and a spread.
+//!
+//! The sweep's JSON is one file: every level's vLLM-style result (under `results`, each
+//! marked with `llmreplay.sweep`) and a summary with the capacity answer per target (under
+//! `llmreplay_sweep`).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use trace_format::TraceRecord;
+
+use crate::capacity::{self, Axis};
+use crate::config::{Arrivals, ReplayConfig, Target};
+use crate::error::ReplayError;
+use crate::metrics::Metrics;
+use crate::report::{result_json, ResultInputs, TraceIdentity};
+use crate::results::{self, ArrivalProfile};
+use crate::run::{Progress, RunOutput};
+
+/// What to sweep and over which levels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepSpec {
+    /// The axis.
+    pub axis: Axis,
+    /// Levels, ascending.
+    pub levels: Vec<f64>,
+}
+
+impl FromStr for SweepSpec {
+    type Err = String;
+    /// `max-concurrency=1,8,16`, `request-rate=1,2,4`, `speedup=0.5,1,2`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (k, v) = s.split_once('=').ok_or_else(|| {
+            format!(
+                "--sweep {s:?}: expected AXIS=L1,L2,... (max-concurrency, request-rate or speedup)"
+            )
+        })?;
+        let axis = Axis::from_key(k.trim()).ok_or_else(|| {
+            format!("--sweep {s:?}: unknown axis {k:?} (expected max-concurrency, request-rate or speedup)")
+        })?;
+        let mut levels = Vec::new();
+        for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let x: f64 = part
+                .parse()
+                .ok()
+                .filter(|x: &f64| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| format!("--sweep {s:?}: {part:?} is not a positive number"))?;
+            if axis == Axis::MaxConcurrency && x.fract() != 0.0 {
+                return Err(format!(
+                    "--sweep {s:?}: concurrency {part} is not a whole number"
+                ));
+            }
+            levels.push(x);
+        }
+        if levels.is_empty() {
+            return Err(format!("--sweep {s:?}: no levels"));
+        }
+        levels.sort_by(f64::total_cmp);
+        levels.dedup();
+        Ok(SweepSpec { axis, levels })
+    }
+}
+
+/// How a sweep runs, beyond the replay configuration.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// Repeats of every level (≥ 1).
+    pub num_runs: usize,
+    /// Offer load this long at each level (request-rate: rate × d requests; speedup: d × speedup
+    /// of trace time). None replays the configured selection at every level.
+    pub level_duration: Option<Duration>,
+    /// The percentile SLOs are judged at.
+    pub slo_percentile: f64,
+}
+
+/// One run of one level against one target.
+#[derive(Debug, Clone)]
+pub struct LevelRun {
+    /// Index of the level in the spec.
+    pub level_index: usize,
+    /// The level.
+    pub level: f64,
+    /// Repeat number, from 0.
+    pub run: usize,
+    /// The configuration this level ran with.
+    pub cfg: ReplayConfig,
+    /// The run.
+    pub output: RunOutput,
+    /// Its metrics.
+    pub metrics: Metrics,
+}
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The configuration of one level and repeat: the axis value set, a salt of its own.
+pub fn level_config(
+    base: &ReplayConfig,
+    spec: &SweepSpec,
+    opts: &SweepOptions,
+    level_index: usize,
+    run: usize,
+) -> ReplayConfig {
+    let level = spec.levels[level_index];
+    let mut cfg = base.clone();
+    match spec.axis {
+        Axis::MaxConcurrency => cfg.max_concurrency = Some(level as usize),
+        Axis::RequestRate => {
+            let burstiness = match base.arrivals {
+                Arrivals::Rate { burstiness, .. } => burstiness,
+                Arrivals::Recorded { .. } => 1.0,
+            };
+            cfg.arrivals = Arrivals::Rate {
+                rate: level,
+                burstiness,
+            };
+            if let Some(d) = opts.level_duration {
+                let n = (level * d.as_secs_f64()).ceil().max(1.0) as usize;
+                cfg.selection.max_requests =
+                    Some(cfg.selection.max_requests.map_or(n, |m| m.min(n)));
+            }
+        }
+        Axis::Speedup => {
+            cfg.arrivals = Arrivals::Recorded { speedup: level };
+            if let Some(d) = opts.level_duration {
+                let w = d.mul_f64(level);
+                cfg.selection.duration = Some(cfg.selection.duration.map_or(w, |x| x.min(w)));
+            }
+        }
+    }
+    cfg.request.prompt_salt =
+        mix(base.request.prompt_salt ^ mix(((level_index as u64) << 32) | run as u64));
+    cfg.cooldown = base.cooldown;
+    cfg
+}
+
+/// Runs every level (`num_runs` times each) against every target; `on_run` sees each run as
+/// it finishes (for a live table).
+pub fn run_sweep(
+    base: &ReplayConfig,
+    spec: &SweepSpec,
+    opts: &SweepOptions,
+    records: &[TraceRecord],
+    block_size: Option<usize>,
+    progress: &dyn Fn(&Target, Progress),
+    on_run: &mut dyn FnMut(&LevelRun),
+) -> Result<Vec<LevelRun>, ReplayError> {
+    base.validate()?;
+    if opts.num_runs == 0 {
+        return Err(ReplayError::Config("--num-runs must be at least 1".into()));
+    }
+    if !(opts.slo_percentile > 0.0 && opts.slo_percentile <= 100.0) {
+        return Err(ReplayError::Config(format!(
+            "--slo-percentile {}: must be in (0, 100]",
+            opts.slo_percentile
+        )));
+    }
+    let mut out = Vec::new();
+    for li in 0..spec.levels.len() {
+        for run in 0..opts.num_runs {
+            if (li > 0 || run > 0) && !base.cooldown.is_zero() {
+                std::thread::sleep(base.cooldown);
+            }
+            let cfg = level_config(base, spec, opts, li, run);
+            for (output, metrics) in crate::replay(&cfg, records, block_size, progress)? {
+                let lr = LevelRun {
+                    level_index: li,
+                    level: spec.levels[li],
+                    run,
+                    cfg: cfg.clone(),
+                    output,
+                    metrics,
+                };
+                on_run(&lr);
+                out.push(lr);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The vLLM-style result of one level run, marked with its place in the sweep.
+pub fn level_result(
+    lr: &LevelRun,
+    spec: &SweepSpec,
+    trace: &TraceIdentity,
+    command: &str,
+    detailed: bool,
+) -> Value {
+    let mut v = result_json(&ResultInputs {
+        cfg: &lr.cfg,
+        run: &lr.output,
+        metrics: &lr.metrics,
+        trace,
+        command,
+        detailed,
+    });
+    if let Some(o) = v.get_mut("llmreplay").and_then(Value::as_object_mut) {
+        o.insert(
+            "sweep".into(),
+            json!({"axis": spec.axis.key(), "level": lr.level, "level_index": lr.level_index, "run": lr.run}),
+        );
+    }
+    v
+}
+
+/// Everything the sweep's JSON document is made of.
+pub struct SweepDoc<'a> {
+    /// The spec.
+    pub spec: &'a SweepSpec,
+    /// Options.
+    pub opts: &'a SweepOptions,
+    /// The base configuration (SLOs, cooldown).
+    pub cfg: &'a ReplayConfig,
+    /// Every level result (from [`level_result`]).
+    pub results: Vec<Value>,
+    /// The trace.
+    pub trace: &'a TraceIdentity,
+    /// The trace's arrival rate.
+    pub arrivals: &'a ArrivalProfile,
+    /// The exact command.
+    pub command: &'a str,
+    /// A capacity plan's inputs: target load (None = the trace's peak), redundancy, cost.
+    pub plan: PlanInputs,
+}
+
+/// Inputs of a capacity plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanInputs {
+    /// `--target-qps` (None: the trace's peak arrival rate).
+    pub target_qps: Option<f64>,
+    /// `--redundancy`.
+    pub redundancy: u32,
+    /// `--cost-per-hour`.
+    pub cost_per_hour: Option<f64>,
+}
+
+impl Default for PlanInputs {
+    fn default() -> Self {
+        PlanInputs {
+            target_qps: None,
+            redundancy: 2,
+            cost_per_hour: None,
+        }
+    }
+}
+
+/// The sweep's JSON: `llmreplay_sweep` (summary, capacity answers, plans) and `results`.
+pub fn sweep_json(d: &SweepDoc) -> Value {
+    let series = results::series_of(&d.results, Some(d.spec.axis), d.opts.slo_percentile);
+    let mut targets = Map::new();
+    for s in &series {
+        let a = capacity::answer(&s.name, s.axis, &s.points, &s.slos, s.slo_percentile);
+        let p = results::plan_for(&a, d.arrivals, d.plan);
+        targets.insert(
+            s.name.clone(),
+            json!({
+                "levels": s.points,
+                "capacity": capacity::answer_json(&a, p.as_ref()),
+            }),
+        );
+    }
+    json!({
+        "llmreplay_sweep": {
+            "tool_version": env!("CARGO_PKG_VERSION"),
+            "command": d.command,
+            "axis": d.spec.axis.key(),
+            "levels": d.spec.levels,
+            "num_runs": d.opts.num_runs,
+            "level_duration_s": d.opts.level_duration.map(|x| x.as_secs_f64()),
+            "cooldown_s": d.cfg.cooldown.as_secs_f64(),
+            "slo_percentile": d.opts.slo_percentile,
+            "goodput_slos": d.cfg.goodput.iter().map(|s| (s.metric.key().to_string(), json!(s.limit_ms))).collect::<Map<_, _>>(),
+            "rules": capacity::rules_text(d.opts.slo_percentile),
+            "trace": {"files": d.trace.files, "rows": d.trace.rows, "content_hash": d.trace.content_hash, "arrivals": d.arrivals},
+            "plan_inputs": {"target_qps": d.plan.target_qps, "redundancy": d.plan.redundancy, "cost_per_hour": d.plan.cost_per_hour},
+            "targets": targets,
+        },
+        "results": d.results,
+    })
+}
+
+/// The console table of a sweep: one row per level and target (means; ± spread with repeats).
+pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for s in series {
+        let pct = trace_format::stats::percentile_label(s.slo_percentile);
+        let _ = writeln!(
+            out,
+            "{:=^108}",
+            format!(" Sweep {} — {} ", spec.axis.key(), s.name)
+        );
+        let _ = writeln!(
+            out,
+            "{:>10} {:>4} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>7}",
+            "level",
+            "runs",
+            "req/s",
+            "goodput",
+            "good%",
+            "TTFT p50",
+            &format!("TTFT p{pct}"),
+            "TPOT p50",
+            &format!("TPOT p{pct}"),
+            "failed"
+        );
+        for p in &s.points {
+            let f = |k: &str| match p.stat(k) {
+                Some(st) => match st.std {
+                    Some(sd) => format!("{:.2}±{:.2}", st.mean, sd),
+                    None => format!("{:.2}", st.mean),
+                },
+                None => "-".into(),
+            };
+            let ms = |k: &str| p.mean(k).map_or("-".into(), |v| format!("{v:.1}"));
+            let thr = p.mean("request_throughput").unwrap_or(0.0);
+            let good = p.mean("request_goodput").map_or("-".into(), |g| {
+                if thr > 0.0 {
+                    format!("{:.0}%", 100.0 * g / thr)
+                } else {
+                    "-".into()
+                }
+            });
+            let _ = writeln!(
+                out,
+                "{:>10} {:>4} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
+                capacity::fmt_num(p.level),
+                p.runs,
+                f("request_throughput"),
+                f("request_goodput"),
+                good,
+                ms("median_ttft_ms"),
+                ms(&capacity::pct_key(s.slo_percentile, "ttft")),
+                ms("median_tpot_ms"),
+                ms(&capacity::pct_key(s.slo_percentile, "tpot")),
+                p.failed_fraction * 100.0
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_reject_garbage() {
+        let s: SweepSpec = "max-concurrency=16,1,8".parse().unwrap();
+        assert_eq!(
+            (s.axis, s.levels),
+            (Axis::MaxConcurrency, vec![1.0, 8.0, 16.0])
+        );
+        let s: SweepSpec = "speedup=0.5,2".parse().unwrap();
+        assert_eq!(s.axis, Axis::Speedup);
+        assert!("max-concurrency=1.5".parse::<SweepSpec>().is_err());
+        assert!("rate".parse::<SweepSpec>().is_err());
+        assert!("foo=1".parse::<SweepSpec>().is_err());
+        assert!("request-rate=0".parse::<SweepSpec>().is_err());
+        assert!("request-rate=".parse::<SweepSpec>().is_err());
+    }
+
+    #[test]
+    fn every_level_and_repeat_gets_its_own_salt_and_setting() {
+        let base = ReplayConfig::new(vec![]);
+        let spec: SweepSpec = "request-rate=1,4".parse().unwrap();
+        let opts = SweepOptions {
+            num_runs: 2,
+            level_duration: Some(Duration::from_secs(10)),
+            slo_percentile: 95.0,
+        };
+        let mut salts = std::collections::HashSet::new();
+        for li in 0..2 {
+            for run in 0..2 {
+                let c = level_config(&base, &spec, &opts, li, run);
+                salts.insert(c.request.prompt_salt);
+                assert_eq!(c.seed, base.seed, "same schedule seed at every level");
+            }
+        }
+        assert_eq!(salts.len(), 4);
+        let c = level_config(&base, &spec, &opts, 1, 0);
+        assert_eq!(
+            c.arrivals,
+            Arrivals::Rate {
+                rate: 4.0,
+                burstiness: 1.0
+            }
+        );
+        assert_eq!(c.selection.max_requests, Some(40));
+        let spec: SweepSpec = "max-concurrency=8".parse().unwrap();
+        assert_eq!(
+            level_config(&base, &spec, &opts, 0, 0).max_concurrency,
+            Some(8)
+        );
+    }
+}

@@ -1,0 +1,276 @@
+//! The capacity question end to end against the in-process sim: a request-rate sweep on the
+//! `tiny` profile (knee near 3 req/s with 128/64-token requests) finds a knee and a capacity
+//! consistent with the profile; a comparison flags a regression injected into one sim
+//! configuration and calls an unchanged one "within noise"; the HTML report of the sweep has
+//! an `<svg>` per plot and loads nothing from the network.
+
+use std::time::Duration;
+
+use replay::capacity::Axis;
+use replay::compare::{self, Verdict};
+use replay::config::{Arrivals, EndpointKind, Target};
+use replay::results::{self, ResultFile};
+use replay::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
+use replay::ReplayConfig;
+use trace_format::TraceRecord;
+
+struct Sim {
+    rt: tokio::runtime::Runtime,
+    handle: Option<sim::SimHandle>,
+}
+
+impl Sim {
+    fn start(profile: sim::Profile) -> Sim {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("llmreplay-sim")
+            .enable_all()
+            .build()
+            .unwrap();
+        let cfg = sim::SimConfig {
+            timing: sim::Timing::Engine(profile),
+            ..Default::default()
+        };
+        let handle = rt
+            .block_on(sim::start("127.0.0.1:0".parse().unwrap(), cfg))
+            .unwrap();
+        Sim {
+            rt,
+            handle: Some(handle),
+        }
+    }
+    fn target(&self, name: &str) -> Target {
+        Target {
+            name: name.into(),
+            url: self.handle.as_ref().unwrap().url(),
+        }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            self.rt.block_on(h.shutdown());
+        }
+    }
+}
+
+fn trace(n: usize) -> Vec<TraceRecord> {
+    replay::synth::synth(&replay::synth::SynthSpec {
+        num_prompts: n,
+        input_len: 128,
+        output_len: 64,
+        range_ratio: 0.0,
+        request_rate: f64::INFINITY,
+        burstiness: 1.0,
+        seed: 7,
+        endpoint: EndpointKind::Completions,
+        start_us: 1_700_000_000_000_000,
+        stream_ratio: 1.0,
+    })
+    .unwrap()
+}
+
+fn tiny() -> sim::Profile {
+    sim::Profile::named("tiny").unwrap()
+}
+
+fn base_cfg(targets: Vec<Target>) -> ReplayConfig {
+    let mut cfg = ReplayConfig::new(targets);
+    cfg.goodput = vec!["ttft:500".parse().unwrap(), "tpot:50".parse().unwrap()];
+    cfg.client_threads = 1;
+    cfg.request.timeout = Duration::from_secs(60);
+    cfg
+}
+
+#[test]
+fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
+    let sim = Sim::start(tiny());
+    let cfg = base_cfg(vec![sim.target("tiny")]);
+    let spec: SweepSpec = "request-rate=1,2,3,6".parse().unwrap();
+    let opts = SweepOptions {
+        num_runs: 1,
+        level_duration: Some(Duration::from_secs(4)),
+        slo_percentile: 95.0,
+    };
+    let records = trace(40);
+    let runs = sweep::run_sweep(&cfg, &spec, &opts, &records, None, &|_, _| {}, &mut |_| {})
+        .expect("sweep runs");
+    assert_eq!(runs.len(), 4);
+    let identity = replay::report::trace_identity(&trace_format::Trace {
+        records: records.clone(),
+        files: vec![],
+    });
+    let results: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            sweep::level_result(
+                r,
+                &spec,
+                &identity,
+                "llmreplay replay t --sweep request-rate=1,2,3,6",
+                true,
+            )
+        })
+        .collect();
+    let arrivals = results::arrival_profile(&records);
+    let doc = sweep::sweep_json(&sweep::SweepDoc {
+        spec: &spec,
+        opts: &opts,
+        cfg: &cfg,
+        results,
+        trace: &identity,
+        arrivals: &arrivals,
+        command: "llmreplay replay t --sweep request-rate=1,2,3,6",
+        plan: PlanInputs {
+            target_qps: Some(10.0),
+            redundancy: 2,
+            cost_per_hour: Some(3.0),
+        },
+    });
+    let series = results::series_of(
+        doc["results"].as_array().unwrap(),
+        Some(Axis::RequestRate),
+        95.0,
+    );
+    println!("{}", sweep::console_table(&spec, &series));
+    let a = series[0].answer();
+    println!("{}", a.sentence);
+    // The profile holds ~3 req/s (KV cache of 1024 tokens = ~5 requests of 192 tokens, 20 ms steps).
+    let knee = a.knee.as_ref().expect("a knee within 1..6 req/s");
+    assert!((2.0..=3.0).contains(&knee.level), "knee at {knee:?}");
+    let ok = a.max_ok_level.expect("1 req/s meets the SLO");
+    assert!((2.0..=3.0).contains(&ok), "capacity {ok}: {}", a.sentence);
+    let b = a.first_break.as_ref().expect("6 req/s breaks the SLO");
+    assert_eq!(
+        b.first, "ttft",
+        "queueing shows in TTFT first: {}",
+        a.sentence
+    );
+    assert!(a.sentence.contains("prefill queueing"), "{}", a.sentence);
+    // The sweep JSON carries the answer and a plan.
+    let cap = &doc["llmreplay_sweep"]["targets"]["tiny"]["capacity"];
+    assert_eq!(cap["max_ok_level"].as_f64(), Some(ok));
+    assert!(cap["plan"]["replicas"].as_u64().unwrap() >= 8, "{cap}");
+
+    // The HTML report: an <svg> per plot, nothing loaded from the network.
+    let dir = std::env::temp_dir().join(format!("llmreplay-cap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("sweep.json");
+    std::fs::write(&p, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let files = vec![ResultFile::read(&p).unwrap()];
+    let data = replay::document::build(&files, &Default::default());
+    let plots = replay::html::plots(&data);
+    // arrival rate, TTFT, TPOT, goodput, throughput, and TTFT/TPOT/ITL distributions.
+    assert_eq!(
+        plots.len(),
+        8,
+        "{:?}",
+        plots.iter().map(|p| &p.0).collect::<Vec<_>>()
+    );
+    let html = replay::html::render(&data);
+    assert_eq!(html.matches("<svg").count(), plots.len());
+    assert!(html.matches("<polyline").count() >= plots.len());
+    for bad in ["src=", "href=", "<script", "<link", "url(", "@import"] {
+        assert!(
+            !html.contains(bad),
+            "the report must load nothing: found {bad}"
+        );
+    }
+    assert!(html.contains(&a.sentence.replace('>', "&gt;").replace('<', "&lt;")));
+    let md = replay::document::markdown(&data);
+    for want in [
+        "| TTFT |",
+        "## Capacity plan",
+        "sweep.json",
+        "p95",
+        "--sweep request-rate=1,2,3,6",
+    ] {
+        assert!(md.contains(want), "markdown lacks {want}");
+    }
+    // Alerting rules for the same SLOs; promtool checks them when it is installed
+    // (Debian's `prometheus` package).
+    let rules = replay::alerts::rules_yaml(&data.series, &data.answers).unwrap();
+    let rp = dir.join("rules.yaml");
+    std::fs::write(&rp, &rules).unwrap();
+    match std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rp)
+        .output()
+    {
+        Ok(o) => assert!(
+            o.status.success(),
+            "promtool rejects the rules: {}\n{rules}",
+            String::from_utf8_lossy(&o.stdout)
+        ),
+        Err(_) => eprintln!("promtool not installed: rules not checked"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noise() {
+    let base = Sim::start(tiny());
+    let same = Sim::start(tiny());
+    let mut slow_profile = tiny();
+    slow_profile.step_overhead = Duration::from_millis(30); // 1.5x the decode step
+    let slow = Sim::start(slow_profile);
+    let mut cfg = base_cfg(vec![
+        base.target("base"),
+        same.target("same"),
+        slow.target("slow"),
+    ]);
+    cfg.arrivals = Arrivals::Rate {
+        rate: 1.5,
+        burstiness: 1.0,
+    };
+    cfg.selection.max_requests = Some(10);
+    let records = trace(10);
+    let identity = replay::report::trace_identity(&trace_format::Trace {
+        records: records.clone(),
+        files: vec![],
+    });
+    let runs = replay::replay(&cfg, &records, None, &|_, _| {}).unwrap();
+    let results: Vec<_> = runs
+        .iter()
+        .map(|(run, m)| {
+            replay::report::result_json(&replay::report::ResultInputs {
+                cfg: &cfg,
+                run,
+                metrics: m,
+                trace: &identity,
+                command: "test",
+                detailed: false,
+            })
+        })
+        .collect();
+    let series = results::series_of(&results, None, 95.0);
+    let tables = compare::compare(&series);
+    let text = compare::render(&series, &tables);
+    println!("{text}");
+    let t = &tables[0];
+    let row = |k: &str| t.rows.iter().find(|r| r.key == k).unwrap();
+    assert_eq!(
+        row("median_tpot_ms").cells[1].2,
+        Some(Verdict::WithinNoise),
+        "{text}"
+    );
+    assert_eq!(
+        row("median_tpot_ms").cells[2].2,
+        Some(Verdict::Worse),
+        "{text}"
+    );
+    // The unchanged sim: throughput, TPOT and E2EL within noise (TTFT at low load is one
+    // engine step of phase jitter, and tails of 10 requests move).
+    for k in ["request_throughput", "median_tpot_ms", "median_e2el_ms"] {
+        assert_eq!(row(k).cells[1].2, Some(Verdict::WithinNoise), "{k}: {text}");
+    }
+    for k in ["median_tpot_ms", "median_e2el_ms", "median_itl_ms"] {
+        assert_eq!(row(k).cells[2].2, Some(Verdict::Worse), "{k}: {text}");
+    }
+    assert!(
+        text.contains("within noise") && text.contains("REGRESSION"),
+        "{text}"
+    );
+    assert!(text.contains("Noise rule"), "{text}");
+}

@@ -1,0 +1,231 @@
+//! `llmreplay capture`: flags of the capture proxy (part of the CLI contract) and the wiring
+//! from validated flags to `proxy::start`, signals and the final summary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+
+use crate::cli::{command_line, parse_duration};
+
+/// What to keep of request bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecordBodiesArg {
+    /// Nothing: no text, no hashes.
+    None,
+    /// No text; prefix hashes of the prompt's blocks.
+    Hashes,
+    /// The request JSON (for exact replay) and the hashes.
+    Full,
+}
+
+/// Usage injection flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UsageModeArg {
+    /// `stream_options.include_usage` (OpenAI's API).
+    Standard,
+    /// Also vLLM's `continuous_usage_stats`, for per-chunk token counts.
+    Vllm,
+}
+
+/// Tokenizer for prefix-hash blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TokenizerArg {
+    /// One token per whitespace-separated word (placeholder until a real tokenizer exists).
+    Whitespace,
+}
+
+/// Flags of `llmreplay capture`.
+#[derive(Args, Debug)]
+pub struct CaptureArgs {
+    /// Address the proxy listens on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The one upstream, `http://HOST:PORT` or `https://HOST[:PORT][/prefix]`.
+    #[arg(long)]
+    upstream: String,
+    /// Directory of the trace files (created 0700; files are 0600).
+    #[arg(long)]
+    out: PathBuf,
+    /// Admin listener for /metrics and /healthz.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    admin: SocketAddr,
+    /// No admin listener.
+    #[arg(long, conflicts_with = "admin")]
+    no_admin: bool,
+    /// PEM CA bundle to trust for an https upstream (default: the web PKI roots).
+    #[arg(long)]
+    upstream_ca: Option<PathBuf>,
+    /// Speak HTTP/2 with prior knowledge (h2c) to a plain-http upstream.
+    #[arg(long)]
+    upstream_h2: bool,
+    /// PEM certificate chain: serve TLS on --listen (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// What to keep of request bodies.
+    #[arg(long, value_enum, default_value_t = RecordBodiesArg::Hashes)]
+    record_bodies: RecordBodiesArg,
+    /// Tokens per prefix-hash block.
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    /// How prefix-hash tokens are counted.
+    #[arg(long, value_enum, default_value_t = TokenizerArg::Whitespace)]
+    tokenizer: TokenizerArg,
+    /// Never modify requests (streams without usage are then recorded without token counts).
+    #[arg(long)]
+    no_inject_usage: bool,
+    /// Which usage to ask for when injecting.
+    #[arg(long, value_enum, default_value_t = UsageModeArg::Standard, conflicts_with = "no_inject_usage")]
+    usage_mode: UsageModeArg,
+    /// Fraction of generation requests recorded, in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    sample_rate: f64,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    drain_timeout: Duration,
+    /// Longest wait for the upstream's response headers (then 504).
+    #[arg(long, value_parser = parse_duration, default_value = "600s")]
+    upstream_timeout: Duration,
+    /// Longest silence within a response body (then the stream is cut).
+    #[arg(long, value_parser = parse_duration, default_value = "600s")]
+    idle_timeout: Duration,
+    /// Records queued for the writer before new ones are dropped (and counted).
+    #[arg(long, default_value_t = 16384)]
+    queue_capacity: usize,
+    /// Largest generation request body, MiB (larger: 413).
+    #[arg(long, default_value_t = 64)]
+    max_request_body_mb: usize,
+    /// Rotate trace files at this size, MiB.
+    #[arg(long, default_value_t = 256)]
+    max_file_mb: u64,
+    /// Rotate trace files at this age.
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    max_file_age: Duration,
+    /// Loss window on a crash: buffered records are handed to the OS this often.
+    #[arg(long, value_parser = parse_duration, default_value = "200ms")]
+    flush_interval: Duration,
+    /// Trace file name prefix.
+    #[arg(long, default_value = "capture")]
+    file_prefix: String,
+    /// Request header whose value is recorded as session_id (never a credential header).
+    #[arg(long)]
+    session_header: Option<String>,
+}
+
+impl CaptureArgs {
+    /// Validates the flags into the proxy's configuration.
+    fn config(self) -> Result<proxy::ProxyConfig> {
+        if !(self.sample_rate > 0.0 && self.sample_rate <= 1.0) {
+            bail!("--sample-rate {} must be in (0, 1]", self.sample_rate);
+        }
+        if self.block_size == 0 {
+            bail!("--block-size must be > 0");
+        }
+        if self.max_file_mb == 0 || self.max_request_body_mb == 0 || self.queue_capacity == 0 {
+            bail!("--max-file-mb, --max-request-body-mb and --queue-capacity must be > 0");
+        }
+        let mut c = proxy::ProxyConfig::new(self.listen, self.upstream, self.out);
+        c.admin = (!self.no_admin).then_some(self.admin);
+        c.upstream_ca = self.upstream_ca;
+        c.upstream_h2 = self.upstream_h2;
+        c.tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some(proxy::TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together"),
+        };
+        c.record_bodies = match self.record_bodies {
+            RecordBodiesArg::None => proxy::RecordBodies::None,
+            RecordBodiesArg::Hashes => proxy::RecordBodies::Hashes,
+            RecordBodiesArg::Full => proxy::RecordBodies::Full,
+        };
+        c.block_size = self.block_size;
+        c.tokenizer = match self.tokenizer {
+            TokenizerArg::Whitespace => proxy::Tokenizer::Whitespace,
+        };
+        c.usage = match (self.no_inject_usage, self.usage_mode) {
+            (true, _) => proxy::UsageMode::Off,
+            (false, UsageModeArg::Standard) => proxy::UsageMode::Standard,
+            (false, UsageModeArg::Vllm) => proxy::UsageMode::Vllm,
+        };
+        c.sample_rate = self.sample_rate;
+        c.queue_capacity = self.queue_capacity;
+        c.upstream_timeout = self.upstream_timeout;
+        c.idle_timeout = self.idle_timeout;
+        c.max_request_body = self.max_request_body_mb * 1024 * 1024;
+        c.max_file_bytes = self.max_file_mb * 1024 * 1024;
+        c.max_file_age = self.max_file_age;
+        c.flush_interval = self.flush_interval;
+        c.file_prefix = self.file_prefix;
+        c.session_header = self.session_header;
+        c.command = command_line();
+        Ok(c)
+    }
+}
+
+/// Runs the capture proxy until SIGTERM or SIGINT, then drains for up to `--drain-timeout`,
+/// finishes the trace files and returns (exit 0). A second signal during the drain exits at
+/// once (status 130); the journal it leaves is recovered by the next capture into that
+/// directory.
+pub fn run_capture(args: CaptureArgs) -> Result<()> {
+    let drain = args.drain_timeout;
+    let tls = args.tls_cert.is_some();
+    let cfg = args.config()?;
+    let out = cfg.out.clone();
+    let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+    rt.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let handle = proxy::start(cfg).await.context("starting the capture proxy")?;
+        let rec = handle.recovered();
+        if !rec.files.is_empty() {
+            eprintln!(
+                "llmreplay capture: recovered {} records from a previous run into {} file(s)",
+                rec.records,
+                rec.files.len()
+            );
+        }
+        eprintln!(
+            "llmreplay capture listening on {}{}, writing to {}",
+            handle.url(tls),
+            handle
+                .admin_addr()
+                .map_or(String::new(), |a| format!(" (admin http://{a}/metrics)")),
+            out.display()
+        );
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        eprintln!(
+            "llmreplay capture: stopping; draining in-flight requests for up to {drain:?} (signal again to stop now)"
+        );
+        let report = tokio::select! {
+            r = handle.shutdown(drain) => r.context("shutting down")?,
+            _ = term.recv() => std::process::exit(130),
+            _ = int.recv() => std::process::exit(130),
+        };
+        eprintln!(
+            "llmreplay capture: {} records written, {} dropped (queue full){}; files: {}",
+            report.records_written,
+            report.records_dropped,
+            if report.drained {
+                ""
+            } else {
+                "; some in-flight requests were cut at the drain timeout"
+            },
+            report
+                .files
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(())
+    })
+}

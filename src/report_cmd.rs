@@ -1,0 +1,443 @@
+//! Flags and wiring of the capacity work: `replay --sweep` (and `--num-runs`), `compare`, and
+//! `report`. The logic lives in the replay crate (`sweep`, `capacity`, `compare`, `document`,
+//! `html`, `alerts`); this file parses, validates and prints.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use replay::capacity::Axis;
+use replay::config::{Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target};
+use replay::results::{self, ResultFile};
+use replay::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
+use trace_format::{FileMeta, Producer, Trace};
+
+fn parse_pct(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a percentile in (0, 100]")),
+    }
+}
+
+fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
+}
+
+/// Capacity-planning flags shared by `replay` and `report`.
+#[derive(Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// Load to plan for, req/s (default: the captured trace's peak 1-second arrival rate).
+    #[arg(long, value_parser = parse_positive)]
+    pub target_qps: Option<f64>,
+    /// Independent failure domains, each able to carry the whole load alone (2 = survive losing one).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub redundancy: u32,
+    /// Cost of one replica per hour (any currency), for the monthly cost (x 730 h).
+    #[arg(long, value_parser = parse_positive)]
+    pub cost_per_hour: Option<f64>,
+}
+
+impl PlanArgs {
+    fn inputs(&self) -> PlanInputs {
+        PlanInputs {
+            target_qps: self.target_qps,
+            redundancy: self.redundancy,
+            cost_per_hour: self.cost_per_hour,
+        }
+    }
+}
+
+/// `replay` flags for sweeps and repeats.
+#[derive(Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// Replay at each level in turn: max-concurrency=1,8,16,32 | request-rate=1,2,4 | speedup=0.5,1,2.
+    /// Each level is a fresh run (own prompt salt, --cooldown between), the JSON holds every level.
+    #[arg(long, value_name = "AXIS=L1,L2,...")]
+    pub sweep: Option<SweepSpec>,
+    /// Repeat every level (or the single run) N times: mean and spread per level.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub num_runs: u64,
+    /// Offer load this long at each level (request-rate: rate x this many requests; speedup:
+    /// this much wall time of trace). Default: the whole selection at every level.
+    #[arg(long, value_parser = crate::cli::parse_duration)]
+    pub level_duration: Option<Duration>,
+    /// The percentile at which every --goodput SLO must hold for a level to count.
+    #[arg(long, default_value_t = 95.0, value_parser = parse_pct)]
+    pub slo_percentile: f64,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+}
+
+impl SweepArgs {
+    /// The sweep to run: `--sweep`, or a one-level sweep of the current setting with
+    /// `--num-runs` > 1; None for a plain replay.
+    pub fn spec(&self, cfg: &ReplayConfig) -> Option<SweepSpec> {
+        if let Some(s) = &self.sweep {
+            return Some(s.clone());
+        }
+        if self.num_runs <= 1 {
+            return None;
+        }
+        let (axis, level) = match (cfg.max_concurrency, cfg.arrivals) {
+            (Some(c), _) => (Axis::MaxConcurrency, c as f64),
+            (None, Arrivals::Rate { rate, .. }) if rate.is_finite() => (Axis::RequestRate, rate),
+            (None, Arrivals::Recorded { speedup }) => (Axis::Speedup, speedup),
+            (None, Arrivals::Rate { .. }) => (Axis::MaxConcurrency, f64::NAN),
+        };
+        if level.is_nan() {
+            // --request-rate inf without a concurrency cap: repeat as an uncapped run.
+            return Some(SweepSpec {
+                axis: Axis::MaxConcurrency,
+                levels: vec![1e9],
+            });
+        }
+        Some(SweepSpec {
+            axis,
+            levels: vec![level],
+        })
+    }
+
+    /// Makes sure the results carry what the capacity answer reads: the SLO percentile (and 50,
+    /// 99) of TTFT and TPOT and of every SLO metric.
+    pub fn prepare(&self, cfg: &mut ReplayConfig) {
+        for p in [50.0, self.slo_percentile, 99.0] {
+            if !cfg.metric_percentiles.contains(&p) {
+                cfg.metric_percentiles.push(p);
+            }
+        }
+        cfg.metric_percentiles.sort_by(f64::total_cmp);
+        let mut want = vec![PercentileMetric::Ttft, PercentileMetric::Tpot];
+        for s in &cfg.goodput {
+            want.push(match s.metric {
+                SloMetric::Ttft => PercentileMetric::Ttft,
+                SloMetric::Tpot => PercentileMetric::Tpot,
+                SloMetric::E2el => PercentileMetric::E2el,
+            });
+        }
+        for m in want {
+            if !cfg.percentile_metrics.contains(&m) {
+                cfg.percentile_metrics.push(m);
+            }
+        }
+    }
+}
+
+/// Where a sweep writes, and the provenance it writes with.
+pub struct SweepOutputs<'a> {
+    /// The exact command line.
+    pub command: &'a str,
+    /// `--save-result`.
+    pub save_result: Option<&'a Path>,
+    /// `--save-detailed`.
+    pub detailed: bool,
+    /// `--results` Parquet.
+    pub results: Option<&'a Path>,
+}
+
+/// Runs a sweep and prints the level table, the capacity answer and the plan.
+pub fn run_sweep(
+    cfg: &ReplayConfig,
+    spec: &SweepSpec,
+    a: &SweepArgs,
+    trace: &Trace,
+    block_size: Option<usize>,
+    out: SweepOutputs,
+    progress: &dyn Fn(&Target, replay::Progress),
+) -> Result<()> {
+    let opts = SweepOptions {
+        num_runs: a.num_runs as usize,
+        level_duration: a.level_duration,
+        slo_percentile: a.slo_percentile,
+    };
+    if spec.axis == Axis::MaxConcurrency && a.level_duration.is_some() {
+        eprintln!("note: --level-duration has no effect on a max-concurrency sweep (every level replays the selection)");
+    }
+    println!("{}", replay::report::DEFINITIONS);
+    println!(
+        "Sweep {} over {} level(s) x {} run(s) x {} target(s){}",
+        spec.axis.key(),
+        spec.levels.len(),
+        opts.num_runs,
+        cfg.targets.len(),
+        if cfg.cooldown.is_zero() {
+            String::new()
+        } else {
+            format!(", {:?} cooldown between levels", cfg.cooldown)
+        }
+    );
+    let pl = trace_format::stats::percentile_label(a.slo_percentile);
+    let runs = sweep::run_sweep(
+        cfg,
+        spec,
+        &opts,
+        &trace.records,
+        block_size,
+        progress,
+        &mut |lr| {
+            let m = &lr.metrics;
+            let v = replay::report::verdict(m, &lr.output);
+            println!(
+            "  {} run {}/{} {}: {:.2} req/s, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}",
+            spec.axis.level_label(lr.level),
+            lr.run + 1,
+            opts.num_runs,
+            lr.output.target.name,
+            m.request_throughput,
+            m.request_goodput.map_or("-".into(), |g| format!("{g:.2}")),
+            m.ttft.median,
+            m.ttft.get(a.slo_percentile).unwrap_or(f64::NAN),
+            m.tpot.median,
+            m.tpot.get(a.slo_percentile).unwrap_or(f64::NAN),
+            m.failed,
+            if v.client_saturated { "  [client saturated: see the JSON verdict]" } else { "" }
+        );
+        },
+    )?;
+    let command = out.command;
+    let identity = replay::report::trace_identity(trace);
+    let results: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|lr| sweep::level_result(lr, spec, &identity, command, out.detailed))
+        .collect();
+    let arrivals = results::arrival_profile(&trace.records);
+    let doc = sweep::sweep_json(&sweep::SweepDoc {
+        spec,
+        opts: &opts,
+        cfg,
+        results,
+        trace: &identity,
+        arrivals: &arrivals,
+        command,
+        plan: a.plan.inputs(),
+    });
+    let series = results::series_of(
+        doc["results"].as_array().map(Vec::as_slice).unwrap_or(&[]),
+        Some(spec.axis),
+        a.slo_percentile,
+    );
+    println!();
+    print!("{}", sweep::console_table(spec, &series));
+    if series.len() > 1 {
+        let t = replay::compare::compare(&series);
+        println!("\n{}", replay::compare::render(&series, &t));
+    }
+    println!("\nCapacity answer:");
+    for s in &series {
+        let ans = s.answer();
+        println!("  {}", ans.sentence);
+        if let Some(p) = results::plan_for(&ans, &arrivals, a.plan.inputs()) {
+            println!("  Plan: {}", p.sentence);
+        }
+    }
+    println!("  ({})", replay::capacity::rules_text(a.slo_percentile));
+    if let Some(p) = out.save_result {
+        std::fs::write(p, serde_json::to_vec_pretty(&doc)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!(
+            "sweep result written to {} (report: llmreplay report {} -o report.html)",
+            p.display(),
+            p.display()
+        );
+    }
+    if let Some(p) = out.results {
+        let rows: Vec<_> = runs
+            .iter()
+            .flat_map(|lr| lr.output.records.iter().cloned())
+            .collect();
+        let mut meta = FileMeta::new(Producer::Replay, command.to_string());
+        meta.source = Some(identity.files.join(","));
+        meta.extra
+            .insert("trace_content_hash".into(), identity.content_hash.clone());
+        meta.extra.insert(
+            "sweep".into(),
+            format!("{}={:?}", spec.axis.key(), spec.levels),
+        );
+        trace_format::write_trace_file(p, &rows, &meta)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("{} result rows written to {}", rows.len(), p.display());
+    }
+    Ok(())
+}
+
+/// The side-by-side comparison that ends a multi-target run (targets as configurations).
+pub fn comparison(results: &[serde_json::Value], pct: f64) -> String {
+    let series = results::series_of(results, None, pct);
+    let tables = replay::compare::compare(&series);
+    replay::compare::render(&series, &tables)
+}
+
+/// Writes `report.html` and `report.md` of one result file into `dir`.
+pub fn write_reports(result: &Path, dir: &Path) -> Result<()> {
+    let files =
+        vec![ResultFile::read(result).with_context(|| format!("reading {}", result.display()))?];
+    let data = replay::document::build(
+        &files,
+        &replay::document::BuildOptions {
+            command: crate::cli::command_line(),
+            ..Default::default()
+        },
+    );
+    for (name, text) in [
+        ("report.html", replay::html::render(&data)),
+        ("report.md", replay::document::markdown(&data)),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("report written to {}", p.display());
+    }
+    Ok(())
+}
+
+/// `llmreplay compare`.
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Result JSON files (`--save-result` of replay, single runs or sweeps); the first is the baseline.
+    #[arg(required = true, num_args = 2..)]
+    files: Vec<PathBuf>,
+    /// The percentile SLOs are judged at (default: the sweep's, else 95).
+    #[arg(long, value_parser = parse_pct)]
+    slo_percentile: Option<f64>,
+    /// Also write the comparison as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Exit with status 3 when any difference is a regression beyond noise.
+    #[arg(long)]
+    fail_on_regression: bool,
+}
+
+/// Exit status of `compare --fail-on-regression` when a regression is found.
+pub const EXIT_REGRESSION: u8 = 3;
+
+fn read_files(paths: &[PathBuf]) -> Result<Vec<ResultFile>> {
+    paths
+        .iter()
+        .map(|p| ResultFile::read(p).with_context(|| format!("reading {}", p.display())))
+        .collect()
+}
+
+/// Runs `compare`; returns whether a regression was found.
+pub fn run_compare(a: CompareArgs) -> Result<bool> {
+    let files = read_files(&a.files)?;
+    let series = results::series_of_files(&files, a.slo_percentile);
+    if series.len() < 2 {
+        bail!("nothing to compare: the files hold one configuration only");
+    }
+    let tables = replay::compare::compare(&series);
+    print!("{}", replay::compare::render(&series, &tables));
+    let regs = replay::compare::regressions(&tables);
+    if let Some(p) = &a.json {
+        let answers: Vec<_> = series.iter().map(|s| s.answer()).collect();
+        let v = serde_json::json!({"files": a.files, "tables": tables, "capacity": answers, "regressions": regs, "noise_rule": replay::compare::noise_rule()});
+        std::fs::write(p, serde_json::to_vec_pretty(&v)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+        eprintln!("comparison written to {}", p.display());
+    }
+    Ok(a.fail_on_regression && !regs.is_empty())
+}
+
+/// Report formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// One self-contained HTML file with SVG plots.
+    Html,
+    /// Markdown for the infrastructure team.
+    Md,
+}
+
+/// `llmreplay report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Result JSON files (single runs or sweeps).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Output file.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// html or md (default: from the output's extension, else html).
+    #[arg(long)]
+    format: Option<ReportFormat>,
+    /// `--results` Parquet files of the runs: per-request data for the distribution plots when
+    /// the JSON was saved without --save-detailed.
+    #[arg(long = "results", num_args = 1..)]
+    results: Vec<String>,
+    /// The captured trace (files, directories, globs): its arrival rate plot and peak load.
+    #[arg(long, num_args = 1..)]
+    trace: Vec<String>,
+    /// The percentile SLOs are judged at (default: the sweep's, else 95).
+    #[arg(long, value_parser = parse_pct)]
+    slo_percentile: Option<f64>,
+    /// A line of context for the report (why these levels, the customer's figures); repeatable.
+    #[arg(long)]
+    note: Vec<String>,
+    /// Report title.
+    #[arg(long)]
+    title: Option<String>,
+    /// Also write Prometheus alerting rules for the SLOs (from vLLM's histograms) here.
+    #[arg(long)]
+    alerts: Option<PathBuf>,
+    #[command(flatten)]
+    plan: PlanArgs,
+}
+
+/// Runs `report`.
+pub fn run_report(a: ReportArgs) -> Result<()> {
+    let files = read_files(&a.files)?;
+    let records = if a.results.is_empty() {
+        Vec::new()
+    } else {
+        trace_format::read_traces(&a.results)
+            .context("reading --results")?
+            .records
+    };
+    let arrivals = if a.trace.is_empty() {
+        None
+    } else {
+        let t = trace_format::read_traces(&a.trace).context("reading --trace")?;
+        Some(results::arrival_profile(&t.records))
+    };
+    let data = replay::document::build(
+        &files,
+        &replay::document::BuildOptions {
+            slo_percentile: a.slo_percentile,
+            plan: a.plan.inputs(),
+            records,
+            arrivals,
+            notes: a.note.clone(),
+            command: crate::cli::command_line(),
+            title: a.title.clone(),
+        },
+    );
+    let format = a
+        .format
+        .unwrap_or_else(|| match a.output.extension().and_then(|e| e.to_str()) {
+            Some("md") | Some("markdown") => ReportFormat::Md,
+            _ => ReportFormat::Html,
+        });
+    let text = match format {
+        ReportFormat::Html => replay::html::render(&data),
+        ReportFormat::Md => replay::document::markdown(&data),
+    };
+    std::fs::write(&a.output, text).with_context(|| format!("writing {}", a.output.display()))?;
+    for ans in &data.answers {
+        println!("{}", ans.sentence);
+    }
+    for p in &data.plans {
+        println!("Plan: {}", p.sentence);
+    }
+    eprintln!("report written to {}", a.output.display());
+    if let Some(p) = &a.alerts {
+        let series = &data.series;
+        let yaml = replay::alerts::rules_yaml(series, &data.answers)?;
+        std::fs::write(p, yaml).with_context(|| format!("writing {}", p.display()))?;
+        eprintln!(
+            "alerting rules written to {} (check: promtool check rules {})",
+            p.display(),
+            p.display()
+        );
+    }
+    Ok(())
+}

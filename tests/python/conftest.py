@@ -1,0 +1,82 @@
+"""Shared paths and fixtures for the Python interop and schema tests.
+
+Paths are found from this file's location, so the tests run from any working directory.
+The samples are made by samples/make-samples.sh (see samples/README.md).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "samples"
+REPLAY_PARQUET = SAMPLES / "sim-replay-300.parquet"
+SYNTH_PARQUET = SAMPLES / "synth-300.parquet"
+RESULT_JSON = SAMPLES / "sim-replay-300.json"
+REPLAY_INSPECT_JSON = SAMPLES / "sim-replay-300.inspect.json"
+SYNTH_INSPECT_JSON = SAMPLES / "synth-300.inspect.json"
+RESULT_SCHEMA = ROOT / "replay" / "result.schema.json"
+
+# The documented columns of trace schema v1 (trace-format/src/schema.rs).
+DOCUMENTED_COLUMNS = [
+    "request_id",
+    "session_id",
+    "arrival_time",
+    "endpoint",
+    "model",
+    "stream",
+    "prompt_tokens",
+    "output_tokens",
+    "max_tokens",
+    "prompt_tokens_source",
+    "output_tokens_source",
+    "status",
+    "outcome",
+    "error",
+    "ttft_us",
+    "e2el_us",
+    "chunk_times_us",
+    "chunk_tokens",
+    "body",
+    "prefix_hashes",
+    "request_bytes",
+    "response_bytes",
+]
+
+OUTCOMES = ["ok", "http_error", "upstream_error", "client_cancelled", "timeout"]
+
+
+def llmreplay_binary() -> Path:
+    """The binary under test: $LLMREPLAY, else target/release/llmreplay."""
+    p = Path(os.environ.get("LLMREPLAY", ROOT / "target" / "release" / "llmreplay"))
+    return p if p.is_absolute() else ROOT / p
+
+
+def _load(path: Path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def result():
+    """The --save-result JSON of the sample replay."""
+    return _load(RESULT_JSON)
+
+
+@pytest.fixture(scope="session")
+def replay_inspect():
+    """`llmreplay inspect --json` of the sample replay's Parquet results."""
+    return _load(REPLAY_INSPECT_JSON)
+
+
+@pytest.fixture(scope="session")
+def synth_inspect():
+    """`llmreplay inspect --json` of the synthetic trace."""
+    return _load(SYNTH_INSPECT_JSON)
+
+
+@pytest.fixture(scope="session")
+def result_schema():
+    return _load(RESULT_SCHEMA)

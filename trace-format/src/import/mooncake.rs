@@ -1,0 +1,280 @@
+//! Mooncake traces (kvcache-ai/Mooncake, FAST'25): JSON lines
+//! `{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}`, and export
+//! of any trace to that format (what NVIDIA AIPerf's `--custom-dataset-type mooncake_trace`
+//! and SGLang's `bench_serving` read).
+//!
+//! `timestamp` is milliseconds from the trace start (an integer in the published traces; a
+//! float is accepted and kept to the µs). Each hash id names one 512-token block of the
+//! prompt; equal leading ids mean a shared prefix. They become `prefix_hashes`, with block
+//! size 512 in the file metadata. Rows become completions requests.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{bad, for_each_line, row};
+use crate::error::{Error, Result};
+use crate::schema::TraceRecord;
+
+/// Tokens per hash id.
+pub const BLOCK_SIZE: u32 = 512;
+/// Endpoint of imported rows.
+pub const ENDPOINT: &str = "/v1/completions";
+
+/// Reads a Mooncake JSONL trace.
+pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
+    let mut out = Vec::new();
+    for_each_line(path, |line_no, line| {
+        let v: Value =
+            serde_json::from_str(line).map_err(|e| bad(path, line_no, format!("not JSON: {e}")))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| bad(path, line_no, "not a JSON object"))?;
+        let ts = obj
+            .get("timestamp")
+            .ok_or_else(|| bad(path, line_no, "no timestamp"))?;
+        let arrival = ms_to_us(ts).ok_or_else(|| {
+            bad(
+                path,
+                line_no,
+                format!("timestamp {ts} is not a non-negative number of ms"),
+            )
+        })?;
+        let count = |name: &str| -> Result<i64> {
+            obj.get(name)
+                .and_then(Value::as_i64)
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| {
+                    bad(
+                        path,
+                        line_no,
+                        format!("{name} missing or not a non-negative integer"),
+                    )
+                })
+        };
+        let mut r = row(
+            id_prefix,
+            line_no,
+            arrival,
+            ENDPOINT,
+            count("input_length")?,
+            count("output_length")?,
+        );
+        r.prefix_hashes = match obj.get("hash_ids") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(ids)) => Some(
+                ids.iter()
+                    .map(|h| {
+                        h.as_u64().ok_or_else(|| {
+                            bad(
+                                path,
+                                line_no,
+                                format!("hash id {h} is not a non-negative integer"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<u64>>>()?,
+            ),
+            Some(other) => {
+                return Err(bad(
+                    path,
+                    line_no,
+                    format!("hash_ids {other} is not an array"),
+                ))
+            }
+        };
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// A JSON number of milliseconds as µs (integers exactly; floats to the nearest µs).
+fn ms_to_us(v: &Value) -> Option<i64> {
+    if let Some(n) = v.as_u64() {
+        return i64::try_from(n).ok()?.checked_mul(1000);
+    }
+    let x = v.as_f64()?;
+    (x.is_finite() && x >= 0.0).then(|| (x * 1000.0).round() as i64)
+}
+
+/// The Mooncake JSON lines of `records` (any order; written sorted by arrival, stable):
+/// `timestamp` in ms from the first arrival (an integer when whole, else a float to the µs),
+/// `input_length` = `prompt_tokens`, `output_length` = `output_tokens`, `hash_ids` =
+/// `prefix_hashes` when present. A row without `prompt_tokens` or `output_tokens` is an
+/// error naming it: nothing is guessed.
+pub fn export_mooncake_lines(records: &[TraceRecord]) -> Result<Vec<String>> {
+    let mut order: Vec<&TraceRecord> = records.iter().collect();
+    order.sort_by_key(|r| r.arrival_time_us);
+    let first = order.first().map_or(0, |r| r.arrival_time_us);
+    order
+        .iter()
+        .map(|r| {
+            let missing = |what: &str| {
+                Error::Invalid(format!(
+                    "request {}: no {what}; the Mooncake format needs it",
+                    r.request_id
+                ))
+            };
+            let input = r.prompt_tokens.ok_or_else(|| missing("prompt_tokens"))?;
+            let output = r.output_tokens.ok_or_else(|| missing("output_tokens"))?;
+            let us = r.arrival_time_us - first;
+            let ts = if us % 1000 == 0 {
+                (us / 1000).to_string()
+            } else {
+                let frac = format!("{:03}", us % 1000);
+                format!("{}.{}", us / 1000, frac.trim_end_matches('0'))
+            };
+            let mut line = format!(
+                "{{\"timestamp\": {ts}, \"input_length\": {input}, \"output_length\": {output}"
+            );
+            if let Some(h) = &r.prefix_hashes {
+                line.push_str(", \"hash_ids\": [");
+                for (i, id) in h.iter().enumerate() {
+                    if i > 0 {
+                        line.push_str(", ");
+                    }
+                    line.push_str(&id.to_string());
+                }
+                line.push(']');
+            }
+            line.push('}');
+            Ok(line)
+        })
+        .collect()
+}
+
+/// Writes `records` as Mooncake JSONL to `path` (see [`export_mooncake_lines`]); returns the
+/// number of lines. The file appears under its name only when complete.
+pub fn export_mooncake(records: &[TraceRecord], path: &Path) -> Result<usize> {
+    let lines = export_mooncake_lines(records)?;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let write = || -> std::io::Result<()> {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        for l in &lines {
+            w.write_all(l.as_bytes())?;
+            w.write_all(b"\n")?;
+        }
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })?;
+    Ok(lines.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::{import as import_all, test_shared_data, Format, ImportOptions};
+    use crate::{read_traces, write_trace_file};
+
+    #[test]
+    fn rows_hashes_and_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.jsonl");
+        std::fs::write(
+            &p,
+            "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [0, 1]}\n\
+             {\"timestamp\": 1500.5, \"input_length\": 10, \"output_length\": 0, \"hash_ids\": [0]}\n\
+             {\"timestamp\": 2000, \"input_length\": 10, \"output_length\": 1}\n",
+        )
+        .unwrap();
+        let rows = import(&p, "m").unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].prefix_hashes, Some(vec![0, 1]));
+        assert_eq!(rows[1].arrival_time_us, 1_500_500);
+        assert_eq!(rows[2].prefix_hashes, None);
+        assert_eq!(rows[1].request_id, "m:2");
+        for (content, want) in [
+            ("{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n{oops\n", "m.jsonl:2"),
+            ("{\"timestamp\": -5, \"input_length\": 1, \"output_length\": 1}\n", "timestamp"),
+            ("{\"timestamp\": 0, \"input_length\": 1.5, \"output_length\": 1}\n", "input_length"),
+            ("{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [-1]}\n", "hash id"),
+        ] {
+            std::fs::write(&p, content).unwrap();
+            let e = import(&p, "m").unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn export_import_export_is_lossless() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src.jsonl");
+        std::fs::write(
+            &src,
+            "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [0, 1]}\n\
+             {\"timestamp\": 7, \"input_length\": 5, \"output_length\": 2, \"hash_ids\": [18446744073709551615]}\n\
+             {\"timestamp\": 1500.25, \"input_length\": 10, \"output_length\": 0}\n",
+        )
+        .unwrap();
+        let opts = ImportOptions::default();
+        let imported = import_all(std::slice::from_ref(&src), &opts, "test").unwrap();
+        assert_eq!(imported.meta.block_size, Some(512));
+        let parquet = dir.path().join("t.parquet");
+        write_trace_file(&parquet, &imported.records, &imported.meta).unwrap();
+        let t = read_traces(&[parquet.to_str().unwrap()]).unwrap();
+        let out1 = dir.path().join("out1.jsonl");
+        assert_eq!(export_mooncake(&t.records, &out1).unwrap(), 3);
+        // The source itself comes back byte for byte (it starts at 0).
+        assert_eq!(
+            std::fs::read_to_string(&out1).unwrap(),
+            std::fs::read_to_string(&src).unwrap()
+        );
+        let again = import_all(std::slice::from_ref(&out1), &opts, "test").unwrap();
+        let out2 = dir.path().join("out2.jsonl");
+        export_mooncake(&again.records, &out2).unwrap();
+        assert_eq!(std::fs::read(&out1).unwrap(), std::fs::read(&out2).unwrap());
+
+        let mut no_len = again.records[0].clone();
+        no_len.output_tokens = None;
+        assert!(export_mooncake_lines(&[no_len])
+            .unwrap_err()
+            .to_string()
+            .contains("output_tokens"));
+    }
+
+    #[test]
+    fn shared_mooncake_sample_imports_exactly_and_round_trips() {
+        let Some(p) = test_shared_data("mooncake_synthetic_trace.jsonl") else {
+            return;
+        };
+        let opts = ImportOptions::default();
+        let imported = import_all(std::slice::from_ref(&p), &opts, "test").unwrap();
+        let s = &imported.sources[0];
+        assert_eq!(s.format, Format::Mooncake);
+        assert_eq!(s.rows, 3_993);
+        assert_eq!(s.prompt_tokens, 61_194_628);
+        assert_eq!(s.output_tokens, 595_432);
+        assert_eq!((s.first_arrival_us, s.span_us()), (Some(0), 1_022_025_000));
+        assert_eq!(imported.meta.block_size, Some(512));
+        let blocks: usize = imported
+            .records
+            .iter()
+            .map(|r| r.prefix_hashes.as_ref().unwrap().len())
+            .sum();
+        let expected: i64 = imported
+            .records
+            .iter()
+            .map(|r| (r.prompt_tokens.unwrap() + 511) / 512)
+            .sum();
+        assert_eq!(blocks as i64, expected);
+        // Export reproduces the source's records (same fields, same order, same values).
+        let lines = export_mooncake_lines(&imported.records).unwrap();
+        let source = std::fs::read_to_string(&p).unwrap();
+        let parse = |l: &str| serde_json::from_str::<Value>(l).unwrap();
+        let src: Vec<Value> = source
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(parse)
+            .collect();
+        let out: Vec<Value> = lines.iter().map(|l| parse(l)).collect();
+        assert_eq!(src, out);
+    }
+}

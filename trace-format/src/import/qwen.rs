@@ -1,0 +1,173 @@
+//! Qwen Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon): JSON lines
+//! `{"chat_id", "parent_chat_id", "timestamp" (s, float), "input_length", "output_length",
+//! "type", "turn", "hash_ids"}`.
+//!
+//! Each line is one request, id `<prefix>:<line>`. `chat_id`/`parent_chat_id` link the turns
+//! of a conversation: a turn whose parent is absent, negative or not in the file starts a
+//! session, and every later turn joins its parent's session, whose id is the first turn's
+//! `chat_id`. Hash ids name 16-token blocks (block size 16 in the metadata). Each row already
+//! carries its turn's whole context in `input_length`/`hash_ids`. The model stays empty (the
+//! traces do not name one); `type` and `turn` are not mapped. Rows become chat requests.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{bad, for_each_line, row, seconds_to_us};
+use crate::error::Result;
+use crate::schema::TraceRecord;
+
+/// Tokens per hash id.
+pub const BLOCK_SIZE: u32 = 16;
+/// Endpoint of imported rows.
+pub const ENDPOINT: &str = "/v1/chat/completions";
+
+/// An id field that may be written as a number or a string.
+fn id_of(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Reads a Qwen Bailian JSONL trace.
+pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
+    let mut out = Vec::new();
+    let mut parents: Vec<(Option<String>, Option<String>)> = Vec::new();
+    for_each_line(path, |line_no, line| {
+        let v: Value =
+            serde_json::from_str(line).map_err(|e| bad(path, line_no, format!("not JSON: {e}")))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| bad(path, line_no, "not a JSON object"))?;
+        let ts = obj
+            .get("timestamp")
+            .ok_or_else(|| bad(path, line_no, "no timestamp"))?;
+        let arrival = seconds_to_us(&ts.to_string()).ok_or_else(|| {
+            bad(
+                path,
+                line_no,
+                format!("timestamp {ts} is not a non-negative number of seconds"),
+            )
+        })?;
+        let count = |name: &str| -> Result<i64> {
+            obj.get(name)
+                .and_then(Value::as_i64)
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| {
+                    bad(
+                        path,
+                        line_no,
+                        format!("{name} missing or not a non-negative integer"),
+                    )
+                })
+        };
+        let mut r = row(
+            id_prefix,
+            line_no,
+            arrival,
+            ENDPOINT,
+            count("input_length")?,
+            count("output_length")?,
+        );
+        r.prefix_hashes = match obj.get("hash_ids") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(ids)) => Some(
+                ids.iter()
+                    .map(|h| {
+                        h.as_u64().ok_or_else(|| {
+                            bad(
+                                path,
+                                line_no,
+                                format!("hash id {h} is not a non-negative integer"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<u64>>>()?,
+            ),
+            Some(other) => {
+                return Err(bad(
+                    path,
+                    line_no,
+                    format!("hash_ids {other} is not an array"),
+                ))
+            }
+        };
+        let chat =
+            id_of(obj.get("chat_id")).ok_or_else(|| bad(path, line_no, "chat_id missing"))?;
+        let parent = id_of(obj.get("parent_chat_id")).filter(|p| !p.starts_with('-'));
+        parents.push((Some(chat), parent));
+        out.push(r);
+        Ok(())
+    })?;
+    // Sessions: follow parent links to the first turn (iteratively; cycles stop).
+    let index: HashMap<&str, usize> = parents
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (c, _))| c.as_deref().map(|c| (c, i)))
+        .collect();
+    let mut root_of: Vec<Option<String>> = vec![None; parents.len()];
+    for i in 0..parents.len() {
+        let mut cur = i;
+        let mut steps = 0;
+        while let Some(p) = parents[cur].1.as_deref() {
+            match index.get(p) {
+                Some(&j) if j != cur && steps < parents.len() => {
+                    if let Some(r) = &root_of[j] {
+                        root_of[i] = Some(r.clone());
+                        break;
+                    }
+                    cur = j;
+                    steps += 1;
+                }
+                _ => break,
+            }
+        }
+        if root_of[i].is_none() {
+            root_of[i] = parents[cur].0.clone();
+        }
+    }
+    for (r, s) in out.iter_mut().zip(root_of) {
+        r.session_id = s;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::{import as import_all, ImportOptions};
+
+    #[test]
+    fn sessions_follow_parent_links_and_times_are_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("q.jsonl");
+        std::fs::write(
+            &p,
+            "{\"chat_id\": 10, \"parent_chat_id\": -1, \"timestamp\": 0.5, \"input_length\": 40, \"output_length\": 5, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [1, 2, 3]}\n\
+             {\"chat_id\": 11, \"parent_chat_id\": -1, \"timestamp\": 1.25, \"input_length\": 8, \"output_length\": 0, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [9]}\n\
+             {\"chat_id\": 12, \"parent_chat_id\": 10, \"timestamp\": 3.000001, \"input_length\": 60, \"output_length\": 7, \"type\": \"text\", \"turn\": 2, \"hash_ids\": [1, 2, 3, 4]}\n\
+             {\"chat_id\": 13, \"parent_chat_id\": 12, \"timestamp\": 4, \"input_length\": 90, \"output_length\": 1, \"type\": \"text\", \"turn\": 3, \"hash_ids\": [1, 2, 3, 4, 5, 6]}\n",
+        )
+        .unwrap();
+        let t = import_all(std::slice::from_ref(&p), &ImportOptions::default(), "t").unwrap();
+        assert_eq!(t.meta.block_size, Some(16));
+        let r = &t.records;
+        assert_eq!(
+            r.iter().map(|r| r.arrival_time_us).collect::<Vec<_>>(),
+            vec![500_000, 1_250_000, 3_000_001, 4_000_000]
+        );
+        let s: Vec<_> = r.iter().map(|r| r.session_id.as_deref().unwrap()).collect();
+        assert_eq!(s, vec!["10", "11", "10", "10"]);
+        assert_eq!(r[3].prefix_hashes.as_ref().unwrap().len(), 6);
+        assert_eq!(t.sources[0].prompt_tokens, 198);
+        assert_eq!(r[0].endpoint, "/v1/chat/completions");
+        std::fs::write(&p, "{\"parent_chat_id\": -1, \"timestamp\": 0.5, \"input_length\": 40, \"output_length\": 5}\n").unwrap();
+        assert!(import(&p, "q")
+            .unwrap_err()
+            .to_string()
+            .contains("q.jsonl:1: chat_id"));
+    }
+}

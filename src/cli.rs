@@ -27,6 +27,10 @@ pub struct Cli {
 enum Command {
     /// Run a transparent streaming proxy in front of one upstream and record its traffic as a trace.
     Capture(crate::capture_cmd::CaptureArgs),
+    /// Convert public traces (Azure, BurstGPT, Mooncake, Qwen Bailian, ShareGPT) into a trace.
+    Import(crate::import_cmd::ImportArgs),
+    /// Write a trace as Mooncake JSONL (NVIDIA AIPerf, SGLang bench_serving).
+    Export(crate::import_cmd::ExportArgs),
     /// Run a simulated OpenAI-compatible engine (no GPU).
     Sim(SimArgs),
     /// Replay a trace's arrival shape against one or more targets (default: an in-process sim).
@@ -238,6 +242,10 @@ struct ReplayArgs {
     /// Send built requests without streaming (by default they stream as their row did).
     #[arg(long)]
     no_stream: bool,
+    /// Tokenizer synthesized prompts are exact for: cl100k_base, o200k_base, words, or a
+    /// tokenizer.json path (default: word filler, exact for the sim, approximate elsewhere).
+    #[arg(long)]
+    tokenizer: Option<String>,
     /// Salt for synthesized prompts (default: random per run, so runs do not hit each other's prefix cache).
     #[arg(long)]
     prompt_salt: Option<u64>,
@@ -396,6 +404,8 @@ fn now_us() -> i64 {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Capture(a) => crate::capture_cmd::run_capture(a),
+        Command::Import(a) => crate::import_cmd::run_import(a, &command_line()),
+        Command::Export(a) => crate::import_cmd::run_export(a),
         Command::Sim(a) => run_sim(a),
         Command::Replay(a) => run_replay(a),
         Command::Synth(a) => run_synth(a),
@@ -630,6 +640,14 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         .map(|b| b as usize);
     let mut sim_guard = None;
     let mut cfg = replay_config(&a, a.targets.clone());
+    if let Some(spec) = &a.tokenizer {
+        let pt = replay::prompt::PromptTokenizer::load(spec)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("--tokenizer {spec}"))?;
+        cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
+    } else if !a.targets.is_empty() {
+        eprintln!("note: no --tokenizer: synthesized prompts are word filler; their token lengths on the target are approximate");
+    }
     if cfg.targets.is_empty() {
         let s = EmbeddedSim::start(a.sim.config()?)?;
         cfg.targets = vec![Target {
@@ -945,6 +963,8 @@ mod tests {
             &["llmreplay", "inspect", "x"],
             &["llmreplay", "demo"],
             &["llmreplay", "sim"],
+            &["llmreplay", "import", "x.csv", "-o", "t.parquet"],
+            &["llmreplay", "export", "t.parquet", "-o", "x.jsonl"],
             &[
                 "llmreplay",
                 "replay",

@@ -3,6 +3,7 @@
 
 mod capture_cmd;
 mod cli;
+mod import_cmd;
 mod report_cmd;
 
 use std::io::Write;

@@ -131,16 +131,21 @@ fn preconnect_count(plan: &Plan, records: &[TraceRecord], cfg: &ReplayConfig) ->
         Some(c) => c.min(n),
         None => {
             // Peak overlap of [offset, offset + recorded e2el], when the trace has latencies;
-            // otherwise every request that starts within the first second.
+            // otherwise the most sends in any 5 s of the schedule (most requests end sooner).
             let by_id: std::collections::HashMap<&str, i64> = records
                 .iter()
                 .filter_map(|r| Some((r.request_id.as_str(), r.e2el_us?)))
                 .collect();
             if by_id.is_empty() {
-                plan.items
+                let mut iv: Vec<(i64, i64)> = plan
+                    .items
                     .iter()
-                    .filter(|p| p.offset < Duration::from_secs(1))
-                    .count()
+                    .map(|p| {
+                        let s = p.offset.as_micros() as i64;
+                        (s, s + 5_000_000)
+                    })
+                    .collect();
+                crate::metrics::max_overlap(&mut iv)
             } else {
                 let mut iv: Vec<(i64, i64)> = plan
                     .items

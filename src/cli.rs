@@ -209,9 +209,18 @@ struct ReplayArgs {
     /// Skip this much of the trace (trace time).
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     start_offset: Duration,
-    /// Replay only this much of the trace (trace time).
+    /// Replay only this much of the trace (trace time); with --loop, of the looped trace:
+    /// the soak's length.
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
+    /// Soak: replay the trace N times back to back (fresh prompt text per pass, shared
+    /// prefixes kept), or `inf` to loop until --duration.
+    #[arg(long = "loop", value_name = "N|inf")]
+    loops: Option<replay::soak::Loops>,
+    /// Metrics per time slice of this width (e.g. 30s) in the JSON and as a timeline in the
+    /// report, so drift over a long run shows as a trend.
+    #[arg(long, value_parser = parse_duration)]
+    slice: Option<Duration>,
     /// Keep this fraction of sessions (whole sessions when session_id is present).
     #[arg(long)]
     sample_ratio: Option<f64>,
@@ -261,6 +270,9 @@ struct ReplayArgs {
     /// Per-request timeout.
     #[arg(long, value_parser = parse_duration, default_value = "600s")]
     timeout: Duration,
+    /// PEM bundle of a private CA to trust for https targets (default: the web PKI).
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
     /// Do not open the connection pool before the clock starts.
     #[arg(long)]
     no_preconnect: bool,
@@ -572,6 +584,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             headers: a.headers.clone(),
             api_key: a.api_key.clone(),
             timeout: a.timeout,
+            ca_cert: a.ca_cert.clone(),
             tokenizer: None,
         },
         preconnect: !a.no_preconnect,
@@ -586,6 +599,10 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
         label: a.label.clone(),
         metadata: a.metadata.clone(),
         server_metrics: a.server_metrics,
+        soak: replay::soak::Soak {
+            loops: a.loops,
+            slice: a.slice,
+        },
     }
 }
 

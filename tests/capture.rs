@@ -765,3 +765,299 @@ fn binary_capture_sigterm_exits_0_with_finished_files() {
     assert_eq!(records(&out).len(), 1);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Irregular, known gaps (ms) between sends: a fixed LCG sequence in 0..=40 with bursts of
+/// back-to-back requests, so equal offsets cannot pass by accident.
+fn irregular_gaps_ms(n: usize) -> Vec<u64> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..n)
+        .map(|i| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            if i == 0 || i % 7 == 3 {
+                0 // a burst: sent together with the previous one
+            } else {
+                (x >> 33) % 41
+            }
+        })
+        .collect()
+}
+
+/// Drives `gaps.len()` generation requests through a capture proxy (record mode `mode`)
+/// in front of a sim, each sent at its own absolute time (start + sum of the gaps before
+/// it), then stops the proxy cleanly. Mixes chat/completions and streamed/not.
+async fn capture_with_gaps(
+    mode: proxy::RecordBodies,
+    gaps: &[u64],
+    upstream: &str,
+    out: &Path,
+) -> Vec<TraceRecord> {
+    let mut c = cfg(upstream, out);
+    c.record_bodies = mode;
+    let p = proxy::start(c).await.expect("proxy");
+    let url = p.url(false);
+    let cl = client();
+    let start = tokio::time::Instant::now();
+    let mut at = Duration::ZERO;
+    let mut tasks = Vec::new();
+    for (i, g) in gaps.iter().enumerate() {
+        at += Duration::from_millis(*g);
+        let (cl, url) = (cl.clone(), url.clone());
+        let when = start + at;
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(when).await;
+            let chat = i % 3 == 1;
+            let path = if chat {
+                "/v1/chat/completions"
+            } else {
+                "/v1/completions"
+            };
+            post(&cl, &url, path, &req_body(chat, i % 2 == 0, None, 3), &[]).await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("client task").status, StatusCode::OK);
+    }
+    let report = p.shutdown(Duration::from_secs(5)).await.expect("shutdown");
+    assert!(report.drained);
+    assert_eq!(report.records_written, gaps.len() as u64);
+    let recs = records(out);
+    assert_eq!(recs.len(), gaps.len());
+    for r in &recs {
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        assert_eq!(r.body.is_some(), mode == proxy::RecordBodies::Full, "{r:?}");
+        assert!(
+            r.prompt_tokens.is_some() && r.output_tokens == Some(3),
+            "{r:?}"
+        );
+    }
+    recs
+}
+
+/// `llmreplay replay DIR --target ...` on a capture directory: every request is scheduled at
+/// exactly its captured arrival offset, in the default `hashes` mode (rows without a body are
+/// replayed as built requests of the recorded lengths) and in `full` mode (recorded bodies).
+#[test]
+fn replay_of_a_capture_keeps_captured_arrival_offsets() {
+    let _g = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let upstream = rt.block_on(sim(1, 1));
+    let target = rt.block_on(sim(1, 1));
+    let gaps = irregular_gaps_ms(36);
+    for mode in [proxy::RecordBodies::Hashes, proxy::RecordBodies::Full] {
+        let out = tmpdir("replay-capture");
+        let captured = rt.block_on(capture_with_gaps(mode, &gaps, &upstream.url(), &out));
+        let first = captured[0].arrival_time_us;
+        let offsets: Vec<i64> = captured.iter().map(|r| r.arrival_time_us - first).collect();
+        // The capture kept the irregular shape (bursts and pauses), not a uniform spacing.
+        let mut steps: Vec<i64> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+        steps.sort_unstable();
+        assert!(steps[steps.len() - 1] > steps[0] + 10_000, "{steps:?}");
+
+        let results = out.with_extension("results.parquet");
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
+            .arg("replay")
+            .arg(&out)
+            .args(["--target", &format!("sim={}", target.url()), "--results"])
+            .arg(&results)
+            .args(["-q", "--prompt-salt", "1"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run llmreplay replay");
+        assert!(
+            o.status.success(),
+            "{mode:?}: replay failed:\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let res = records(&results);
+        assert_eq!(res.len(), captured.len(), "{mode:?}");
+        let by_id: std::collections::HashMap<&str, i64> = captured
+            .iter()
+            .map(|r| (r.request_id.as_str(), r.arrival_time_us - first))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for r in &res {
+            let want = *by_id
+                .get(r.request_id.as_str())
+                .unwrap_or_else(|| panic!("{mode:?}: unknown request id {}", r.request_id));
+            assert!(seen.insert(r.request_id.clone()), "{} twice", r.request_id);
+            let got = r.scheduled_offset_us.expect("scheduled_offset_us");
+            assert!(
+                (got - want).abs() <= 1,
+                "{mode:?} {}: scheduled at {got} µs, captured at {want} µs",
+                r.request_id
+            );
+            assert_eq!(r.outcome, Outcome::Ok, "{mode:?}: {r:?}");
+        }
+        let _ = std::fs::remove_dir_all(&out);
+        let _ = std::fs::remove_file(&results);
+    }
+    rt.block_on(upstream.shutdown());
+    rt.block_on(target.shutdown());
+}
+
+/// A `llmreplay capture` child process whose stderr lines arrive on a channel.
+struct CaptureProc {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: Vec<String>,
+}
+
+impl CaptureProc {
+    fn spawn(listen: SocketAddr, upstream: &str, out: &Path, extra: &[&str]) -> CaptureProc {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
+            .args(["capture", "--no-admin", "--listen", &listen.to_string()])
+            .args(["--upstream", upstream])
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn llmreplay capture");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(stderr).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        CaptureProc {
+            child,
+            lines,
+            log: Vec::new(),
+        }
+    }
+
+    /// Waits (bounded) for a stderr line containing `needle`; returns it.
+    fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.log.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Err(e) => panic!("no {needle:?} from llmreplay capture ({e}); stderr: {:#?}", self.log),
+            }
+        }
+    }
+
+    /// SIGTERM, then the exit status (bounded wait).
+    fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        // SAFETY: sending a signal to our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("llmreplay capture did not exit on SIGTERM; stderr: {:#?}", self.log);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.log.push(l);
+        }
+        (status, self.log)
+    }
+}
+
+/// kill -9 of the capture binary after N completed requests and more than the flush interval:
+/// the next capture on the same --out recovers the journal, and every request has exactly
+/// one row in complete, private Parquet files with no journal left.
+#[test]
+fn binary_capture_kill_9_loses_nothing_older_than_the_flush_interval() {
+    use std::os::unix::fs::PermissionsExt;
+    let _g = serial();
+    const N: usize = 24;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = rt.block_on(sim(1, 1));
+    let out = tmpdir("kill9");
+    let listen = closed_port();
+    let flags = ["--flush-interval", "60s", "--session-header", "x-req"];
+    let mut cap = CaptureProc::spawn(listen, &s.url(), &out, &flags);
+    cap.wait_for("listening on");
+    let url = format!("http://{listen}");
+    rt.block_on(async {
+        let c = client();
+        for i in 0..N {
+            let chat = i % 3 == 0;
+            let path = if chat {
+                "/v1/chat/completions"
+            } else {
+                "/v1/completions"
+            };
+            let id = format!("k-{i}");
+            let body = req_body(chat, i % 2 == 0, None, 2);
+            let g = post(&c, &url, path, &body, &[("x-req", &id)]).await;
+            assert_eq!(g.status, StatusCode::OK, "{id}");
+        }
+    });
+    // Every response is complete, so every row is queued: 10 flush intervals later it is in
+    // the journal on disk (the writer hands its buffer to the OS every half interval).
+    std::thread::sleep(Duration::from_millis(500));
+    cap.child.kill().expect("SIGKILL"); // std's kill is SIGKILL
+    let status = cap.child.wait().unwrap();
+    assert!(!status.success(), "{status:?}");
+    let names = |dir: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let left = names(&out);
+    assert!(
+        left.iter().any(|n| n.ends_with(".journal")) && !left.iter().any(|n| n.ends_with(".parquet")),
+        "after kill -9 only a journal should exist: {left:?}"
+    );
+
+    // A new capture on the same directory recovers the journal at start.
+    let listen2 = closed_port();
+    let mut cap = CaptureProc::spawn(listen2, &s.url(), &out, &flags);
+    let line = cap.wait_for("listening on");
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "{status:?}: {log:#?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains(&format!("recovered {N} records"))),
+        "{line}: {log:#?}"
+    );
+    rt.block_on(s.shutdown());
+
+    let files = names(&out);
+    assert!(!files.is_empty());
+    let mut ids = Vec::new();
+    for name in &files {
+        assert!(name.ends_with(".parquet"), "left behind: {name} in {files:?}");
+        let path = out.join(name);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+        // Each file on its own is a complete trace file.
+        let t = trace_format::read_traces(&[path.to_str().unwrap()]).expect("complete Parquet");
+        ids.extend(t.records.into_iter().map(|r| {
+            assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+            r.session_id.expect("session id")
+        }));
+    }
+    ids.sort();
+    let mut want: Vec<String> = (0..N).map(|i| format!("k-{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want, "every request exactly once");
+    let _ = std::fs::remove_dir_all(&out);
+}

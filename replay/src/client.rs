@@ -21,6 +21,7 @@ use tokio::net::TcpStream;
 use trace_format::sse::{classify, response_usage, SseParser, StreamEvent};
 use trace_format::Outcome;
 
+use crate::config::RequestOptions;
 use crate::error::ReplayError;
 use crate::prompt::BuiltRequest;
 
@@ -143,11 +144,11 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for `url` with extra headers, an optional API key and a per-request timeout.
+    /// A client for `url` with the headers, API key and CA bundle of `opts`, and `timeout`
+    /// per request.
     pub fn new(
         url: &str,
-        headers: &[(String, String)],
-        api_key: Option<&str>,
+        opts: &RequestOptions,
         timeout: Duration,
     ) -> Result<Arc<Client>, ReplayError> {
         let ep = parse_url(url).map_err(ReplayError::Config)?;
@@ -158,26 +159,19 @@ impl Client {
         };
         map.insert(HOST, hv(&ep.authority)?);
         map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(k) = api_key {
+        if let Some(k) = &opts.api_key {
             map.insert(AUTHORIZATION, hv(&format!("Bearer {k}"))?);
         }
-        for (k, v) in headers {
+        for (k, v) in &opts.headers {
             let name = HeaderName::from_bytes(k.as_bytes())
                 .map_err(|_| ReplayError::Config(format!("header name {k:?} is not valid")))?;
             map.insert(name, hv(v)?);
         }
-        let tls = ep.https.then(|| {
-            let mut roots = rustls::RootCertStore::empty();
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-            tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        });
+        let tls = if ep.https {
+            Some(tls_connector(opts.ca_cert.as_deref())?)
+        } else {
+            None
+        };
         Ok(Arc::new(Client {
             ep,
             tls,
@@ -378,6 +372,37 @@ impl Client {
     }
 }
 
+/// rustls (ring) trusting the web PKI, or only the PEM bundle at `ca` (a private CA).
+fn tls_connector(ca: Option<&std::path::Path>) -> Result<tokio_rustls::TlsConnector, ReplayError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        Some(path) => {
+            let bad = |e: String| ReplayError::Config(format!("--ca-cert {}: {e}", path.display()));
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| bad(e.to_string()))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(bad("no PEM certificate in the file".into()));
+            }
+            for c in certs {
+                roots.add(c).map_err(|e| bad(e.to_string()))?;
+            }
+        }
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ReplayError::Config(format!("TLS: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+}
+
 async fn handshake<I>(io: I) -> Result<Conn, String>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -422,8 +447,16 @@ fn us_since(t0: Instant, t: Instant) -> i64 {
     t.saturating_duration_since(t0).as_micros() as i64
 }
 
-async fn with_deadline<T>(deadline: tokio::time::Instant, f: impl Future<Output = T>) -> Option<T> {
-    tokio::time::timeout_at(deadline, f).await.ok()
+/// Awaits `f` unless `deadline` (one timer per request, registered once) fires first.
+async fn with_deadline<T>(
+    deadline: &mut std::pin::Pin<&mut tokio::time::Sleep>,
+    f: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        v = f => Some(v),
+        _ = deadline.as_mut() => None,
+    }
 }
 
 /// Reads a response to its end, classifying what it got.
@@ -440,6 +473,8 @@ async fn read_response(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let mut body = resp.into_body();
+    let timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(timer);
     let mut ex = Exchange::failed(t0, false, Duration::ZERO, Outcome::Ok, String::new());
     ex.error = None;
     ex.status = Some(status);
@@ -452,7 +487,7 @@ async fn read_response(
         let mut first: Option<Instant> = None;
         let mut failed = None;
         loop {
-            match with_deadline(deadline, body.frame()).await {
+            match with_deadline(&mut timer, body.frame()).await {
                 None => {
                     failed = Some((
                         Outcome::Timeout,
@@ -520,7 +555,7 @@ async fn read_response(
     let mut invalid = 0usize;
     let mut bytes = 0i64;
     loop {
-        match with_deadline(deadline, body.frame()).await {
+        match with_deadline(&mut timer, body.frame()).await {
             None => {
                 ex.outcome = Outcome::Timeout;
                 ex.error = Some(format!(

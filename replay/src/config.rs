@@ -283,6 +283,8 @@ pub struct RequestOptions {
     pub api_key: Option<String>,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// PEM bundle of the CA to trust for https targets instead of the web PKI.
+    pub ca_cert: Option<std::path::PathBuf>,
 }
 
 /// Everything a replay run needs, validated.
@@ -324,6 +326,8 @@ pub struct ReplayConfig {
     pub metadata: Vec<(String, String)>,
     /// Sample each target's `/metrics` during the run (vLLM's scheduler gauges).
     pub server_metrics: bool,
+    /// Soak: passes of the trace (`--loop`) and metrics per time slice (`--slice`).
+    pub soak: crate::soak::Soak,
 }
 
 impl ReplayConfig {
@@ -347,6 +351,7 @@ impl ReplayConfig {
                 headers: Vec::new(),
                 api_key: None,
                 timeout: Duration::from_secs(600),
+                ca_cert: None,
             },
             preconnect: true,
             num_warmups: 0,
@@ -365,6 +370,7 @@ impl ReplayConfig {
             label: None,
             metadata: Vec::new(),
             server_metrics: false,
+            soak: crate::soak::Soak::default(),
         }
     }
 
@@ -420,6 +426,14 @@ impl ReplayConfig {
         }
         if self.request.timeout.is_zero() {
             return bad("--timeout must be positive".into());
+        }
+        if self.soak.loops == Some(crate::soak::Loops::UntilDuration)
+            && self.selection.duration.is_none()
+        {
+            return bad("--loop inf replays until --duration: give --duration (e.g. 1h)".into());
+        }
+        if self.soak.slice.is_some_and(|d| d.is_zero()) {
+            return bad("--slice must be positive".into());
         }
         Ok(())
     }

@@ -20,6 +20,7 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod server_metrics;
+pub mod soak;
 pub mod svg;
 pub mod sweep;
 pub mod synth;
@@ -38,6 +39,21 @@ pub fn replay(
     progress: &dyn Fn(&config::Target, Progress),
 ) -> Result<Vec<(RunOutput, Metrics)>, ReplayError> {
     cfg.validate()?;
+    // Soak: the trace's passes back to back; the selection then applies to the looped rows.
+    let looped;
+    let records = match cfg.soak.loops {
+        Some(l) => {
+            let n = soak::passes(
+                records,
+                l,
+                cfg.selection.start_offset,
+                cfg.selection.duration,
+            )?;
+            looped = soak::loop_records(records, n);
+            looped.as_slice()
+        }
+        None => records,
+    };
     let rt = run::client_runtime(cfg.client_threads)?;
     let mut out = Vec::with_capacity(cfg.targets.len());
     let run_base = format!(
@@ -53,13 +69,7 @@ pub fn replay(
         let run_id = format!("{run_base}-{i}");
         // The server's histograms before and after: its own view of exactly this run.
         let scraper = if cfg.server_metrics {
-            client::Client::new(
-                &target.url,
-                &cfg.request.headers,
-                cfg.request.api_key.as_deref(),
-                std::time::Duration::from_secs(5),
-            )
-            .ok()
+            client::Client::new(&target.url, &cfg.request, std::time::Duration::from_secs(5)).ok()
         } else {
             None
         };

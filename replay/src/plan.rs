@@ -229,6 +229,7 @@ mod tests {
             headers: vec![],
             api_key: None,
             timeout: Duration::from_secs(1),
+            ca_cert: None,
         }
     }
 

@@ -916,6 +916,7 @@ mod tests {
             headers: vec![],
             api_key: None,
             timeout: Duration::from_secs(5),
+            ca_cert: None,
         }
     }
 

@@ -408,6 +408,16 @@ pub fn result_json(i: &ResultInputs) -> Value {
         }
         ours.insert("server_histograms".into(), Value::Object(h));
     }
+    if let Some(l) = cfg.soak.loops {
+        ours.insert(
+            "soak".into(),
+            json!({"loop": l.to_string(), "passes": crate::soak::passes_replayed(&run.records)}),
+        );
+    }
+    if let Some(w) = cfg.soak.slice {
+        let s = crate::soak::slices(&run.records, run.started_at_us, w, &cfg.goodput);
+        ours.insert("slices".into(), crate::soak::slices_json(&s, w));
+    }
     o.insert("llmreplay".into(), Value::Object(ours));
     Value::Object(o)
 }

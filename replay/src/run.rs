@@ -191,12 +191,7 @@ pub fn run_target(
     run_id: &str,
     progress: &dyn Fn(Progress),
 ) -> Result<RunOutput, ReplayError> {
-    let client = Client::new(
-        &target.url,
-        &cfg.request.headers,
-        cfg.request.api_key.as_deref(),
-        cfg.request.timeout,
-    )?;
+    let client = Client::new(&target.url, &cfg.request, cfg.request.timeout)?;
     let info = rt.block_on(discover(&client, target))?;
     let model = cfg
         .request
@@ -269,12 +264,7 @@ pub fn run_target(
     let sampler = cfg.server_metrics.then(|| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         // Its own client, so scrapes never take a pooled request connection.
-        let scrape = Client::new(
-            &target.url,
-            &cfg.request.headers,
-            cfg.request.api_key.as_deref(),
-            Duration::from_secs(5),
-        );
+        let scrape = Client::new(&target.url, &cfg.request, Duration::from_secs(5));
         let task = scrape.ok().map(|c| {
             rt.spawn(crate::server_metrics::sample(
                 c,

@@ -30,13 +30,6 @@ pub enum UsageModeArg {
     Vllm,
 }
 
-/// Tokenizer for prefix-hash blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TokenizerArg {
-    /// One token per whitespace-separated word (placeholder until a real tokenizer exists).
-    Whitespace,
-}
-
 /// Flags of `llmreplay capture`.
 #[derive(Args, Debug)]
 pub struct CaptureArgs {
@@ -73,9 +66,12 @@ pub struct CaptureArgs {
     /// Tokens per prefix-hash block.
     #[arg(long, default_value_t = 16)]
     block_size: u32,
-    /// How prefix-hash tokens are counted.
-    #[arg(long, value_enum, default_value_t = TokenizerArg::Whitespace)]
-    tokenizer: TokenizerArg,
+    /// How prompt tokens are counted for prefix-hash blocks (and for prompt_tokens when the
+    /// upstream reports no usage): cl100k_base, o200k_base, words (one per whitespace word, as
+    /// the sim counts), or the path of a Hugging Face tokenizer.json. Recorded in the file
+    /// metadata with --block-size.
+    #[arg(long, default_value = "words")]
+    tokenizer: String,
     /// Never modify requests (streams without usage are then recorded without token counts).
     #[arg(long)]
     no_inject_usage: bool,
@@ -144,9 +140,9 @@ impl CaptureArgs {
             RecordBodiesArg::Full => proxy::RecordBodies::Full,
         };
         c.block_size = self.block_size;
-        c.tokenizer = match self.tokenizer {
-            TokenizerArg::Whitespace => proxy::Tokenizer::Whitespace,
-        };
+        c.tokenizer = std::sync::Arc::new(
+            proxy::Tokenizer::load(&self.tokenizer).context("loading the tokenizer")?,
+        );
         c.usage = match (self.no_inject_usage, self.usage_mode) {
             (true, _) => proxy::UsageMode::Off,
             (false, UsageModeArg::Standard) => proxy::UsageMode::Standard,

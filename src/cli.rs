@@ -239,9 +239,10 @@ struct ReplayArgs {
     /// Session pacing: open (recorded times) or closed (next turn after the candidate answers + think time).
     #[arg(long, default_value = "open")]
     session_mode: SessionMode,
-    /// Endpoint for rows without a recorded body: completions or chat.
-    #[arg(long, default_value = "completions")]
-    endpoint: EndpointKind,
+    /// Endpoint for rows without a recorded body: completions or chat (default: the row's own;
+    /// paths other than chat are sent as completions).
+    #[arg(long)]
+    endpoint: Option<EndpointKind>,
     /// Model name for every request (default: the row's, else the target's first model).
     #[arg(long)]
     model: Option<String>,
@@ -387,6 +388,9 @@ struct DemoArgs {
     /// Latency SLOs for goodput and the capacity answer, `KEY:MS`.
     #[arg(long, num_args = 1.., default_values = ["ttft:500", "tpot:50"])]
     goodput: Vec<Slo>,
+    /// The load the capacity plan must carry, req/s.
+    #[arg(long, default_value_t = 10.0)]
+    target_qps: f64,
     /// Sim options (the demo defaults to the tiny profile, whose knee sits at a few requests/s).
     #[command(flatten)]
     sim: SimOpts,
@@ -899,7 +903,7 @@ fn run_demo(mut a: DemoArgs) -> Result<()> {
         level_duration: Some(Duration::from_secs_f64(a.seconds)),
         slo_percentile: 95.0,
         plan: crate::report_cmd::PlanArgs {
-            target_qps: None,
+            target_qps: Some(a.target_qps),
             redundancy: 2,
             cost_per_hour: None,
         },

@@ -947,7 +947,10 @@ impl CaptureProc {
                         return l;
                     }
                 }
-                Err(e) => panic!("no {needle:?} from llmreplay capture ({e}); stderr: {:#?}", self.log),
+                Err(e) => panic!(
+                    "no {needle:?} from llmreplay capture ({e}); stderr: {:#?}",
+                    self.log
+                ),
             }
         }
     }
@@ -965,7 +968,10 @@ impl CaptureProc {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("llmreplay capture did not exit on SIGTERM; stderr: {:#?}", self.log);
+                panic!(
+                    "llmreplay capture did not exit on SIGTERM; stderr: {:#?}",
+                    self.log
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         };
@@ -988,7 +994,7 @@ fn binary_capture_kill_9_loses_nothing_older_than_the_flush_interval() {
     let s = rt.block_on(sim(1, 1));
     let out = tmpdir("kill9");
     let listen = closed_port();
-    let flags = ["--flush-interval", "60s", "--session-header", "x-req"];
+    let flags = ["--flush-interval", "50ms", "--session-header", "x-req"];
     let mut cap = CaptureProc::spawn(listen, &s.url(), &out, &flags);
     cap.wait_for("listening on");
     let url = format!("http://{listen}");
@@ -1023,7 +1029,8 @@ fn binary_capture_kill_9_loses_nothing_older_than_the_flush_interval() {
     };
     let left = names(&out);
     assert!(
-        left.iter().any(|n| n.ends_with(".journal")) && !left.iter().any(|n| n.ends_with(".parquet")),
+        left.iter().any(|n| n.ends_with(".journal"))
+            && !left.iter().any(|n| n.ends_with(".parquet")),
         "after kill -9 only a journal should exist: {left:?}"
     );
 
@@ -1044,7 +1051,10 @@ fn binary_capture_kill_9_loses_nothing_older_than_the_flush_interval() {
     assert!(!files.is_empty());
     let mut ids = Vec::new();
     for name in &files {
-        assert!(name.ends_with(".parquet"), "left behind: {name} in {files:?}");
+        assert!(
+            name.ends_with(".parquet"),
+            "left behind: {name} in {files:?}"
+        );
         let path = out.join(name);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{name}");
@@ -1059,5 +1069,72 @@ fn binary_capture_kill_9_loses_nothing_older_than_the_flush_interval() {
     let mut want: Vec<String> = (0..N).map(|i| format!("k-{i}")).collect();
     want.sort();
     assert_eq!(ids, want, "every request exactly once");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `--tokenizer`: prefix hashes are blocks of real tokens, the tokenizer's name and the block
+/// size are in the file metadata, and a stream without usage gets `prompt_tokens` counted by
+/// the tokenizer (source `tokenizer`), so the row can still be replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizer_blocks_and_counts_are_recorded_with_their_unit() {
+    let _g = serial();
+    let tok = std::sync::Arc::new(proxy::Tokenizer::load("cl100k_base").unwrap());
+    let s = sim(1, 1).await;
+    let out = tmpdir("tokenizer");
+    let mut c = cfg(&s.url(), &out);
+    c.usage = UsageMode::Off;
+    c.block_size = 4;
+    c.tokenizer = tok.clone();
+    let p = proxy::start(c).await.expect("proxy");
+    let shared = "Summarize the following report about quarterly revenue in three bullet points";
+    let prompts = [
+        format!("{shared} for the sales team."),
+        format!("{shared} for the board of directors, please."),
+    ];
+    for (i, prompt) in prompts.iter().enumerate() {
+        let body = serde_json::json!({
+            "model": "m", "prompt": prompt, "max_tokens": 3, "stream": i == 0
+        })
+        .to_string();
+        let g = post(&client(), &p.url(false), "/v1/completions", &body, &[]).await;
+        assert_eq!(g.status, StatusCode::OK);
+    }
+    p.shutdown(Duration::from_secs(5)).await.expect("shutdown");
+    s.shutdown().await;
+    let t = trace_format::read_traces(&[out.to_str().unwrap()]).unwrap();
+    let meta = &t.files[0].meta;
+    assert_eq!(meta.block_size, Some(4));
+    assert_eq!(
+        meta.extra.get("tokenizer").map(String::as_str),
+        Some("cl100k_base")
+    );
+    let mut recs = t.records;
+    recs.sort_by_key(|r| !r.stream); // the streamed (first) prompt first
+    for (r, prompt) in recs.iter().zip(&prompts) {
+        let n = tok.count(prompt).unwrap();
+        let hashes = r.prefix_hashes.as_ref().expect("hashes");
+        assert_eq!(hashes.len(), n / 4, "{r:?}");
+        if r.stream {
+            // No usage in the stream (injection off): counted by the tokenizer.
+            assert_eq!(r.prompt_tokens, Some(n as i64));
+            assert_eq!(
+                r.prompt_tokens_source,
+                Some(trace_format::TokenSource::Tokenizer)
+            );
+        } else {
+            assert_eq!(
+                r.prompt_tokens_source,
+                Some(trace_format::TokenSource::Usage)
+            );
+        }
+    }
+    let k = tok.count(shared).unwrap() / 4;
+    let (a, b) = (
+        recs[0].prefix_hashes.as_ref().unwrap(),
+        recs[1].prefix_hashes.as_ref().unwrap(),
+    );
+    assert!(k >= 2);
+    assert_eq!(a[..k], b[..k], "the shared prefix's blocks");
+    assert_ne!(a[k], b[k]);
     let _ = std::fs::remove_dir_all(&out);
 }

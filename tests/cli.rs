@@ -217,6 +217,45 @@ fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
     );
 }
 
+/// An imported public trace (Azure 2023 code, first 200 rows) replays against the sim with
+/// prompts exact for cl100k_base, ten times faster than recorded.
+#[test]
+fn imported_public_trace_replays_with_a_real_tokenizer() {
+    let _serial = serial();
+    let dir = tempdir("imported");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/azure-code-200.parquet");
+    let result = dir.join("r.json");
+    let o = run(&[
+        "replay",
+        sample.to_str().unwrap(),
+        "--tokenizer",
+        "cl100k_base",
+        "--speedup",
+        "10",
+        "--duration",
+        "20s",
+        "--save-result",
+        result.to_str().unwrap(),
+        "-q",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("exact for tokenizer cl100k_base"), "{out}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    let trace = trace_format::read_traces(&[sample.to_str().unwrap()]).unwrap();
+    let first = trace.records[0].arrival_time_us;
+    let want: Vec<&trace_format::TraceRecord> = trace
+        .records
+        .iter()
+        .filter(|r| r.arrival_time_us - first < 20_000_000)
+        .collect();
+    assert_eq!(v["completed"].as_u64(), Some(want.len() as u64), "{out}");
+    // The sim reports the prompt length it counted: equal to the recorded lengths.
+    let recorded: i64 = want.iter().map(|r| r.prompt_tokens.unwrap()).sum();
+    assert_eq!(v["total_input_tokens"].as_i64(), Some(recorded));
+    assert_eq!(v["llmreplay"]["trace"]["speedup"], 10.0);
+}
+
 #[test]
 fn bad_input_gives_clear_errors_not_panics() {
     let _serial = serial();

@@ -3,9 +3,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::prefix::Tokenizer;
+use trace_format::tokenize::Tokenizer;
 
 /// How much of each request body is kept in the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,8 +65,9 @@ pub struct ProxyConfig {
     pub record_bodies: RecordBodies,
     /// Tokens per prefix-hash block.
     pub block_size: u32,
-    /// How tokens are counted for prefix hashes.
-    pub tokenizer: Tokenizer,
+    /// How tokens are counted for prefix hashes (and for `prompt_tokens` when the upstream
+    /// reported no usage); its name goes into the file metadata.
+    pub tokenizer: Arc<Tokenizer>,
     /// Usage injection.
     pub usage: UsageMode,
     /// Fraction of generation requests recorded, in (0, 1].
@@ -92,8 +94,8 @@ pub struct ProxyConfig {
 }
 
 impl ProxyConfig {
-    /// A configuration with defaults: no admin listener, record hashes with 16-token blocks,
-    /// standard usage injection, everything sampled, 16 Ki queued records, 10 min upstream
+    /// A configuration with defaults: no admin listener, record hashes with 16-token blocks
+    /// of the `words` tokenizer, standard usage injection, everything sampled, 16 Ki queued records, 10 min upstream
     /// and idle timeouts, 64 MiB request bodies, 256 MiB / 1 h files, 200 ms flush.
     pub fn new(listen: SocketAddr, upstream: impl Into<String>, out: impl Into<PathBuf>) -> Self {
         ProxyConfig {
@@ -107,7 +109,7 @@ impl ProxyConfig {
             file_prefix: "capture".into(),
             record_bodies: RecordBodies::Hashes,
             block_size: 16,
-            tokenizer: Tokenizer::Whitespace,
+            tokenizer: Arc::new(Tokenizer::words()),
             usage: UsageMode::Standard,
             sample_rate: 1.0,
             queue_capacity: 16 * 1024,

@@ -33,5 +33,5 @@ pub use config::{ProxyConfig, RecordBodies, TlsFiles, UsageMode};
 pub use error::{ProxyError, Result};
 pub use metrics::Metrics;
 pub use observe::{StreamObserver, Strip};
-pub use prefix::Tokenizer;
 pub use server::{start, ProxyHandle, ShutdownReport, SECRET_HEADERS};
+pub use trace_format::tokenize::Tokenizer;

@@ -24,6 +24,7 @@ use trace_format::{Outcome, TokenSource, TraceRecord};
 
 use crate::observe::{StreamObserver, Strip};
 use crate::server::Shared;
+use crate::sink::PendingPrompt;
 
 /// Error type of response bodies.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -43,6 +44,8 @@ pub(crate) struct Recording {
     pub(crate) t0: Instant,
     /// The row being built.
     pub(crate) rec: TraceRecord,
+    /// The prompt's tokenization, running on the blocking pool (sampled rows only).
+    pub(crate) prompt: Option<PendingPrompt>,
     sampled: bool,
     done: bool,
 }
@@ -55,9 +58,15 @@ impl Recording {
             shared,
             t0,
             rec,
+            prompt: None,
             sampled,
             done: false,
         }
+    }
+
+    /// Whether this row will be written.
+    pub(crate) fn sampled(&self) -> bool {
+        self.sampled
     }
 
     /// Finishes the row with `outcome` at `end`: e2el from the last chunk (or `end` for a
@@ -107,7 +116,7 @@ impl Recording {
         }
         if self.sampled {
             let rec = std::mem::replace(r, TraceRecord::new(String::new(), 0, String::new()));
-            self.shared.sink.send(rec);
+            self.shared.sink.send(rec, self.prompt.take());
         }
         if m.in_flight.fetch_sub(1, Relaxed) == 1 {
             self.shared.idle.notify_waiters();

@@ -39,7 +39,7 @@ use trace_format::{FileMeta, Outcome, Producer, TraceRecord, WriterConfig};
 use crate::config::{ProxyConfig, RecordBodies};
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
-use crate::prefix::prefix_hashes;
+use crate::prefix::prompt_blocks;
 use crate::record::{BoxError, ObservedBody, Recording};
 use crate::request::{inject_usage, RequestInfo};
 use crate::sink::{self, Sink, WriterThread};
@@ -253,7 +253,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let mut meta = FileMeta::new(Producer::Capture, cfg.command.clone());
     meta.block_size = (cfg.record_bodies != RecordBodies::None).then_some(cfg.block_size);
     meta.extra
-        .insert("tokenizer".into(), cfg.tokenizer.as_str().into());
+        .insert("tokenizer".into(), cfg.tokenizer.name().to_string());
     meta.extra.insert(
         "record_bodies".into(),
         match cfg.record_bodies {
@@ -272,8 +272,9 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let out = cfg.out.clone();
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
+    let keep_hashes = cfg.record_bodies != RecordBodies::None;
     let (sink, writer, recovered) =
-        tokio::task::spawn_blocking(move || sink::start(wcfg, capacity, m2))
+        tokio::task::spawn_blocking(move || sink::start(wcfg, capacity, keep_hashes, m2))
             .await
             .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
     let _ = out;
@@ -695,18 +696,13 @@ async fn handle_generation(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad body");
         }
     };
-    let info = RequestInfo::parse(&body);
+    let mut info = RequestInfo::parse(&body);
     {
         let r = &mut recording.rec;
         r.request_bytes = body.len() as i64;
         r.model = info.model.clone();
         r.stream = info.stream;
         r.max_tokens = info.max_tokens;
-        if shared.cfg.record_bodies != RecordBodies::None {
-            if let Some(obj) = &info.json {
-                r.prefix_hashes = prefix_hashes(obj, shared.cfg.block_size, shared.cfg.tokenizer);
-            }
-        }
         if shared.cfg.record_bodies == RecordBodies::Full {
             r.body = Some(String::from_utf8_lossy(&body).into_owned());
         }
@@ -715,6 +711,19 @@ async fn handle_generation(
         Some((b, s)) => (Bytes::from(b), s),
         None => (body, Default::default()),
     };
+    // Tokenizing the prompt (prefix hashes, and prompt_tokens when the upstream reports no
+    // usage) can take milliseconds: it runs on the blocking pool while the request is
+    // forwarded, and the writer thread joins it before writing the row.
+    if recording.sampled() {
+        if let Some(obj) = info.json.take() {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let (tok, bs) = (shared.cfg.tokenizer.clone(), shared.cfg.block_size);
+            tokio::task::spawn_blocking(move || {
+                let _ = tx.send(prompt_blocks(&obj, bs, &tok));
+            });
+            recording.prompt = Some(rx);
+        }
+    }
     drop(info);
     let len = up_body.len();
     let Some(up) = upstream_request(&shared, &parts, Either::Left(Full::new(up_body)), Some(len))

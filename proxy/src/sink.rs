@@ -1,6 +1,10 @@
 //! The record sink: a bounded queue to the trace-format [`TraceWriter`] running on its own
 //! thread, so writing never slows the proxy. A full queue drops the record (counted in
 //! `records_dropped_total` and logged) instead of waiting.
+//!
+//! A row arrives with the tokenization of its prompt still running on the blocking pool
+//! ([`PendingPrompt`]); the writer thread waits for it (bounded) and fills in
+//! `prefix_hashes`, and `prompt_tokens` (source `tokenizer`) when the upstream reported none.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -10,14 +14,41 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use trace_format::writer::RecoveryReport;
-use trace_format::{TraceRecord, TraceWriter, WriterConfig};
+use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
+use crate::prefix::PromptBlocks;
+
+/// The result of tokenizing a row's prompt, computed off the request path.
+pub(crate) type PendingPrompt = Receiver<Option<PromptBlocks>>;
+
+/// Longest wait of the writer thread for one prompt's tokenization.
+const PROMPT_WAIT: Duration = Duration::from_secs(10);
+
+struct Queued {
+    rec: TraceRecord,
+    prompt: Option<PendingPrompt>,
+}
 
 enum Msg {
-    Record(Box<TraceRecord>),
+    Record(Box<Queued>),
     Close,
+}
+
+/// The row with what its prompt's tokenization gave.
+fn resolve(q: Queued, keep_hashes: bool) -> TraceRecord {
+    let Queued { mut rec, prompt } = q;
+    if let Some(p) = prompt.and_then(|rx| rx.recv_timeout(PROMPT_WAIT).ok().flatten()) {
+        if keep_hashes {
+            rec.prefix_hashes = Some(p.hashes);
+        }
+        if rec.prompt_tokens.is_none() {
+            rec.prompt_tokens = Some(p.tokens as i64);
+            rec.prompt_tokens_source = Some(TokenSource::Tokenizer);
+        }
+    }
+    rec
 }
 
 /// The sending side; cheap to share.
@@ -39,6 +70,7 @@ pub(crate) struct WriterThread {
 pub(crate) fn start(
     cfg: WriterConfig,
     capacity: usize,
+    keep_hashes: bool,
     metrics: Arc<Metrics>,
 ) -> Result<(Sink, WriterThread, RecoveryReport)> {
     let tick = cfg.flush_interval / 2;
@@ -47,7 +79,7 @@ pub(crate) fn start(
     let m = metrics.clone();
     let handle = std::thread::Builder::new()
         .name("llmreplay-writer".into())
-        .spawn(move || run(writer, rx, tick, &m))?;
+        .spawn(move || run(writer, rx, tick, keep_hashes, &m))?;
     Ok((
         Sink {
             tx: tx.clone(),
@@ -62,13 +94,14 @@ fn run(
     mut writer: TraceWriter,
     rx: Receiver<Msg>,
     tick: Duration,
+    keep_hashes: bool,
     metrics: &Metrics,
 ) -> Result<Vec<PathBuf>> {
     let tick = tick.max(Duration::from_millis(1));
     let mut last_tick = std::time::Instant::now();
     loop {
         match rx.recv_timeout(tick) {
-            Ok(Msg::Record(rec)) => match writer.append(*rec) {
+            Ok(Msg::Record(q)) => match writer.append(resolve(*q, keep_hashes)) {
                 Ok(()) => {
                     metrics.records_written.fetch_add(1, Relaxed);
                 }
@@ -84,8 +117,8 @@ fn run(
             },
             Ok(Msg::Close) | Err(RecvTimeoutError::Disconnected) => {
                 // Anything still queued was sent before Close: keep it.
-                while let Ok(Msg::Record(rec)) = rx.try_recv() {
-                    if writer.append(*rec).is_ok() {
+                while let Ok(Msg::Record(q)) = rx.try_recv() {
+                    if writer.append(resolve(*q, keep_hashes)).is_ok() {
                         metrics.records_written.fetch_add(1, Relaxed);
                     }
                 }
@@ -103,9 +136,13 @@ fn run(
 }
 
 impl Sink {
-    /// Queues a record, or drops and counts it when the queue is full.
-    pub(crate) fn send(&self, rec: TraceRecord) {
-        match self.tx.try_send(Msg::Record(Box::new(rec))) {
+    /// Queues a record (with its prompt's pending tokenization), or drops and counts it when
+    /// the queue is full.
+    pub(crate) fn send(&self, rec: TraceRecord, prompt: Option<PendingPrompt>) {
+        match self
+            .tx
+            .try_send(Msg::Record(Box::new(Queued { rec, prompt })))
+        {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 let n = self.metrics.records_dropped.fetch_add(1, Relaxed) + 1;

@@ -247,6 +247,19 @@ impl FromStr for PercentileMetric {
     }
 }
 
+impl RequestOptions {
+    /// The endpoint a built request for `row_endpoint` goes to.
+    pub fn endpoint_for(&self, row_endpoint: &str) -> EndpointKind {
+        self.endpoint.unwrap_or_else(|| {
+            if row_endpoint.ends_with("/chat/completions") {
+                EndpointKind::Chat
+            } else {
+                EndpointKind::Completions
+            }
+        })
+    }
+}
+
 /// Which part of the trace is replayed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Selection {
@@ -263,8 +276,9 @@ pub struct Selection {
 /// How requests are built and sent.
 #[derive(Debug, Clone)]
 pub struct RequestOptions {
-    /// Endpoint for rows without a body.
-    pub endpoint: EndpointKind,
+    /// Endpoint for rows without a body; None = the row's own (chat or completions; other
+    /// paths as completions).
+    pub endpoint: Option<EndpointKind>,
     /// Rewrites the model name of every request.
     pub model: Option<String>,
     /// Output length policy for rows without a body.
@@ -342,7 +356,7 @@ impl ReplayConfig {
             max_concurrency: None,
             session_mode: SessionMode::Open,
             request: RequestOptions {
-                endpoint: EndpointKind::Completions,
+                endpoint: None,
                 model: None,
                 output_len: OutputLen::Recorded,
                 stream: true,
@@ -478,6 +492,17 @@ mod tests {
                 "{k}"
             );
         }
+    }
+
+    /// Regression: captured chat rows without a body were replayed as completions.
+    #[test]
+    fn built_requests_follow_the_row_endpoint_unless_forced() {
+        let mut o = ReplayConfig::new(vec![]).request;
+        assert_eq!(o.endpoint_for("/v1/chat/completions"), EndpointKind::Chat);
+        assert_eq!(o.endpoint_for("/v1/completions"), EndpointKind::Completions);
+        assert_eq!(o.endpoint_for("/generate"), EndpointKind::Completions);
+        o.endpoint = Some(EndpointKind::Chat);
+        assert_eq!(o.endpoint_for("/v1/completions"), EndpointKind::Chat);
     }
 
     #[test]

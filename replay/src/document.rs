@@ -56,6 +56,9 @@ pub struct ReportData {
     pub command: String,
     /// Server-side figures beside the client's: (series, level, json).
     pub server: Vec<(String, f64, Value)>,
+    /// Per-time-slice metrics of the runs that have them (`replay --slice`):
+    /// (series, level, `llmreplay.slices` json).
+    pub slices: Vec<(String, f64, Value)>,
 }
 
 /// Inputs of [`build`] beyond the files.
@@ -122,6 +125,7 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
     let by_run = results::samples_of_records(&o.records);
     let mut samples = Vec::new();
     let mut server = Vec::new();
+    let mut slices = Vec::new();
     for s in &series {
         for p in &s.points {
             let mut merged = Samples::default();
@@ -145,6 +149,12 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
                 }
                 if let Some(sv) = r.pointer("/llmreplay/server_histograms") {
                     server.push((s.name.clone(), p.level, sv.clone()));
+                }
+                if let Some(sl) = r
+                    .pointer("/llmreplay/slices")
+                    .filter(|v| v.get("slices").and_then(Value::as_array).is_some())
+                {
+                    slices.push((s.name.clone(), p.level, sl.clone()));
                 }
             }
             if any {
@@ -172,7 +182,61 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
         notes: o.notes.clone(),
         command: o.command.clone(),
         server,
+        slices,
     }
+}
+
+/// The drift table of the sliced runs: head and one row per (series, level) — first and last
+/// slice and least-squares slope per hour of p95 TTFT, p95 TPOT and the completion rate.
+pub fn drift_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
+    let head = [
+        "configuration",
+        "level",
+        "slices",
+        "p95 TTFT first → last (ms)",
+        "p95 TTFT slope (ms/h)",
+        "p95 TPOT first → last (ms)",
+        "p95 TPOT slope (ms/h)",
+        "completed/s first → last",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let rows = d
+        .slices
+        .iter()
+        .map(|(name, level, v)| {
+            let t = |k: &str, f: &str| {
+                v.pointer(&format!("/drift/{k}/{f}"))
+                    .and_then(Value::as_f64)
+            };
+            let fl = |k: &str| match (t(k, "first"), t(k, "last")) {
+                (Some(a), Some(b)) => format!("{a:.1} → {b:.1}"),
+                _ => "–".into(),
+            };
+            let slope =
+                |k: &str| t(k, "slope_per_hour").map_or("–".into(), |x| format!("{x:+.1}"));
+            vec![
+                name.clone(),
+                fmt_num(*level),
+                format!(
+                    "{} × {} s",
+                    v.get("slices")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len),
+                    v.get("slice_s")
+                        .and_then(Value::as_f64)
+                        .map_or("?".into(), fmt_num)
+                ),
+                fl("p95_ttft_ms"),
+                slope("p95_ttft_ms"),
+                fl("p95_tpot_ms"),
+                slope("p95_tpot_ms"),
+                fl("completed_per_s"),
+            ]
+        })
+        .collect();
+    (head, rows)
 }
 
 /// Why these levels, read off the answer.
@@ -400,6 +464,16 @@ pub fn markdown(d: &ReportData) -> String {
                 g("/ttft_gap_ms"),
                 g("/queue_time_ms/mean")
             );
+        }
+        o.push('\n');
+    }
+    if !d.slices.is_empty() {
+        let _ = writeln!(o, "## Drift over the run (per time slice, `--slice`)\n");
+        let (head, rows) = drift_rows(d);
+        let _ = writeln!(o, "| {} |", head.join(" | "));
+        let _ = writeln!(o, "|{}", "---|".repeat(head.len()));
+        for r in rows {
+            let _ = writeln!(o, "| {} |", r.join(" | "));
         }
         o.push('\n');
     }

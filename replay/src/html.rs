@@ -204,6 +204,7 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
         };
         out.push(("Request throughput against load".into(), c.render()));
     }
+    out.extend(timeline_plots(d));
     // Distributions per target.
     for s in &d.series {
         let levels: Vec<&(String, f64, crate::results::Samples)> =
@@ -274,6 +275,142 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
                 c.render(),
             ));
         }
+    }
+    out
+}
+
+/// The timeline of the sliced runs (`replay --slice`), per configuration: p50/p95 TTFT and
+/// p95 TPOT per slice (with the SLO lines), and the completion rate with its goodput share.
+/// With several levels, at most four (spread over the range) are drawn.
+fn timeline_plots(d: &ReportData) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for s in &d.series {
+        let runs: Vec<&(String, f64, serde_json::Value)> =
+            d.slices.iter().filter(|(n, _, _)| *n == s.name).collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let pick: Vec<&&(String, f64, serde_json::Value)> = if runs.len() <= 4 {
+            runs.iter().collect()
+        } else {
+            (0..4).map(|i| &runs[i * (runs.len() - 1) / 3]).collect()
+        };
+        let many = pick.len() > 1;
+        let series_of = |v: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> Option<f64>| {
+            v.get("slices")
+                .and_then(serde_json::Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| {
+                            let mid =
+                                (x.get("start_s")?.as_f64()? + x.get("end_s")?.as_f64()?) / 2.0;
+                            Some((mid, f(x)?))
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        let name = |l: f64, what: &str| {
+            if many {
+                format!("{} {what}", s.axis.level_label(l))
+            } else {
+                what.to_string()
+            }
+        };
+        let width = pick
+            .first()
+            .and_then(|(_, _, v)| v.get("slice_s")?.as_f64())
+            .unwrap_or(0.0);
+        let mut lat = Vec::new();
+        let mut thr = Vec::new();
+        for (i, (_, l, v)) in pick.iter().enumerate() {
+            let ptr = |p: &'static str| move |x: &serde_json::Value| x.pointer(p)?.as_f64();
+            for (p, what, dashed, c) in [
+                ("/ttft_ms/p95", "TTFT p95", false, i),
+                ("/ttft_ms/p50", "TTFT p50", true, i),
+                ("/tpot_ms/p95", "TPOT p95", false, i + 4),
+            ] {
+                let pts = series_of(v, &ptr(p));
+                if !pts.is_empty() {
+                    lat.push(Line {
+                        name: name(*l, what),
+                        points: pts,
+                        color: color(c),
+                        dashed,
+                        markers: false,
+                    });
+                }
+            }
+            thr.push(Line {
+                name: name(*l, "completed/s"),
+                points: series_of(v, &ptr("/completed_per_s")),
+                color: color(i),
+                dashed: false,
+                markers: false,
+            });
+            let good = series_of(v, &|x| {
+                Some(x.get("slo_attainment")?.as_f64()? * x.get("sent_per_s")?.as_f64()?)
+            });
+            if !good.is_empty() {
+                thr.push(Line {
+                    name: name(*l, "sent/s within SLO"),
+                    points: good,
+                    color: color(i),
+                    dashed: true,
+                    markers: false,
+                });
+            }
+        }
+        let hrules = s
+            .slos
+            .iter()
+            .filter(|x| matches!(x.metric.key(), "ttft" | "tpot"))
+            .map(|x| Rule {
+                at: x.limit_ms,
+                label: format!(
+                    "SLO {} {} ms",
+                    x.metric.key().to_uppercase(),
+                    fmt_num(x.limit_ms)
+                ),
+                color: "#b00020".into(),
+            })
+            .collect();
+        let c = Chart {
+            title: format!(
+                "Latency over the run ({} s slices) — {}",
+                fmt_num(width),
+                s.name
+            ),
+            x_label: "time since the run's start (s)".into(),
+            y_label: "ms".into(),
+            lines: lat,
+            hrules,
+            log_y: true,
+            ..Default::default()
+        };
+        out.push((
+            format!("Timeline: latency per time slice, {} (a rising trend is degradation: memory growth, KV fragmentation, throttling)", s.name),
+            c.render(),
+        ));
+        let c = Chart {
+            title: format!(
+                "Throughput over the run ({} s slices) — {}",
+                fmt_num(width),
+                s.name
+            ),
+            x_label: "time since the run's start (s)".into(),
+            y_label: "requests / s".into(),
+            lines: thr,
+            y_from_zero: true,
+            ..Default::default()
+        };
+        out.push((
+            format!(
+                "Timeline: completions per second and the share sent within the SLO, {}",
+                s.name
+            ),
+            c.render(),
+        ));
     }
     out
 }
@@ -475,6 +612,11 @@ pub fn render(d: &ReportData) -> String {
                 ]
             })
             .collect();
+        table(&mut o, &head, &rows);
+    }
+    if !d.slices.is_empty() {
+        o.push_str("<h2>Drift over the run</h2>");
+        let (head, rows) = crate::document::drift_rows(d);
         table(&mut o, &head, &rows);
     }
     if let Some(c) = &d.comparison {

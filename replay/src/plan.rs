@@ -44,6 +44,8 @@ pub struct Plan {
     pub trace_span: Duration,
     /// Rows in the input trace.
     pub trace_rows: usize,
+    /// Selected rows that could not become a request: (request id, why).
+    pub skipped: Vec<(String, String)>,
 }
 
 impl Plan {
@@ -115,10 +117,8 @@ fn build_requests(
     opts: &RequestOptions,
     default_model: &str,
     block_size: Option<usize>,
-) -> Result<Vec<BuiltRequest>, ReplayError> {
-    let build = |i: &usize| {
-        build_request(&records[*i], opts, default_model, block_size).map_err(ReplayError::Config)
-    };
+) -> Vec<Result<BuiltRequest, String>> {
+    let build = |i: &usize| build_request(&records[*i], opts, default_model, block_size);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if opts.tokenizer.is_none() || threads < 2 || chosen.len() < 64 {
         return chosen.iter().map(build).collect();
@@ -127,13 +127,13 @@ fn build_requests(
     std::thread::scope(|s| {
         let handles: Vec<_> = chosen
             .chunks(per)
-            .map(|part| s.spawn(move || part.iter().map(build).collect::<Result<Vec<_>, _>>()))
+            .map(|part| s.spawn(move || part.iter().map(build).collect::<Vec<_>>()))
             .collect();
         let mut out = Vec::with_capacity(chosen.len());
         for h in handles {
-            out.extend(h.join().expect("prompt synthesis does not panic")?);
+            out.extend(h.join().expect("prompt synthesis does not panic"));
         }
-        Ok(out)
+        out
     })
 }
 
@@ -163,7 +163,36 @@ pub fn build_plan(
         Arrivals::Recorded { speedup } => speedup,
         Arrivals::Rate { .. } => 1.0,
     };
-    let reqs = build_requests(records, &chosen, opts, default_model, block_size)?;
+    // Rows that cannot become a request (no body and no recorded length, ...) are skipped
+    // and reported, never silently: the others keep their offsets.
+    let mut skipped = Vec::new();
+    let mut kept = Vec::with_capacity(chosen.len());
+    let mut kept_offs = Vec::with_capacity(chosen.len());
+    let mut reqs = Vec::with_capacity(chosen.len());
+    for ((k, &i), built) in chosen.iter().enumerate().zip(build_requests(
+        records,
+        &chosen,
+        opts,
+        default_model,
+        block_size,
+    )) {
+        match built {
+            Ok(req) => {
+                kept.push(i);
+                kept_offs.push(offs[k]);
+                reqs.push(req);
+            }
+            Err(reason) => skipped.push((records[i].request_id.clone(), reason)),
+        }
+    }
+    if kept.is_empty() {
+        return Err(ReplayError::Empty(format!(
+            "none of the {} selected rows can be replayed; first: {}",
+            skipped.len(),
+            skipped.first().map_or("", |(_, r)| r.as_str())
+        )));
+    }
+    let (chosen, offs) = (kept, kept_offs);
     let mut items = Vec::with_capacity(chosen.len());
     for ((k, &i), req) in chosen.iter().enumerate().zip(reqs) {
         let rec = &records[i];
@@ -202,6 +231,7 @@ pub fn build_plan(
         ),
         trace_rows: records.len(),
         items,
+        skipped,
     })
 }
 
@@ -220,7 +250,7 @@ mod tests {
 
     fn opts() -> RequestOptions {
         RequestOptions {
-            endpoint: EndpointKind::Completions,
+            endpoint: None,
             model: None,
             output_len: OutputLen::Recorded,
             stream: true,
@@ -324,6 +354,58 @@ mod tests {
                 .count();
             assert!(n == 0 || n == 10, "session s{s} split: {n}");
         }
+    }
+
+    #[test]
+    fn rows_that_cannot_be_built_are_skipped_and_reported() {
+        let mut rs = vec![rec("a", 0, None), rec("b", 10, None), rec("c", 20, None)];
+        rs[1].prompt_tokens = None; // e.g. a cancelled capture with no readable prompt
+        let p = build_plan(
+            &rs,
+            &Selection::default(),
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            &opts(),
+            "m",
+            None,
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            p.items
+                .iter()
+                .map(|i| i.request_id.as_str())
+                .collect::<Vec<_>>(),
+            vec!["a", "c"]
+        );
+        assert_eq!(
+            p.items[1].offset,
+            Duration::from_millis(20),
+            "others keep their offsets"
+        );
+        assert_eq!(p.skipped.len(), 1);
+        assert!(
+            p.skipped[0].1.contains("no prompt_tokens"),
+            "{:?}",
+            p.skipped
+        );
+        rs[0].prompt_tokens = None;
+        rs[2].prompt_tokens = None;
+        let err = build_plan(
+            &rs,
+            &Selection::default(),
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            &opts(),
+            "m",
+            None,
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("none of the 3 selected rows"),
+            "{err}"
+        );
     }
 
     #[test]

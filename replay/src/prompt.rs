@@ -805,13 +805,13 @@ pub fn build_request(
     // A recorded failure with 0 output tokens still sends a request: ask for one token.
     let max_tokens = max_tokens.max(1);
     let prefix = rec.prefix_hashes.as_deref().zip(block_size);
-    let prompt = synthesize_prompt(opts, &rec.request_id, prompt_tokens, prefix)?;
+    let endpoint = opts.endpoint_for(&rec.endpoint);
+    let prompt = synthesize_prompt(opts, endpoint, &rec.request_id, prompt_tokens, prefix)?;
     let model = opts
         .model
         .as_deref()
         .or(rec.model.as_deref())
         .unwrap_or(model);
-    let endpoint = opts.endpoint;
     let mut body = match endpoint {
         EndpointKind::Completions => json!({ "model": model, "prompt": prompt }),
         EndpointKind::Chat => {
@@ -842,6 +842,7 @@ pub fn build_request(
 /// token: an empty prompt is not a request any server accepts.
 pub fn synthesize_prompt(
     opts: &RequestOptions,
+    endpoint: EndpointKind,
     request_id: &str,
     prompt_tokens: i64,
     prefix: Option<(&[u64], usize)>,
@@ -851,7 +852,7 @@ pub fn synthesize_prompt(
     match &opts.tokenizer {
         None => Ok(filler_prompt(opts.prompt_salt, key, n, prefix)),
         Some(pt) => {
-            let text_tokens = match opts.endpoint {
+            let text_tokens = match endpoint {
                 EndpointKind::Completions => n
                     .saturating_sub(pt.tokenizer().special_tokens_added())
                     .max(1),
@@ -907,7 +908,7 @@ mod tests {
 
     fn opts() -> RequestOptions {
         RequestOptions {
-            endpoint: EndpointKind::Completions,
+            endpoint: None,
             model: None,
             output_len: OutputLen::Recorded,
             stream: true,
@@ -1113,7 +1114,7 @@ mod tests {
         rec.prompt_tokens = Some(300);
         rec.output_tokens = Some(5);
         let mut o = opts();
-        o.endpoint = EndpointKind::Chat;
+        o.endpoint = Some(EndpointKind::Chat);
         o.tokenizer = Some(pt.clone());
         let b1 = build_request(&rec, &o, "m", None).unwrap();
         let b2 = build_request(&rec, &o, "m", None).unwrap();

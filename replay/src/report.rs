@@ -199,8 +199,9 @@ pub fn prompt_lengths(cfg: &ReplayConfig) -> String {
             "exact for tokenizer {} ({})",
             t.tokenizer().name(),
             match cfg.request.endpoint {
-                crate::config::EndpointKind::Completions => "completions prompt",
-                crate::config::EndpointKind::Chat => "chat content; the template adds its own",
+                Some(crate::config::EndpointKind::Completions) => "completions prompt",
+                Some(crate::config::EndpointKind::Chat) => "chat content; the template adds its own",
+                None => "completions prompt; for chat rows the content, the template adds its own",
             }
         ),
         None => "word filler: exact for the llmreplay sim, approximate for other targets (use --tokenizer)".into(),
@@ -353,6 +354,8 @@ pub fn result_json(i: &ResultInputs) -> Value {
         json!({
             "files": i.trace.files, "rows": i.trace.rows, "content_hash": i.trace.content_hash,
             "selected_rows": run.plan_len, "span_s": run.trace_span.as_secs_f64(),
+            "skipped_rows": run.skipped.len(),
+            "skipped_examples": run.skipped.iter().take(5).map(|(id, why)| format!("{id}: {why}")).collect::<Vec<_>>(),
             "arrivals": mode, "speedup": speedup,
             "start_offset_s": cfg.selection.start_offset.as_secs_f64(),
             "window_s": cfg.selection.duration.map(|d| d.as_secs_f64()),
@@ -461,6 +464,16 @@ pub fn console_report(i: &ResultInputs) -> String {
             run.plan_len
         ),
     );
+    if let Some((id, why)) = run.skipped.first() {
+        line(
+            &mut out,
+            "Skipped rows:",
+            format!(
+                "{} could not become a request (first: {id}: {why})",
+                run.skipped.len()
+            ),
+        );
+    }
     match cfg.arrivals {
         Arrivals::Recorded { speedup } => line(
             &mut out,

@@ -60,6 +60,8 @@ pub struct RunOutput {
     pub records: Vec<TraceRecord>,
     /// The plan that was replayed.
     pub plan_len: usize,
+    /// Selected rows that could not become a request: (request id, why).
+    pub skipped: Vec<(String, String)>,
     /// Trace time span of the selection.
     pub trace_span: Duration,
     /// Wall time of the run.
@@ -247,6 +249,7 @@ pub fn run_target(
         .map(|(i, p)| (p.offset, i))
         .collect();
     let trace_span = plan.trace_span;
+    let skipped = plan.skipped.clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let lead = Duration::from_millis(20);
     let shared = Arc::new(Shared {
@@ -354,6 +357,7 @@ pub fn run_target(
         started_at_us: shared.started_at_us,
         records: records_out,
         plan_len: total,
+        skipped,
         trace_span,
         wall,
         preconnected,

@@ -247,15 +247,17 @@ pub fn slices(
         .map(|(i, rs)| {
             let ok: Vec<&&TraceRecord> = rs.iter().filter(|r| r.outcome == Outcome::Ok).collect();
             let ms = |us: i64| us as f64 / 1e3;
-            // The last slice may be partial: rates over the part the run covered.
-            let width_s = if i + 1 == n {
-                ((last - i as i64 * w) as f64 / 1e6).clamp(secs.min(1e-3), secs)
+            // The last slice may end early (end_s says where); rates stay per full width, so
+            // a few ms of tail never read as a burst.
+            let end_s = if i + 1 == n {
+                ((last - i as i64 * w) as f64 / 1e6).clamp(0.0, secs)
             } else {
                 secs
             };
+            let width_s = secs;
             Slice {
                 start_s: i as f64 * secs,
-                end_s: i as f64 * secs + width_s,
+                end_s: i as f64 * secs + end_s,
                 requests: rs.len(),
                 completed: ok.len(),
                 failed: rs.len() - ok.len(),
@@ -323,8 +325,13 @@ pub fn trend(points: &[(f64, f64)]) -> Option<Trend> {
 /// and the completion rate over the run.
 pub fn slices_json(s: &[Slice], width: Duration) -> serde_json::Value {
     let mid = |x: &Slice| (x.start_s + x.end_s) / 2.0;
+    // A last slice shorter than half the width is left out of the trends.
+    let w = width.as_secs_f64();
     let series = |f: &dyn Fn(&Slice) -> Option<f64>| -> Vec<(f64, f64)> {
-        s.iter().filter_map(|x| Some((mid(x), f(x)?))).collect()
+        s.iter()
+            .filter(|x| x.end_s - x.start_s >= w / 2.0)
+            .filter_map(|x| Some((mid(x), f(x)?)))
+            .collect()
     };
     let t = |v: Option<Trend>| {
         v.map_or(serde_json::Value::Null, |t| {
@@ -386,10 +393,18 @@ mod tests {
         assert_eq!(ids, vec!["a", "b", "a~1", "b~1", "a~2", "b~2"]);
         assert_eq!(l[3].session_id.as_deref(), Some("s~1"));
         // Until a duration: 10 s of trace time needs 3 passes of 4 s.
-        let n = passes(&rs, Loops::UntilDuration, Duration::ZERO, Some(Duration::from_secs(10)));
+        let n = passes(
+            &rs,
+            Loops::UntilDuration,
+            Duration::ZERO,
+            Some(Duration::from_secs(10)),
+        );
         assert_eq!(n.unwrap(), 3);
         assert!(passes(&rs, Loops::UntilDuration, Duration::ZERO, None).is_err());
-        assert_eq!(passes(&rs, Loops::Count(5), Duration::ZERO, None).unwrap(), 5);
+        assert_eq!(
+            passes(&rs, Loops::Count(5), Duration::ZERO, None).unwrap(),
+            5
+        );
     }
 
     #[test]
@@ -426,10 +441,10 @@ mod tests {
         // Completions by end time: a (2.1 s) and b (10.8 s) and c (24.5 s).
         assert_eq!(s[0].completed_per_s, 0.1);
         assert_eq!(s[1].completed_per_s, 0.1);
-        // The last slice is partial (20-24.5 s): rates over 4.5 s.
+        // The last slice ends early (20-24.5 s); its rates are still per 10 s.
         assert!((s[2].end_s - 24.5).abs() < 1e-9, "{}", s[2].end_s);
-        assert!((s[2].completed_per_s - 1.0 / 4.5).abs() < 1e-9);
-        assert!((s[2].output_tokens_per_s - 6.0 / 4.5).abs() < 1e-9);
+        assert!((s[2].completed_per_s - 0.1).abs() < 1e-9);
+        assert!((s[2].output_tokens_per_s - 0.6).abs() < 1e-9);
         assert_eq!(s[0].sent_per_s, 0.2);
         let j = slices_json(&s, Duration::from_secs(10));
         assert_eq!(j["slice_s"], 10.0);

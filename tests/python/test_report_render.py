@@ -146,6 +146,11 @@ def _svg_boxes(browser: str, html: Path, tmp: Path):
     return int(got["h"]), got["b"]
 
 
+def colours_of(img):
+    """[(pixel count, (r, g, b))] of every colour in an RGB image."""
+    return img.getcolors(maxcolors=img.size[0] * img.size[1])
+
+
 def test_every_plot_is_drawn_and_nothing_is_fetched(report, tmp_path):
     browser = chromium()
     html, _ = report
@@ -159,21 +164,24 @@ def test_every_plot_is_drawn_and_nothing_is_fetched(report, tmp_path):
         f"--window-size={WIDTH},{height}", f"--screenshot={png}", f"--log-net-log={netlog}",
         html.as_uri(),
     ])
+    if os.environ.get("LLMREPLAY_KEEP_SCREENSHOT"):
+        shutil.copy(png, os.environ["LLMREPLAY_KEEP_SCREENSHOT"])
     img = Image.open(png).convert("RGB")
     assert img.size[0] == WIDTH and img.size[1] >= height - 5, img.size
     # Not blank as a whole.
     whole = img.resize((img.size[0] // 4, img.size[1] // 4))
-    assert len(set(whole.getdata())) > 50, "the screenshot is (almost) one colour"
+    assert len(colours_of(whole)) > 50, "the screenshot is (almost) one colour"
     # Every plot: content inside its box.
     for i, (x, y, w, h) in enumerate(boxes):
         assert w > 300 and h > 200, f"plot {i} laid out at {w}x{h}"
         assert x >= 0 and x + w <= WIDTH + 1 and y + h <= img.size[1] + 1, (i, x, y, w, h)
         crop = img.crop((int(x) + 1, int(y) + 1, int(x + w) - 1, int(y + h) - 1))
-        px = list(crop.getdata())
-        non_white = sum(1 for p in px if min(p) < 235) / len(px)
-        colours = len(set(px))
+        hist = colours_of(crop)
+        total = sum(n for n, _ in hist)
+        non_white = sum(n for n, p in hist if min(p) < 235) / total
+        colours = len(hist)
         series = sum(
-            1 for p in px if all(abs(a - b) <= 40 for a, b in zip(p, SERIES_RGB))
+            n for n, p in hist if all(abs(a - b) <= 40 for a, b in zip(p, SERIES_RGB))
         )
         assert non_white > 0.02, f"plot {i} at {x},{y}: only {non_white:.1%} non-white"
         assert colours > 30, f"plot {i} at {x},{y}: only {colours} distinct colours"

@@ -182,3 +182,36 @@ def test_sweep_levels_validate_and_carry_the_capacity_answer(validator, tmp_path
     levels = sw["targets"]["sim"]["levels"]
     assert [lv["runs"] for lv in levels] == [2, 2]
     assert levels[0]["values"]["request_throughput"]["std"] is not None
+
+
+def test_soak_with_slices_validates(validator, tmp_path):
+    """`replay --loop 3 --slice 250ms`: three passes, ids of pass k end in ~k, and the
+    per-slice metrics (schema-valid) account for every request."""
+    binary = llmreplay_binary()
+    if not binary.is_file():
+        why = f"{binary} does not exist: build it with `cargo build --release` or set $LLMREPLAY"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI: {why}")
+        pytest.skip(why)
+    trace = tmp_path / "t.parquet"
+    out = tmp_path / "soak.json"
+    for args in (
+        [str(binary), "synth", "-o", str(trace), "--num-prompts", "10", "--input-len", "64",
+         "--output-len", "8", "--request-rate", "10", "--seed", "1"],
+        [str(binary), "replay", str(trace), "--loop", "3", "--slice", "250ms", "--goodput",
+         "ttft:1000", "-q", "--save-result", str(out)],
+    ):
+        proc = subprocess.run(
+            args, cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert errors_of(validator, doc) == []
+    ours = doc["llmreplay"]
+    assert doc["num_prompts"] == 30
+    assert ours["soak"] == {"loop": "3", "passes": 3}
+    sl = ours["slices"]
+    assert sl["slice_s"] == 0.25
+    assert sum(s["requests"] for s in sl["slices"]) == 30
+    assert sum(s["completed"] for s in sl["slices"]) == doc["completed"]
+    assert set(sl["drift"]) == {"p95_ttft_ms", "p95_tpot_ms", "completed_per_s"}

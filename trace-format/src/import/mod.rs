@@ -443,6 +443,50 @@ pub(crate) fn for_each_line(
 }
 
 /// [`Error::BadRow`] for `path:line`.
+/// A non-negative integer field of a JSON-lines row (`input_length`, `output_length`).
+pub(crate) fn json_count(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    name: &str,
+    path: &Path,
+    line: usize,
+) -> Result<i64> {
+    obj.get(name)
+        .and_then(serde_json::Value::as_i64)
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| {
+            bad(
+                path,
+                line,
+                format!("{name} missing or not a non-negative integer"),
+            )
+        })
+}
+
+/// The `hash_ids` of a JSON-lines row (Mooncake, Qwen Bailian): absent or null is None.
+pub(crate) fn json_hash_ids(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    path: &Path,
+    line: usize,
+) -> Result<Option<Vec<u64>>> {
+    match obj.get("hash_ids") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Array(ids)) => ids
+            .iter()
+            .map(|h| {
+                h.as_u64().ok_or_else(|| {
+                    bad(
+                        path,
+                        line,
+                        format!("hash id {h} is not a non-negative integer"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<u64>>>()
+            .map(Some),
+        Some(other) => Err(bad(path, line, format!("hash_ids {other} is not an array"))),
+    }
+}
+
 pub(crate) fn bad(path: &Path, line: usize, message: impl Into<String>) -> Error {
     Error::BadRow {
         path: path.to_path_buf(),

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{bad, for_each_line, row, seconds_to_us};
+use super::{bad, for_each_line, json_count, json_hash_ids, row, seconds_to_us};
 use crate::error::Result;
 use crate::schema::TraceRecord;
 
@@ -52,18 +52,7 @@ pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
                 format!("timestamp {ts} is not a non-negative number of seconds"),
             )
         })?;
-        let count = |name: &str| -> Result<i64> {
-            obj.get(name)
-                .and_then(Value::as_i64)
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| {
-                    bad(
-                        path,
-                        line_no,
-                        format!("{name} missing or not a non-negative integer"),
-                    )
-                })
-        };
+        let count = |name: &str| json_count(obj, name, path, line_no);
         let mut r = row(
             id_prefix,
             line_no,
@@ -72,29 +61,7 @@ pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
             count("input_length")?,
             count("output_length")?,
         );
-        r.prefix_hashes = match obj.get("hash_ids") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(ids)) => Some(
-                ids.iter()
-                    .map(|h| {
-                        h.as_u64().ok_or_else(|| {
-                            bad(
-                                path,
-                                line_no,
-                                format!("hash id {h} is not a non-negative integer"),
-                            )
-                        })
-                    })
-                    .collect::<Result<Vec<u64>>>()?,
-            ),
-            Some(other) => {
-                return Err(bad(
-                    path,
-                    line_no,
-                    format!("hash_ids {other} is not an array"),
-                ))
-            }
-        };
+        r.prefix_hashes = json_hash_ids(obj, path, line_no)?;
         let chat =
             id_of(obj.get("chat_id")).ok_or_else(|| bad(path, line_no, "chat_id missing"))?;
         let parent = id_of(obj.get("parent_chat_id")).filter(|p| !p.starts_with('-'));

@@ -238,7 +238,7 @@ pub fn build_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{EndpointKind, OutputLen};
+    use crate::config::OutputLen;
 
     fn rec(id: &str, t_ms: i64, session: Option<&str>) -> TraceRecord {
         let mut r = TraceRecord::new(id, 1_700_000_000_000_000 + t_ms * 1000, "/v1/completions");

@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 def stats(xs):
     a = np.asarray(xs, dtype=float)
     if a.size == 0:
-        return {"n": 0, "mean": float("nan"), "p99": float("nan"), "std": float("nan")}
-    return {"n": int(a.size), "mean": float(a.mean()), "p99": float(np.percentile(a, 99)), "std": float(a.std())}
+        return {"n": 0, "mean": float("nan"), "p50": float("nan"), "p99": float("nan"), "std": float("nan")}
+    return {"n": int(a.size), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p99": float(np.percentile(a, 99)), "std": float(a.std())}
 
 
 def main():

@@ -3,12 +3,12 @@
 # and client cost. Everything runs on 127.0.0.1 with bounded request counts and stops by
 # itself; the figures go to bench/out/<timestamp>/summary.md (copy them into bench/README.md).
 #
-# usage: bench/run.sh [accuracy] [schedule]     (default: all)
+# usage: bench/run.sh [accuracy] [schedule] [proxy]     (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule)
+[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule proxy)
 OUT=bench/out/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 python3 -m pip install -q numpy pyarrow >/dev/null
@@ -51,11 +51,82 @@ schedule() {
   echo "schedule: $rate req/s done"
 }
 
+# CPU ticks of a process and its children (nginx's workers).
+cpu_ticks() { local t=0 p; for p in $1 $(pgrep -P "$1" || true); do t=$(( t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0) )); done; echo $t; }
+
+# The same load direct, through `llmreplay capture`, and through nginx (proxy_buffering off)
+# when nginx is installed (the script tries Debian's package); each path gets a fresh
+# ground-truth server so its chunk log belongs to that path alone.
+proxy_path() { # proxy_path N PATH
+  local n=$1 path=$2 tag="proxy-$1-$2"
+  local reqs=$(( 2 * n ))
+  start_gt "$OUT/$tag-gt.jsonl" 50 10 1
+  local target="http://127.0.0.1:$GT_PORT" ppid=""
+  case "$path" in
+    capture)
+      local pp; pp=$(free_port)
+      "$BIN" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin 2>"$OUT/$tag-capture.log" &
+      ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
+    nginx)
+      local pp; pp=$(free_port)
+      mkdir -p "$OUT/$tag-nginx"
+      cat > "$OUT/$tag-nginx/nginx.conf" <<NGINX
+worker_processes 1;
+pid $PWD/$OUT/$tag-nginx/nginx.pid;
+error_log $PWD/$OUT/$tag-nginx/error.log;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  upstream gt { server 127.0.0.1:$GT_PORT; keepalive 2048; }
+  server {
+    listen 127.0.0.1:$pp;
+    location / {
+      proxy_pass http://gt;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 600s;
+    }
+  }
+}
+NGINX
+      nginx -c "$PWD/$OUT/$tag-nginx/nginx.conf" -p "$PWD/$OUT/$tag-nginx" -g 'daemon off;' 2>/dev/null &
+      ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
+  esac
+  # Poisson arrivals at N req/s: each response lasts ~1.04 s, so about N streams are in
+  # flight, without every stream starting (and every chunk falling due) at the same instant.
+  "$BIN" synth -o "$OUT/$tag.parquet" --num-prompts "$reqs" --input-len 16 --output-len 100 --request-rate "$n" --seed 1 2>/dev/null
+  # A first pass warms every path's connection pools (a proxy in production is warm);
+  # the second pass is measured. The server's log keeps the last entry per request id.
+  "$BIN" replay "$OUT/$tag.parquet" --target "$path=$target" --request-rate inf --max-concurrency "$n" -q > /dev/null 2>&1
+  local c0=0; [ -n "$ppid" ] && c0=$(cpu_ticks "$ppid")
+  "$BIN" replay "$OUT/$tag.parquet" --target "$path=$target" \
+    --results "$OUT/$tag-results.parquet" --save-result "$OUT/$tag.json" -q > "$OUT/$tag.txt" 2>&1
+  if [ -n "$ppid" ]; then
+    echo $(( $(cpu_ticks "$ppid") - c0 )) > "$OUT/$tag-proxy-cpu-ticks"
+    kill -TERM "$ppid"; wait "$ppid" || true
+  fi
+  stop_gt
+  python3 bench/accuracy.py "$OUT/$tag-results.parquet" "$OUT/$tag-gt.jsonl" 50 10 1 > "$OUT/$tag-errors.json"
+  echo "proxy: $n streams via $path done"
+}
+
+proxy_bench() {
+  command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
+  for n in 100 1000; do
+    proxy_path "$n" direct
+    proxy_path "$n" capture
+    if command -v nginx >/dev/null 2>&1; then proxy_path "$n" nginx; else echo "nginx not installed: skipped"; fi
+  done
+}
+
 for p in "${parts[@]}"; do
   case "$p" in
     accuracy) for n in 1 100 500 1000; do accuracy "$n" 1; done; accuracy 100 4 ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
-    *) echo "unknown part $p (accuracy, schedule)" >&2; exit 2 ;;
+    proxy) proxy_bench ;;
+    *) echo "unknown part $p (accuracy, schedule, proxy)" >&2; exit 2 ;;
   esac
 done
 python3 bench/summarize.py "$OUT" | tee "$OUT/summary.md"

@@ -49,6 +49,40 @@ def main():
             print(f"| {rate} | {r['num_prompts']} | {lag['p50']:.3f} | {lag['p99']:.3f} | {lag['max']:.3f} | "
                   f"{(cpu or 0) * 100:.0f}% | {'saturated' if v['client_saturated'] else 'kept up'} |")
         print()
+    proxy_tables(out)
+
+
+def proxy_tables(out):
+    rows = []
+    for n in (100, 1000):
+        direct = os.path.join(out, f"proxy-{n}-direct-errors.json")
+        if not os.path.exists(direct):
+            continue
+        d = load(direct)
+        for path in ("capture", "nginx"):
+            e_path = os.path.join(out, f"proxy-{n}-{path}-errors.json")
+            if not os.path.exists(e_path):
+                continue
+            e = load(e_path)
+            r = load(os.path.join(out, f"proxy-{n}-{path}.json"))
+            ticks = open(os.path.join(out, f"proxy-{n}-{path}-proxy-cpu-ticks")).read().strip()
+            cpu_s = int(ticks) / os.sysconf("SC_CLK_TCK")
+            recorded = "-"
+            if path == "capture":
+                import pyarrow.parquet as pq
+                files = glob.glob(os.path.join(out, f"proxy-{n}-capture-trace", "*.parquet"))
+                got = sum(pq.read_metadata(f).num_rows for f in files)
+                recorded = f"{got} / {2 * r['num_prompts']}"
+            tt = lambda k: e["ttft_err_vs_logged_ms"][k] - d["ttft_err_vs_logged_ms"][k]
+            it = lambda k: e["itl_err_vs_logged_ms"][k] - d["itl_err_vs_logged_ms"][k]
+            rows.append(f"| {n} | {path} | {tt('p50'):.3f} / {tt('p99'):.3f} | {it('p50'):.4f} / {it('p99'):.3f} | "
+                        f"{cpu_s:.2f} s | {recorded} | {r['completed']} ok, {r['failed']} failed |")
+    if rows:
+        print("### Proxy overhead (added over direct, client-measured against the server's logged writes)\n")
+        print("| streams | path | added TTFT p50 / p99 (ms) | added chunk gap p50 / p99 (ms) | proxy CPU (measured pass) | rows recorded (both passes) | requests |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(rows))
+        print()
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ pub struct Metrics {
     pub slo_attainment: Option<f64>,
     /// Actual send − scheduled send (minus queue and connect time), ms.
     pub dispatch_lag: Summary,
+    /// Requests sent more than 1 ms after their scheduled time.
+    pub late_dispatches: usize,
     /// Client queue time waiting for a concurrency slot, ms.
     pub queue: Summary,
     /// Connect time of requests that opened a connection, ms.
@@ -190,6 +192,7 @@ pub fn compute(
                 g as f64 / records.len() as f64
             }
         }),
+        late_dispatches: lag.iter().filter(|&&l| l > 1.0).count(),
         dispatch_lag: Summary::from_values(&mut lag, &[50.0, 99.0]),
         queue: Summary::from_values(&mut queue, &[50.0, 99.0]),
         new_connections: records

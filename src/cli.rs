@@ -68,7 +68,7 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A rate: a positive number or `inf`.
-fn parse_rate(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
     match s {
         "inf" | "infinity" => Ok(f64::INFINITY),
         _ => match s.parse::<f64>() {

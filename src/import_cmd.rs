@@ -10,16 +10,7 @@ use clap::Args;
 use trace_format::import::{self, Format, ImportOptions};
 use trace_format::tokenize::Tokenizer;
 
-/// A rate: a positive number or `inf`.
-fn parse_rate(s: &str) -> Result<f64, String> {
-    match s {
-        "inf" | "infinity" => Ok(f64::INFINITY),
-        _ => match s.parse::<f64>() {
-            Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-            _ => Err(format!("{s:?} is not a positive rate (or inf)")),
-        },
-    }
-}
+use crate::cli::parse_rate;
 
 /// `llmreplay import`.
 #[derive(Args, Debug)]

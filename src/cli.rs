@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use replay::config::{
     Arrivals, EndpointKind, OutputLen, PercentileMetric, ReplayConfig, RequestOptions, Selection,
-    SessionMode, Slo, Target,
+    SessionMode, Shard, Slo, Target,
 };
 use trace_format::{FileMeta, Producer};
 
@@ -45,6 +45,8 @@ enum Command {
     Compare(crate::report_cmd::CompareArgs),
     /// Write the capacity report of result files: one self-contained HTML file with plots, or Markdown.
     Report(crate::report_cmd::ReportArgs),
+    /// Merge the --results of shard runs (replay --shard K/N) into one Parquet file and one JSON result.
+    Merge(crate::merge_cmd::MergeArgs),
 }
 
 /// A duration: `250ms`, `30s`, `5m`, `1h`, or plain seconds (`1.5`).
@@ -65,6 +67,27 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(Duration::from_secs_f64(v * mult)),
         _ => Err(format!("{s:?} is not a duration (e.g. 500ms, 30s, 5m, 1h)")),
     }
+}
+
+/// `--start-at`: RFC 3339 (`2026-01-02T03:04:05Z`) or `+DURATION` from now, as epoch µs.
+fn parse_start_at(s: &str) -> Result<i64, String> {
+    match s.trim().strip_prefix('+') {
+        Some(rel) => Ok(now_us() + parse_duration(rel)?.as_micros() as i64),
+        None => replay::config::parse_rfc3339_us(s),
+    }
+}
+
+/// `--shard-from-env`: K from `JOB_COMPLETION_INDEX` (a Kubernetes Indexed Job), N from
+/// `LLMREPLAY_SHARDS`.
+fn shard_from_env() -> Result<Shard> {
+    let var =
+        |k: &str| std::env::var(k).with_context(|| format!("--shard-from-env: ${k} is not set"));
+    let (k, n) = (var("JOB_COMPLETION_INDEX")?, var("LLMREPLAY_SHARDS")?);
+    format!("{}/{}", k.trim(), n.trim())
+        .parse::<Shard>()
+        .map_err(|e| {
+            anyhow::anyhow!("--shard-from-env (JOB_COMPLETION_INDEX/LLMREPLAY_SHARDS): {e}")
+        })
 }
 
 /// A rate: a positive number or `inf`.
@@ -227,6 +250,22 @@ struct ReplayArgs {
     /// Replay at most this many requests (the earliest).
     #[arg(long)]
     max_requests: Option<usize>,
+    /// Replay shard K of N (K in 0..N): a deterministic, disjoint part of the selection with
+    /// whole sessions (by session_id, else request_id); requests keep their offsets in the
+    /// full schedule, so N shards started together (--start-at) reproduce its arrival shape.
+    /// Merge their --results with `llmreplay merge`.
+    #[arg(long, value_name = "K/N", conflicts_with = "shard_from_env")]
+    shard: Option<Shard>,
+    /// Take --shard from the environment: K from $JOB_COMPLETION_INDEX (a Kubernetes Indexed
+    /// Job sets it), N from $LLMREPLAY_SHARDS.
+    #[arg(long)]
+    shard_from_env: bool,
+    /// Start the schedule's clock at this wall-clock time: RFC 3339 (2026-01-02T03:04:05Z)
+    /// or +DURATION from this process's launch (+30s), so separate processes start together
+    /// (to the millisecond with one absolute time; with +DURATION, as close as their launches).
+    /// An error when more than 1 s in the past.
+    #[arg(long, value_name = "TIME", value_parser = parse_start_at)]
+    start_at: Option<i64>,
     /// Replace recorded timing with gamma arrivals at this rate (req/s, or inf = all at once).
     #[arg(long, value_parser = parse_rate)]
     request_rate: Option<f64>,
@@ -437,6 +476,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Report(a) => crate::report_cmd::run_report(a),
+        Command::Merge(a) => crate::merge_cmd::run_merge(a, &command_line()),
     }
 }
 
@@ -567,6 +607,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             duration: a.duration,
             sample_ratio: a.sample_ratio,
             max_requests: a.max_requests,
+            shard: a.shard,
         },
         arrivals: match a.request_rate {
             Some(rate) => Arrivals::Rate {
@@ -607,6 +648,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             loops: a.loops,
             slice: a.slice,
         },
+        start_at_us: a.start_at,
     }
 }
 
@@ -661,6 +703,9 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         .map(|b| b as usize);
     let mut sim_guard = None;
     let mut cfg = replay_config(&a, a.targets.clone());
+    if a.shard_from_env {
+        cfg.selection.shard = Some(shard_from_env()?);
+    }
     if let Some(spec) = &a.tokenizer {
         let pt = replay::prompt::PromptTokenizer::load(spec)
             .map_err(anyhow::Error::msg)
@@ -686,6 +731,9 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
     cfg.validate()?;
     let command = command_line();
     if let Some(spec) = a.capacity.spec(&cfg) {
+        if cfg.start_at_us.is_some() {
+            bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
+        }
         a.capacity.prepare(&mut cfg);
         let r = crate::report_cmd::run_sweep(
             &cfg,
@@ -766,6 +814,9 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .insert("trace_content_hash".into(), identity.content_hash.clone());
         if let Some(l) = &cfg.label {
             meta.extra.insert("label".into(), l.clone());
+        }
+        if let Some(sh) = cfg.selection.shard {
+            meta.extra.insert("shard".into(), sh.to_string());
         }
         for (k, v) in &cfg.metadata {
             meta.extra.insert(k.clone(), v.clone());

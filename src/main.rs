@@ -4,6 +4,7 @@
 mod capture_cmd;
 mod cli;
 mod import_cmd;
+mod merge_cmd;
 mod report_cmd;
 
 use std::io::Write;

@@ -271,6 +271,77 @@ pub struct Selection {
     pub sample_ratio: Option<f64>,
     /// Keep at most this many requests (the earliest).
     pub max_requests: Option<usize>,
+    /// Keep only this shard of the selection (`--shard K/N`), applied last.
+    pub shard: Option<Shard>,
+}
+
+/// Shard `index` of `count` (`--shard K/N`, K in 0..N): a deterministic, disjoint part of a
+/// selection; whole sessions stay in one shard, and the shards together cover every row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// K, in `0..count`.
+    pub index: u32,
+    /// N, at least 1.
+    pub count: u32,
+}
+
+impl Shard {
+    /// Builds shard `index` of `count`, checking `index < count`.
+    pub fn new(index: u32, count: u32) -> Result<Shard, String> {
+        if count == 0 {
+            return Err("shard count must be at least 1".into());
+        }
+        if index >= count {
+            return Err(format!(
+                "shard index {index} is not within 0..{count} (shards count from 0)"
+            ));
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// Which shard of `count` a row with this session (else request) id belongs to.
+    pub fn of_key(key: &str, count: u32) -> u32 {
+        // Mixed again so shard membership is independent of --sample-ratio's use of the hash.
+        let h = crate::prompt::stable_hash(key).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((h >> 32) % u64::from(count.max(1))) as u32
+    }
+
+    /// Whether `r` belongs to this shard.
+    pub fn contains(&self, r: &trace_format::TraceRecord) -> bool {
+        Shard::of_key(r.session_id.as_deref().unwrap_or(&r.request_id), self.count) == self.index
+    }
+}
+
+impl FromStr for Shard {
+    type Err = String;
+    /// `K/N`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (k, n) = s
+            .split_once('/')
+            .ok_or_else(|| format!("--shard {s:?}: expected K/N, e.g. 0/4"))?;
+        let k: u32 = k
+            .trim()
+            .parse()
+            .map_err(|_| format!("--shard {s:?}: {k:?} is not a shard index"))?;
+        let n: u32 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("--shard {s:?}: {n:?} is not a shard count"))?;
+        Shard::new(k, n).map_err(|e| format!("--shard {s:?}: {e}"))
+    }
+}
+
+/// An RFC 3339 time (`2026-01-02T03:04:05Z`, any offset) as µs since the epoch.
+pub fn parse_rfc3339_us(s: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.timestamp_micros())
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time such as 2026-01-02T03:04:05Z: {e}"))
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
 }
 
 /// How requests are built and sent.
@@ -342,6 +413,9 @@ pub struct ReplayConfig {
     pub server_metrics: bool,
     /// Soak: passes of the trace (`--loop`) and metrics per time slice (`--slice`).
     pub soak: crate::soak::Soak,
+    /// Wall-clock start of the schedule, µs since the epoch (`--start-at`), so separate
+    /// processes start their clocks at the same instant; None = as soon as ready.
+    pub start_at_us: Option<i64>,
 }
 
 impl ReplayConfig {
@@ -385,6 +459,7 @@ impl ReplayConfig {
             metadata: Vec::new(),
             server_metrics: false,
             soak: crate::soak::Soak::default(),
+            start_at_us: None,
         }
     }
 
@@ -449,6 +524,18 @@ impl ReplayConfig {
         if self.soak.slice.is_some_and(|d| d.is_zero()) {
             return bad("--slice must be positive".into());
         }
+        if let Some(at) = self.start_at_us {
+            if self.targets.len() > 1 {
+                return bad("--start-at starts one run: give a single --target".into());
+            }
+            let late_us = crate::run::now_epoch_us() - at;
+            if late_us > 1_000_000 {
+                return bad(format!(
+                    "--start-at is {:.1} s in the past",
+                    late_us as f64 / 1e6
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -503,6 +590,28 @@ mod tests {
         assert_eq!(o.endpoint_for("/generate"), EndpointKind::Completions);
         o.endpoint = Some(EndpointKind::Chat);
         assert_eq!(o.endpoint_for("/v1/completions"), EndpointKind::Chat);
+    }
+
+    #[test]
+    fn start_times_parse_as_rfc3339() {
+        assert_eq!(
+            parse_rfc3339_us("2026-01-02T03:04:05.5Z").unwrap(),
+            1_767_323_045_500_000
+        );
+        assert_eq!(
+            parse_rfc3339_us("2026-01-02T04:04:05.5+01:00").unwrap(),
+            1_767_323_045_500_000
+        );
+        assert!(parse_rfc3339_us("tomorrow").is_err());
+        let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
+        c.start_at_us = Some(crate::run::now_epoch_us() - 5_000_000);
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("in the past"));
+        c.start_at_us = Some(crate::run::now_epoch_us() + 5_000_000);
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use trace_format::TraceRecord;
 
-use crate::config::{Arrivals, RequestOptions, Selection, SessionMode};
+use crate::config::{Arrivals, RequestOptions, Selection, SessionMode, Shard};
 use crate::error::ReplayError;
 use crate::prompt::{build_request, stable_hash, BuiltRequest};
 
@@ -59,7 +59,19 @@ impl Plan {
     }
 }
 
-/// Indices of the rows `sel` keeps, in arrival order. `records` must be sorted by arrival.
+/// Positions (into `chosen`) of the rows of `chosen` that belong to `shard`.
+pub fn shard_positions(records: &[TraceRecord], chosen: &[usize], shard: Shard) -> Vec<usize> {
+    chosen
+        .iter()
+        .enumerate()
+        .filter(|(_, &i)| shard.contains(&records[i]))
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// Indices of the rows `sel` keeps, in arrival order, before sharding (`sel.shard` is
+/// applied by [`build_plan`] after offsets are computed over this whole selection, so a
+/// shard keeps the offsets of the full schedule). `records` must be sorted by arrival.
 pub fn select(records: &[TraceRecord], sel: &Selection, seed: u64) -> Vec<usize> {
     let Some(first) = records.first().map(|r| r.arrival_time_us) else {
         return Vec::new();
@@ -159,6 +171,24 @@ pub fn build_plan(
     }
     let arrivals_us: Vec<i64> = chosen.iter().map(|&i| records[i].arrival_time_us).collect();
     let offs = offsets(&arrivals_us, arrivals, seed);
+    // A shard keeps its rows' offsets in the whole selection's schedule, so shards started
+    // at the same instant reproduce the full arrival shape together.
+    let (chosen, offs) = match sel.shard {
+        None => (chosen, offs),
+        Some(shard) => {
+            let keep = shard_positions(records, &chosen, shard);
+            if keep.is_empty() {
+                return Err(ReplayError::Empty(format!(
+                    "shard {shard} has none of the {} selected rows (fewer sessions than shards?)",
+                    chosen.len()
+                )));
+            }
+            (
+                keep.iter().map(|&k| chosen[k]).collect::<Vec<_>>(),
+                keep.iter().map(|&k| offs[k]).collect::<Vec<_>>(),
+            )
+        }
+    };
     let speedup = match arrivals {
         Arrivals::Recorded { speedup } => speedup,
         Arrivals::Rate { .. } => 1.0,
@@ -354,6 +384,92 @@ mod tests {
                 .count();
             assert!(n == 0 || n == 10, "session s{s} split: {n}");
         }
+    }
+
+    #[test]
+    fn shards_are_disjoint_cover_the_trace_and_keep_sessions_whole() {
+        // Sessions of several turns, interleaved, plus rows without a session.
+        let rs: Vec<TraceRecord> = (0..400)
+            .map(|i| {
+                let s = (i % 3 != 0).then(|| format!("s{}", i % 37));
+                rec(&format!("r{i}"), i * 10, s.as_deref())
+            })
+            .collect();
+        let n = 4;
+        let full = build_plan(
+            &rs,
+            &Selection::default(),
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            &opts(),
+            "m",
+            None,
+            0,
+        )
+        .unwrap();
+        let full_off: HashMap<&str, Duration> = full
+            .items
+            .iter()
+            .map(|p| (p.request_id.as_str(), p.offset))
+            .collect();
+        let mut seen: HashMap<String, u32> = HashMap::new();
+        let mut session_shard: HashMap<String, u32> = HashMap::new();
+        for k in 0..n {
+            let sel = Selection {
+                shard: Some(Shard::new(k, n).unwrap()),
+                ..Default::default()
+            };
+            let p = build_plan(
+                &rs,
+                &sel,
+                Arrivals::Recorded { speedup: 1.0 },
+                SessionMode::Open,
+                &opts(),
+                "m",
+                None,
+                0,
+            )
+            .unwrap();
+            assert!(!p.items.is_empty(), "shard {k} is empty");
+            for it in &p.items {
+                assert!(
+                    seen.insert(it.request_id.clone(), k).is_none(),
+                    "{} in two shards",
+                    it.request_id
+                );
+                assert_eq!(
+                    it.offset,
+                    full_off[it.request_id.as_str()],
+                    "a shard keeps the full schedule's offsets"
+                );
+                if let Some(s) = &it.session_id {
+                    let prev = session_shard.insert(s.clone(), k);
+                    assert!(prev.is_none_or(|p| p == k), "session {s} split");
+                }
+            }
+        }
+        assert_eq!(seen.len(), rs.len(), "the shards cover every row");
+        // Deterministic: the same shard twice is the same rows.
+        let sel = Selection {
+            shard: Some("2/4".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(
+            shard_positions(&rs, &select(&rs, &sel, 0), sel.shard.unwrap()),
+            shard_positions(&rs, &select(&rs, &sel, 9), sel.shard.unwrap())
+        );
+    }
+
+    #[test]
+    fn shard_specs_parse_and_reject_garbage() {
+        assert_eq!(
+            "1/4".parse::<Shard>().unwrap(),
+            Shard { index: 1, count: 4 }
+        );
+        assert!("4/4".parse::<Shard>().is_err());
+        assert!("0/0".parse::<Shard>().is_err());
+        assert!("1".parse::<Shard>().is_err());
+        assert!("a/4".parse::<Shard>().is_err());
     }
 
     #[test]

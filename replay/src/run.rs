@@ -94,7 +94,8 @@ pub fn client_runtime(threads: usize) -> Result<tokio::runtime::Runtime, ReplayE
         .map_err(|e| ReplayError::Runtime(e.to_string()))
 }
 
-fn now_epoch_us() -> i64 {
+/// Wall-clock now, µs since the epoch.
+pub fn now_epoch_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
@@ -252,12 +253,43 @@ pub fn run_target(
     let skipped = plan.skipped.clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let lead = Duration::from_millis(20);
+    let (start, started_at_us) = match cfg.start_at_us {
+        None => (
+            Instant::now() + lead,
+            now_epoch_us() + lead.as_micros() as i64,
+        ),
+        // `--start-at`: the schedule starts at that wall-clock instant, shared by separate
+        // processes; sleep until just before it, then start the pacer.
+        Some(at) => {
+            let (now_us, now) = (now_epoch_us(), Instant::now());
+            let ahead_us = at - now_us;
+            if ahead_us < -1_000_000 {
+                return Err(ReplayError::Config(format!(
+                    "--start-at passed {:.1} s ago while the run was being prepared; give a later time",
+                    -ahead_us as f64 / 1e6
+                )));
+            }
+            let start = if ahead_us >= 0 {
+                now + Duration::from_micros(ahead_us as u64)
+            } else {
+                now.checked_sub(Duration::from_micros(ahead_us.unsigned_abs()))
+                    .unwrap_or(now)
+            };
+            std::thread::sleep(
+                start
+                    .checked_sub(lead)
+                    .unwrap_or(start)
+                    .saturating_duration_since(Instant::now()),
+            );
+            (start, at)
+        }
+    };
     let shared = Arc::new(Shared {
         sem: cfg.max_concurrency.map(Semaphore::new),
         plan,
         client,
-        start: Instant::now() + lead,
-        started_at_us: now_epoch_us() + lead.as_micros() as i64,
+        start,
+        started_at_us,
         results: tx,
         in_flight: AtomicUsize::new(0),
         target: target.name.clone(),

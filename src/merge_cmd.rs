@@ -1,0 +1,305 @@
+//! `llmreplay merge`: combines the `--results` of shard runs (`replay --shard K/N`) into one
+//! Parquet file and one JSON result, with every metric computed over all rows at once (exact
+//! percentiles, never an average of per-shard percentiles).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use replay::config::{PercentileMetric, ReplayConfig, Slo, Target};
+use trace_format::{FileMeta, Producer, TraceRecord};
+
+fn parse_pct(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a percentile within 0..100")),
+    }
+}
+
+/// `llmreplay merge` flags.
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// Result Parquet files of the shard runs (`replay --results`), directories or globs.
+    #[arg(required = true)]
+    inputs: Vec<String>,
+    /// Output path without extension: writes PATH.parquet (every row) and PATH.json (vLLM's keys).
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Latency SLOs for goodput, `KEY:MS` with keys ttft, tpot, e2el.
+    #[arg(long, num_args = 1..)]
+    goodput: Vec<Slo>,
+    /// Metrics that get percentiles.
+    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
+    percentile_metrics: Vec<PercentileMetric>,
+    /// Percentiles to report.
+    #[arg(long, value_delimiter = ',', value_parser = parse_pct, default_value = "50,95,99")]
+    metric_percentiles: Vec<f64>,
+}
+
+/// The wall-clock start of the run a result row belongs to, µs since the epoch: its send
+/// time minus its scheduled offset, dispatch lag, client queue and connect time (exactly
+/// what the run added to the start to get the send time, up to µs rounding).
+pub fn row_run_start_us(r: &TraceRecord) -> Option<i64> {
+    Some(
+        r.arrival_time_us
+            - r.scheduled_offset_us?
+            - r.dispatch_lag_us.unwrap_or(0)
+            - r.queue_us.unwrap_or(0)
+            - r.connect_us.unwrap_or(0),
+    )
+}
+
+/// The merged run's start: the earliest row start (shards started with one `--start-at`
+/// agree to the µs); the earliest arrival for rows without a schedule.
+pub fn merged_start_us(records: &[TraceRecord]) -> Option<i64> {
+    records
+        .iter()
+        .map(|r| row_run_start_us(r).unwrap_or(r.arrival_time_us))
+        .min()
+}
+
+/// `PATH` → (`PATH.parquet`, `PATH.json`); a given `.parquet`/`.json` extension is dropped.
+fn output_paths(p: &Path) -> (PathBuf, PathBuf) {
+    let base = match p.extension().and_then(|e| e.to_str()) {
+        Some("parquet" | "json") => p.with_extension(""),
+        _ => p.to_path_buf(),
+    };
+    let with = |ext: &str| {
+        let mut s = base.clone().into_os_string();
+        s.push(ext);
+        PathBuf::from(s)
+    };
+    (with(".parquet"), with(".json"))
+}
+
+/// Runs `llmreplay merge`.
+pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
+    let mut trace = trace_format::read_traces(&a.inputs).context("reading the shard results")?;
+    // The identity of the replayed trace when the shards agree on it, else of these rows.
+    let rows_identity = replay::report::trace_identity(&trace);
+    let records = std::mem::take(&mut trace.records);
+    if records.is_empty() {
+        bail!("the inputs have no rows");
+    }
+    let targets: BTreeSet<&str> = records.iter().filter_map(|r| r.target.as_deref()).collect();
+    if targets.len() > 1 {
+        bail!(
+            "the inputs replayed several targets ({}); merge the shards of one target at a time",
+            targets.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let target_name = targets.into_iter().next().unwrap_or("unknown").to_string();
+    let mut ids = BTreeSet::new();
+    let dups = records
+        .iter()
+        .filter(|r| !ids.insert((r.run_id.as_deref(), r.request_id.as_str())))
+        .count();
+    if dups > 0 {
+        bail!("{dups} rows appear twice in the inputs (the same result file given twice?)");
+    }
+    let repeated = {
+        let mut seen = BTreeSet::new();
+        records
+            .iter()
+            .filter(|r| !seen.insert(r.request_id.as_str()))
+            .count()
+    };
+    if repeated > 0 {
+        eprintln!(
+            "note: {repeated} request ids appear in more than one run: shards of one trace are disjoint, so these inputs overlap"
+        );
+    }
+    let start_us = merged_start_us(&records).unwrap_or(0);
+
+    let metrics = replay::metrics::compute(&records, start_us, &a.goodput, &a.metric_percentiles);
+
+    // Provenance common to every input (target URL and models, trace hash, label).
+    let metas: Vec<&FileMeta> = trace.files.iter().map(|f| &f.meta).collect();
+    let common = |k: &str| -> Option<String> {
+        let vals: BTreeSet<Option<&String>> = metas.iter().map(|m| m.extra.get(k)).collect();
+        match vals.into_iter().collect::<Vec<_>>().as_slice() {
+            [Some(v)] => Some((*v).clone()),
+            _ => None,
+        }
+    };
+    // One URL when the shards agree (one service); otherwise each shard's, comma-separated.
+    let url = {
+        let urls: BTreeSet<&String> = metas
+            .iter()
+            .filter_map(|m| m.extra.get(&format!("target.{target_name}.url")))
+            .collect();
+        let joined = urls.into_iter().cloned().collect::<Vec<_>>().join(",");
+        if joined.is_empty() {
+            "unknown".to_string()
+        } else {
+            joined
+        }
+    };
+    let models: Vec<String> = common(&format!("target.{target_name}.models"))
+        .map(|m| {
+            m.split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut cfg = ReplayConfig::new(vec![Target {
+        name: target_name.clone(),
+        url: url.clone(),
+    }]);
+    cfg.goodput = a.goodput.clone();
+    cfg.percentile_metrics = a.percentile_metrics.clone();
+    cfg.metric_percentiles = a.metric_percentiles.clone();
+    cfg.label = common("label");
+
+    // Per shard run: its own dispatch-lag judgement (the client of each process).
+    let mut by_run: BTreeMap<String, Vec<TraceRecord>> = BTreeMap::new();
+    for r in &records {
+        by_run
+            .entry(r.run_id.clone().unwrap_or_default())
+            .or_default()
+            .push(r.clone());
+    }
+    let shards: Vec<serde_json::Value> = by_run
+        .iter()
+        .map(|(run_id, rows)| {
+            let m = replay::metrics::compute(
+                rows,
+                merged_start_us(rows).unwrap_or(start_us),
+                &[],
+                &[50.0, 99.0],
+            );
+            serde_json::json!({
+                "run_id": run_id,
+                "rows": rows.len(),
+                "started_at_us": merged_start_us(rows),
+                "dispatch_lag_p99_ms": m.dispatch_lag.get(99.0),
+                "lag_too_high": replay::report::lag_too_high(&m),
+            })
+        })
+        .collect();
+    let worst_lag_too_high = shards.iter().any(|s| s["lag_too_high"] == true);
+
+    let last_offset = records
+        .iter()
+        .filter_map(|r| r.scheduled_offset_us)
+        .max()
+        .unwrap_or(0);
+    let run = replay::RunOutput {
+        target: cfg.targets[0].clone(),
+        target_info: replay::run::TargetInfo {
+            models,
+            version: common(&format!("target.{target_name}.version"))
+                .and_then(|v| serde_json::from_str(&v).ok()),
+        },
+        model: records
+            .iter()
+            .find_map(|r| r.model.clone())
+            .unwrap_or_default(),
+        run_id: format!("merged-{}", by_run.len()),
+        started_at_us: start_us,
+        plan_len: records.len(),
+        skipped: Vec::new(),
+        trace_span: Duration::from_micros(last_offset.max(0) as u64),
+        wall: Duration::from_secs_f64(metrics.duration_s),
+        preconnected: 0,
+        warmups: 0,
+        client_load: None,
+        server_gauges: Default::default(),
+        server_histograms: Default::default(),
+        records,
+    };
+    let identity = replay::report::TraceIdentity {
+        files: trace
+            .files
+            .iter()
+            .map(|f| f.path.display().to_string())
+            .collect(),
+        rows: run.records.len(),
+        content_hash: common("trace_content_hash").unwrap_or(rows_identity.content_hash),
+    };
+    let mut json = replay::report::result_json(&replay::report::ResultInputs {
+        cfg: &cfg,
+        run: &run,
+        metrics: &metrics,
+        trace: &identity,
+        command,
+        detailed: false,
+    });
+    if let Some(ours) = json.get_mut("llmreplay").and_then(|v| v.as_object_mut()) {
+        ours.insert(
+            "merge".into(),
+            serde_json::json!({
+                "inputs": identity.files,
+                "shards": metas.iter().map(|m| m.extra.get("shard")).collect::<Vec<_>>(),
+                "runs": shards,
+                "worst_shard_lag_too_high": worst_lag_too_high,
+            }),
+        );
+    }
+
+    let (pq, js) = output_paths(&a.output);
+    let mut meta = FileMeta::new(Producer::Replay, command.to_string());
+    meta.source = Some(identity.files.join(","));
+    meta.extra
+        .insert(format!("target.{target_name}.url"), url.clone());
+    for k in [
+        "trace_content_hash".to_string(),
+        "label".to_string(),
+        format!("target.{target_name}.models"),
+        format!("target.{target_name}.version"),
+    ] {
+        if let Some(v) = common(&k) {
+            meta.extra.insert(k, v);
+        }
+    }
+    meta.extra
+        .insert("merged_runs".into(), by_run.len().to_string());
+    trace_format::write_trace_file(&pq, &run.records, &meta)
+        .with_context(|| format!("writing {}", pq.display()))?;
+    std::fs::write(&js, serde_json::to_vec_pretty(&json)?)
+        .with_context(|| format!("writing {}", js.display()))?;
+    println!(
+        "merged {} rows of {} runs: p99 TTFT {:.3} ms, dispatch lag {}",
+        run.records.len(),
+        by_run.len(),
+        metrics.ttft.get(99.0).unwrap_or(f64::NAN),
+        if worst_lag_too_high {
+            "TOO HIGH in at least one shard: latencies include a client backlog"
+        } else {
+            "OK in every shard"
+        }
+    );
+    eprintln!("written {} and {}", pq.display(), js.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_and_run_start() {
+        assert_eq!(
+            output_paths(Path::new("d/merged")),
+            (
+                PathBuf::from("d/merged.parquet"),
+                PathBuf::from("d/merged.json")
+            )
+        );
+        assert_eq!(
+            output_paths(Path::new("m.json")).0,
+            PathBuf::from("m.parquet")
+        );
+        let mut r = TraceRecord::new("a", 10_000, "/v1/completions");
+        r.scheduled_offset_us = Some(5_000);
+        r.dispatch_lag_us = Some(100);
+        r.queue_us = Some(200);
+        r.connect_us = Some(300);
+        assert_eq!(row_run_start_us(&r), Some(4_400));
+        let b = TraceRecord::new("b", 3_000, "/v1/completions");
+        assert_eq!(merged_start_us(&[r, b]), Some(3_000));
+    }
+}

@@ -1039,6 +1039,23 @@ mod tests {
             &["llmreplay", "export", "t.parquet", "-o", "x.jsonl"],
             &[
                 "llmreplay",
+                "merge",
+                "a.parquet",
+                "b.parquet",
+                "-o",
+                "merged",
+            ],
+            &[
+                "llmreplay",
+                "replay",
+                "t.parquet",
+                "--shard",
+                "1/4",
+                "--start-at",
+                "+2s",
+            ],
+            &[
+                "llmreplay",
                 "replay",
                 "t.parquet",
                 "--sweep",

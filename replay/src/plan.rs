@@ -278,6 +278,20 @@ mod tests {
         r
     }
 
+    /// The plan of `rs` with recorded arrivals at speed 1, open sessions and default options.
+    fn open_plan(rs: &[TraceRecord]) -> Result<Plan, ReplayError> {
+        build_plan(
+            rs,
+            &Selection::default(),
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            &opts(),
+            "m",
+            None,
+            0,
+        )
+    }
+
     fn opts() -> RequestOptions {
         RequestOptions {
             endpoint: None,
@@ -396,17 +410,7 @@ mod tests {
             })
             .collect();
         let n = 4;
-        let full = build_plan(
-            &rs,
-            &Selection::default(),
-            Arrivals::Recorded { speedup: 1.0 },
-            SessionMode::Open,
-            &opts(),
-            "m",
-            None,
-            0,
-        )
-        .unwrap();
+        let full = open_plan(&rs).unwrap();
         let full_off: HashMap<&str, Duration> = full
             .items
             .iter()
@@ -476,17 +480,7 @@ mod tests {
     fn rows_that_cannot_be_built_are_skipped_and_reported() {
         let mut rs = vec![rec("a", 0, None), rec("b", 10, None), rec("c", 20, None)];
         rs[1].prompt_tokens = None; // e.g. a cancelled capture with no readable prompt
-        let p = build_plan(
-            &rs,
-            &Selection::default(),
-            Arrivals::Recorded { speedup: 1.0 },
-            SessionMode::Open,
-            &opts(),
-            "m",
-            None,
-            0,
-        )
-        .unwrap();
+        let p = open_plan(&rs).unwrap();
         assert_eq!(
             p.items
                 .iter()
@@ -507,17 +501,7 @@ mod tests {
         );
         rs[0].prompt_tokens = None;
         rs[2].prompt_tokens = None;
-        let err = build_plan(
-            &rs,
-            &Selection::default(),
-            Arrivals::Recorded { speedup: 1.0 },
-            SessionMode::Open,
-            &opts(),
-            "m",
-            None,
-            0,
-        )
-        .unwrap_err();
+        let err = open_plan(&rs).unwrap_err();
         assert!(
             err.to_string().contains("none of the 3 selected rows"),
             "{err}"

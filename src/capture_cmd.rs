@@ -39,9 +39,19 @@ pub struct CaptureArgs {
     /// The one upstream, `http://HOST:PORT` or `https://HOST[:PORT][/prefix]`.
     #[arg(long)]
     upstream: String,
-    /// Directory of the trace files (created 0700; files are 0600).
+    /// Where the trace files go: a directory (created 0700; files are 0600), or an object
+    /// store prefix such as `s3://bucket/captures` (credentials and endpoint from the
+    /// environment, e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ENDPOINT_URL, AWS_ALLOW_HTTP=true). Objects land in Hive partitions,
+    /// `PREFIX/date=YYYY-MM-DD/hour=HH/*.parquet` (UTC), after each file is finished.
     #[arg(long)]
-    out: PathBuf,
+    out: String,
+    /// With an object-store --out: the local directory where files are journaled and
+    /// finished before upload, and kept while the store is unreachable (default: a
+    /// directory per --out under the system temp directory). Files left there by a previous
+    /// run are uploaded at the next start.
+    #[arg(long)]
+    spool_dir: Option<PathBuf>,
     /// Admin listener for /metrics and /healthz.
     #[arg(long, default_value = "127.0.0.1:9464")]
     admin: SocketAddr,
@@ -115,6 +125,39 @@ pub struct CaptureArgs {
 
 impl CaptureArgs {
     /// Validates the flags into the proxy's configuration.
+    /// The object store --out names, if it names one.
+    fn store(&self) -> Result<Option<trace_format::store::ObjectLocation>> {
+        if !trace_format::store::is_url(&self.out) {
+            return Ok(None);
+        }
+        let loc = trace_format::store::ObjectLocation::parse(&self.out)
+            .with_context(|| format!("--out {}", self.out))?;
+        Ok(Some(loc))
+    }
+
+    /// The local directory the proxy writes into: --out, or the spool directory of an
+    /// object-store --out.
+    fn local_dir(&self) -> PathBuf {
+        if !trace_format::store::is_url(&self.out) {
+            return PathBuf::from(&self.out);
+        }
+        if let Some(d) = &self.spool_dir {
+            return d.clone();
+        }
+        let name: String = self
+            .out
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        std::env::temp_dir().join("llmreplay-spool").join(name)
+    }
+
     fn config(self) -> Result<proxy::ProxyConfig> {
         if !(self.sample_rate > 0.0 && self.sample_rate <= 1.0) {
             bail!("--sample-rate {} must be in (0, 1]", self.sample_rate);
@@ -125,7 +168,13 @@ impl CaptureArgs {
         if self.max_file_mb == 0 || self.max_request_body_mb == 0 || self.queue_capacity == 0 {
             bail!("--max-file-mb, --max-request-body-mb and --queue-capacity must be > 0");
         }
-        let mut c = proxy::ProxyConfig::new(self.listen, self.upstream, self.out);
+        if self.spool_dir.is_some() && !trace_format::store::is_url(&self.out) {
+            bail!("--spool-dir goes with an object-store --out (s3://...)");
+        }
+        let to_store = trace_format::store::is_url(&self.out);
+        let dir = self.local_dir();
+        let mut c = proxy::ProxyConfig::new(self.listen, self.upstream, dir);
+        c.rotate_on_hour = to_store;
         c.admin = (!self.no_admin).then_some(self.admin);
         c.upstream_ca = self.upstream_ca;
         c.upstream_h2 = self.upstream_h2;
@@ -170,10 +219,19 @@ impl CaptureArgs {
 pub fn run_capture(args: CaptureArgs) -> Result<()> {
     let drain = args.drain_timeout;
     let tls = args.tls_cert.is_some();
+    let store = args.store()?;
+    let dest = args.out.clone();
     let cfg = args.config()?;
     let out = cfg.out.clone();
+    // Uploads finished files (and any a previous run left in the spool) as they appear.
+    let uploader = store.map(|loc| {
+        trace_format::store::SpoolUploader::spawn(loc, out.clone(), Duration::from_secs(2))
+    });
+    let uploading = uploader.is_some();
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+    let (dest2, out2) = (dest.clone(), out.clone());
     rt.block_on(async move {
+        let (dest, out) = (dest2, out2);
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -192,7 +250,11 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
             handle
                 .admin_addr()
                 .map_or(String::new(), |a| format!(" (admin http://{a}/metrics)")),
-            out.display()
+            if uploading {
+                format!("{dest} (spooled in {})", out.display())
+            } else {
+                out.display().to_string()
+            }
         );
         tokio::select! {
             _ = term.recv() => {}
@@ -222,6 +284,28 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        Ok(())
-    })
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let Some(uploader) = uploader else {
+        return Ok(());
+    };
+    let up = uploader.finish(drain);
+    eprintln!(
+        "llmreplay capture: {} file(s) uploaded to {dest}{}",
+        up.uploaded.len(),
+        up.uploaded
+            .iter()
+            .map(|u| format!("\n  {u}"))
+            .collect::<String>()
+    );
+    if !up.left.is_empty() {
+        bail!(
+            "{} finished file(s) could not be uploaded to {dest} and stay in {} (the next \
+             capture with this --out/--spool-dir uploads them): {}",
+            up.left.len(),
+            out.display(),
+            up.last_error.unwrap_or_default()
+        );
+    }
+    Ok(())
 }

@@ -683,15 +683,17 @@ fn per_target_path(path: &Path, name: &str, many: bool) -> PathBuf {
             }
         })
         .collect();
-    let stem = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let ext = path
-        .extension()
-        .map(|e| format!(".{}", e.to_string_lossy()))
-        .unwrap_or_default();
-    path.with_file_name(format!("{stem}-{safe}{ext}"))
+    // On the string, so an object URL (`s3://b/run.json`) keeps its `//`.
+    let full = path.to_string_lossy();
+    let (dir, file) = match full.rsplit_once('/') {
+        Some((d, f)) => (format!("{d}/"), f),
+        None => (String::new(), full.as_ref()),
+    };
+    let (stem, ext) = match file.rsplit_once('.') {
+        Some((st, e)) if !st.is_empty() => (st, format!(".{e}")),
+        _ => (file, String::new()),
+    };
+    PathBuf::from(format!("{dir}{stem}-{safe}{ext}"))
 }
 
 fn run_replay(a: ReplayArgs) -> Result<()> {
@@ -779,9 +781,9 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         if let Some(p) = &a.save_result {
             let p = per_target_path(p, &run.target.name, many);
             let json = replay::report::result_json(&inputs);
-            std::fs::write(&p, serde_json::to_vec_pretty(&json)?)
+            let at = trace_format::store::write_bytes(&p, serde_json::to_vec_pretty(&json)?)
                 .with_context(|| format!("writing {}", p.display()))?;
-            eprintln!("result written to {}", p.display());
+            eprintln!("result written to {at}");
         }
     }
     if many {
@@ -835,9 +837,9 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
                     .insert(format!("target.{}.version", run.target.name), v.to_string());
             }
         }
-        trace_format::write_trace_file(p, &rows, &meta)
+        let at = trace_format::store::write_trace(p, &rows, &meta)
             .with_context(|| format!("writing {}", p.display()))?;
-        eprintln!("{} result rows written to {}", rows.len(), p.display());
+        eprintln!("{} result rows written to {at}", rows.len());
     }
     Ok(())
 }
@@ -857,13 +859,9 @@ fn run_synth(a: SynthArgs) -> Result<()> {
     };
     let rows = replay::synth::synth(&spec)?;
     let meta = FileMeta::new(Producer::Synth, command_line());
-    trace_format::write_trace_file(&a.output, &rows, &meta)
+    let at = trace_format::store::write_trace(&a.output, &rows, &meta)
         .with_context(|| format!("writing {}", a.output.display()))?;
-    eprintln!(
-        "{} synthetic requests written to {}",
-        rows.len(),
-        a.output.display()
-    );
+    eprintln!("{} synthetic requests written to {at}", rows.len());
     Ok(())
 }
 
@@ -1008,6 +1006,14 @@ mod tests {
         assert_eq!(
             per_target_path(Path::new("out.json"), "x", false),
             PathBuf::from("out.json")
+        );
+        assert_eq!(
+            per_target_path(Path::new("s3://b/runs/out.json"), "vllm", true).to_str(),
+            Some("s3://b/runs/out-vllm.json")
+        );
+        assert_eq!(
+            per_target_path(Path::new("out"), "x", true).to_str(),
+            Some("out-x")
         );
     }
 

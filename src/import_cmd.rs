@@ -163,12 +163,11 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
         }
     }
     let rows = imported.records.len();
-    trace_format::write_trace_file(&a.output, &imported.records, &imported.meta)
+    let at = trace_format::store::write_trace(&a.output, &imported.records, &imported.meta)
         .with_context(|| format!("writing {}", a.output.display()))?;
     imported.records.clear();
     eprintln!(
-        "{rows} requests written to {}{}",
-        a.output.display(),
+        "{rows} requests written to {at}{}",
         imported
             .meta
             .block_size

@@ -257,9 +257,9 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
     }
     meta.extra
         .insert("merged_runs".into(), by_run.len().to_string());
-    trace_format::write_trace_file(&pq, &run.records, &meta)
+    let pq_at = trace_format::store::write_trace(&pq, &run.records, &meta)
         .with_context(|| format!("writing {}", pq.display()))?;
-    std::fs::write(&js, serde_json::to_vec_pretty(&json)?)
+    let js_at = trace_format::store::write_bytes(&js, serde_json::to_vec_pretty(&json)?)
         .with_context(|| format!("writing {}", js.display()))?;
     println!(
         "merged {} rows of {} runs: p99 TTFT {:.3} ms, dispatch lag {}",
@@ -272,7 +272,7 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
             "OK in every shard"
         }
     );
-    eprintln!("written {} and {}", pq.display(), js.display());
+    eprintln!("written {pq_at} and {js_at}");
     Ok(())
 }
 
@@ -289,6 +289,10 @@ mod tests {
                 PathBuf::from("d/merged.json")
             )
         );
+        // As strings: Path equality would call `s3:/bucket` and `s3://bucket` equal.
+        let (pq, js) = output_paths(Path::new("s3://bucket/runs/m.json"));
+        assert_eq!(pq.to_str(), Some("s3://bucket/runs/m.parquet"));
+        assert_eq!(js.to_str(), Some("s3://bucket/runs/m.json"));
         assert_eq!(
             output_paths(Path::new("m.json")).0,
             PathBuf::from("m.parquet")

@@ -85,6 +85,8 @@ pub struct ProxyConfig {
     pub max_file_bytes: u64,
     /// Rotate trace files at this age.
     pub max_file_age: Duration,
+    /// Also rotate when the UTC hour changes (files for Hive partitions by hour).
+    pub rotate_on_hour: bool,
     /// The writer's loss window on a crash (journal hand-over interval).
     pub flush_interval: Duration,
     /// Request header whose value becomes `session_id` (never a credential header).
@@ -118,6 +120,7 @@ impl ProxyConfig {
             max_request_body: 64 * 1024 * 1024,
             max_file_bytes: 256 * 1024 * 1024,
             max_file_age: Duration::from_secs(3600),
+            rotate_on_hour: false,
             flush_interval: Duration::from_millis(200),
             session_header: None,
             command: String::new(),

@@ -268,6 +268,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let mut wcfg = WriterConfig::new(&cfg.out, cfg.file_prefix.clone(), meta);
     wcfg.max_file_bytes = cfg.max_file_bytes;
     wcfg.max_file_age = cfg.max_file_age;
+    wcfg.rotate_on_hour = cfg.rotate_on_hour;
     wcfg.flush_interval = cfg.flush_interval;
     let out = cfg.out.clone();
     let capacity = cfg.queue_capacity;

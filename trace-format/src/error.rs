@@ -55,6 +55,14 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
+    /// An object store (`s3://`, `gs://`, ...) refused or failed an operation.
+    #[error("{url}: {message}")]
+    Store {
+        /// The object or prefix, as a URL.
+        url: String,
+        /// What the store (or the connection to it) said.
+        message: String,
+    },
     /// An invalid argument.
     #[error("{0}")]
     Invalid(String),

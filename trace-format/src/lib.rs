@@ -10,6 +10,7 @@ pub mod reader;
 pub mod schema;
 pub mod sse;
 pub mod stats;
+pub mod store;
 pub mod tokenize;
 pub mod writer;
 

@@ -23,9 +23,11 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Schema, TimeUnit};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::reader::ChunkReader;
 
 use crate::error::{Error, Result};
 use crate::schema::{col, meta, Outcome, TokenSource, TraceRecord};
+use crate::store::{self, ObjectLocation};
 use crate::writer::FileMeta;
 
 /// Columns a file must have to be a trace.
@@ -62,7 +64,9 @@ pub struct Trace {
 }
 
 /// Reads traces from inputs that are files, directories (every `*.parquet` below them,
-/// recursively, sorted by path) or glob patterns. A file named twice is read once.
+/// recursively, sorted by path) or glob patterns, locally or in an object store
+/// (`s3://bucket/prefix`, see [`crate::store`]: every `*.parquet` below the prefix, Hive
+/// partitions included). A file named twice is read once.
 ///
 /// Errors: an input matching nothing → [`Error::NoFiles`]; a file of another major schema
 /// version → [`Error::UnsupportedVersion`]; a Parquet file without llmreplay metadata or
@@ -70,9 +74,22 @@ pub struct Trace {
 /// [`Error::Format`] naming it.
 pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
     let mut seen = HashSet::new();
-    let mut paths = Vec::new();
+    let mut sources = Vec::new();
     for input in inputs {
         let input = input.as_ref();
+        if store::is_url(input) {
+            let loc = ObjectLocation::parse(input)?;
+            let found = loc.list_parquet()?;
+            if found.is_empty() {
+                return Err(Error::NoFiles(input.to_string()));
+            }
+            for key in found {
+                if seen.insert(PathBuf::from(loc.object_url(&key))) {
+                    sources.push(Source::Object(loc.clone(), key));
+                }
+            }
+            continue;
+        }
         let found = expand_input(input)?;
         if found.is_empty() {
             return Err(Error::NoFiles(input.to_string()));
@@ -80,16 +97,25 @@ pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
         for p in found {
             let key = fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
             if seen.insert(key) {
-                paths.push(p);
+                sources.push(Source::Local(p));
             }
         }
     }
-    if paths.is_empty() {
+    if sources.is_empty() {
         return Err(Error::NoFiles(String::new()));
     }
     let mut trace = Trace::default();
-    for path in paths {
-        let (file, records) = read_file(&path)?;
+    for source in sources {
+        let (file, records) = match source {
+            Source::Local(path) => {
+                let f = File::open(&path).map_err(|e| Error::io(&path, e))?;
+                read_parquet(f, &path)?
+            }
+            Source::Object(loc, key) => {
+                let bytes = loc.get(&key)?;
+                read_parquet(bytes, Path::new(&loc.object_url(&key)))?
+            }
+        };
         trace.files.push(file);
         trace.records.extend(records);
     }
@@ -147,9 +173,18 @@ fn walk_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// Reads one file: its metadata (version checked) and its records in file order.
-fn read_file(path: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+/// Where one trace file is read from.
+enum Source {
+    Local(PathBuf),
+    Object(ObjectLocation, object_store::path::Path),
+}
+
+/// Reads one file (named `path` in errors and in [`TraceFile::path`]; an object's URL for
+/// an object): its metadata (version checked) and its records in file order.
+fn read_parquet<R: ChunkReader + 'static>(
+    file: R,
+    path: &Path,
+) -> Result<(TraceFile, Vec<TraceRecord>)> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| Error::format(path, format!("not a readable Parquet file: {e}")))?;
     let kv = builder

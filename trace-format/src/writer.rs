@@ -390,6 +390,9 @@ pub struct WriterConfig {
     pub flush_interval: Duration,
     /// Provenance written into every file.
     pub meta: FileMeta,
+    /// Also rotate when the UTC hour changes, so every file holds the records of one hour
+    /// only (the file name's stamp names that hour): for Hive partitions by date and hour.
+    pub rotate_on_hour: bool,
 }
 
 impl WriterConfig {
@@ -402,6 +405,7 @@ impl WriterConfig {
             max_file_age: Duration::from_secs(3600),
             flush_interval: Duration::from_millis(200),
             meta,
+            rotate_on_hour: false,
         }
     }
 
@@ -441,6 +445,8 @@ struct Segment {
     records: Vec<TraceRecord>,
     bytes: u64,
     opened: Instant,
+    /// UTC hours since the epoch when the segment was started (its name's stamp).
+    hour: i64,
     last_flush: Instant,
     dirty: bool,
 }
@@ -515,6 +521,9 @@ impl TraceWriter {
     /// journal): do not append it again. The rotation is retried by the next `append`,
     /// `tick` or `close`, and the journal is recovered by the next `open` if it never succeeds.
     pub fn append(&mut self, rec: TraceRecord) -> Result<()> {
+        if self.hour_changed() {
+            self.rotate()?;
+        }
         if self.current.is_none() {
             self.current = Some(self.start_segment()?);
         }
@@ -543,14 +552,24 @@ impl TraceWriter {
     /// Hands buffered records to the OS and rotates the file if it is older than
     /// `max_file_age`. Call it at least every `flush_interval`.
     pub fn tick(&mut self) -> Result<()> {
+        let hour_changed = self.hour_changed();
         let Some(seg) = self.current.as_mut() else {
             return Ok(());
         };
         seg.flush()?;
-        if seg.opened.elapsed() >= self.cfg.max_file_age {
+        if seg.opened.elapsed() >= self.cfg.max_file_age || hour_changed {
             self.rotate()?;
         }
         Ok(())
+    }
+
+    /// With `rotate_on_hour`: whether the current file was started in an earlier UTC hour.
+    fn hour_changed(&self) -> bool {
+        self.cfg.rotate_on_hour
+            && self
+                .current
+                .as_ref()
+                .is_some_and(|seg| seg.hour != utc_hour(chrono::Utc::now()))
     }
 
     /// Files finished so far.
@@ -589,7 +608,8 @@ impl TraceWriter {
 
     /// Creates the next journal, with a name no file in the directory has yet.
     fn start_segment(&mut self) -> Result<Segment> {
-        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+        let wall = chrono::Utc::now();
+        let stamp = wall.format("%Y%m%dT%H%M%SZ").to_string();
         loop {
             let stem = format!("{}-{stamp}-{:06}", self.cfg.prefix, self.seq);
             self.seq += 1;
@@ -613,11 +633,17 @@ impl TraceWriter {
                 records: Vec::new(),
                 bytes: 0,
                 opened: now,
+                hour: utc_hour(wall),
                 last_flush: now,
                 dirty: false,
             });
         }
     }
+}
+
+/// UTC hours since the epoch.
+fn utc_hour(t: chrono::DateTime<chrono::Utc>) -> i64 {
+    t.timestamp().div_euclid(3600)
 }
 
 /// Finishes what a crashed [`TraceWriter`] left in `dir`: every `*.journal` becomes its
@@ -876,6 +902,38 @@ pub(crate) mod tests {
         assert_eq!(w.finished().len(), 1);
         w.append(full_record(1)).unwrap();
         assert_eq!(w.close().unwrap().len(), 2);
+    }
+
+    /// Backdates the current segment to the previous UTC hour, as if the clock had just
+    /// crossed an hour boundary.
+    fn cross_hour(w: &mut TraceWriter) {
+        if let Some(seg) = w.current.as_mut() {
+            seg.hour -= 1;
+        }
+    }
+
+    #[test]
+    fn rotation_on_hour_keeps_each_file_within_one_hour() {
+        for rotate_on_hour in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = WriterConfig::new(dir.path(), "cap", test_meta());
+            cfg.rotate_on_hour = rotate_on_hour;
+            let (mut w, _) = TraceWriter::open(cfg).unwrap();
+            w.append(full_record(0)).unwrap();
+            cross_hour(&mut w);
+            // The record that arrives after the boundary starts a new file ...
+            w.append(full_record(1)).unwrap();
+            assert_eq!(w.finished().len(), usize::from(rotate_on_hour));
+            cross_hour(&mut w);
+            // ... and so does a tick after the boundary.
+            w.tick().unwrap();
+            let expect = if rotate_on_hour { 2 } else { 0 };
+            assert_eq!(w.finished().len(), expect);
+            let files = w.close().unwrap();
+            assert_eq!(files.len(), if rotate_on_hour { 2 } else { 1 });
+            let trace = read_traces(&[dir.path().to_str().unwrap()]).unwrap();
+            assert_eq!(trace.records.len(), 2);
+        }
     }
 
     #[test]

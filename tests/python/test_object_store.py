@@ -1,0 +1,262 @@
+"""Traces on object storage (issue 8): `capture --out s3://...` into a local S3-compatible
+server (moto in server mode, on loopback, started here), read back by `llmreplay inspect`,
+by `llmreplay replay` and by DuckDB's own s3:// reader with Hive partitions; results written
+to s3://; and a store that is down delays files without losing them.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import llmreplay_binary
+
+boto3 = pytest.importorskip("boto3", reason="pip install 'moto[server]' (tests/python/requirements.txt)")
+pytest.importorskip("moto", reason="pip install 'moto[server]' (tests/python/requirements.txt)")
+
+KEY = re.compile(r"^prod/date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})/capture-(\d{8})T(\d{2})\d{4}Z-\d{6}\.parquet$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{what} did not listen on {port} within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on loopback with a bucket `caps`; yields (endpoint, client, env)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, proc, "moto server")
+        endpoint = f"http://127.0.0.1:{port}"
+        env = dict(
+            os.environ,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_REGION="us-east-1",
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_ALLOW_HTTP="true",
+        )
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket="caps")
+        yield endpoint, client, env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def sim():
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(llmreplay_binary()), "sim", "--listen", f"127.0.0.1:{port}", "--profile", "tiny"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, proc, "llmreplay sim")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def post(url: str, stream: bool, i: int):
+    body = (
+        '{"model":"m","prompt":"request %d says hello","max_tokens":%d,"stream":%s}'
+        % (i, 3 + i % 4, "true" if stream else "false")
+    ).encode()
+    req = urllib.request.Request(
+        url + "/v1/completions", data=body, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+        r.read()
+
+
+def capture(upstream: str, out: str, env: dict, spool: Path, n: int, extra=()):
+    """Runs `llmreplay capture`, sends n requests through it, stops it with SIGTERM;
+    returns (exit code, stderr)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(llmreplay_binary()), "capture", "--listen", f"127.0.0.1:{port}",
+            "--upstream", upstream, "--out", out, "--spool-dir", str(spool),
+            "--no-admin", "--drain-timeout", "5s", *extra,
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_port(port, proc, "llmreplay capture")
+        for i in range(n):
+            post(f"http://127.0.0.1:{port}", stream=i % 3 != 0, i=i)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
+
+
+def keys(client, prefix: str):
+    got = client.list_objects_v2(Bucket="caps", Prefix=prefix)
+    return sorted(o["Key"] for o in got.get("Contents", []))
+
+
+def duckdb_with_s3(endpoint: str):
+    """A DuckDB connection with the httpfs extension (from the duckdb-extension-httpfs
+    package: the extension server is not reachable here) and a secret for the moto server."""
+    import duckdb
+    import duckdb_extension_httpfs
+
+    ext = (
+        Path(duckdb_extension_httpfs.__file__).parent
+        / "extensions" / f"v{duckdb.__version__}" / "httpfs.duckdb_extension"
+    )
+    assert ext.exists(), f"{ext}: duckdb and duckdb-extension-httpfs versions must match"
+    con = duckdb.connect()
+    con.load_extension(str(ext))
+    host = endpoint.removeprefix("http://")
+    con.sql(
+        "CREATE SECRET (TYPE s3, KEY_ID 'testing', SECRET 'testing', REGION 'us-east-1', "
+        f"ENDPOINT '{host}', USE_SSL false, URL_STYLE 'path')"
+    )
+    return con
+
+
+def test_capture_to_s3_reads_back_with_inspect_replay_and_duckdb(s3, sim, tmp_path):
+    endpoint, client, env = s3
+    n = 12
+    rc, err = capture(sim, "s3://caps/prod", env, tmp_path / "spool", n)
+    assert rc == 0, err
+    assert "uploaded to s3://caps/prod" in err, err
+
+    # Every object sits in a Hive partition named after the hour its file was started.
+    objects = keys(client, "prod/")
+    assert objects, err
+    for k in objects:
+        m = KEY.match(k)
+        assert m, f"{k} is not in a date=/hour= partition"
+        date, hour, stamp_day, stamp_hour = m.groups()
+        assert date.replace("-", "") == stamp_day and hour == stamp_hour, k
+    # The spool is empty once everything is uploaded.
+    assert not list((tmp_path / "spool").glob("*.parquet"))
+
+    # llmreplay inspect reads the prefix (recursively, through the partitions).
+    out = subprocess.run(
+        [str(llmreplay_binary()), "inspect", "s3://caps/prod", "--json"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f'"rows": {n}' in out.stdout.replace("\n", " ") or f'"rows":{n}' in out.stdout, out.stdout
+
+    # DuckDB's own s3:// reader, with the partition columns.
+    con = duckdb_with_s3(endpoint)
+    rows = con.sql(
+        "SELECT date, hour, count(*) AS n, count(DISTINCT request_id) AS ids, "
+        "sum(prompt_tokens) AS p "
+        "FROM read_parquet('s3://caps/prod/**/*.parquet', hive_partitioning = true) "
+        "GROUP BY ALL"
+    ).fetchall()
+    assert sum(r[2] for r in rows) == n, rows
+    assert sum(r[3] for r in rows) == n, rows
+    assert all(r[4] > 0 for r in rows), rows
+    parts = {(str(r[0]), int(r[1])) for r in rows}
+    from_keys = {(KEY.match(k).group(1), int(KEY.match(k).group(2))) for k in objects}
+    assert parts == from_keys
+
+    # Replay reads the trace from s3:// and writes its results there too.
+    out = subprocess.run(
+        [
+            str(llmreplay_binary()), "replay", "s3://caps/prod", "--target", sim,
+            "--speedup", "20", "--quiet",
+            "--results", "s3://caps/runs/r1.parquet", "--save-result", "s3://caps/runs/r1.json",
+        ],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert keys(client, "runs/") == ["runs/r1.json", "runs/r1.parquet"]
+    got = con.sql(
+        "SELECT count(*), count(DISTINCT request_id) FROM read_parquet('s3://caps/runs/r1.parquet')"
+    ).fetchone()
+    assert got == (n, n)
+    body = client.get_object(Bucket="caps", Key="runs/r1.json")["Body"].read()
+    assert b'"completed": %d' % n in body
+
+
+def test_store_down_keeps_files_in_the_spool_until_the_next_capture(s3, sim, tmp_path):
+    endpoint, client, env = s3
+    spool = tmp_path / "spool"
+    down = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}")
+    rc, err = capture(sim, "s3://caps/later", down, spool, 5)
+    # Requests were served and recorded; the upload failed, so the capture says so and
+    # exits 1, naming the spool that keeps the file.
+    assert rc == 1, err
+    assert "could not be uploaded" in err and str(spool) in err, err
+    left = sorted(spool.glob("*.parquet"))
+    assert len(left) == 1
+    assert keys(client, "later/") == []
+
+    # The next capture with the same spool uploads the leftover file first.
+    rc, err = capture(sim, "s3://caps/later", env, spool, 2)
+    assert rc == 0, err
+    objects = keys(client, "later/")
+    assert len(objects) == 2, objects
+    assert any(k.endswith(left[0].name) for k in objects), objects
+    out = subprocess.run(
+        [str(llmreplay_binary()), "inspect", "s3://caps/later", "--json"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert '"rows": 7' in out.stdout, out.stdout
+
+
+def test_missing_prefix_and_bad_credentials_are_clear_errors(s3):
+    endpoint, client, env = s3
+    out = subprocess.run(
+        [str(llmreplay_binary()), "inspect", "s3://caps/nothing-here"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert "s3://caps/nothing-here: no trace files found" in out.stderr, out.stderr
+    out = subprocess.run(
+        [str(llmreplay_binary()), "inspect", "s3://no-such-bucket/x"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert "s3://no-such-bucket/x" in out.stderr, out.stderr
+    assert "panicked" not in out.stderr

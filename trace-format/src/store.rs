@@ -1,0 +1,693 @@
+//! Object storage: traces and results at URLs (`s3://bucket/prefix`, `gs://…`, `az://…`,
+//! `https://…`) as well as at local paths, through the `object_store` crate.
+//!
+//! Credentials and endpoints come from the environment exactly as each store's own tools
+//! read them (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP=true` for a plain-http endpoint such as MinIO or moto on
+//! loopback; `GOOGLE_SERVICE_ACCOUNT`; `AZURE_STORAGE_ACCOUNT_NAME`, ...).
+//!
+//! Captures land in Hive-style partitions, `PREFIX/date=YYYY-MM-DD/hour=HH/FILE.parquet`
+//! (UTC, the hour the file was started), so DuckDB, Spark or Trino read a month of captures
+//! as one table with `date` and `hour` columns. A capture writes and journals locally in a
+//! spool directory as always (the crash-safety of [`crate::writer`] is unchanged) and a
+//! [`SpoolUploader`] moves each finished file to the store, deleting the local copy only once
+//! the upload succeeded: a store that is down delays files, it never loses them.
+//!
+//! The API is synchronous, like the rest of this crate: the async store runs on one small
+//! runtime of this module's own, so callers need no runtime (and may be inside one).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpRequestBody,
+    HttpResponse, HttpResponseBody, HttpService,
+};
+use object_store::path::Path as ObjPath;
+use object_store::{
+    ClientConfigKey, ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
+};
+
+use crate::error::{Error, Result};
+
+/// URL schemes read as object-store locations; anything else is a local path.
+pub const SCHEMES: &[&str] = &[
+    "s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss", "http", "https",
+];
+
+/// Whether `s` names an object-store location (`s3://…` and the other [`SCHEMES`]) rather
+/// than a local path.
+pub fn is_url(s: &str) -> bool {
+    s.split_once("://")
+        .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
+}
+
+/// A prefix or object in an object store, with the store client to reach it.
+#[derive(Clone)]
+pub struct ObjectLocation {
+    /// As given (without a trailing `/`).
+    url: String,
+    /// The part of `url` before the store path (`s3://bucket`).
+    base: String,
+    store: Arc<dyn ObjectStore>,
+    path: ObjPath,
+}
+
+impl std::fmt::Debug for ObjectLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectLocation")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+impl std::fmt::Display for ObjectLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl ObjectLocation {
+    /// Parses a URL such as `s3://bucket/prefix` and builds its store client from the
+    /// environment. No request is made yet.
+    pub fn parse(s: &str) -> Result<ObjectLocation> {
+        let s = s.trim_end_matches('/');
+        let url = url::Url::parse(s).map_err(|e| Error::Invalid(format!("{s}: {e}")))?;
+        let (scheme, path) = ObjectStoreScheme::parse(&url).map_err(|e| store_err(s, e))?;
+        let path = ObjPath::parse(path).map_err(|e| store_err(s, e))?;
+        let store: Arc<dyn ObjectStore> = match scheme {
+            ObjectStoreScheme::AmazonS3 => Arc::new(
+                object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(s)
+                    .with_retry(retry())
+                    .with_http_connector(HyperConnector)
+                    .build()
+                    .map_err(|e| store_err(s, e))?,
+            ),
+            ObjectStoreScheme::GoogleCloudStorage => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(s)
+                    .with_retry(retry())
+                    .with_http_connector(HyperConnector)
+                    .build()
+                    .map_err(|e| store_err(s, e))?,
+            ),
+            ObjectStoreScheme::MicrosoftAzure => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(s)
+                    .with_retry(retry())
+                    .with_http_connector(HyperConnector)
+                    .build()
+                    .map_err(|e| store_err(s, e))?,
+            ),
+            ObjectStoreScheme::Http => Arc::new(
+                object_store::http::HttpBuilder::new()
+                    .with_url(&url[..url::Position::BeforePath])
+                    .with_http_connector(HyperConnector)
+                    .build()
+                    .map_err(|e| store_err(s, e))?,
+            ),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "{s}: {other:?} is not an object store this build reads (use a local path)"
+                )))
+            }
+        };
+        let base = match s.strip_suffix(path.as_ref()) {
+            Some(b) if !path.as_ref().is_empty() => b.trim_end_matches('/').to_string(),
+            _ => s.to_string(),
+        };
+        Ok(ObjectLocation {
+            url: s.to_string(),
+            base,
+            store,
+            path,
+        })
+    }
+
+    /// The URL as given.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL of an object of this store.
+    pub fn object_url(&self, p: &ObjPath) -> String {
+        format!("{}/{}", self.base, p)
+    }
+
+    /// The location `rel` (a `/`-separated relative key) below this one.
+    pub fn child(&self, rel: &str) -> Result<ObjPath> {
+        let mut key = self.path.as_ref().to_string();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            if !key.is_empty() {
+                key.push('/');
+            }
+            key.push_str(part);
+        }
+        ObjPath::parse(&key).map_err(|e| store_err(&self.url, e))
+    }
+
+    /// The `*.parquet` objects this location names, sorted by key: the object itself, every
+    /// `*.parquet` below the prefix (recursively, so Hive partitions are included), or the
+    /// matches of a glob (`s3://b/caps/date=2026-11-*/**/*.parquet`).
+    pub fn list_parquet(&self) -> Result<Vec<ObjPath>> {
+        let key = self.path.as_ref();
+        let wild = key.find(['*', '?', '[']);
+        let (prefix, pattern) = match wild {
+            None => (self.path.clone(), None),
+            Some(i) => {
+                let literal = key[..i].rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+                let pattern = glob::Pattern::new(key)
+                    .map_err(|e| Error::Invalid(format!("{}: invalid glob: {e}", self.url)))?;
+                (ObjPath::from(literal), Some(pattern))
+            }
+        };
+        if pattern.is_none() && key.ends_with(".parquet") {
+            let store = self.store.clone();
+            let p = self.path.clone();
+            return match run(async move { store.head(&p).await }) {
+                Ok(_) => Ok(vec![self.path.clone()]),
+                Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+                Err(e) => Err(store_err(&self.url, e)),
+            };
+        }
+        let store = self.store.clone();
+        let listed = run(async move {
+            let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
+            let mut stream = store.list(prefix.as_ref());
+            let mut out = Vec::new();
+            while let Some(meta) = stream.next().await {
+                out.push(meta?.location);
+            }
+            Ok::<_, object_store::Error>(out)
+        })
+        .map_err(|e| store_err(&self.url, e))?;
+        let opts = glob::MatchOptions {
+            require_literal_separator: true,
+            ..Default::default()
+        };
+        let mut out: Vec<ObjPath> = listed
+            .into_iter()
+            .filter(|p| p.as_ref().ends_with(".parquet"))
+            .filter(|p| {
+                pattern
+                    .as_ref()
+                    .is_none_or(|pat| pat.matches_with(p.as_ref(), opts))
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// The whole content of one object.
+    pub fn get(&self, p: &ObjPath) -> Result<Bytes> {
+        let store = self.store.clone();
+        let p2 = p.clone();
+        run(async move { store.get(&p2).await?.bytes().await })
+            .map_err(|e| store_err(&self.object_url(p), e))
+    }
+
+    /// Uploads the local file `local` to `key` (multipart for large files, aborted on error
+    /// so no partial object is left) and returns the object's URL.
+    pub fn put_file(&self, key: &ObjPath, local: &Path) -> Result<String> {
+        let store = self.store.clone();
+        let k = key.clone();
+        let path = local.to_path_buf();
+        let url = self.object_url(key);
+        run(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut file = tokio::fs::File::open(&path)
+                .await
+                .map_err(|e| Error::io(&path, e))?;
+            let mut w = object_store::buffered::BufWriter::new(store, k);
+            let mut buf = vec![0u8; 8 << 20];
+            let filled: std::result::Result<(), String> = async {
+                loop {
+                    let n = file.read(&mut buf).await.map_err(|e| e.to_string())?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    w.put(Bytes::copy_from_slice(&buf[..n]))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            .await;
+            let result = match filled {
+                // Cancels a multipart upload already begun (BufWriter refuses an abort
+                // after shutdown, which cleans up itself).
+                Err(message) => {
+                    let _ = w.abort().await;
+                    Err(message)
+                }
+                Ok(()) => w.shutdown().await.map_err(|e| e.to_string()),
+            };
+            result
+                .map(|()| url.clone())
+                .map_err(|message| Error::Store {
+                    url: url.clone(),
+                    message,
+                })
+        })
+    }
+
+    /// Writes `data` as the object at this location.
+    pub fn put_bytes(&self, data: Bytes) -> Result<String> {
+        let store = self.store.clone();
+        let p = self.path.clone();
+        run(async move { store.put(&p, data.into()).await })
+            .map_err(|e| store_err(&self.url, e))?;
+        Ok(self.url.clone())
+    }
+}
+
+/// The object URL `dest` names, if it names one (a path given on the command line).
+fn url_of(dest: &Path) -> Option<&str> {
+    dest.to_str().filter(|s| is_url(s))
+}
+
+/// Writes a trace file (see [`crate::write_trace_file`]) to `dest`: a local path, or an
+/// object URL (written to a private temporary file first, then uploaded). Returns where it
+/// went, for messages.
+pub fn write_trace(
+    dest: &Path,
+    records: &[crate::TraceRecord],
+    meta: &crate::FileMeta,
+) -> Result<String> {
+    let Some(url) = url_of(dest) else {
+        crate::write_trace_file(dest, records, meta)?;
+        return Ok(dest.display().to_string());
+    };
+    let loc = ObjectLocation::parse(url)?;
+    let tmp = std::env::temp_dir().join(format!(
+        "llmreplay-upload-{}-{}.parquet",
+        std::process::id(),
+        UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let result =
+        crate::write_trace_file(&tmp, records, meta).and_then(|()| loc.put_file(&loc.path, &tmp));
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// Writes `data` to `dest`: a local path or an object URL. Returns where it went.
+pub fn write_bytes(dest: &Path, data: Vec<u8>) -> Result<String> {
+    match url_of(dest) {
+        Some(url) => ObjectLocation::parse(url)?.put_bytes(Bytes::from(data)),
+        None => {
+            std::fs::write(dest, data).map_err(|e| Error::io(dest, e))?;
+            Ok(dest.display().to_string())
+        }
+    }
+}
+
+static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The Hive partition of a trace file, from the UTC start stamp in its name
+/// (`capture-20261129T183000Z-000001.parquet` → `date=2026-11-29/hour=18`), or from `now`
+/// when the name has none.
+pub fn hive_partition(file_name: &str, now: chrono::DateTime<chrono::Utc>) -> String {
+    let stamp = file_name.split(['-', '.']).find(|t| {
+        let b = t.as_bytes();
+        b.len() == 16
+            && b[8] == b'T'
+            && b[15] == b'Z'
+            && b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
+    });
+    match stamp {
+        Some(t) => format!(
+            "date={}-{}-{}/hour={}",
+            &t[0..4],
+            &t[4..6],
+            &t[6..8],
+            &t[9..11]
+        ),
+        None => now.format("date=%Y-%m-%d/hour=%H").to_string(),
+    }
+}
+
+/// What a [`SpoolUploader`] did.
+#[derive(Debug, Clone, Default)]
+pub struct UploadReport {
+    /// URLs of the objects written, in order.
+    pub uploaded: Vec<String>,
+    /// Finished files still in the spool directory (their uploads failed); the next
+    /// capture with the same spool directory uploads them.
+    pub left: Vec<PathBuf>,
+    /// Failed upload attempts.
+    pub failures: u64,
+    /// The last upload error.
+    pub last_error: Option<String>,
+}
+
+struct UpState {
+    stop: bool,
+    report: UploadReport,
+}
+
+/// Moves finished `*.parquet` files from a spool directory to an object store, into Hive
+/// partitions (see the module documentation), on a thread of its own.
+pub struct SpoolUploader {
+    shared: Arc<(Mutex<UpState>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+    dest: ObjectLocation,
+    spool: PathBuf,
+}
+
+impl std::fmt::Debug for SpoolUploader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpoolUploader")
+            .field("dest", &self.dest.url)
+            .field("spool", &self.spool)
+            .finish()
+    }
+}
+
+impl SpoolUploader {
+    /// Starts uploading: a pass now (files a previous run left) and one every `interval`.
+    pub fn spawn(dest: ObjectLocation, spool: PathBuf, interval: Duration) -> SpoolUploader {
+        let shared = Arc::new((
+            Mutex::new(UpState {
+                stop: false,
+                report: UploadReport::default(),
+            }),
+            Condvar::new(),
+        ));
+        let (s, d, sp) = (shared.clone(), dest.clone(), spool.clone());
+        let thread = std::thread::Builder::new()
+            .name("llmreplay-upload".into())
+            .spawn(move || loop {
+                upload_pass(&d, &sp, &s);
+                let (lock, cv) = &*s;
+                let Ok(guard) = lock.lock() else { return };
+                if guard.stop {
+                    return;
+                }
+                let Ok((guard, _)) = cv.wait_timeout(guard, interval) else {
+                    return;
+                };
+                if guard.stop {
+                    return;
+                }
+            })
+            .ok();
+        SpoolUploader {
+            shared,
+            thread,
+            dest,
+            spool,
+        }
+    }
+
+    /// Objects uploaded so far.
+    pub fn uploaded(&self) -> usize {
+        self.shared
+            .0
+            .lock()
+            .map(|s| s.report.uploaded.len())
+            .unwrap_or(0)
+    }
+
+    /// Stops the periodic passes and uploads what is left (the writer has closed by now),
+    /// retrying for up to `patience`. Files that still fail stay in the spool directory
+    /// and are listed in [`UploadReport::left`].
+    pub fn finish(mut self, patience: Duration) -> UploadReport {
+        {
+            let (lock, cv) = &*self.shared;
+            if let Ok(mut s) = lock.lock() {
+                s.stop = true;
+            }
+            cv.notify_all();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let deadline = Instant::now() + patience;
+        let mut delay = Duration::from_millis(200);
+        loop {
+            upload_pass(&self.dest, &self.spool, &self.shared);
+            let left = spooled(&self.spool);
+            if left.is_empty() || Instant::now() + delay > deadline {
+                let mut report = self
+                    .shared
+                    .0
+                    .lock()
+                    .map(|s| s.report.clone())
+                    .unwrap_or_default();
+                report.left = left;
+                return report;
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Finished trace files waiting in the spool directory, oldest name first.
+fn spooled(spool: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(spool)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet") && p.is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+fn upload_pass(dest: &ObjectLocation, spool: &Path, shared: &(Mutex<UpState>, Condvar)) {
+    for file in spooled(spool) {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let result = dest
+            .child(&format!(
+                "{}/{name}",
+                hive_partition(&name, chrono::Utc::now())
+            ))
+            .and_then(|key| dest.put_file(&key, &file))
+            .and_then(|url| {
+                std::fs::remove_file(&file).map_err(|e| Error::io(&file, e))?;
+                Ok(url)
+            });
+        let Ok(mut s) = shared.0.lock() else { return };
+        match result {
+            Ok(url) => s.report.uploaded.push(url),
+            Err(e) => {
+                s.report.failures += 1;
+                s.report.last_error = Some(e.to_string());
+                // The store is likely down: leave the rest for the next pass.
+                return;
+            }
+        }
+    }
+}
+
+/// Retries of one request: a few, within 10 s (object_store's default waits up to 3
+/// minutes, which would hold a capture's shutdown that long when the store is down; the
+/// spool keeps what could not be uploaded).
+fn retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(10),
+        ..Default::default()
+    }
+}
+
+fn store_err(url: &str, e: impl std::fmt::Display) -> Error {
+    Error::Store {
+        url: url.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The runtime the store clients run on: one worker thread, started on first use.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("llmreplay-store")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the object-store runtime: {e}"))
+    })
+}
+
+/// Runs `fut` on the store runtime and waits for it; callable from any thread, including a
+/// thread of another runtime.
+fn run<F>(fut: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handle = runtime().spawn(fut);
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime().spawn(async move {
+        let _ = tx.send(handle.await);
+    });
+    match rx.recv() {
+        Ok(Ok(v)) => v,
+        Ok(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        _ => panic!("the object-store runtime stopped"),
+    }
+}
+
+/// Connects object_store to hyper + rustls (ring) instead of reqwest (aws-lc-rs).
+#[derive(Debug, Clone, Copy)]
+struct HyperConnector;
+
+type HyperClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    HttpRequestBody,
+>;
+
+#[derive(Debug)]
+struct HyperService {
+    client: HyperClient,
+    allow_http: bool,
+    timeout: Duration,
+}
+
+impl HttpConnector for HyperConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let generic = |e: String| object_store::Error::Generic {
+            store: "llmreplay",
+            source: e.into(),
+        };
+        let allow_http = options
+            .get_config_value(&ClientConfigKey::AllowHttp)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(5)));
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| generic(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .build(https);
+        Ok(HttpClient::new(HyperService {
+            client,
+            allow_http,
+            timeout: Duration::from_secs(30),
+        }))
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpService for HyperService {
+    async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
+        if !self.allow_http && req.uri().scheme_str() == Some("http") {
+            return Err(HttpError::new(
+                HttpErrorKind::Request,
+                std::io::Error::other(
+                    "plain http to the object store is off: set AWS_ALLOW_HTTP=true \
+                     (or the store's allow_http option) for an http:// endpoint",
+                ),
+            ));
+        }
+        let res = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => {
+                return Err(HttpError::new(
+                    HttpErrorKind::Timeout,
+                    std::io::Error::other("no response from the object store within 30 s"),
+                ))
+            }
+            Ok(Err(e)) => {
+                let kind = if e.is_connect() {
+                    HttpErrorKind::Connect
+                } else {
+                    HttpErrorKind::Request
+                };
+                return Err(HttpError::new(kind, e));
+            }
+            Ok(Ok(res)) => res,
+        };
+        let (parts, body) = res.into_parts();
+        let body =
+            HttpResponseBody::new(body.map_err(|e| HttpError::new(HttpErrorKind::Interrupted, e)));
+        Ok(HttpResponse::from_parts(parts, body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_paths_are_told_apart() {
+        assert!(is_url("s3://bucket/prefix"));
+        assert!(is_url("S3://bucket"));
+        assert!(is_url("gs://b/p"));
+        assert!(is_url("https://host/b/x.parquet"));
+        assert!(!is_url("trace.parquet"));
+        assert!(!is_url("/data/caps/*.parquet"));
+        assert!(!is_url("file:///data/x.parquet"));
+        assert!(!is_url("C:\\data\\x.parquet"));
+    }
+
+    #[test]
+    fn hive_partition_comes_from_the_file_stamp() {
+        let now = chrono::DateTime::parse_from_rfc3339("2030-01-02T03:04:05Z")
+            .map(|d| d.with_timezone(&chrono::Utc))
+            .unwrap_or_default();
+        assert_eq!(
+            hive_partition("capture-20261129T183000Z-000001.parquet", now),
+            "date=2026-11-29/hour=18"
+        );
+        assert_eq!(
+            hive_partition("my-prefix-20260101T000959Z-000000.parquet", now),
+            "date=2026-01-01/hour=00"
+        );
+        assert_eq!(
+            hive_partition("other.parquet", now),
+            "date=2030-01-02/hour=03"
+        );
+    }
+
+    #[test]
+    fn object_urls_keep_the_bucket() {
+        let loc = ObjectLocation::parse("s3://bucket/caps/").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loc.url(), "s3://bucket/caps");
+        let key = loc
+            .child("date=2026-11-29/hour=18/a.parquet")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            loc.object_url(&key),
+            "s3://bucket/caps/date=2026-11-29/hour=18/a.parquet"
+        );
+        let root = ObjectLocation::parse("s3://bucket").unwrap_or_else(|e| panic!("{e}"));
+        let key = root.child("x/y.parquet").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(root.object_url(&key), "s3://bucket/x/y.parquet");
+    }
+
+    #[test]
+    fn unknown_store_is_a_clear_error() {
+        let err = ObjectLocation::parse("memory:///x").map(|_| ());
+        assert!(err.is_err());
+    }
+}

@@ -3,12 +3,12 @@
 # and client cost. Everything runs on 127.0.0.1 with bounded request counts and stops by
 # itself; the figures go to bench/out/<timestamp>/summary.md (copy them into bench/README.md).
 #
-# usage: bench/run.sh [accuracy] [schedule] [proxy]     (default: all)
+# usage: bench/run.sh [accuracy] [schedule] [proxy] [shards]     (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule proxy)
+[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule proxy shards)
 OUT=bench/out/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 python3 -m pip install -q numpy pyarrow >/dev/null
@@ -121,12 +121,23 @@ proxy_bench() {
   done
 }
 
+# Four `replay --shard K/4` processes sharing one absolute --start-at against one
+# ground-truth server, versus one process replaying the whole trace (issue 8): the test
+# prints the server-side arrival differences and, with LLMREPLAY_STRICT_TIMING=1, asserts
+# p99 <= 2 ms.
+shards() {
+  LLMREPLAY_STRICT_TIMING=1 cargo test --release --test shard four_shards_with_one_start -- --nocapture \
+    > "$OUT/shards.txt" 2>&1 || { cat "$OUT/shards.txt" >&2; echo "shards: FAILED" >&2; }
+  echo "shards: done"
+}
+
 for p in "${parts[@]}"; do
   case "$p" in
     accuracy) for n in 1 100 500 1000; do accuracy "$n" 1; done; accuracy 100 4 ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
     proxy) proxy_bench ;;
-    *) echo "unknown part $p (accuracy, schedule, proxy)" >&2; exit 2 ;;
+    shards) shards ;;
+    *) echo "unknown part $p (accuracy, schedule, proxy, shards)" >&2; exit 2 ;;
   esac
 done
 python3 bench/summarize.py "$OUT" | tee "$OUT/summary.md"

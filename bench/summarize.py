@@ -50,6 +50,7 @@ def main():
                   f"{(cpu or 0) * 100:.0f}% | {'saturated' if v['client_saturated'] else 'kept up'} |")
         print()
     proxy_tables(out)
+    shards_table(out)
 
 
 def proxy_tables(out):
@@ -83,6 +84,16 @@ def proxy_tables(out):
         print("|---|---|---|---|---|---|---|")
         print("\n".join(rows))
         print()
+
+
+def shards_table(out):
+    p = os.path.join(out, "shards.txt")
+    if not os.path.exists(p):
+        return
+    line = next((l for l in open(p) if l.startswith("server-side arrival")), None)
+    ok = any("test result: ok" in l for l in open(p))
+    print("### Sharded replay: 4 shards with one --start-at vs one process (server-side arrivals)\n")
+    print(f"{line.strip() if line else 'no figures (see shards.txt)'}; p99 <= 2 ms: {'met' if ok else 'NOT met'}\n")
 
 
 if __name__ == "__main__":

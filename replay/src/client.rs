@@ -1,72 +1,25 @@
-//! The HTTP/SSE client: a keep-alive connection pool of our own over hyper's HTTP/1.1
-//! connections (plain or rustls), so each request knows whether its connection was new and
-//! how long connecting took, and t0 is taken when the request is handed to its connection,
-//! after any connecting.
+//! The HTTP/SSE client: a keep-alive connection pool of our own over lean HTTP/1.1
+//! connections (plain or rustls, [`crate::http1`]), so each request knows whether its
+//! connection was new and how long connecting took, and t0 is taken when the request is
+//! written, after any connecting.
 //!
-//! The per-chunk path takes one clock reading per body frame, feeds the shared SSE parser,
-//! and pushes an integer; no lock, no allocation beyond the growth of the request's own
-//! vectors, no tokenizer.
+//! The per-chunk path takes one clock reading per socket read, feeds the shared SSE parser
+//! straight from the read buffer, and pushes an integer; no lock, no channel, no allocation
+//! beyond the growth of the request's own vectors, no tokenizer.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use trace_format::sse::{classify, response_usage, SseParser, StreamEvent};
 use trace_format::Outcome;
 
 use crate::config::RequestOptions;
 use crate::error::ReplayError;
+use crate::http1::{Conn, Head, Io, ReadError};
 use crate::prompt::BuiltRequest;
-
-type Sender = SendRequest<Full<Bytes>>;
-type ConnDriver = std::pin::Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
-
-/// One pooled HTTP/1.1 connection: the request handle and the connection's I/O future.
-///
-/// The request task that holds a connection polls its I/O future itself (no separate
-/// connection task), so bytes are read and timestamped in the same poll, with no hop
-/// between tasks; an idle pooled connection is simply not polled.
-struct Conn {
-    sender: Sender,
-    driver: ConnDriver,
-}
-
-impl Conn {
-    /// Polls the connection until it can take another request (the previous response fully
-    /// processed). False when it closed or did not get there within a short time.
-    async fn settle(&mut self) -> bool {
-        let wait = async {
-            tokio::select! {
-                biased;
-                r = std::future::poll_fn(|cx| self.sender.poll_ready(cx)) => r.is_ok(),
-                _ = &mut self.driver => false,
-            }
-        };
-        tokio::time::timeout(Duration::from_millis(50), wait)
-            .await
-            .unwrap_or(false)
-    }
-
-    /// Runs `work` while driving the connection's I/O in this task.
-    async fn drive<T>(driver: &mut ConnDriver, work: impl Future<Output = T>) -> T {
-        tokio::pin!(work);
-        let mut closed = false;
-        loop {
-            tokio::select! {
-                biased;
-                r = &mut work => return r,
-                _ = &mut *driver, if !closed => closed = true,
-            }
-        }
-    }
-}
 
 /// Where a target lives, parsed from its URL.
 #[derive(Debug, Clone)]
@@ -139,7 +92,9 @@ pub struct Client {
     ep: Endpoint,
     tls: Option<tokio_rustls::TlsConnector>,
     idle: Mutex<Vec<Conn>>,
-    headers: HeaderMap,
+    /// The header lines every request carries (host, content type, key, --header),
+    /// rendered once.
+    headers: Vec<u8>,
     timeout: Duration,
 }
 
@@ -152,20 +107,31 @@ impl Client {
         timeout: Duration,
     ) -> Result<Arc<Client>, ReplayError> {
         let ep = parse_url(url).map_err(ReplayError::Config)?;
-        let mut map = HeaderMap::new();
-        let hv = |v: &str| {
-            HeaderValue::from_str(v)
-                .map_err(|_| ReplayError::Config(format!("header value {v:?} is not valid")))
-        };
-        map.insert(HOST, hv(&ep.authority)?);
-        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut lines: Vec<(String, String)> = vec![
+            ("host".into(), ep.authority.clone()),
+            ("content-type".into(), "application/json".into()),
+        ];
         if let Some(k) = &opts.api_key {
-            map.insert(AUTHORIZATION, hv(&format!("Bearer {k}"))?);
+            lines.push(("authorization".into(), format!("Bearer {k}")));
         }
         for (k, v) in &opts.headers {
-            let name = HeaderName::from_bytes(k.as_bytes())
+            let name = http::HeaderName::from_bytes(k.as_bytes())
                 .map_err(|_| ReplayError::Config(format!("header name {k:?} is not valid")))?;
-            map.insert(name, hv(v)?);
+            if http::HeaderValue::from_str(v).is_err() || v.contains(['\r', '\n']) {
+                return Err(ReplayError::Config(format!(
+                    "header value {v:?} is not valid"
+                )));
+            }
+            // A --header replaces a default of the same name.
+            lines.retain(|(n, _)| n != name.as_str());
+            lines.push((name.as_str().to_string(), v.clone()));
+        }
+        let mut map = Vec::new();
+        for (k, v) in &lines {
+            map.extend_from_slice(k.as_bytes());
+            map.extend_from_slice(b": ");
+            map.extend_from_slice(v.as_bytes());
+            map.extend_from_slice(b"\r\n");
         }
         let tls = if ep.https {
             Some(tls_connector(opts.ca_cert.as_deref())?)
@@ -188,7 +154,7 @@ impl Client {
             .map_err(|e| format!("connect {}: {e}", self.ep.authority))?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
-            None => handshake(tcp).await,
+            None => Ok(Conn::new(Io::Plain(tcp))),
             Some(tls) => {
                 let name = rustls::pki_types::ServerName::try_from(self.ep.host.clone())
                     .map_err(|e| format!("server name {}: {e}", self.ep.host))?;
@@ -196,7 +162,7 @@ impl Client {
                     .connect(name, tcp)
                     .await
                     .map_err(|e| format!("TLS {}: {e}", self.ep.authority))?;
-                handshake(stream).await
+                Ok(Conn::new(Io::Tls(Box::new(stream))))
             }
         }
     }
@@ -231,19 +197,11 @@ impl Client {
     }
 
     fn take_idle(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(c) = idle.pop() {
-            if !c.sender.is_closed() {
-                return Some(c);
-            }
-        }
-        None
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
     }
 
-    async fn put_idle(&self, mut c: Conn) {
-        if c.settle().await {
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(c);
-        }
+    fn put_idle(&self, c: Conn) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(c);
     }
 
     /// Number of idle pooled connections.
@@ -251,38 +209,55 @@ impl Client {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    fn request(&self, path: &str, method: Method, body: Bytes) -> Request<Full<Bytes>> {
-        let mut req = Request::new(Full::new(body));
-        *req.method_mut() = method;
-        let full = format!("{}{}", self.ep.base_path, path);
-        *req.uri_mut() = full.parse().unwrap_or_else(|_| http::Uri::from_static("/"));
-        *req.headers_mut() = self.headers.clone();
-        req
+    /// The request bytes: request line, the shared header lines, `x-request-id`, the
+    /// length and the body, in one buffer (one write).
+    fn request(&self, method: &str, path: &str, body: &[u8], request_id: Option<&str>) -> Vec<u8> {
+        let mut r = Vec::with_capacity(256 + self.headers.len() + body.len());
+        r.extend_from_slice(method.as_bytes());
+        r.push(b' ');
+        if self.ep.base_path.is_empty() && path.is_empty() {
+            r.push(b'/');
+        }
+        r.extend_from_slice(self.ep.base_path.as_bytes());
+        r.extend_from_slice(path.as_bytes());
+        r.extend_from_slice(b" HTTP/1.1\r\n");
+        r.extend_from_slice(&self.headers);
+        if let Some(id) = request_id.filter(|id| !id.contains(['\r', '\n'])) {
+            r.extend_from_slice(b"x-request-id: ");
+            r.extend_from_slice(id.as_bytes());
+            r.extend_from_slice(b"\r\n");
+        }
+        if method != "GET" || !body.is_empty() {
+            r.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+        }
+        r.extend_from_slice(b"\r\n");
+        r.extend_from_slice(body);
+        r
     }
 
-    /// A simple GET returning status and body (for discovery: `/v1/models`, `/version`).
+    /// A simple GET returning status and body (for discovery: `/v1/models`, `/version`,
+    /// `/metrics`).
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes), String> {
         let fut = async {
             let mut c = match self.take_idle() {
                 Some(c) => c,
                 None => self.connect().await?,
             };
-            let req = self.request(path, Method::GET, Bytes::new());
-            let sender = &mut c.sender;
-            let r = Conn::drive(&mut c.driver, async move {
-                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-                let status = resp.status().as_u16();
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .to_bytes();
-                Ok::<_, String>((status, body))
-            })
-            .await?;
-            self.put_idle(c).await;
-            Ok(r)
+            let req = self.request("GET", path, &[], None);
+            c.send(&req).await.map_err(|e| format!("GET {path}: {e}"))?;
+            let (head, t) = c
+                .read_head()
+                .await
+                .map_err(|e| format!("GET {path}: {e}"))?;
+            let mut body = Vec::new();
+            let reusable = c
+                .read_body(head.framing, t, |d, _| body.extend_from_slice(d))
+                .await
+                .map_err(|e| format!("GET {path}: {e}"))?;
+            if reusable && !head.close {
+                self.put_idle(c);
+            }
+            Ok((head.status, Bytes::from(body)))
         };
         match tokio::time::timeout(Duration::from_secs(10), fut).await {
             Ok(r) => r,
@@ -294,78 +269,76 @@ impl Client {
     /// `request_id` goes out as `x-request-id` (vLLM takes it as its own request id), so
     /// server-side logs join the results.
     pub async fn execute(&self, req: &BuiltRequest, request_id: Option<&str>) -> Exchange {
+        let bytes = self.request("POST", &req.endpoint, &req.body, request_id);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let (sender, new_connection, connect) = match self.take_idle() {
-                Some(s) => (Ok(s), false, Duration::ZERO),
+            let (conn, new_connection, connect) = match self.take_idle() {
+                Some(c) => (Ok(c), false, Duration::ZERO),
                 None => {
                     let c0 = Instant::now();
-                    let s = tokio::time::timeout(self.timeout, self.connect())
+                    let c = tokio::time::timeout(self.timeout, self.connect())
                         .await
                         .unwrap_or_else(|_| {
                             Err(format!("connect {}: timed out", self.ep.authority))
                         });
-                    (s, true, c0.elapsed())
+                    (c, true, c0.elapsed())
                 }
             };
-            let mut conn = match sender {
+            let mut conn = match conn {
                 Ok(c) => c,
                 Err(e) => {
                     let now = Instant::now();
                     return Exchange::failed(now, true, connect, Outcome::UpstreamError, e);
                 }
             };
-            let mut http_req = self.request(&req.endpoint, Method::POST, req.body.clone());
-            if let Some(v) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
-                http_req
-                    .headers_mut()
-                    .insert(HeaderName::from_static("x-request-id"), v);
-            }
-            let sender = &mut conn.sender;
-            let stream = req.stream;
-            let timeout = self.timeout;
-            // t0 is taken in the same task that writes the request: the connection's I/O is
-            // polled right after this future first returns Pending.
-            let result = Conn::drive(&mut conn.driver, async move {
-                let t0 = Instant::now();
-                let deadline = tokio::time::Instant::from_std(t0 + timeout);
-                match tokio::time::timeout_at(deadline, sender.send_request(http_req)).await {
-                    Err(_) => Ok(Exchange::failed(
+            // A pooled connection the server closed meanwhile fails before any response
+            // byte: retry once on a new connection.
+            let may_retry = !new_connection && attempt == 1;
+            let failed =
+                |t0, outcome, error| Exchange::failed(t0, new_connection, connect, outcome, error);
+            // t0 is taken in the task that writes the request, right before the write.
+            let t0 = Instant::now();
+            let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(t0 + self.timeout));
+            tokio::pin!(timer);
+            match with_deadline(&mut timer, conn.send(&bytes)).await {
+                None => {
+                    return failed(
                         t0,
-                        false,
-                        Duration::ZERO,
+                        Outcome::Timeout,
+                        "request not sent within the timeout".into(),
+                    )
+                }
+                Some(Err(_)) if may_retry => continue,
+                Some(Err(e)) => {
+                    return failed(t0, Outcome::UpstreamError, format!("request failed: {e}"))
+                }
+                Some(Ok(())) => {}
+            }
+            let head = match with_deadline(&mut timer, conn.read_head()).await {
+                None => {
+                    return failed(
+                        t0,
                         Outcome::Timeout,
                         "no response headers within the timeout".into(),
-                    )),
-                    Ok(Err(e)) => Err((t0, e)),
-                    Ok(Ok(resp)) => Ok(read_response(resp, t0, deadline, stream).await),
+                    )
                 }
-            })
-            .await;
-            let mut ex = match result {
-                Ok(ex) => ex,
-                Err((t0, e)) => {
-                    // A pooled connection the server closed meanwhile: retry once on a new one.
-                    if !new_connection
-                        && attempt == 1
-                        && (e.is_canceled() || e.is_closed() || e.is_incomplete_message())
-                    {
-                        continue;
-                    }
-                    return Exchange::failed(
-                        t0,
-                        new_connection,
-                        connect,
-                        Outcome::UpstreamError,
-                        format!("request failed: {e}"),
-                    );
+                Some(Err(ReadError::ClosedBeforeResponse | ReadError::Io(_))) if may_retry => {
+                    continue
                 }
+                Some(Err(e)) => {
+                    return failed(t0, Outcome::UpstreamError, format!("request failed: {e}"))
+                }
+                Some(Ok(h)) => h,
             };
+            let close = head.0.close;
+            let (mut ex, reusable) =
+                read_response(&mut conn, head, t0, &mut timer, req.stream).await;
             ex.new_connection = new_connection;
             ex.connect = connect;
-            if ex.outcome == Outcome::Ok || ex.outcome == Outcome::HttpError {
-                self.put_idle(conn).await;
+            if reusable && !close && (ex.outcome == Outcome::Ok || ex.outcome == Outcome::HttpError)
+            {
+                self.put_idle(conn);
             }
             return ex;
         }
@@ -401,19 +374,6 @@ fn tls_connector(ca: Option<&std::path::Path>) -> Result<tokio_rustls::TlsConnec
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
-}
-
-async fn handshake<I>(io: I) -> Result<Conn, String>
-where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, conn) = http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    Ok(Conn {
-        sender,
-        driver: Box::pin(conn),
-    })
 }
 
 impl Exchange {
@@ -459,74 +419,57 @@ async fn with_deadline<T>(
     }
 }
 
-/// Reads a response to its end, classifying what it got.
+/// Reads a response to its end, classifying what it got; also says whether the
+/// connection ended the response cleanly (reusable).
 async fn read_response(
-    resp: hyper::Response<hyper::body::Incoming>,
+    conn: &mut Conn,
+    (head, t_head): (Head, Instant),
     t0: Instant,
-    deadline: tokio::time::Instant,
+    timer: &mut std::pin::Pin<&mut tokio::time::Sleep>,
     stream: bool,
-) -> Exchange {
-    let status = resp.status().as_u16();
-    let is_sse = resp
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let mut body = resp.into_body();
-    let timer = tokio::time::sleep_until(deadline);
-    tokio::pin!(timer);
+) -> (Exchange, bool) {
+    let status = head.status;
     let mut ex = Exchange::failed(t0, false, Duration::ZERO, Outcome::Ok, String::new());
     ex.error = None;
     ex.status = Some(status);
     let ok_status = (200..300).contains(&status);
 
-    if !ok_status || !stream || !is_sse {
+    if !ok_status || !stream || !head.sse {
         // Read the whole body (an error text, a JSON response, or a non-SSE answer to a
         // streamed request).
         let mut buf = Vec::new();
-        let mut first: Option<Instant> = None;
-        let mut failed = None;
-        loop {
-            match with_deadline(&mut timer, body.frame()).await {
-                None => {
-                    failed = Some((
-                        Outcome::Timeout,
-                        "response not complete within the timeout".to_string(),
-                    ));
-                    break;
-                }
-                Some(None) => break,
-                Some(Some(Err(e))) => {
-                    failed = Some((Outcome::UpstreamError, format!("response body: {e}")));
-                    break;
-                }
-                Some(Some(Ok(f))) => {
-                    if let Ok(d) = f.into_data() {
-                        first.get_or_insert_with(Instant::now);
-                        buf.extend_from_slice(&d);
-                    }
-                }
-            }
-        }
+        let read = with_deadline(
+            timer,
+            conn.read_body(head.framing, t_head, |d, _| buf.extend_from_slice(d)),
+        )
+        .await;
         let end = Instant::now();
         ex.end = end;
         ex.response_bytes = buf.len() as i64;
-        if let Some((o, e)) = failed {
-            ex.outcome = o;
-            ex.error = Some(e);
-            return ex;
-        }
+        let reusable = match read {
+            None => {
+                ex.outcome = Outcome::Timeout;
+                ex.error = Some("response not complete within the timeout".into());
+                return (ex, false);
+            }
+            Some(Err(e)) => {
+                ex.outcome = Outcome::UpstreamError;
+                ex.error = Some(format!("response body: {e}"));
+                return (ex, false);
+            }
+            Some(Ok(r)) => r,
+        };
         if !ok_status {
             ex.outcome = Outcome::HttpError;
             let text = String::from_utf8_lossy(&buf[..buf.len().min(1024)]).into_owned();
             ex.error = Some(format!("HTTP {status}: {text}"));
-            return ex;
+            return (ex, reusable);
         }
         if stream {
             // Asked for a stream; got something else.
             ex.outcome = Outcome::UpstreamError;
             ex.error = Some("streamed request answered without text/event-stream".into());
-            return ex;
+            return (ex, false);
         }
         let e2el = us_since(t0, end);
         ex.e2el_us = Some(e2el);
@@ -543,7 +486,7 @@ async fn read_response(
                 }
             }
         }
-        return ex;
+        return (ex, reusable);
     }
 
     let mut parser = SseParser::new();
@@ -554,48 +497,46 @@ async fn read_response(
     let mut stream_error: Option<String> = None;
     let mut invalid = 0usize;
     let mut bytes = 0i64;
-    loop {
-        match with_deadline(&mut timer, body.frame()).await {
-            None => {
-                ex.outcome = Outcome::Timeout;
-                ex.error = Some(format!(
-                    "stream not complete within the timeout after {} chunks",
-                    chunks.len()
-                ));
-                break;
-            }
-            Some(None) => break,
-            Some(Some(Err(e))) => {
-                ex.outcome = Outcome::UpstreamError;
-                ex.error = Some(format!("stream broken after {} chunks: {e}", chunks.len()));
-                break;
-            }
-            Some(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                let t = us_since(t0, Instant::now());
-                bytes += data.len() as i64;
-                parser.feed(&data, |ev| match classify(ev) {
-                    StreamEvent::Chunk { usage: u } => {
-                        chunks.push(t);
-                        if let Some(u) = u {
-                            if let Some(c) = u.completion_tokens {
-                                cumulative.push(c);
-                            }
-                            usage = Some(u);
+    let read = with_deadline(
+        timer,
+        conn.read_body(head.framing, t_head, |data, at| {
+            let t = us_since(t0, at);
+            bytes += data.len() as i64;
+            parser.feed(data, |ev| match classify(ev) {
+                StreamEvent::Chunk { usage: u } => {
+                    chunks.push(t);
+                    if let Some(u) = u {
+                        if let Some(c) = u.completion_tokens {
+                            cumulative.push(c);
                         }
+                        usage = Some(u);
                     }
-                    StreamEvent::Usage(u) => usage = Some(u),
-                    StreamEvent::Done => done = true,
-                    StreamEvent::Error(m) => {
-                        stream_error.get_or_insert(m);
-                    }
-                    StreamEvent::Other => {}
-                    StreamEvent::Invalid => invalid += 1,
-                });
-            }
+                }
+                StreamEvent::Usage(u) => usage = Some(u),
+                StreamEvent::Done => done = true,
+                StreamEvent::Error(m) => {
+                    stream_error.get_or_insert(m);
+                }
+                StreamEvent::Other => {}
+                StreamEvent::Invalid => invalid += 1,
+            });
+        }),
+    )
+    .await;
+    let mut reusable = false;
+    match read {
+        None => {
+            ex.outcome = Outcome::Timeout;
+            ex.error = Some(format!(
+                "stream not complete within the timeout after {} chunks",
+                chunks.len()
+            ));
         }
+        Some(Err(e)) => {
+            ex.outcome = Outcome::UpstreamError;
+            ex.error = Some(format!("stream broken after {} chunks: {e}", chunks.len()));
+        }
+        Some(Ok(r)) => reusable = r,
     }
     ex.end = Instant::now();
     ex.response_bytes = bytes;
@@ -637,7 +578,7 @@ async fn read_response(
         );
     }
     ex.chunk_times_us = chunks;
-    ex
+    (ex, reusable)
 }
 
 #[cfg(test)]

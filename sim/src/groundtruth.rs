@@ -96,6 +96,18 @@ impl GroundTruth {
             ));
         }
         let listener = TcpListener::bind(addr)?;
+        // std listens with a backlog of 128: a burst of 1,000 connections overflows it, and
+        // the connections whose handshake was dropped are retransmitted 200 ms+ later,
+        // which a client would see as TTFT. Listening again raises the backlog (Linux
+        // caps it at net.core.somaxconn).
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: listen(2) on a socket we own, already bound and listening.
+            unsafe {
+                libc::listen(listener.as_raw_fd(), 4096);
+            }
+        }
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -190,12 +202,93 @@ fn respond(stream: &TcpStream, status: &str, body: &str) -> bool {
     (&*stream).write_all(resp.as_bytes()).is_ok()
 }
 
+/// A socket read with `recvmsg`, keeping the kernel's receive timestamp of the last read
+/// (`SO_TIMESTAMPNS`, CLOCK_REALTIME, µs). Elsewhere than Linux: a plain read, no stamp.
+struct KernelStamped {
+    sock: TcpStream,
+    stamp_us: Option<i64>,
+}
+
+impl KernelStamped {
+    fn new(sock: TcpStream) -> KernelStamped {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let on: libc::c_int = 1;
+            // SAFETY: setsockopt on a socket this struct owns, with a valid int option.
+            unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_TIMESTAMPNS,
+                    (&on as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        KernelStamped {
+            sock,
+            stamp_us: None,
+        }
+    }
+
+    /// The receive time of the last bytes read, once.
+    fn take_stamp_us(&mut self) -> Option<i64> {
+        self.stamp_us.take()
+    }
+}
+
+impl Read for KernelStamped {
+    #[cfg(target_os = "linux")]
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut control = [0u64; 16];
+        // SAFETY: msghdr is plain data; every pointer in it refers to a live local buffer
+        // of the length given, and recvmsg writes within those lengths.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&control) as _;
+            let n = libc::recvmsg(self.sock.as_raw_fd(), &mut msg, 0);
+            if n > 0 {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET
+                        && (*c).cmsg_type == libc::SCM_TIMESTAMPNS
+                    {
+                        let ts: libc::timespec =
+                            std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                        self.stamp_us = Some(ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000);
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            n
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        (&self.sock).read(buf)
+    }
+}
+
 fn reader(sock: TcpStream, cfg: GroundTruthConfig, jobs: Sender<Job>) {
     let stream = Arc::new(sock);
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
-    let mut r = BufReader::new(read_half);
+    let mut r = BufReader::new(KernelStamped::new(read_half));
     let mut line = String::new();
     loop {
         let mut request_line = String::new();
@@ -229,8 +322,20 @@ fn reader(sock: TcpStream, cfg: GroundTruthConfig, jobs: Sender<Job>) {
         if r.read_exact(&mut body).is_err() {
             return;
         }
-        let received = Instant::now();
-        let received_unix_us = unix_us();
+        // The request's arrival is the kernel's receive time of its last bytes
+        // (SO_TIMESTAMPNS), not when this thread got to read them: with hundreds of
+        // connections arriving at once, reader-thread scheduling would otherwise count as
+        // client error. The script's deadlines start from that arrival too.
+        let now = Instant::now();
+        let now_unix_us = unix_us();
+        let (received, received_unix_us) = match r.get_mut().take_stamp_us() {
+            Some(k) if k <= now_unix_us && now_unix_us - k < 1_000_000 => (
+                now.checked_sub(Duration::from_micros((now_unix_us - k) as u64))
+                    .unwrap_or(now),
+                k,
+            ),
+            _ => (now, now_unix_us),
+        };
         let mut parts = request_line.split_whitespace();
         let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         match (method, path) {

@@ -18,7 +18,7 @@ use trace_format::Outcome;
 
 use crate::config::RequestOptions;
 use crate::error::ReplayError;
-use crate::http1::{Conn, Head, Io, ReadError};
+use crate::http1::{Conn, Head, Io, ReadError, Stamped};
 use crate::prompt::BuiltRequest;
 
 /// Where a target lives, parsed from its URL.
@@ -153,6 +153,7 @@ impl Client {
             .await
             .map_err(|e| format!("connect {}: {e}", self.ep.authority))?;
         let _ = tcp.set_nodelay(true);
+        let tcp = Stamped::new(tcp);
         match &self.tls {
             None => Ok(Conn::new(Io::Plain(tcp))),
             Some(tls) => {

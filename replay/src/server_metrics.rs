@@ -1,6 +1,7 @@
 //! The server's own view: samples a target's Prometheus `/metrics` during a run and keeps
-//! the mean and peak of vLLM's scheduler gauges (running, waiting, KV-cache usage), so the
-//! server's queue can be read beside the client's latencies.
+//! the mean and peak of the scheduler gauges (vLLM's running, waiting and KV-cache usage;
+//! llama.cpp's `llama-server --metrics` processing and deferred requests), so the server's
+//! queue can be read beside the client's latencies.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,11 +11,15 @@ use serde::Serialize;
 
 use crate::client::Client;
 
-/// Gauges sampled, by vLLM's names.
+/// Gauges sampled, by the engine's own names (a gauge the server does not export is left out).
+/// llama.cpp has no KV-usage gauge and none of vLLM's histograms; its `requests_processing`
+/// is vLLM's running, `requests_deferred` its waiting (requests queued for a free slot).
 pub const GAUGES: &[&str] = &[
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
     "vllm:kv_cache_usage_perc",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
 ];
 
 /// Mean and peak of one gauge over a run.
@@ -310,5 +315,17 @@ mod tests {
         assert_eq!(gauge_value(text, "vllm:num_requests_running"), Some(3.0));
         assert_eq!(gauge_value(text, "vllm:num_requests_waiting"), Some(2.5));
         assert_eq!(gauge_value(text, "vllm:kv_cache_usage_perc"), None);
+    }
+
+    #[test]
+    fn reads_llama_cpp_gauges() {
+        // As llama-server --metrics writes them (b11434).
+        let text = "# HELP llamacpp:requests_processing Number of requests processing\n\
+            # TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 8\n\
+            # HELP llamacpp:requests_deferred Number of requests deferred\n\
+            # TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 3\n\
+            llamacpp:n_busy_slots_per_decode 5.5\n";
+        let got: Vec<_> = GAUGES.iter().filter_map(|g| gauge_value(text, g)).collect();
+        assert_eq!(got, [8.0, 3.0]);
     }
 }

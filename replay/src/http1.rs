@@ -55,18 +55,41 @@ impl Stamped {
         if self.stamp_ns == 0 {
             return read_at;
         }
-        let now_rt = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64);
+        let (now, now_rt) = clock_pair();
         let age = now_rt - self.stamp_ns;
         if !(0..10_000_000_000).contains(&age) {
             return read_at;
         }
-        let now = Instant::now();
         now.checked_sub(std::time::Duration::from_nanos(age as u64))
             .unwrap_or(read_at)
             .min(read_at)
     }
+}
+
+/// The monotonic and the wall clock (ns since the epoch) read at one instant: the wall
+/// clock is read before and after the monotonic one, and the pair is read again when the
+/// thread was preempted in between (over 20 µs apart), which would otherwise shift a
+/// converted kernel stamp by the whole preemption.
+fn clock_pair() -> (Instant, i64) {
+    let rt = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64)
+    };
+    let mut best = None;
+    for _ in 0..8 {
+        let a = rt();
+        let mono = Instant::now();
+        let b = rt();
+        let pair = (mono, a + (b - a) / 2, b - a);
+        if pair.2 <= 20_000 {
+            return (pair.0, pair.1);
+        }
+        if best.is_none_or(|(_, _, w)| pair.2 < w) {
+            best = Some(pair);
+        }
+    }
+    best.map_or_else(|| (Instant::now(), rt()), |(m, r, _)| (m, r))
 }
 
 #[cfg(target_os = "linux")]

@@ -172,6 +172,25 @@ impl Drop for GroundTruth {
     }
 }
 
+/// The monotonic clock and the wall clock (µs) read at one instant: re-read when the thread
+/// was preempted between the reads (over 20 µs apart), which would shift a converted
+/// kernel stamp by the whole preemption.
+fn clock_pair() -> (Instant, i64) {
+    let mut best = (Instant::now(), unix_us(), i64::MAX);
+    for _ in 0..8 {
+        let a = unix_us();
+        let mono = Instant::now();
+        let b = unix_us();
+        if b - a < best.2 {
+            best = (mono, a + (b - a) / 2, b - a);
+        }
+        if b - a <= 20 {
+            break;
+        }
+    }
+    (best.0, best.1)
+}
+
 fn unix_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -356,8 +375,7 @@ fn reader(sock: TcpStream, cfg: GroundTruthConfig, jobs: Sender<Job>) {
         // (SO_TIMESTAMPNS), not when this thread got to read them: with hundreds of
         // connections arriving at once, reader-thread scheduling would otherwise count as
         // client error. The script's deadlines start from that arrival too.
-        let now = Instant::now();
-        let now_unix_us = unix_us();
+        let (now, now_unix_us) = clock_pair();
         let (received, received_unix_us) = match r.get_mut().take_stamp_us() {
             Some(k) if k <= now_unix_us && now_unix_us - k < 1_000_000 => (
                 now.checked_sub(Duration::from_micros((now_unix_us - k) as u64))

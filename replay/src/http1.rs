@@ -282,8 +282,6 @@ pub(crate) struct Conn {
     io: Io,
     /// Bytes read and not yet consumed.
     buf: Vec<u8>,
-    /// Whether a request was ever sent on it (a reused connection).
-    pub used: bool,
 }
 
 /// Largest response head accepted.
@@ -294,13 +292,11 @@ impl Conn {
         Conn {
             io,
             buf: Vec::with_capacity(16 * 1024),
-            used: false,
         }
     }
 
     /// Writes a whole request (head and body in one buffer).
     pub(crate) async fn send(&mut self, request: &[u8]) -> io::Result<()> {
-        self.used = true;
         self.buf.clear();
         self.io.write_all(request).await
     }

@@ -77,7 +77,9 @@ impl ObjectLocation {
     /// Parses a URL such as `s3://bucket/prefix` and builds its store client from the
     /// environment. No request is made yet.
     pub fn parse(s: &str) -> Result<ObjectLocation> {
-        let s = s.trim_end_matches('/');
+        // `s3://b/p/` names `s3://b/p`; `s3://` stays as given, for the error message.
+        let trimmed = s.trim_end_matches('/');
+        let s = if trimmed.ends_with(':') { s } else { trimmed };
         let url = url::Url::parse(s).map_err(|e| Error::Invalid(format!("{s}: {e}")))?;
         let (scheme, path) = ObjectStoreScheme::parse(&url).map_err(|e| store_err(s, e))?;
         let path = ObjPath::parse(path).map_err(|e| store_err(s, e))?;
@@ -403,15 +405,6 @@ impl SpoolUploader {
             dest,
             spool,
         }
-    }
-
-    /// Objects uploaded so far.
-    pub fn uploaded(&self) -> usize {
-        self.shared
-            .0
-            .lock()
-            .map(|s| s.report.uploaded.len())
-            .unwrap_or(0)
     }
 
     /// Stops the periodic passes and uploads what is left (the writer has closed by now),

@@ -987,6 +987,56 @@ impl CaptureProc {
     }
 }
 
+/// `--threads N` sets the threads serving connections: one thread serves streamed and whole
+/// responses and records them; zero is refused before anything starts.
+#[test]
+fn binary_capture_threads_flag() {
+    let _g = serial();
+    let out = tmpdir("threads");
+    let zero = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
+        .args(["capture", "--no-admin", "--threads", "0"])
+        .args(["--upstream", "http://127.0.0.1:9", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run llmreplay capture");
+    assert!(!zero.status.success());
+    assert!(
+        String::from_utf8_lossy(&zero.stderr).contains("--threads must be > 0"),
+        "{zero:?}"
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = rt.block_on(sim(1, 1));
+    let listen = closed_port();
+    let mut cap = CaptureProc::spawn(listen, &s.url(), &out, &["--threads", "1"]);
+    cap.wait_for("listening on");
+    let url = format!("http://{listen}");
+    rt.block_on(async {
+        let c = client();
+        for stream in [true, false] {
+            let g = post(
+                &c,
+                &url,
+                "/v1/completions",
+                &req_body(false, stream, None, 3),
+                &[],
+            )
+            .await;
+            assert_eq!(g.status, StatusCode::OK, "stream {stream}");
+        }
+    });
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "{status:?}: {log:#?}");
+    rt.block_on(s.shutdown());
+    let recs = records(&out);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        assert_eq!(r.output_tokens, Some(3), "{r:?}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// kill -9 of the capture binary after N completed requests and more than the flush interval:
 /// the next capture on the same --out recovers the journal, and every request has exactly
 /// one row in complete, private Parquet files with no journal left.

@@ -23,11 +23,13 @@ pub mod jsonscan;
 pub mod metrics;
 pub mod observe;
 pub mod prefix;
+mod prompts;
 mod record;
 pub mod request;
 mod server;
 mod sink;
 mod tls;
+mod upstream;
 
 pub use config::{ProxyConfig, RecordBodies, TlsFiles, UsageMode};
 pub use error::{ProxyError, Result};

@@ -25,6 +25,7 @@ use trace_format::{Outcome, TokenSource, TraceRecord};
 use crate::observe::{StreamObserver, Strip};
 use crate::server::Shared;
 use crate::sink::PendingPrompt;
+use crate::upstream::LeanBody;
 
 /// Error type of response bodies.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -150,6 +151,38 @@ impl Drop for Recording {
     }
 }
 
+/// The upstream's response body: from hyper's client, or read in this task
+/// ([`crate::upstream`]). It lives inside the boxed [`ObservedBody`], so the size of the
+/// larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum UpstreamBody {
+    Hyper(Incoming),
+    Lean(LeanBody),
+}
+
+impl UpstreamBody {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self {
+            UpstreamBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
+            UpstreamBody::Lean(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Hyper(b) => b.is_end_stream(),
+            UpstreamBody::Lean(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Hyper(b) => b.size_hint(),
+            UpstreamBody::Lean(b) => b.size_hint(),
+        }
+    }
+}
+
 enum Mode {
     Sse(StreamObserver),
     Whole { copy: Vec<u8>, bytes: u64 },
@@ -158,7 +191,7 @@ enum Mode {
 /// The response body of a recorded request: forwards each upstream frame as it arrives and
 /// observes it on the way.
 pub(crate) struct ObservedBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     mode: Mode,
     queue: VecDeque<Bytes>,
     rec: Recording,
@@ -171,7 +204,7 @@ pub(crate) struct ObservedBody {
 impl ObservedBody {
     /// Wraps the upstream body; `sse` selects SSE observation (with `strip`).
     pub(crate) fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         sse: bool,
         strip: Strip,
         rec: Recording,
@@ -315,7 +348,7 @@ impl Body for ObservedBody {
             if this.ended {
                 return Poll::Ready(None);
             }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
+            match this.inner.poll_frame(cx) {
                 Poll::Pending => {
                     // Lazy idle timer: re-armed only when it fires early.
                     loop {
@@ -371,7 +404,7 @@ impl Body for ObservedBody {
                         now,
                     );
                     this.ended = true;
-                    return Poll::Ready(Some(Err(Box::new(e))));
+                    return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => this.complete(Instant::now()),
             }

@@ -2,7 +2,9 @@
 //!
 //! One accept loop serves HTTP/1.1 and HTTP/2 (hyper-util's auto builder; h2 by ALPN with
 //! TLS or by prior knowledge without). Each request goes to the one configured upstream
-//! through a pooled keep-alive client; the request's own authority is never used for routing,
+//! through a pooled keep-alive client (generation requests to a plain-http HTTP/1.1 upstream
+//! through [`crate::upstream`], read in the serving task; everything else through hyper-util's
+//! client); the request's own authority is never used for routing,
 //! and CONNECT or absolute-form requests for other hosts are refused, so this is not an open
 //! proxy. Generation requests (POST `…/completions`) are read whole (they are small), may get
 //! `stream_options` injected, and are recorded; everything else streams through untouched.
@@ -39,11 +41,12 @@ use trace_format::{FileMeta, Outcome, Producer, TraceRecord, WriterConfig};
 use crate::config::{ProxyConfig, RecordBodies};
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
-use crate::prefix::prompt_blocks;
-use crate::record::{BoxError, ObservedBody, Recording};
+use crate::prompts::PromptQueue;
+use crate::record::{BoxError, ObservedBody, Recording, UpstreamBody};
 use crate::request::{inject_usage, RequestInfo};
 use crate::sink::{self, Sink, WriterThread};
 use crate::tls;
+use crate::upstream::LeanUpstream;
 
 type UpBody = Either<Full<Bytes>, Incoming>;
 type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, UpBody>;
@@ -123,6 +126,11 @@ pub(crate) struct Shared {
     cfg: ProxyConfig,
     upstream: Upstream,
     client: UpClient,
+    /// Generation requests to a plain-http HTTP/1.1 upstream go this way (see
+    /// [`crate::upstream`]); everything else through `client`.
+    lean: Option<Arc<LeanUpstream>>,
+    /// Prompts waiting to be tokenized.
+    prompts: Arc<PromptQueue>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) sink: Sink,
     next_id: AtomicU64,
@@ -287,9 +295,16 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let start_us = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros());
+    let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
+        .then(|| LeanUpstream::new(&upstream.authority))
+        .flatten()
+        .map(Arc::new);
+    let prompts = PromptQueue::new(cfg.tokenizer.clone(), cfg.block_size);
     let shared = Arc::new(Shared {
         upstream,
         client,
+        lean,
+        prompts,
         metrics: metrics.clone(),
         sink,
         next_id: AtomicU64::new(0),
@@ -607,6 +622,42 @@ fn upstream_request(
     Some(req)
 }
 
+fn header_timeout(shared: &Shared) -> (Outcome, StatusCode, String) {
+    (
+        Outcome::Timeout,
+        StatusCode::GATEWAY_TIMEOUT,
+        format!(
+            "no response headers from the upstream within {:?}",
+            shared.cfg.upstream_timeout
+        ),
+    )
+}
+
+/// Sends a generation request (`req`, whose body is `body`) to the upstream with the header
+/// timeout, by the lean path when there is one; `Err` as for [`send_upstream`].
+async fn send_generation(
+    shared: &Shared,
+    req: Request<UpBody>,
+    body: &[u8],
+) -> std::result::Result<(http::response::Parts, UpstreamBody), (Outcome, StatusCode, String)> {
+    let Some(lean) = &shared.lean else {
+        let resp = send_upstream(shared, req).await?;
+        let (parts, body) = resp.into_parts();
+        return Ok((parts, UpstreamBody::Hyper(body)));
+    };
+    let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let bytes = lean.encode_request(req.method(), pq, req.headers(), body);
+    match tokio::time::timeout(shared.cfg.upstream_timeout, lean.send(&bytes)).await {
+        Ok(Ok((parts, body))) => Ok((parts, UpstreamBody::Lean(body))),
+        Ok(Err(e)) => Err((
+            Outcome::UpstreamError,
+            StatusCode::BAD_GATEWAY,
+            e.to_string(),
+        )),
+        Err(_) => Err(header_timeout(shared)),
+    }
+}
+
 /// Sends to the upstream with the header timeout; `Err` is (outcome, status to answer, text).
 async fn send_upstream(
     shared: &Shared,
@@ -624,14 +675,7 @@ async fn send_upstream(
             }
             Err((Outcome::UpstreamError, StatusCode::BAD_GATEWAY, msg))
         }
-        Err(_) => Err((
-            Outcome::Timeout,
-            StatusCode::GATEWAY_TIMEOUT,
-            format!(
-                "no response headers from the upstream within {:?}",
-                shared.cfg.upstream_timeout
-            ),
-        )),
+        Err(_) => Err(header_timeout(shared)),
     }
 }
 
@@ -713,28 +757,27 @@ async fn handle_generation(
         None => (body, Default::default()),
     };
     // Tokenizing the prompt (prefix hashes, and prompt_tokens when the upstream reports no
-    // usage) can take milliseconds: it runs on the blocking pool while the request is
-    // forwarded, and the writer thread joins it before writing the row.
+    // usage) can take milliseconds: it runs on the blocking pool (batched, see
+    // [`crate::prompts`]) while the request is forwarded, and the writer thread joins it
+    // before writing the row.
     if recording.sampled() {
         if let Some(obj) = info.json.take() {
-            let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            let (tok, bs) = (shared.cfg.tokenizer.clone(), shared.cfg.block_size);
-            tokio::task::spawn_blocking(move || {
-                let _ = tx.send(prompt_blocks(&obj, bs, &tok));
-            });
-            recording.prompt = Some(rx);
+            recording.prompt = Some(shared.prompts.submit(obj));
         }
     }
     drop(info);
     let len = up_body.len();
-    let Some(up) = upstream_request(&shared, &parts, Either::Left(Full::new(up_body)), Some(len))
-    else {
+    let Some(up) = upstream_request(
+        &shared,
+        &parts,
+        Either::Left(Full::new(up_body.clone())),
+        Some(len),
+    ) else {
         recording.finish(Outcome::HttpError, Some("bad path".into()), Instant::now());
         return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
     };
-    match send_upstream(&shared, up).await {
-        Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
+    match send_generation(&shared, up, &up_body).await {
+        Ok((mut parts, body)) => {
             recording.rec.status = Some(parts.status.as_u16());
             strip_hop_by_hop(&mut parts.headers);
             parts.version = Version::HTTP_11;

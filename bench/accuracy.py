@@ -7,6 +7,11 @@ ITL and TPOT error against the nominal script and against the times the server l
 actually wrote each chunk: mean, p99 and standard deviation, in milliseconds.
 
 usage: accuracy.py RESULTS.parquet CHUNK_LOG.jsonl TTFT_MS ITL_MS TOKENS_PER_CHUNK
+       accuracy.py --floor STAMPS.jsonl CHUNK_LOG.jsonl
+
+With --floor it reads the bare reader's first-event stamps (replay/examples/floor.rs) instead
+and reports their error against the server's logged write of the first chunk, on the wall
+clock both sides share (the reader has no send time of its own to measure TTFT from).
 """
 import json
 import sys
@@ -23,7 +28,37 @@ def stats(xs):
             "p99": float(np.percentile(a, 99)), "std": float(a.std())}
 
 
+def read_log(log_path):
+    server = {}
+    with open(log_path, newline="") as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("request_id"):
+                server[e["request_id"]] = e
+    return server
+
+
+def floor_main(stamps_path, log_path):
+    server = read_log(log_path)
+    errs, missing = [], 0
+    with open(stamps_path) as f:
+        for line in f:
+            d = json.loads(line)
+            s = server.get(d["request_id"])
+            if s is None or not s["chunk_written_us"] or not d["first_event_ns"]:
+                missing += 1
+                continue
+            written_unix_us = s["received_unix_us"] + s["chunk_written_us"][0]
+            errs.append((d["first_event_ns"] / 1000.0 - written_unix_us) / 1000.0)
+    json.dump({"requests": len(errs), "unmatched": missing, "first_event_err_vs_logged_ms": stats(errs)},
+              sys.stdout, indent=1)
+    print()
+
+
 def main():
+    if sys.argv[1] == "--floor":
+        floor_main(sys.argv[2], sys.argv[3])
+        return
     results, log_path, ttft_ms, itl_ms, tpc = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     t = pq.read_table(results).to_pydict()
     server = {}

@@ -3,16 +3,17 @@
 # and client cost. Everything runs on 127.0.0.1 with bounded request counts and stops by
 # itself; the figures go to bench/out/<timestamp>/summary.md (copy them into bench/README.md).
 #
-# usage: bench/run.sh [accuracy] [schedule] [proxy] [shards]     (default: all)
+# usage: bench/run.sh [accuracy] [schedule] [proxy] [shards] [cost]     (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule proxy shards)
+[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule proxy shards cost)
 OUT=bench/out/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 python3 -m pip install -q numpy pyarrow >/dev/null
 cargo build --release --bin llmreplay 2>&1 | tail -1
+cargo build --release -p replay --example floor -p trace-format --example writer_throughput 2>&1 | tail -1
 BIN=target/release/llmreplay
 ulimit -n 65536 2>/dev/null || true
 
@@ -38,6 +39,28 @@ accuracy() {
   stop_gt
   python3 bench/accuracy.py "$OUT/$tag-results.parquet" "$OUT/$tag-gt.jsonl" 50 10 "$tpc" > "$OUT/$tag-errors.json"
   echo "accuracy: $n streams, $tpc tokens/chunk done"
+}
+
+# The same load read by a bare client (replay/examples/floor.rs: one thread, epoll, one
+# recvmsg with its kernel stamp per read, no parsing), against a fresh ground-truth server:
+# the kernel's share of the CPU per event, and the first-event error any client would see on
+# this machine at this load.
+floor() {
+  local n=$1 tag="floor-$1"
+  local reqs=$(( n == 1 ? 20 : 2 * n ))
+  start_gt "$OUT/$tag-gt.jsonl" 50 10 1
+  target/release/examples/floor "127.0.0.1:$GT_PORT" "$reqs" "$n" 100 --stamps "$OUT/$tag-stamps.jsonl" > "$OUT/$tag.json"
+  stop_gt
+  python3 bench/accuracy.py --floor "$OUT/$tag-stamps.jsonl" "$OUT/$tag-gt.jsonl" > "$OUT/$tag-errors.json"
+  echo "floor: $n streams done"
+}
+
+# Capture's trace writer alone: records per second and bytes on disk per request.
+writer_cost() {
+  rm -rf "$OUT/writer"
+  target/release/examples/writer_throughput "$OUT/writer" 200000 > "$OUT/writer.json"
+  rm -rf "$OUT/writer"
+  echo "writer: done"
 }
 
 schedule() {
@@ -133,11 +156,12 @@ shards() {
 
 for p in "${parts[@]}"; do
   case "$p" in
-    accuracy) for n in 1 100 500 1000; do accuracy "$n" 1; done; accuracy 100 4 ;;
+    accuracy) for n in 1 100 500 1000; do accuracy "$n" 1; floor "$n"; done; accuracy 100 4 ;;
+    cost) writer_cost ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
     proxy) proxy_bench ;;
     shards) shards ;;
-    *) echo "unknown part $p (accuracy, schedule, proxy, shards)" >&2; exit 2 ;;
+    *) echo "unknown part $p (accuracy, schedule, proxy, shards, cost)" >&2; exit 2 ;;
   esac
 done
 python3 bench/summarize.py "$OUT" | tee "$OUT/summary.md"

@@ -35,6 +35,7 @@ def main():
                   f"| {il['mean']:.4f} / {il['p99']:.3f} / {il['std']:.3f} | {pl['mean']:.4f} / {pl['p99']:.4f} "
                   f"| {e['client_itl_jitter_ms']:.4f} | {ours['dispatch_lag_ms']['p99']:.3f} | {cpu_us:.2f} |")
         print()
+    floor_table(out)
     sched = sorted(glob.glob(os.path.join(out, "sched-*.json")), key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0]))
     if sched:
         print("### Schedule fidelity (open loop, short requests)\n")
@@ -51,6 +52,44 @@ def main():
         print()
     proxy_tables(out)
     shards_table(out)
+    writer_table(out)
+
+
+def floor_table(out):
+    rows = []
+    for n in (1, 100, 500, 1000):
+        fp = os.path.join(out, f"floor-{n}.json")
+        ap = os.path.join(out, f"acc-{n}-tpc1.json")
+        if not (os.path.exists(fp) and os.path.exists(ap)):
+            continue
+        f, fe = load(fp), load(os.path.join(out, f"floor-{n}-errors.json"))["first_event_err_vs_logged_ms"]
+        r = load(ap)
+        e = load(os.path.join(out, f"acc-{n}-tpc1-errors.json"))["ttft_err_vs_logged_ms"]
+        cpu = (r["llmreplay"]["client"]["load"] or {}).get("cpu_seconds", float("nan"))
+        events = r["completed"] * 100
+        ours_ev = cpu * 1e6 / events if events else float("nan")
+        ours_req = cpu * 1e6 / r["completed"] if r["completed"] else float("nan")
+        rows.append(f"| {n} | {e['mean']:.3f} / {e['p99']:.3f} | {fe['mean']:.3f} / {fe['p99']:.3f} | "
+                    f"{ours_ev:.2f} | {f['cpu_us_per_event']:.2f} | {ours_ev - f['cpu_us_per_event']:.2f} | {ours_req:.0f} |")
+    if rows:
+        print("### llmreplay beside a bare reader (the kernel's floor), same load\n")
+        print("| streams | llmreplay TTFT err vs logged mean / p99 (ms) | bare reader first-event err vs logged mean / p99 (ms) "
+              "| llmreplay CPU per event (µs) | bare reader CPU per event (µs) | llmreplay above the floor (µs) | llmreplay CPU per request (µs) |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(rows))
+        print()
+
+
+def writer_table(out):
+    p = os.path.join(out, "writer.json")
+    if not os.path.exists(p):
+        return
+    w = load(p)
+    print("### Capture's trace writer alone (journal + Parquet, 100 chunk times and 64 prefix hashes per record)\n")
+    print("| records | records per second | CPU seconds | bytes on disk per request | files |")
+    print("|---|---|---|---|---|")
+    print(f"| {w['records']} | {w['records_per_second']:.0f} | {w['cpu_seconds']:.2f} | {w['bytes_per_record']:.0f} | {w['files']} |")
+    print()
 
 
 def proxy_tables(out):
@@ -68,20 +107,22 @@ def proxy_tables(out):
             r = load(os.path.join(out, f"proxy-{n}-{path}.json"))
             ticks = open(os.path.join(out, f"proxy-{n}-{path}-proxy-cpu-ticks")).read().strip()
             cpu_s = int(ticks) / os.sysconf("SC_CLK_TCK")
-            recorded = "-"
+            recorded, per_req = "-", "-"
             if path == "capture":
                 import pyarrow.parquet as pq
                 files = glob.glob(os.path.join(out, f"proxy-{n}-capture-trace", "*.parquet"))
                 got = sum(pq.read_metadata(f).num_rows for f in files)
                 recorded = f"{got} / {2 * r['num_prompts']}"
+                if got:
+                    per_req = f"{sum(os.path.getsize(f) for f in files) / got:.0f} B"
             tt = lambda k: e["ttft_err_vs_logged_ms"][k] - d["ttft_err_vs_logged_ms"][k]
             it = lambda k: e["itl_err_vs_logged_ms"][k] - d["itl_err_vs_logged_ms"][k]
             rows.append(f"| {n} | {path} | {tt('p50'):.3f} / {tt('p99'):.3f} | {it('p50'):.4f} / {it('p99'):.3f} | "
-                        f"{cpu_s:.2f} s | {recorded} | {r['completed']} ok, {r['failed']} failed |")
+                        f"{cpu_s:.2f} s | {recorded} | {per_req} | {r['completed']} ok, {r['failed']} failed |")
     if rows:
         print("### Proxy overhead (added over direct, client-measured against the server's logged writes)\n")
-        print("| streams | path | added TTFT p50 / p99 (ms) | added chunk gap p50 / p99 (ms) | proxy CPU (measured pass) | rows recorded (both passes) | requests |")
-        print("|---|---|---|---|---|---|---|")
+        print("| streams | path | added TTFT p50 / p99 (ms) | added chunk gap p50 / p99 (ms) | proxy CPU (measured pass) | rows recorded (both passes) | on disk per request | requests |")
+        print("|---|---|---|---|---|---|---|---|")
         print("\n".join(rows))
         print()
 

@@ -55,7 +55,7 @@ impl Stamped {
         if self.stamp_ns == 0 {
             return read_at;
         }
-        let (now, now_rt) = clock_pair();
+        let (now, now_rt) = cached_clock_pair(read_at);
         let age = now_rt - self.stamp_ns;
         if !(0..10_000_000_000).contains(&age) {
             return read_at;
@@ -90,6 +90,32 @@ fn clock_pair() -> (Instant, i64) {
         }
     }
     best.map_or_else(|| (Instant::now(), rt()), |(m, r, _)| (m, r))
+}
+
+/// [`clock_pair`] read at most once per millisecond per thread and carried forward to
+/// `now` on the monotonic clock: converting a stamp then costs no clock read beyond the
+/// caller's `now`. Over 1 ms the two clocks drift apart by at most NTP's 500 ppm slew
+/// limit, 0.5 µs.
+fn cached_clock_pair(now: Instant) -> (Instant, i64) {
+    use std::cell::Cell;
+    thread_local! {
+        static PAIR: Cell<Option<(Instant, i64)>> = const { Cell::new(None) };
+    }
+    PAIR.with(|p| {
+        let (mono, rt) = match p.get() {
+            Some((m, r)) if now >= m && now - m < std::time::Duration::from_millis(1) => (m, r),
+            _ => {
+                let fresh = clock_pair();
+                p.set(Some(fresh));
+                fresh
+            }
+        };
+        if now >= mono {
+            (now, rt + (now - mono).as_nanos() as i64)
+        } else {
+            (mono, rt)
+        }
+    })
 }
 
 #[cfg(target_os = "linux")]
@@ -697,6 +723,24 @@ mod tests {
             .unwrap();
         assert_eq!(body, b"data: x\n\n");
         assert!(reusable);
+    }
+
+    #[test]
+    fn the_cached_clock_pair_follows_the_wall_clock() {
+        // Within its millisecond the cached pair is carried forward on the monotonic clock;
+        // after it, it is read again. Either way it names the wall-clock time of `now`.
+        for pause in [0u64, 300, 1_500] {
+            let _ = cached_clock_pair(Instant::now());
+            std::thread::sleep(std::time::Duration::from_micros(pause));
+            let before = SystemTime::now();
+            let (mono, rt) = cached_clock_pair(Instant::now());
+            let after = SystemTime::now();
+            let ns = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_nanos() as i64;
+            assert!(mono <= Instant::now());
+            // Loose bounds: a preempted test thread widens [before, after], never the pair.
+            assert!(rt >= ns(before) - 50_000, "{rt} before {}", ns(before));
+            assert!(rt <= ns(after) + 50_000, "{rt} after {}", ns(after));
+        }
     }
 
     /// Bytes that waited in the socket are stamped with when they arrived, not when they

@@ -20,39 +20,53 @@ ulimit -n 65536 2>/dev/null || true
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "server on $1 did not start" >&2; return 1; }
 
+# Where the accuracy runs put client and server. "split" (the default on 2+ CPUs): the client
+# on CPU 0, the ground-truth server on the others, as if on two machines, so the server's
+# bursts (1,000 chunks due at one instant) do not take the client's CPU. "shared": both float
+# over all CPUs, contending. Everything else runs shared.
+NCPU=$(nproc)
+PLACE=shared
+pin_client() { if [ "$PLACE" = split ]; then taskset -c 0 "$@"; else "$@"; fi; }
+server_pin() { if [ "$PLACE" = split ]; then echo "taskset -c 1-$(( NCPU - 1 ))"; fi; }
+
 # Ground-truth server: TTFT $2 ms, ITL $3 ms, $4 tokens per chunk; chunk log to $1.
 start_gt() {
   GT_PORT=$(free_port)
-  "$BIN" sim --ground-truth --fixed-timing "$2,$3" --tokens-per-chunk "$4" --listen "127.0.0.1:$GT_PORT" --chunk-log "$1" 2>/dev/null &
+  # shellcheck disable=SC2046 # the prefix is empty or "taskset -c 1-N": split on purpose.
+  $(server_pin) "$BIN" sim --ground-truth --fixed-timing "$2,$3" --tokens-per-chunk "$4" --listen "127.0.0.1:$GT_PORT" --chunk-log "$1" 2>/dev/null &
   GT_PID=$!
   wait_port "$GT_PORT"
 }
 stop_gt() { kill -TERM "$GT_PID"; wait "$GT_PID" || true; }
 
-accuracy() {
-  local n=$1 tpc=$2 tag="acc-$1-tpc$2"
+accuracy() { # accuracy N TOKENS_PER_CHUNK PLACEMENT
+  local n=$1 tpc=$2 tag="acc-$3-$1-tpc$2"
+  PLACE=$3
   local reqs=$(( n == 1 ? 20 : 2 * n ))
   start_gt "$OUT/$tag-gt.jsonl" 50 10 "$tpc"
   "$BIN" synth -o "$OUT/$tag.parquet" --num-prompts "$reqs" --input-len 16 --output-len 100 --request-rate inf --seed 1 2>/dev/null
-  "$BIN" replay "$OUT/$tag.parquet" --target "gt=http://127.0.0.1:$GT_PORT" --max-concurrency "$n" \
+  pin_client "$BIN" replay "$OUT/$tag.parquet" --target "gt=http://127.0.0.1:$GT_PORT" --max-concurrency "$n" \
     --results "$OUT/$tag-results.parquet" --save-result "$OUT/$tag.json" -q > "$OUT/$tag.txt" 2>&1
   stop_gt
+  PLACE=shared
   python3 bench/accuracy.py "$OUT/$tag-results.parquet" "$OUT/$tag-gt.jsonl" 50 10 "$tpc" > "$OUT/$tag-errors.json"
-  echo "accuracy: $n streams, $tpc tokens/chunk done"
+  echo "accuracy: $n streams, $tpc tokens/chunk, $3 done"
 }
 
 # The same load read by a bare client (replay/examples/floor.rs: one thread, epoll, one
 # recvmsg with its kernel stamp per read, no parsing), against a fresh ground-truth server:
 # the kernel's share of the CPU per event, and the first-event error any client would see on
 # this machine at this load.
-floor() {
-  local n=$1 tag="floor-$1"
+floor() { # floor N PLACEMENT
+  local n=$1 tag="floor-$2-$1"
+  PLACE=$2
   local reqs=$(( n == 1 ? 20 : 2 * n ))
   start_gt "$OUT/$tag-gt.jsonl" 50 10 1
-  target/release/examples/floor "127.0.0.1:$GT_PORT" "$reqs" "$n" 100 --stamps "$OUT/$tag-stamps.jsonl" > "$OUT/$tag.json"
+  pin_client target/release/examples/floor "127.0.0.1:$GT_PORT" "$reqs" "$n" 100 --stamps "$OUT/$tag-stamps.jsonl" > "$OUT/$tag.json"
   stop_gt
+  PLACE=shared
   python3 bench/accuracy.py --floor "$OUT/$tag-stamps.jsonl" "$OUT/$tag-gt.jsonl" > "$OUT/$tag-errors.json"
-  echo "floor: $n streams done"
+  echo "floor: $n streams, $2 done"
 }
 
 # Capture's trace writer alone: records per second and bytes on disk per request.
@@ -86,9 +100,11 @@ proxy_path() { # proxy_path N PATH
   start_gt "$OUT/$tag-gt.jsonl" 50 10 1
   local target="http://127.0.0.1:$GT_PORT" ppid=""
   case "$path" in
-    capture)
-      local pp; pp=$(free_port)
-      "$BIN" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin 2>"$OUT/$tag-capture.log" &
+    capture|capture1)
+      # capture1: one serving thread, like nginx's one worker below.
+      local pp threads=(); pp=$(free_port)
+      [ "$path" = capture1 ] && threads=(--threads 1)
+      "$BIN" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin "${threads[@]}" 2>"$OUT/$tag-capture.log" &
       ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
     nginx)
       local pp; pp=$(free_port)
@@ -140,6 +156,7 @@ proxy_bench() {
   for n in 100 1000; do
     proxy_path "$n" direct
     proxy_path "$n" capture
+    proxy_path "$n" capture1
     if command -v nginx >/dev/null 2>&1; then proxy_path "$n" nginx; else echo "nginx not installed: skipped"; fi
   done
 }
@@ -156,7 +173,11 @@ shards() {
 
 for p in "${parts[@]}"; do
   case "$p" in
-    accuracy) for n in 1 100 500 1000; do accuracy "$n" 1; floor "$n"; done; accuracy 100 4 ;;
+    accuracy)
+      split=split; [ "$NCPU" -ge 2 ] || split=shared
+      for n in 1 100 500 1000; do accuracy "$n" 1 "$split"; floor "$n" "$split"; done
+      accuracy 100 4 "$split"
+      for n in 100 1000; do accuracy "$n" 1 shared; floor "$n" shared; done ;;
     cost) writer_cost ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
     proxy) proxy_bench ;;

@@ -16,14 +16,14 @@ def main():
     out = sys.argv[1]
     print(f"Run: `{out}`\n")
     acc = sorted(glob.glob(os.path.join(out, "acc-*-errors.json")),
-                 key=lambda p: tuple(int(x) for x in re.findall(r"\d+", os.path.basename(p))))
+                 key=lambda p: (("shared" in p),) + tuple(int(x) for x in re.findall(r"\d+", os.path.basename(p))))
     if acc:
         print("### Accuracy against the ground-truth server (TTFT 50 ms, ITL 10 ms, 100 tokens)\n")
-        print("| streams | tok/chunk | TTFT err vs logged mean / p99 / std (ms) | TTFT err vs nominal mean / p99 | ITL err vs logged mean / p99 / std | TPOT err vs logged mean / p99 | client ITL jitter (ms) | dispatch lag p99 (ms) | client CPU per SSE event (µs) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| placement | streams | tok/chunk | TTFT err vs logged mean / p99 / std (ms) | TTFT err vs nominal mean / p99 | ITL err vs logged mean / p99 / std | TPOT err vs logged mean / p99 | client ITL jitter (ms) | dispatch lag p99 (ms) | client CPU per SSE event (µs) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for p in acc:
-            m = re.search(r"acc-(\d+)-tpc(\d+)-errors.json", p)
-            n, tpc = m.group(1), m.group(2)
+            m = re.search(r"acc-(\w+)-(\d+)-tpc(\d+)-errors.json", p)
+            place, n, tpc = m.group(1), m.group(2), m.group(3)
             e = load(p)
             r = load(p.replace("-errors.json", ".json"))
             ours = r["llmreplay"]
@@ -31,7 +31,7 @@ def main():
             events = r["completed"] * (100 // int(tpc) + (1 if 100 % int(tpc) else 0))
             cpu_us = (load_.get("cpu_seconds", 0) * 1e6 / events) if events else float("nan")
             tl, tn, il, pl = e["ttft_err_vs_logged_ms"], e["ttft_err_vs_nominal_ms"], e["itl_err_vs_logged_ms"], e["tpot_err_vs_logged_ms"]
-            print(f"| {n} | {tpc} | {tl['mean']:.3f} / {tl['p99']:.3f} / {tl['std']:.3f} | {tn['mean']:.3f} / {tn['p99']:.3f} "
+            print(f"| {place} | {n} | {tpc} | {tl['mean']:.3f} / {tl['p99']:.3f} / {tl['std']:.3f} | {tn['mean']:.3f} / {tn['p99']:.3f} "
                   f"| {il['mean']:.4f} / {il['p99']:.3f} / {il['std']:.3f} | {pl['mean']:.4f} / {pl['p99']:.4f} "
                   f"| {e['client_itl_jitter_ms']:.4f} | {ours['dispatch_lag_ms']['p99']:.3f} | {cpu_us:.2f} |")
         print()
@@ -57,25 +57,25 @@ def main():
 
 def floor_table(out):
     rows = []
-    for n in (1, 100, 500, 1000):
-        fp = os.path.join(out, f"floor-{n}.json")
-        ap = os.path.join(out, f"acc-{n}-tpc1.json")
+    for place, n in [(p, n) for p in ("split", "shared") for n in (1, 100, 500, 1000)]:
+        fp = os.path.join(out, f"floor-{place}-{n}.json")
+        ap = os.path.join(out, f"acc-{place}-{n}-tpc1.json")
         if not (os.path.exists(fp) and os.path.exists(ap)):
             continue
-        f, fe = load(fp), load(os.path.join(out, f"floor-{n}-errors.json"))["first_event_err_vs_logged_ms"]
+        f, fe = load(fp), load(os.path.join(out, f"floor-{place}-{n}-errors.json"))["first_event_err_vs_logged_ms"]
         r = load(ap)
-        e = load(os.path.join(out, f"acc-{n}-tpc1-errors.json"))["ttft_err_vs_logged_ms"]
+        e = load(os.path.join(out, f"acc-{place}-{n}-tpc1-errors.json"))["ttft_err_vs_logged_ms"]
         cpu = (r["llmreplay"]["client"]["load"] or {}).get("cpu_seconds", float("nan"))
         events = r["completed"] * 100
         ours_ev = cpu * 1e6 / events if events else float("nan")
         ours_req = cpu * 1e6 / r["completed"] if r["completed"] else float("nan")
-        rows.append(f"| {n} | {e['mean']:.3f} / {e['p99']:.3f} | {fe['mean']:.3f} / {fe['p99']:.3f} | "
+        rows.append(f"| {place} | {n} | {e['mean']:.3f} / {e['p99']:.3f} | {fe['mean']:.3f} / {fe['p99']:.3f} | "
                     f"{ours_ev:.2f} | {f['cpu_us_per_event']:.2f} | {ours_ev - f['cpu_us_per_event']:.2f} | {ours_req:.0f} |")
     if rows:
         print("### llmreplay beside a bare reader (the kernel's floor), same load\n")
-        print("| streams | llmreplay TTFT err vs logged mean / p99 (ms) | bare reader first-event err vs logged mean / p99 (ms) "
+        print("| placement | streams | llmreplay TTFT err vs logged mean / p99 (ms) | bare reader first-event err vs logged mean / p99 (ms) "
               "| llmreplay CPU per event (µs) | bare reader CPU per event (µs) | llmreplay above the floor (µs) | llmreplay CPU per request (µs) |")
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         print("\n".join(rows))
         print()
 
@@ -99,7 +99,7 @@ def proxy_tables(out):
         if not os.path.exists(direct):
             continue
         d = load(direct)
-        for path in ("capture", "nginx"):
+        for path in ("capture", "capture1", "nginx"):
             e_path = os.path.join(out, f"proxy-{n}-{path}-errors.json")
             if not os.path.exists(e_path):
                 continue
@@ -108,9 +108,9 @@ def proxy_tables(out):
             ticks = open(os.path.join(out, f"proxy-{n}-{path}-proxy-cpu-ticks")).read().strip()
             cpu_s = int(ticks) / os.sysconf("SC_CLK_TCK")
             recorded, per_req = "-", "-"
-            if path == "capture":
+            if path.startswith("capture"):
                 import pyarrow.parquet as pq
-                files = glob.glob(os.path.join(out, f"proxy-{n}-capture-trace", "*.parquet"))
+                files = glob.glob(os.path.join(out, f"proxy-{n}-{path}-trace", "*.parquet"))
                 got = sum(pq.read_metadata(f).num_rows for f in files)
                 recorded = f"{got} / {2 * r['num_prompts']}"
                 if got:

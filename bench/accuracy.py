@@ -61,12 +61,7 @@ def main():
         return
     results, log_path, ttft_ms, itl_ms, tpc = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     t = pq.read_table(results).to_pydict()
-    server = {}
-    with open(log_path, newline="") as f:
-        for line in f:
-            e = json.loads(line)
-            if e.get("request_id"):
-                server[e["request_id"]] = e
+    server = read_log(log_path)
     ttft_nom, ttft_log, itl_nom, itl_log, tpot_nom, tpot_log = [], [], [], [], [], []
     client_gaps, server_gaps = [], []
     missing = 0

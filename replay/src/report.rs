@@ -102,16 +102,29 @@ pub fn verdict(m: &Metrics, run: &RunOutput) -> Verdict {
     let message = match (lag_bad, cpu_bad) {
         (false, false) => format!(
             "OK: the client kept up (dispatch lag p99 {p99:.3} ms ≤ {LAG_P99_LIMIT_MS} ms{}).",
-            cpu.map(|c| format!(", client CPU {:.0}%", c * 100.0)).unwrap_or_default()
+            cpu.map(|c| format!(", client CPU {:.0}%", c * 100.0))
+                .unwrap_or_default()
         ),
         _ => format!(
-            "WARNING: the client could not keep up ({}{}): latencies include the client's own backlog and are NOT \
-             server figures. Use fewer requests per process, --client-threads, or shard across processes.",
-            if lag_bad { format!("dispatch lag p99 {p99:.3} ms > {LAG_P99_LIMIT_MS} ms") } else { String::new() },
+            "WARNING: the client could not keep up ({}{}): {} Use fewer requests per process, \
+             --client-threads, or shard across processes.",
+            if lag_bad {
+                format!("dispatch lag p99 {p99:.3} ms > {LAG_P99_LIMIT_MS} ms")
+            } else {
+                String::new()
+            },
             match (lag_bad, cpu_bad) {
                 (true, true) => format!("; client CPU {:.0}%", cpu.unwrap_or(0.0) * 100.0),
                 (false, true) => format!("client CPU {:.0}%", cpu.unwrap_or(0.0) * 100.0),
                 _ => String::new(),
+            },
+            if cpu_bad {
+                "the server did not get the load asked for, and a busy client reads late: chunks \
+                 that arrive between two of its reads share the later time. These are NOT clean \
+                 server figures."
+            } else {
+                "requests left later than scheduled, so the server did not get the load asked \
+                 for (each latency is still timed from its request's actual send)."
             }
         ),
     };
@@ -804,5 +817,64 @@ mod tests {
         big[10] = 3_000;
         big[11] = 3_000;
         assert!(lag_too_high(&run_with_lags(&big)));
+    }
+
+    fn run_output(cpu_utilization: f64) -> RunOutput {
+        RunOutput {
+            target: crate::config::Target {
+                name: "t".into(),
+                url: "http://127.0.0.1:1".into(),
+            },
+            target_info: Default::default(),
+            model: "m".into(),
+            run_id: "r".into(),
+            started_at_us: 0,
+            records: Vec::new(),
+            plan_len: 0,
+            skipped: Vec::new(),
+            trace_span: std::time::Duration::ZERO,
+            wall: std::time::Duration::from_secs(1),
+            preconnected: 0,
+            warmups: 0,
+            client_load: Some(crate::run::ClientLoad {
+                cpu_seconds: cpu_utilization,
+                worker_threads: 1,
+                utilization: cpu_utilization,
+                pacer_cpu_seconds: 0.0,
+            }),
+            server_gauges: Default::default(),
+            server_histograms: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_verdict_says_what_a_late_schedule_and_a_busy_client_each_spoil() {
+        let late = run_with_lags(&[3_000; 100]);
+        let on_time = run_with_lags(&[50; 100]);
+        let ok = verdict(&on_time, &run_output(0.3));
+        assert!(!ok.client_saturated);
+        assert!(ok.message.starts_with("OK"), "{}", ok.message);
+        // Late sends, CPU to spare: the load was not the one asked for, but each latency is
+        // timed from its own send.
+        let lag = verdict(&late, &run_output(0.3));
+        assert!(lag.client_saturated);
+        assert!(lag
+            .message
+            .starts_with("WARNING: the client could not keep up (dispatch lag"));
+        assert!(
+            lag.message.contains("timed from its request's actual send"),
+            "{}",
+            lag.message
+        );
+        assert!(!lag.message.contains("NOT clean"), "{}", lag.message);
+        // A busy client also reads late: the figures themselves are suspect.
+        let busy = verdict(&on_time, &run_output(0.95));
+        assert!(busy.client_saturated);
+        assert!(busy.message.contains("client CPU 95%"), "{}", busy.message);
+        assert!(
+            busy.message.contains("NOT clean server figures"),
+            "{}",
+            busy.message
+        );
     }
 }

@@ -155,7 +155,7 @@ NGINX
 
 proxy_bench() {
   command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
-  for n in 100 1000; do
+  for n in 100 300 1000; do
     proxy_path "$n" direct
     proxy_path "$n" capture
     proxy_path "$n" capture1

@@ -94,7 +94,7 @@ def writer_table(out):
 
 def proxy_tables(out):
     rows = []
-    for n in (100, 1000):
+    for n in (100, 300, 1000):
         direct = os.path.join(out, f"proxy-{n}-direct-errors.json")
         if not os.path.exists(direct):
             continue

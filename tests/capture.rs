@@ -9,6 +9,8 @@
 
 mod support;
 
+use support::capture::CaptureProc;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -901,90 +903,6 @@ fn replay_of_a_capture_keeps_captured_arrival_offsets() {
     }
     rt.block_on(upstream.shutdown());
     rt.block_on(target.shutdown());
-}
-
-/// A `llmreplay capture` child process whose stderr lines arrive on a channel.
-struct CaptureProc {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    log: Vec<String>,
-}
-
-impl CaptureProc {
-    fn spawn(listen: SocketAddr, upstream: &str, out: &Path, extra: &[&str]) -> CaptureProc {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
-            .args(["capture", "--no-admin", "--listen", &listen.to_string()])
-            .args(["--upstream", upstream])
-            .arg("--out")
-            .arg(out)
-            .args(extra)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn llmreplay capture");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in std::io::BufReader::new(stderr).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        CaptureProc {
-            child,
-            lines,
-            log: Vec::new(),
-        }
-    }
-
-    /// Waits (bounded) for a stderr line containing `needle`; returns it.
-    fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.log.push(l.clone());
-                    if l.contains(needle) {
-                        return l;
-                    }
-                }
-                Err(e) => panic!(
-                    "no {needle:?} from llmreplay capture ({e}); stderr: {:#?}",
-                    self.log
-                ),
-            }
-        }
-    }
-
-    /// SIGTERM, then the exit status (bounded wait).
-    fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
-        // SAFETY: sending a signal to our own child.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!(
-                    "llmreplay capture did not exit on SIGTERM; stderr: {:#?}",
-                    self.log
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.log.push(l);
-        }
-        (status, self.log)
-    }
 }
 
 /// `--threads N` sets the threads serving connections: one thread serves streamed and whole

@@ -24,6 +24,8 @@
 
 #![allow(clippy::await_holding_lock)] // SERIAL serialises whole tests on purpose
 
+mod support;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -274,89 +276,31 @@ fn free_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
-/// A `llmreplay capture` child process; its stderr lines arrive on a channel.
+/// `llmreplay capture` in front of the engine, flushing every 50 ms, at `url`.
 struct CaptureProc {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    log: Vec<String>,
+    proc: support::capture::CaptureProc,
     url: String,
 }
 
 impl CaptureProc {
     fn spawn(upstream: &str, out: &Path, extra: &[&str]) -> CaptureProc {
-        use std::io::BufRead;
         let listen = free_addr();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_llmreplay"))
-            .args(["capture", "--no-admin", "--listen", &listen.to_string()])
-            .args(["--upstream", upstream, "--flush-interval", "50ms"])
-            .arg("--out")
-            .arg(out)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn llmreplay capture");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in std::io::BufReader::new(stderr).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut p = CaptureProc {
-            child,
-            lines,
-            log: Vec::new(),
+        let mut args = vec!["--flush-interval", "50ms"];
+        args.extend_from_slice(extra);
+        let mut proc = support::capture::CaptureProc::spawn(listen, upstream, out, &args);
+        proc.wait = Duration::from_secs(30);
+        proc.exit_wait = Duration::from_secs(60);
+        proc.wait_for("listening on");
+        CaptureProc {
+            proc,
             url: format!("http://{listen}"),
-        };
-        p.wait_for("listening on");
-        p
-    }
-
-    fn wait_for(&mut self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    let hit = l.contains(needle);
-                    self.log.push(l);
-                    if hit {
-                        return;
-                    }
-                }
-                Err(e) => panic!(
-                    "no {needle:?} from llmreplay capture ({e}); stderr: {:#?}",
-                    self.log
-                ),
-            }
         }
     }
 
     /// SIGTERM; asserts exit 0 (bounded wait).
-    fn terminate(mut self) {
-        // SAFETY: sending a signal to our own child.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("llmreplay capture ignored SIGTERM; stderr: {:#?}", self.log);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
-            self.log.push(l);
-        }
-        assert!(status.success(), "capture: {status:?}: {:#?}", self.log);
+    fn terminate(self) {
+        let (status, log) = self.proc.terminate();
+        assert!(status.success(), "capture: {status:?}: {log:#?}");
     }
 }
 

@@ -39,6 +39,21 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// Starts `c` in the background, its output captured for [`finished`].
+fn spawned(c: &mut Command) -> std::process::Child {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a child from [`spawned`]; asserts it succeeded.
+fn finished(child: std::process::Child) {
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 #[test]
 fn four_shards_merge_into_the_whole_trace() {
     let _serial = serial();
@@ -69,34 +84,27 @@ fn four_shards_merge_into_the_whole_trace() {
     let children: Vec<(PathBuf, std::process::Child)> = (0..4)
         .map(|k| {
             let results = dir.join(format!("r{k}.parquet"));
-            let child = bin()
-                .args([
-                    "replay",
-                    s(&trace),
-                    "--shard",
-                    &format!("{k}/4"),
-                    "--start-at",
-                    start_at,
-                    "--fixed-timing",
-                    "5,1",
-                    "--client-threads",
-                    "1",
-                    "--results",
-                    s(&results),
-                    "-q",
-                ])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
+            let child = spawned(bin().args([
+                "replay",
+                s(&trace),
+                "--shard",
+                &format!("{k}/4"),
+                "--start-at",
+                start_at,
+                "--fixed-timing",
+                "5,1",
+                "--client-threads",
+                "1",
+                "--results",
+                s(&results),
+                "-q",
+            ]));
             (results, child)
         })
         .collect();
     let mut shard_files = Vec::new();
     for (results, child) in children {
-        let o = child.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
+        finished(child);
         shard_files.push(results);
     }
 
@@ -205,19 +213,12 @@ fn replay_sharded(trace: &Path, url: &str, shards: usize, dir: &Path) -> (i64, V
             if shards > 1 {
                 c.args(["--shard", &format!("{k}/{shards}")]);
             }
-            let child = c
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            (results, child)
+            (results, spawned(&mut c))
         })
         .collect();
     let mut ids = Vec::new();
     for (results, child) in children {
-        let o = child.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
+        finished(child);
         let rows = trace_format::read_traces(&[s(&results)]).unwrap().records;
         ids.push(rows.into_iter().map(|r| r.request_id).collect());
     }

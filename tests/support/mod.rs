@@ -1,2 +1,3 @@
 //! Helpers shared by the end-to-end tests.
+pub mod capture;
 pub mod scripted;

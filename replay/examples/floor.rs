@@ -65,7 +65,7 @@ mod linux {
         let args: Vec<String> = std::env::args().collect();
         if args.len() < 5 {
             return Err(
-                "usage: floor HOST:PORT REQUESTS CONCURRENCY MAX_TOKENS [--batch-us N]".into(),
+                "usage: floor HOST:PORT REQUESTS CONCURRENCY MAX_TOKENS [--batch-us N] [--stamps FILE]".into(),
             );
         }
         let addr = &args[1];

@@ -49,11 +49,13 @@ pub struct Metrics {
     pub itl_per_token: Option<Summary>,
     /// Fraction of all requests meeting every SLO (None without SLOs).
     pub slo_attainment: Option<f64>,
-    /// Actual send − scheduled send (minus queue and connect time), ms.
+    /// Actual send − when the request was due (its scheduled send, or the moment it got a
+    /// concurrency slot or its turn in a burst), minus connect time, ms.
     pub dispatch_lag: Summary,
     /// Requests sent more than 1 ms after their scheduled time.
     pub late_dispatches: usize,
-    /// Client queue time waiting for a concurrency slot, ms.
+    /// Client queue time: waiting for a concurrency slot, or for the requests due at the same
+    /// instant that were sent before it, ms.
     pub queue: Summary,
     /// Connect time of requests that opened a connection, ms.
     pub connect: Summary,

@@ -21,7 +21,9 @@ Metric definitions (vLLM's `vllm bench serve`; measured at the client from t0 = 
   goodput   requests/s meeting every --goodput SLO (inclusive)
   throughput  completed requests (or tokens) / duration; duration = scheduled start of the first request
               to the end of the last one
-  dispatch lag  actual send - scheduled send (client overhead; queue and connect time reported apart)
+  dispatch lag  actual send - when the request was due (client overhead; queue and connect time apart)
+  client queue  waiting for a --max-concurrency slot, or for the requests due at the same instant
+              that were sent before it (a burst leaves one request after another)
 ";
 
 /// Top-level keys of the JSON result that `--metadata` may not overwrite.
@@ -613,7 +615,8 @@ pub fn console_report(i: &ResultInputs) -> String {
             v.lag_p50_ms, v.lag_p99_ms, v.lag_max_ms
         ),
     );
-    if cfg.max_concurrency.is_some() {
+    // Shown with a concurrency cap, and whenever requests queued behind a burst.
+    if cfg.max_concurrency.is_some() || m.queue.max > 0.0 {
         line(
             &mut out,
             "Client queue time p50/p99 (ms):",

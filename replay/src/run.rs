@@ -177,7 +177,8 @@ struct Shared {
     sem: Option<Semaphore>,
     start: Instant,
     started_at_us: i64,
-    results: mpsc::UnboundedSender<(usize, TraceRecord, Instant)>,
+    /// (plan index, row, end of the request, whether it waited for a concurrency slot).
+    results: mpsc::UnboundedSender<(usize, TraceRecord, Instant, bool)>,
     in_flight: AtomicUsize,
     target: String,
     run_id: String,
@@ -319,6 +320,7 @@ pub fn run_target(
     .map_err(|e| ReplayError::Runtime(format!("pacer thread: {e}")))?;
 
     let mut rows: Vec<Option<TraceRecord>> = vec![None; total];
+    let mut waited = vec![false; total];
     let mut done = 0usize;
     let mut failed = 0usize;
     let wall0 = Instant::now();
@@ -327,7 +329,8 @@ pub fn run_target(
         while done < total {
             tokio::select! {
                 got = rx.recv() => {
-                    let Some((idx, rec, end)) = got else { break };
+                    let Some((idx, rec, end, slot_wait)) = got else { break };
+                    waited[idx] = slot_wait;
                     // Closed sessions: a finished turn schedules its successor after its think time.
                     if let Some(next) = shared.plan.items[idx].next_turn {
                         let at = end.saturating_duration_since(shared.start) + shared.plan.items[next].think;
@@ -374,13 +377,14 @@ pub fn run_target(
         }
         _ => Default::default(),
     };
-    let records_out: Vec<TraceRecord> = rows.into_iter().flatten().collect();
-    if records_out.len() != total {
+    if let Some(missing) = rows.iter().position(Option::is_none) {
         return Err(ReplayError::Runtime(format!(
-            "{} of {total} requests reported no result",
-            total - records_out.len()
+            "{} of {total} requests reported no result (the first: plan item {missing})",
+            rows.iter().filter(|r| r.is_none()).count()
         )));
     }
+    let mut records_out: Vec<TraceRecord> = rows.into_iter().flatten().collect();
+    attribute_bursts(&mut records_out, &waited);
     Ok(RunOutput {
         target: target.clone(),
         target_info: info,
@@ -398,6 +402,41 @@ pub fn run_target(
         server_gauges,
         server_histograms: Default::default(),
     })
+}
+
+/// Requests due at one instant (identical timestamps in a trace, `--request-rate inf`) leave
+/// one after another: no client writes a thousand requests at once. Each such request waits
+/// for the ones of its instant sent before it, and that wait is client queue time, like the
+/// wait for a `--max-concurrency` slot; its dispatch lag is only the time after its turn came
+/// (the previous one was sent). So a burst shows as queue time and a client that sends it
+/// promptly keeps a lag of microseconds, while a stall between two sends, or a burst that
+/// starts late, is still lag. Requests that waited for a slot (`waited`) are due when they got
+/// it and are left out. The row invariant holds: send = start + scheduled offset + queue +
+/// lag + connect.
+pub(crate) fn attribute_bursts(rows: &mut [TraceRecord], waited: &[bool]) {
+    let mut by_instant: std::collections::HashMap<i64, Vec<usize>> = Default::default();
+    for (i, r) in rows.iter().enumerate() {
+        if let (Some(off), false) = (
+            r.scheduled_offset_us,
+            waited.get(i).copied().unwrap_or(true),
+        ) {
+            by_instant.entry(off).or_default().push(i);
+        }
+    }
+    for mut burst in by_instant.into_values().filter(|b| b.len() > 1) {
+        burst.sort_by_key(|&i| rows[i].arrival_time_us);
+        for w in burst.windows(2) {
+            let before = rows[w[0]].arrival_time_us;
+            let r = &mut rows[w[1]];
+            let (lag, queue) = (r.dispatch_lag_us.unwrap_or(0), r.queue_us.unwrap_or(0));
+            let behind = lag + queue;
+            // The instant the request was due (start + scheduled offset), from its own row.
+            let due = r.arrival_time_us - behind - r.connect_us.unwrap_or(0);
+            let wait = (before - due).clamp(0, behind);
+            r.queue_us = Some(wait);
+            r.dispatch_lag_us = Some(behind - wait);
+        }
+    }
 }
 
 /// Progress of a run, for a live display.
@@ -434,7 +473,10 @@ impl Drop for RowGuard {
             rec.error = Some("request task ended before its result was recorded".into());
             rec.target = Some(self.shared.target.clone());
             rec.run_id = Some(self.shared.run_id.clone());
-            let _ = self.shared.results.send((self.idx, rec, Instant::now()));
+            let _ = self
+                .shared
+                .results
+                .send((self.idx, rec, Instant::now(), false));
         }
     }
 }
@@ -445,12 +487,22 @@ async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
         idx,
         sent: false,
     };
-    let released = Instant::now();
-    let _permit = match &sh.sem {
-        Some(s) => s.acquire().await.ok(),
-        None => None,
+    // When the request is due: its scheduled time or, when it had to wait for a
+    // `--max-concurrency` slot, the moment it got one. Only the time after that is the
+    // client's own delay (dispatch lag); a request that waits for a slot anyway is not
+    // charged for having been released late.
+    let (_permit, slot_at) = match &sh.sem {
+        Some(s) => match s.try_acquire() {
+            Ok(p) => (Some(p), None),
+            Err(_) => {
+                let p = s.acquire().await.ok();
+                (p, Some(Instant::now()))
+            }
+        },
+        None => (None, None),
     };
-    let queue = released.elapsed();
+    let due = slot_at.map_or(scheduled, |at| at.max(scheduled));
+    let waited = slot_at.is_some();
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let item = &sh.plan.items[idx];
     let ex = sh.client.execute(&item.req, Some(&item.request_id)).await;
@@ -499,10 +551,10 @@ async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
     rec.response_bytes = ex.response_bytes;
     let sched_off = scheduled.saturating_duration_since(sh.start);
     rec.scheduled_offset_us = Some(sched_off.as_micros() as i64);
+    let queue = due.saturating_duration_since(scheduled);
     let lag = ex
         .t0
-        .saturating_duration_since(scheduled)
-        .saturating_sub(queue)
+        .saturating_duration_since(due)
         .saturating_sub(ex.connect);
     rec.dispatch_lag_us = Some(lag.as_micros() as i64);
     rec.queue_us = Some(queue.as_micros() as i64);
@@ -511,5 +563,97 @@ async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
     rec.target = Some(sh.target.clone());
     rec.run_id = Some(sh.run_id.clone());
     guard.sent = true;
-    let _ = sh.results.send((idx, rec, end));
+    let _ = sh.results.send((idx, rec, end, waited));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row as `one_request` leaves it: due at `start + offset`, sent `lag + queue + connect`
+    /// later.
+    fn row(id: &str, offset: i64, lag: i64, queue: i64, connect: Option<i64>) -> TraceRecord {
+        const START: i64 = 1_700_000_000_000_000;
+        let mut r = TraceRecord::new(
+            id,
+            START + offset + lag + queue + connect.unwrap_or(0),
+            "/v1/completions",
+        );
+        r.scheduled_offset_us = Some(offset);
+        r.dispatch_lag_us = Some(lag);
+        r.queue_us = Some(queue);
+        r.connect_us = connect;
+        r
+    }
+
+    fn send_minus_parts(r: &TraceRecord) -> i64 {
+        r.arrival_time_us
+            - r.scheduled_offset_us.unwrap()
+            - r.dispatch_lag_us.unwrap()
+            - r.queue_us.unwrap()
+            - r.connect_us.unwrap_or(0)
+    }
+
+    #[test]
+    fn a_burst_is_queue_time_and_only_gaps_between_sends_are_lag() {
+        // Four requests due at 0, sent 30, 50, 2_050 and 2_060 µs late (the third after a
+        // 2 ms stall), listed out of send order; one at 5_000 on its own; two due at 9_000
+        // of which one waited for a concurrency slot (its lag is already from the slot).
+        let mut rows = vec![
+            row("c", 0, 2_050, 0, None),
+            row("a", 0, 30, 0, None),
+            row("d", 0, 2_060, 0, None),
+            row("b", 0, 50, 0, None),
+            row("e", 5_000, 40, 0, None),
+            row("f", 9_000, 25, 0, None),
+            row("g", 9_000, 10, 700, None),
+        ];
+        let waited = [false, false, false, false, false, false, true];
+        let before: Vec<i64> = rows.iter().map(send_minus_parts).collect();
+        attribute_bursts(&mut rows, &waited);
+        let got: Vec<(&str, i64, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.request_id.as_str(),
+                    r.dispatch_lag_us.unwrap(),
+                    r.queue_us.unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("c", 2_000, 50),
+                ("a", 30, 0),
+                ("d", 10, 2_050),
+                ("b", 20, 30),
+                ("e", 40, 0),
+                ("f", 25, 0),
+                ("g", 10, 700),
+            ]
+        );
+        // Every row still adds up to its send time.
+        let after: Vec<i64> = rows.iter().map(send_minus_parts).collect();
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn connect_time_in_a_burst_is_neither_queue_nor_lag() {
+        // Both due at 0; "y" opened a connection for 400 µs, in parallel with "x"'s send.
+        let mut rows = vec![row("x", 0, 20, 0, None), row("y", 0, 30, 0, Some(400))];
+        attribute_bursts(&mut rows, &[false, false]);
+        // "y" was sent at 430, after "x" (20): of its 30 µs behind schedule (connect apart),
+        // the 20 before "x" left are queue, the 10 after are lag.
+        assert_eq!(rows[1].queue_us, Some(20));
+        assert_eq!(rows[1].dispatch_lag_us, Some(10));
+        assert_eq!(rows[1].connect_us, Some(400));
+        // "y" connected while "x" was sent (at 300) and left at 405: it cannot have queued
+        // longer than the 5 µs it was behind, and its lag does not go below zero.
+        let mut rows = vec![row("x", 0, 300, 0, None), row("y", 0, 5, 0, Some(400))];
+        attribute_bursts(&mut rows, &[false, false]);
+        assert_eq!(rows[1].queue_us, Some(5));
+        assert_eq!(rows[1].dispatch_lag_us, Some(0));
+        assert_eq!(send_minus_parts(&rows[1]), 1_700_000_000_000_000);
+    }
 }

@@ -211,3 +211,64 @@ fn failed_requests_are_recorded_outcomes() {
     }
     rt.block_on(sim.shutdown());
 }
+
+#[test]
+fn a_burst_waits_in_the_client_queue_and_every_row_adds_up() {
+    // 200 requests due at one instant, at most 50 in flight; each lasts ≥ 25 ms.
+    let server = ScriptedServer::start(Script {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(5),
+        chunks: 2,
+        tokens_per_chunk: 1,
+        prompt_tokens: 10,
+    });
+    let mut cfg = ReplayConfig::new(vec![Target {
+        name: "burst".into(),
+        url: server.url(),
+    }]);
+    cfg.max_concurrency = Some(50);
+    let mut reqs = trace(200, true);
+    for r in &mut reqs {
+        r.arrival_time_us = 1_700_000_000_000_000;
+        r.output_tokens = Some(2);
+    }
+    let runs = replay::replay(&cfg, &reqs, None, &|_, _| {}).expect("replay runs");
+    let (run, m) = &runs[0];
+    assert_eq!(m.completed, 200, "outcomes: {:?}", m.outcomes);
+    // Send time = start + scheduled offset + queue + lag + connect, for every row alike.
+    let starts: Vec<i64> = run
+        .records
+        .iter()
+        .map(|r| {
+            assert_eq!(r.scheduled_offset_us, Some(0));
+            assert!(r.dispatch_lag_us.unwrap() >= 0 && r.queue_us.unwrap() >= 0);
+            r.arrival_time_us
+                - r.dispatch_lag_us.unwrap()
+                - r.queue_us.unwrap()
+                - r.connect_us.unwrap_or(0)
+        })
+        .collect();
+    let spread = starts.iter().max().unwrap() - starts.iter().min().unwrap();
+    assert!(spread <= 10, "row starts {spread} µs apart");
+    // 150 requests had to wait for a request to finish (≥ 25 ms): client queue, not lag.
+    let queued = run
+        .records
+        .iter()
+        .filter(|r| r.queue_us.unwrap() >= 25_000)
+        .count();
+    assert!(queued >= 150, "{queued} requests queued ≥ 25 ms");
+    // Queue and lag are apart: no row's delay counted twice, or dropped.
+    let first_send = run.records.iter().map(|r| r.arrival_time_us).min().unwrap();
+    let last_send = run.records.iter().map(|r| r.arrival_time_us).max().unwrap();
+    let max_behind = run
+        .records
+        .iter()
+        .map(|r| r.queue_us.unwrap() + r.dispatch_lag_us.unwrap() + r.connect_us.unwrap_or(0))
+        .max()
+        .unwrap();
+    assert!(
+        max_behind >= last_send - first_send,
+        "{max_behind} < {}",
+        last_send - first_send
+    );
+}

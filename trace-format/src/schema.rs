@@ -67,9 +67,10 @@ pub mod col {
     pub const RESPONSE_BYTES: &str = "response_bytes";
     /// Replay: the request's scheduled send offset from the run start, µs.
     pub const SCHEDULED_OFFSET_US: &str = "scheduled_offset_us";
-    /// Replay: actual send − scheduled send, µs.
+    /// Replay: the client's own delay, µs: actual send − scheduled send − queue − connect.
     pub const DISPATCH_LAG_US: &str = "dispatch_lag_us";
-    /// Replay: time spent waiting for a `--max-concurrency` slot, µs.
+    /// Replay: client queue time, µs: waiting for a `--max-concurrency` slot, or for the
+    /// requests due at the same instant that were sent before it.
     pub const QUEUE_US: &str = "queue_us";
     /// Replay: whether the request opened a new connection.
     pub const NEW_CONNECTION: &str = "new_connection";
@@ -237,9 +238,10 @@ pub struct TraceRecord {
     pub response_bytes: i64,
     /// Replay: scheduled send offset from the run start, µs.
     pub scheduled_offset_us: Option<i64>,
-    /// Replay: actual send − scheduled send, µs.
+    /// Replay: the client's own delay, µs: actual send − scheduled send − queue − connect.
     pub dispatch_lag_us: Option<i64>,
-    /// Replay: client queue time waiting for a concurrency slot, µs.
+    /// Replay: client queue time, µs: waiting for a concurrency slot, or for the requests
+    /// due at the same instant that were sent before it.
     pub queue_us: Option<i64>,
     /// Replay: whether the request's connection was new.
     pub new_connection: Option<bool>,

@@ -33,6 +33,7 @@ use http::{StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use trace_format::http1::{response_framing, ChunkedDecoder, Framing, ResponseFraming};
 
 /// Idle connections kept at most.
 const MAX_IDLE: usize = 4096;
@@ -44,9 +45,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_HEAD: usize = 400 * 1024;
 /// Most response header fields accepted (hyper's default).
 const MAX_HEADERS: usize = 100;
-/// Longest chunk-size line (with extensions) and most trailer bytes accepted.
-const MAX_LINE: usize = 16 * 1024;
-const MAX_TRAILERS: usize = 64 * 1024;
 /// Free room kept in the read buffer before each read.
 const READ_ROOM: usize = 8 * 1024;
 
@@ -246,17 +244,6 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// How a response body is delimited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    /// `content-length` bytes (0: no body).
-    Length(u64),
-    /// `transfer-encoding: chunked`.
-    Chunked,
-    /// Until the upstream closes the connection.
-    Eof,
-}
-
 /// A parsed response head.
 struct Head {
     parts: http::response::Parts,
@@ -332,13 +319,11 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Option<Head>, usize)>, Failure> {
             }
         }
     }
-    let framing = framing(code, version, &map)?;
-    let keep_alive = framing != Framing::Eof
-        && code != 101
-        && match version {
-            Version::HTTP_10 => connection_has(&map, "keep-alive"),
-            _ => !connection_has(&map, "close"),
-        };
+    let ResponseFraming {
+        framing,
+        keep_alive,
+    } = response_framing(code, version == Version::HTTP_10, resp.headers)
+        .map_err(Failure::Parse)?;
     parts.headers = map;
     Ok(Some((
         Some(Head {
@@ -350,200 +335,30 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Option<Head>, usize)>, Failure> {
     )))
 }
 
-fn connection_has(h: &HeaderMap, token: &str) -> bool {
-    h.get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
-}
-
-/// The body framing of a response to a POST (RFC 9112 §6.3, as hyper's client decides).
-fn framing(code: u16, version: Version, h: &HeaderMap) -> Result<Framing, Failure> {
-    if code == 101 || code == 204 || code == 304 {
-        return Ok(Framing::Length(0));
+/// Trailer fields from the raw lines the chunked decoder kept, if the body had any.
+fn trailer_map(raw: Vec<u8>) -> Result<Option<HeaderMap>, String> {
+    if raw.is_empty() {
+        return Ok(None);
     }
-    if h.contains_key(header::TRANSFER_ENCODING) {
-        if version == Version::HTTP_10 {
-            return Err(Failure::Parse(
-                "transfer-encoding in an HTTP/1.0 response".into(),
-            ));
-        }
-        let last = h
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .map(str::trim);
-        return Ok(match last {
-            Some(l) if l.eq_ignore_ascii_case("chunked") => Framing::Chunked,
-            _ => Framing::Eof,
-        });
-    }
-    let mut len = None;
-    for v in h.get_all(header::CONTENT_LENGTH) {
-        for part in v.to_str().map_err(|_| bad_length())?.split(',') {
-            let p = part.trim();
-            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(bad_length());
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut with_end = raw;
+    with_end.extend_from_slice(b"\r\n");
+    match httparse::parse_headers(&with_end, &mut fields) {
+        Ok(httparse::Status::Complete((_, parsed))) => {
+            let mut map = HeaderMap::with_capacity(parsed.len());
+            for f in parsed {
+                let (Ok(n), Ok(v)) = (
+                    HeaderName::from_bytes(f.name.as_bytes()),
+                    HeaderValue::from_bytes(f.value),
+                ) else {
+                    return Err("invalid trailer field".into());
+                };
+                map.append(n, v);
             }
-            let n: u64 = p.parse().map_err(|_| bad_length())?;
-            if len.is_some_and(|l| l != n) {
-                return Err(bad_length());
-            }
-            len = Some(n);
+            Ok(Some(map))
         }
+        _ => Err("invalid trailer fields".into()),
     }
-    Ok(len.map_or(Framing::Eof, Framing::Length))
-}
-
-fn bad_length() -> Failure {
-    Failure::Parse("invalid content-length parsed".into())
-}
-
-/// Incremental decoder of a chunked body (RFC 9112 §7.1), in place: the data of a buffer is
-/// moved to its front (data never moves forward, so unread bytes are never overwritten);
-/// chunk extensions are skipped; trailer fields are kept.
-#[derive(Debug, Default)]
-pub(crate) struct ChunkedDecoder {
-    state: ChunkState,
-    /// Data bytes left in the current chunk.
-    left: u64,
-    /// The line in progress (chunk size, the CRLF after data, or a trailer field).
-    line: Vec<u8>,
-    /// Raw trailer field lines, each ending in CRLF.
-    trailers: Vec<u8>,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    #[default]
-    Size,
-    Data,
-    DataEnd,
-    Trailers,
-    Done,
-}
-
-impl ChunkedDecoder {
-    /// Decodes `input` in place: returns `(data, used)`, the data now in `input[..data]`
-    /// and the bytes of `input` consumed (all of them unless the body ended inside it).
-    pub(crate) fn decode(&mut self, input: &mut [u8]) -> Result<(usize, usize), String> {
-        let mut i = 0;
-        let mut w = 0;
-        while i < input.len() {
-            match self.state {
-                ChunkState::Done => return Ok((w, i)),
-                ChunkState::Data => {
-                    let n = (input.len() - i).min(usize::try_from(self.left).unwrap_or(usize::MAX));
-                    input.copy_within(i..i + n, w);
-                    w += n;
-                    self.left -= n as u64;
-                    i += n;
-                    if self.left == 0 {
-                        self.state = ChunkState::DataEnd;
-                    }
-                }
-                ChunkState::Size | ChunkState::DataEnd | ChunkState::Trailers => {
-                    let Some(j) = memchr::memchr(b'\n', &input[i..]) else {
-                        self.line.extend_from_slice(&input[i..]);
-                        if self.line.len() > MAX_LINE {
-                            return Err("chunk line too long".into());
-                        }
-                        return Ok((w, input.len()));
-                    };
-                    let line: &[u8] = if self.line.is_empty() {
-                        &input[i..i + j]
-                    } else {
-                        self.line.extend_from_slice(&input[i..i + j]);
-                        &self.line
-                    };
-                    let line = line.strip_suffix(b"\r").unwrap_or(line);
-                    match self.state {
-                        ChunkState::Size => {
-                            let size = chunk_size(line)?;
-                            if size == 0 {
-                                self.state = ChunkState::Trailers;
-                            } else {
-                                self.left = size;
-                                self.state = ChunkState::Data;
-                            }
-                        }
-                        ChunkState::DataEnd => {
-                            if !line.is_empty() {
-                                return Err("chunk data not followed by CRLF".into());
-                            }
-                            self.state = ChunkState::Size;
-                        }
-                        _ => {
-                            if line.is_empty() {
-                                self.state = ChunkState::Done;
-                            } else {
-                                if self.trailers.len() + line.len() > MAX_TRAILERS {
-                                    return Err("trailers too large".into());
-                                }
-                                self.trailers.extend_from_slice(line);
-                                self.trailers.extend_from_slice(b"\r\n");
-                            }
-                        }
-                    }
-                    self.line.clear();
-                    i += j + 1;
-                }
-            }
-        }
-        Ok((w, i))
-    }
-
-    /// The terminating chunk and trailer section have been read.
-    pub(crate) fn done(&self) -> bool {
-        self.state == ChunkState::Done
-    }
-
-    /// The trailer fields, if the body had any.
-    pub(crate) fn take_trailers(&mut self) -> Result<Option<HeaderMap>, String> {
-        if self.trailers.is_empty() {
-            return Ok(None);
-        }
-        let raw = std::mem::take(&mut self.trailers);
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut with_end = raw;
-        with_end.extend_from_slice(b"\r\n");
-        match httparse::parse_headers(&with_end, &mut fields) {
-            Ok(httparse::Status::Complete((_, parsed))) => {
-                let mut map = HeaderMap::with_capacity(parsed.len());
-                for f in parsed {
-                    let (Ok(n), Ok(v)) = (
-                        HeaderName::from_bytes(f.name.as_bytes()),
-                        HeaderValue::from_bytes(f.value),
-                    ) else {
-                        return Err("invalid trailer field".into());
-                    };
-                    map.append(n, v);
-                }
-                Ok(Some(map))
-            }
-            _ => Err("invalid trailer fields".into()),
-        }
-    }
-}
-
-/// The size of a chunk-size line (hex digits, optional whitespace and `;extensions`).
-fn chunk_size(line: &[u8]) -> Result<u64, String> {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 16 {
-        return Err(format!(
-            "invalid chunk size line {:?}",
-            String::from_utf8_lossy(&line[..line.len().min(40)])
-        ));
-    }
-    let rest = line[digits..].trim_ascii_start();
-    if !(rest.is_empty() || rest[0] == b';') {
-        return Err("invalid chunk size line".into());
-    }
-    let hex = std::str::from_utf8(&line[..digits]).map_err(|e| e.to_string())?;
-    u64::from_str_radix(hex, 16).map_err(|e| e.to_string())
 }
 
 /// The response body from the upstream, read by whichever task polls it (the client
@@ -622,7 +437,7 @@ impl LeanBody {
         };
         if finished {
             if self.framing == Framing::Chunked {
-                self.trailers = self.chunked.take_trailers()?;
+                self.trailers = trailer_map(self.chunked.take_trailers())?;
             }
             self.end();
         }
@@ -710,69 +525,18 @@ mod tests {
     use http_body_util::BodyExt;
     use tokio::net::TcpListener;
 
-    /// Decodes `pieces` as successive reads (each decoded in a copy, in place).
-    fn decode_all(pieces: &[&[u8]]) -> (Vec<u8>, ChunkedDecoder, usize) {
+    #[test]
+    fn trailers_become_header_fields() {
         let mut d = ChunkedDecoder::default();
-        let mut out = Vec::new();
-        let mut used = 0;
-        for p in pieces {
-            let mut read = p.to_vec();
-            let (n, u) = d.decode(&mut read).expect("valid chunked body");
-            out.extend_from_slice(&read[..n]);
-            used = u;
-        }
-        (out, d, used)
-    }
-
-    const BODY: &[u8] = b"6\r\ndata: \r\n1a;ext=1\r\n{\"choices\":[{\"text\":\"a\"}]}\r\nA\r\n\n\ndata: [D\r\n5  \r\nONE]\n\r\n0\r\n\r\n";
-    const DECODED: &[u8] = b"data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n";
-
-    #[test]
-    fn chunked_decodes_at_every_split_and_bytewise() {
-        let (out, d, used) = decode_all(&[BODY]);
-        assert_eq!(out, DECODED);
-        assert!(d.done());
-        assert_eq!(used, BODY.len());
-        for cut in 0..=BODY.len() {
-            let (a, b) = BODY.split_at(cut);
-            let (out, d, _) = decode_all(&[a, b]);
-            assert_eq!(out, DECODED, "cut at {cut}");
-            assert!(d.done(), "cut at {cut}");
-        }
-        let bytes: Vec<&[u8]> = BODY.chunks(1).collect();
-        let (out, d, _) = decode_all(&bytes);
-        assert_eq!(out, DECODED);
-        assert!(d.done());
-    }
-
-    #[test]
-    fn chunked_stops_at_the_end_and_keeps_trailers() {
-        let mut d = ChunkedDecoder::default();
-        let mut input = b"3\r\nabc\r\n0\r\nx-a: 1\r\nx-b: two\r\n\r\nHTTP/1.1 200 OK".to_vec();
-        let (n, used) = d.decode(&mut input).unwrap();
-        assert_eq!(&input[..n], b"abc");
-        assert!(d.done());
-        assert_eq!(&input[used..], b"HTTP/1.1 200 OK");
-        let t = d.take_trailers().unwrap().expect("trailers");
-        assert_eq!(t["x-a"], "1");
-        assert_eq!(t["x-b"], "two");
-        assert!(d.take_trailers().unwrap().is_none());
-    }
-
-    #[test]
-    fn chunked_rejects_garbage() {
-        for bad in [
-            &b"zz\r\n"[..],
-            b"3\r\nabcX\r\n",
-            b"11111111111111111\r\n",
-            b"3 x\r\n",
-        ] {
-            let mut d = ChunkedDecoder::default();
-            assert!(d.decode(&mut bad.to_vec()).is_err(), "{bad:?}");
-        }
-        let mut ext = b"1;".to_vec();
-        ext.extend(std::iter::repeat_n(b'x', MAX_LINE + 1));
-        assert!(ChunkedDecoder::default().decode(&mut ext).is_err());
+        let mut input = b"3\r\nabc\r\n0\r\nx-a: 1\r\nx-b: two\r\n\r\n".to_vec();
+        d.decode(&mut input).unwrap();
+        let t = trailer_map(d.take_trailers()).unwrap().expect("trailers");
+        assert_eq!(
+            (t["x-a"].as_bytes(), t["x-b"].as_bytes()),
+            (&b"1"[..], &b"two"[..])
+        );
+        assert!(trailer_map(d.take_trailers()).unwrap().is_none());
+        assert!(trailer_map(b"bad field\r\n".to_vec()).is_err());
     }
 
     fn head(raw: &[u8]) -> Head {

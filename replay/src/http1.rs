@@ -21,6 +21,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::TcpStream;
+pub(crate) use trace_format::http1::Framing;
+use trace_format::http1::{response_framing, ChunkedDecoder};
 
 /// A TCP stream whose reads keep the kernel's receive timestamp of the bytes read.
 pub(crate) struct Stamped {
@@ -258,17 +260,6 @@ impl Io {
     }
 }
 
-/// How the response body is delimited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    /// `content-length: N`.
-    Length(u64),
-    /// `transfer-encoding: chunked`.
-    Chunked,
-    /// Until the server closes the connection.
-    Eof,
-}
-
 /// A parsed response head.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
@@ -414,12 +405,14 @@ impl Conn {
                 t = self.io.arrival(Instant::now());
             },
             Framing::Chunked => {
-                let mut dec = Chunked::default();
+                let mut dec = ChunkedDecoder::default();
                 loop {
                     if !self.buf.is_empty() {
-                        let used = dec
-                            .feed(&self.buf, |d| on_data(d, t))
-                            .map_err(ReadError::Protocol)?;
+                        let (data, used) =
+                            dec.decode(&mut self.buf).map_err(ReadError::Protocol)?;
+                        if data > 0 {
+                            on_data(&self.buf[..data], t);
+                        }
                         let extra = self.buf.len() > used;
                         self.buf.clear();
                         if dec.done() {
@@ -449,224 +442,26 @@ fn interpret(resp: &httparse::Response<'_, '_>) -> Result<Option<Head>, ReadErro
     if (100..200).contains(&status) && status != 101 {
         return Ok(None);
     }
-    let mut sse = false;
-    let mut length = None;
-    let mut chunked = false;
-    let mut close = resp.version == Some(0);
-    for h in resp.headers.iter() {
-        let v = std::str::from_utf8(h.value).unwrap_or("").trim();
-        if h.name.eq_ignore_ascii_case("content-type") {
-            sse = v
+    let sse = resp.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("content-type")
+            && h.value
+                .trim_ascii_start()
                 .get(..17)
-                .is_some_and(|p| p.eq_ignore_ascii_case("text/event-stream"));
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            let n: u64 = v
-                .parse()
-                .map_err(|_| ReadError::Protocol(format!("content-length {v:?}")))?;
-            if length.is_some_and(|m| m != n) {
-                return Err(ReadError::Protocol("conflicting content-length".into()));
-            }
-            length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = v
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            for tok in v.split(',') {
-                let tok = tok.trim();
-                if tok.eq_ignore_ascii_case("close") {
-                    close = true;
-                } else if tok.eq_ignore_ascii_case("keep-alive") && resp.version == Some(0) {
-                    close = false;
-                }
-            }
-        }
-    }
-    let framing = if status == 204 || status == 304 {
-        Framing::Length(0)
-    } else if chunked {
-        Framing::Chunked
-    } else if let Some(n) = length {
-        Framing::Length(n)
-    } else {
-        close = true;
-        Framing::Eof
-    };
+                .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
+    });
+    let f = response_framing(status, resp.version == Some(0), resp.headers)
+        .map_err(ReadError::Protocol)?;
     Ok(Some(Head {
         status,
         sse,
-        framing,
-        close,
+        framing: f.framing,
+        close: !f.keep_alive,
     }))
-}
-
-/// A `transfer-encoding: chunked` decoder that works on whatever slice the last read gave.
-#[derive(Debug, Default)]
-struct Chunked {
-    state: CState,
-    size: u64,
-    digits: u8,
-    line_len: usize,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum CState {
-    #[default]
-    Size,
-    Ext,
-    SizeLf,
-    Data,
-    DataCr,
-    DataLf,
-    Trailer,
-    Done,
-}
-
-impl Chunked {
-    fn done(&self) -> bool {
-        self.state == CState::Done
-    }
-
-    /// Decodes `input`, handing data spans to `out`; returns the bytes consumed (all of
-    /// them unless the body ended inside `input`).
-    fn feed(&mut self, input: &[u8], mut out: impl FnMut(&[u8])) -> Result<usize, String> {
-        let mut i = 0;
-        while i < input.len() {
-            let b = input[i];
-            match self.state {
-                CState::Size => {
-                    let v = match b {
-                        b'0'..=b'9' => Some(b - b'0'),
-                        b'a'..=b'f' => Some(b - b'a' + 10),
-                        b'A'..=b'F' => Some(b - b'A' + 10),
-                        _ => None,
-                    };
-                    match (v, b) {
-                        (Some(v), _) => {
-                            self.digits += 1;
-                            if self.digits > 15 {
-                                return Err("chunk size too large".into());
-                            }
-                            self.size = self.size * 16 + u64::from(v);
-                        }
-                        (None, b';' | b' ' | b'\t') if self.digits > 0 => self.state = CState::Ext,
-                        (None, b'\r') if self.digits > 0 => self.state = CState::SizeLf,
-                        (None, b'\n') if self.digits > 0 => self.end_size_line(),
-                        _ => return Err(format!("bad chunk size byte 0x{b:02x}")),
-                    }
-                    i += 1;
-                }
-                CState::Ext => {
-                    if b == b'\n' {
-                        self.end_size_line();
-                    }
-                    i += 1;
-                }
-                CState::SizeLf => {
-                    if b != b'\n' {
-                        return Err("chunk size line without LF".into());
-                    }
-                    self.end_size_line();
-                    i += 1;
-                }
-                CState::Data => {
-                    let n = (input.len() - i).min(self.size as usize);
-                    out(&input[i..i + n]);
-                    i += n;
-                    self.size -= n as u64;
-                    if self.size == 0 {
-                        self.state = CState::DataCr;
-                    }
-                }
-                CState::DataCr => {
-                    self.state = match b {
-                        b'\r' => CState::DataLf,
-                        b'\n' => self.next_size(),
-                        _ => return Err("chunk data longer than its size".into()),
-                    };
-                    i += 1;
-                }
-                CState::DataLf => {
-                    if b != b'\n' {
-                        return Err("chunk data longer than its size".into());
-                    }
-                    self.state = self.next_size();
-                    i += 1;
-                }
-                CState::Trailer => {
-                    match b {
-                        b'\n' if self.line_len == 0 => self.state = CState::Done,
-                        b'\n' => self.line_len = 0,
-                        b'\r' => {}
-                        _ => self.line_len += 1,
-                    }
-                    i += 1;
-                }
-                CState::Done => return Ok(i),
-            }
-        }
-        Ok(i)
-    }
-
-    fn end_size_line(&mut self) {
-        self.state = if self.size == 0 {
-            self.line_len = 0;
-            CState::Trailer
-        } else {
-            CState::Data
-        };
-    }
-
-    fn next_size(&mut self) -> CState {
-        self.size = 0;
-        self.digits = 0;
-        CState::Size
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn decode_in_pieces(wire: &[u8], piece: usize) -> Result<(Vec<u8>, usize, bool), String> {
-        let mut d = Chunked::default();
-        let mut out = Vec::new();
-        let mut used = 0;
-        for part in wire.chunks(piece) {
-            used += d.feed(part, |s| out.extend_from_slice(s))?;
-            if d.done() {
-                break;
-            }
-        }
-        Ok((out, used, d.done()))
-    }
-
-    #[test]
-    fn chunked_bodies_decode_whatever_the_read_boundaries() {
-        let wire = b"5\r\nhello\r\n1;ext=1\r\n \r\nC\r\nworld, again\r\n0\r\nx-trailer: 1\r\n\r\n";
-        for piece in 1..wire.len() {
-            let (out, used, done) = decode_in_pieces(wire, piece).unwrap();
-            assert_eq!(out, b"hello world, again", "piece {piece}");
-            assert!(done);
-            assert_eq!(used, wire.len(), "piece {piece}");
-        }
-        // Bare LF line ends are tolerated; bytes after the end are not consumed.
-        let (out, used, done) = decode_in_pieces(b"3\nabc\n0\n\nEXTRA", 64).unwrap();
-        assert_eq!((out.as_slice(), used, done), (&b"abc"[..], 9, true));
-    }
-
-    #[test]
-    fn bad_chunked_bodies_are_errors() {
-        for bad in [
-            &b"zz\r\n"[..],
-            b"\r\n",
-            b"3\r\nabcd\r\n",
-            b"1234567890abcdef0\r\n",
-        ] {
-            assert!(decode_in_pieces(bad, 64).is_err(), "{bad:?}");
-        }
-    }
 
     fn head(raw: &str) -> Option<Head> {
         let mut headers = [httparse::EMPTY_HEADER; 16];

@@ -1,9 +1,11 @@
 //! The llmreplay trace format: the schema (defined once), the Parquet writer and reader,
-//! trace summaries, and the OpenAI/SSE stream parser that both capture and replay use.
+//! trace summaries, and what capture and replay both need to read a response the same way:
+//! the OpenAI/SSE stream parser and HTTP/1.1 response framing.
 #![deny(missing_docs)]
 
 pub mod arrivals;
 pub mod error;
+pub mod http1;
 pub mod import;
 pub mod inspect;
 pub mod reader;

@@ -60,6 +60,116 @@ pub fn merged_start_us(records: &[TraceRecord]) -> Option<i64> {
         .min()
 }
 
+/// Checks that the inputs are shards of one sharded run of one trace, as a directory holding
+/// an older run's results beside this one's would not be: their request ids would repeat,
+/// and the merged duration and rates would span both runs. Errors name the runs and files to
+/// choose from; the notes returned say what is merely incomplete (shards missing).
+fn check_shards(files: &[trace_format::TraceFile], records: &[TraceRecord]) -> Result<Vec<String>> {
+    if let Some(f) = files.iter().find(|f| f.meta.producer != Producer::Replay) {
+        bail!(
+            "{} is not a replay result (written by `llmreplay {}`): merge takes the \
+             `--results` files of replay runs",
+            f.path.display(),
+            f.meta.producer.as_str()
+        );
+    }
+    let hashes: BTreeSet<&String> = files
+        .iter()
+        .filter_map(|f| f.meta.extra.get("trace_content_hash"))
+        .collect();
+    if hashes.len() > 1 {
+        let per_file: String = files
+            .iter()
+            .map(|f| {
+                format!(
+                    "\n  {}: trace {}",
+                    f.path.display(),
+                    f.meta
+                        .extra
+                        .get("trace_content_hash")
+                        .map_or("?", |h| h.as_str())
+                )
+            })
+            .collect();
+        bail!("the inputs replayed different traces; merge the shards of one trace{per_file}");
+    }
+    let mut shards: BTreeMap<(u32, u32), Vec<String>> = BTreeMap::new();
+    for f in files {
+        if let Some(label) = f.meta.extra.get("shard") {
+            let sh: replay::config::Shard = label
+                .parse()
+                .map_err(|e| anyhow::anyhow!("{}: shard {label:?}: {e}", f.path.display()))?;
+            shards
+                .entry((sh.count, sh.index))
+                .or_default()
+                .push(f.path.display().to_string());
+        }
+    }
+    let counts: BTreeSet<u32> = shards.keys().map(|(n, _)| *n).collect();
+    if counts.len() > 1 {
+        bail!(
+            "the inputs come from different splits of the trace ({}): give the shards of one \
+             `--shard K/N` run",
+            shards
+                .iter()
+                .map(|((n, k), f)| format!("{k}/{n} in {}", f.join(", ")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    if let Some(((n, k), f)) = shards.iter().find(|(_, f)| f.len() > 1) {
+        bail!(
+            "shard {k}/{n} is in more than one input ({}): give one result file per shard",
+            f.join(", ")
+        );
+    }
+    // Per run: rows, earliest send, and which request ids it holds.
+    let mut runs: BTreeMap<&str, (usize, i64)> = BTreeMap::new();
+    let mut first_run: std::collections::HashMap<&str, &str> = Default::default();
+    let mut repeated = 0usize;
+    for r in records {
+        let run = r.run_id.as_deref().unwrap_or("(no run id)");
+        let e = runs.entry(run).or_insert((0, i64::MAX));
+        e.0 += 1;
+        e.1 = e.1.min(r.arrival_time_us);
+        match first_run.insert(r.request_id.as_str(), run) {
+            Some(other) if other != run => repeated += 1,
+            _ => {}
+        }
+    }
+    let describe = || {
+        runs.iter()
+            .map(|(id, (n, t0))| {
+                let at = trace_format::inspect::rfc3339(*t0);
+                format!("\n  run {id}: {n} rows, first send {at}")
+            })
+            .collect::<String>()
+    };
+    if repeated > 0 {
+        bail!(
+            "{repeated} request ids appear in more than one run, but the shards of one trace are \
+             disjoint: these inputs hold more than one replay of the same requests (an older \
+             run's results in the same directory?). Give the files of one sharded run.{}",
+            describe()
+        );
+    }
+    let mut notes = Vec::new();
+    if let Some(&n) = counts.iter().next() {
+        let missing: Vec<String> = (0..n)
+            .filter(|k| !shards.contains_key(&(n, *k)))
+            .map(|k| format!("{k}/{n}"))
+            .collect();
+        if !missing.is_empty() {
+            notes.push(format!(
+                "merging {} of {n} shards; missing: {} (the figures cover only the shards given)",
+                n as usize - missing.len(),
+                missing.join(", ")
+            ));
+        }
+    }
+    Ok(notes)
+}
+
 /// `PATH` → (`PATH.parquet`, `PATH.json`); a given `.parquet`/`.json` extension is dropped.
 fn output_paths(p: &Path) -> (PathBuf, PathBuf) {
     let base = match p.extension().and_then(|e| e.to_str()) {
@@ -99,17 +209,8 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
     if dups > 0 {
         bail!("{dups} rows appear twice in the inputs (the same result file given twice?)");
     }
-    let repeated = {
-        let mut seen = BTreeSet::new();
-        records
-            .iter()
-            .filter(|r| !seen.insert(r.request_id.as_str()))
-            .count()
-    };
-    if repeated > 0 {
-        eprintln!(
-            "note: {repeated} request ids appear in more than one run: shards of one trace are disjoint, so these inputs overlap"
-        );
+    for note in check_shards(&trace.files, &records)? {
+        eprintln!("note: {note}");
     }
     let start_us = merged_start_us(&records).unwrap_or(0);
 
@@ -305,5 +406,84 @@ mod tests {
         assert_eq!(row_run_start_us(&r), Some(4_400));
         let b = TraceRecord::new("b", 3_000, "/v1/completions");
         assert_eq!(merged_start_us(&[r, b]), Some(3_000));
+    }
+
+    fn file(path: &str, shard: Option<&str>, hash: &str) -> trace_format::TraceFile {
+        let mut meta = FileMeta::new(Producer::Replay, "llmreplay replay");
+        if let Some(s) = shard {
+            meta.extra.insert("shard".into(), s.into());
+        }
+        meta.extra.insert("trace_content_hash".into(), hash.into());
+        trace_format::TraceFile {
+            path: PathBuf::from(path),
+            meta,
+            rows: 1,
+            schema_version: "1.0".into(),
+            tool_version: None,
+        }
+    }
+
+    fn row(id: &str, run: &str, at: i64) -> TraceRecord {
+        let mut r = TraceRecord::new(id, at, "/v1/completions");
+        r.run_id = Some(run.into());
+        r
+    }
+
+    #[test]
+    fn only_the_shards_of_one_run_merge() {
+        let rows = [row("a", "r1", 1), row("b", "r2", 2)];
+        let two = [
+            file("s0.parquet", Some("0/2"), "h"),
+            file("s1.parquet", Some("1/2"), "h"),
+        ];
+        assert!(check_shards(&two, &rows).unwrap().is_empty());
+        // One of two shards: merged, with a note.
+        let notes = check_shards(&two[..1], &rows[..1]).unwrap();
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("missing: 1/2"), "{notes:?}");
+        // An older run of shard 0 beside the new one, without shard labels: the same
+        // requests twice.
+        let stale = [row("a", "r1", 1), row("b", "r2", 2), row("a", "r0", 0)];
+        let unlabeled = [file("x.parquet", None, "h"), file("y.parquet", None, "h")];
+        let e = check_shards(&unlabeled, &stale).unwrap_err().to_string();
+        assert!(
+            e.contains("1 request ids appear in more than one run"),
+            "{e}"
+        );
+        assert!(
+            e.contains("run r0: 1 rows, first send 1970-01-01T00:00:00.000000Z"),
+            "{e}"
+        );
+        // The same shard twice, different splits, different traces.
+        let twice = [
+            file("a.parquet", Some("0/2"), "h"),
+            file("b.parquet", Some("0/2"), "h"),
+        ];
+        let e = check_shards(&twice, &rows).unwrap_err().to_string();
+        assert!(
+            e.contains("shard 0/2 is in more than one input (a.parquet, b.parquet)"),
+            "{e}"
+        );
+        let mixed = [
+            file("a.parquet", Some("0/2"), "h"),
+            file("b.parquet", Some("1/4"), "h"),
+        ];
+        let e = check_shards(&mixed, &rows).unwrap_err().to_string();
+        assert!(e.contains("different splits"), "{e}");
+        let mut synth = file("t.parquet", None, "h");
+        synth.meta.producer = Producer::Synth;
+        let e = check_shards(&[two[0].clone(), synth], &rows)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.parquet is not a replay result (written by `llmreplay synth`)"),
+            "{e}"
+        );
+        let traces = [
+            file("a.parquet", Some("0/2"), "h"),
+            file("b.parquet", Some("1/2"), "g"),
+        ];
+        let e = check_shards(&traces, &rows).unwrap_err().to_string();
+        assert!(e.contains("different traces"), "{e}");
     }
 }

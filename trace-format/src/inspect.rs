@@ -118,7 +118,7 @@ impl TokenStats {
 }
 
 /// RFC 3339 (µs, `Z`) of a time in µs since the epoch.
-fn rfc3339(us: i64) -> String {
+pub fn rfc3339(us: i64) -> String {
     DateTime::from_timestamp_micros(us)
         .map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true))
         .unwrap_or_else(|| format!("{us} µs since the epoch (out of range)"))

@@ -103,7 +103,18 @@ pub fn verdict(m: &Metrics, run: &RunOutput) -> Verdict {
     let cpu_bad = cpu.is_some_and(|c| c > CPU_LIMIT);
     let message = match (lag_bad, cpu_bad) {
         (false, false) => format!(
-            "OK: the client kept up (dispatch lag p99 {p99:.3} ms ≤ {LAG_P99_LIMIT_MS} ms{}).",
+            "OK: the client kept up ({}{}).",
+            if p99 > LAG_P99_LIMIT_MS {
+                // A p99 over the limit set by one or two late sends (a short run's p99 is
+                // near its maximum): within what the rule allows, and said so.
+                format!(
+                    "{} of {} requests sent over {LAG_P99_LIMIT_MS} ms late; a run is flagged \
+                     when more than 1%, and more than one, are; dispatch lag p99 {p99:.3} ms",
+                    m.late_dispatches, m.num_prompts
+                )
+            } else {
+                format!("dispatch lag p99 {p99:.3} ms ≤ {LAG_P99_LIMIT_MS} ms")
+            },
             cpu.map(|c| format!(", client CPU {:.0}%", c * 100.0))
                 .unwrap_or_default()
         ),
@@ -857,6 +868,25 @@ mod tests {
         let ok = verdict(&on_time, &run_output(0.3));
         assert!(!ok.client_saturated);
         assert!(ok.message.starts_with("OK"), "{}", ok.message);
+        assert!(
+            ok.message.contains("dispatch lag p99 0.050 ms ≤ 1 ms"),
+            "{}",
+            ok.message
+        );
+        // One late send in 24: p99 over 1 ms (a short run's p99 is near its maximum), but
+        // within the rule; the message must not claim the p99 was within 1 ms.
+        let mut one = vec![50; 24];
+        one[3] = 4_000;
+        let hiccup = verdict(&run_with_lags(&one), &run_output(0.3));
+        assert!(!hiccup.client_saturated);
+        assert!(
+            hiccup
+                .message
+                .contains("1 of 24 requests sent over 1 ms late; a run is flagged"),
+            "{}",
+            hiccup.message
+        );
+        assert!(!hiccup.message.contains("≤ 1 ms"), "{}", hiccup.message);
         // Late sends, CPU to spare: the load was not the one asked for, but each latency is
         // timed from its own send.
         let lag = verdict(&late, &run_output(0.3));

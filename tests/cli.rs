@@ -432,3 +432,90 @@ fn sim_streams_chat_with_usage_and_done() {
         .count();
     assert_eq!(content_chunks, 5);
 }
+
+/// Serves `body` at `/{name}` and a 404 elsewhere, over plain HTTP/1.1 on loopback, for
+/// `requests` requests, then stops.
+fn serve_file(name: &'static str, body: Vec<u8>, requests: usize) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().take(requests) {
+            let Ok(mut s) = s else { continue };
+            let mut head = Vec::new();
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&b[..n]),
+                }
+            }
+            let line = String::from_utf8_lossy(&head)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string();
+            let found = line.starts_with(&format!("GET /{name} "));
+            let (status, payload) = if found {
+                ("200 OK", body.as_slice())
+            } else {
+                (
+                    "404 Not Found",
+                    &b"<html>\n<body>not here</body>\n</html>\n"[..],
+                )
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                payload.len()
+            );
+            let _ = s.write_all(payload);
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn import_reads_a_trace_from_a_url_as_from_a_file() {
+    let dir = tempdir("import-url");
+    let csv = b"TIMESTAMP,ContextTokens,GeneratedTokens\n\
+        2023-11-16 18:15:46.6805900,374,44\n\
+        2023-11-16 18:15:50.9951690,396,109\n\
+        2023-11-16 18:15:51.0411430,879,55\n"
+        .to_vec();
+    let local = dir.join("azure_conv.csv");
+    std::fs::write(&local, &csv).unwrap();
+    let base = serve_file("traces/azure_conv.csv", csv, 2);
+    let (from_url, from_file) = (dir.join("url.parquet"), dir.join("file.parquet"));
+    let url = format!("{base}/traces/azure_conv.csv");
+    let o = run(&["import", &url, "-o", from_url.to_str().unwrap()]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = run(&[
+        "import",
+        local.to_str().unwrap(),
+        "-o",
+        from_file.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let a = trace_format::read_traces(&[from_url.to_str().unwrap()]).unwrap();
+    let b = trace_format::read_traces(&[from_file.to_str().unwrap()]).unwrap();
+    assert_eq!(a.records.len(), 3);
+    assert_eq!(a.records, b.records, "same rows, same request ids");
+    assert_eq!(
+        a.files[0].meta.source.as_deref(),
+        Some(format!("azure:{url}").as_str()),
+        "the source is the URL, not a temporary copy"
+    );
+    // Not there: one line naming the URL, and no temporary directory left behind.
+    let missing = format!("{base}/traces/nope.csv");
+    let o = run(&[
+        "import",
+        &missing,
+        "-o",
+        dir.join("x.parquet").to_str().unwrap(),
+    ]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains(&missing) && err.contains("not found"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -260,3 +260,32 @@ def test_missing_prefix_and_bad_credentials_are_clear_errors(s3):
     assert out.returncode == 1
     assert "s3://no-such-bucket/x" in out.stderr, out.stderr
     assert "panicked" not in out.stderr
+
+
+def test_import_reads_a_public_trace_from_s3(s3, tmp_path):
+    """`llmreplay import s3://…` gives the same rows as importing the local file."""
+    _, client, env = s3
+    csv = tmp_path / "AzureLLMInferenceTrace_conv.csv"
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(50):
+        lines.append(f"2023-11-16 18:{15 + i // 60:02d}:{i % 60:02d}.{i * 7919 % 10**7:07d},{100 + 13 * i},{5 + i % 17}")
+    csv.write_text("\n".join(lines) + "\n")
+    client.upload_file(str(csv), "caps", "public/AzureLLMInferenceTrace_conv.csv")
+    url = "s3://caps/public/AzureLLMInferenceTrace_conv.csv"
+    url_out, file_out = tmp_path / "url.parquet", tmp_path / "file.parquet"
+    subprocess.run([str(llmreplay_binary()), "import", url, "-o", str(url_out)],
+                   env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run([str(llmreplay_binary()), "import", str(csv), "-o", str(file_out)],
+                   check=True, capture_output=True, timeout=120)
+    import pyarrow.parquet as pq
+
+    a, b = pq.read_table(url_out), pq.read_table(file_out)
+    assert a.num_rows == b.num_rows == 50
+    for col in ("request_id", "arrival_time", "prompt_tokens", "output_tokens"):
+        assert a.column(col).to_pylist() == b.column(col).to_pylist(), col
+    assert pq.read_metadata(url_out).metadata[b"llmreplay.source"] == f"azure:{url}".encode()
+    # A key that is not there: a clear one-line error naming it.
+    r = subprocess.run([str(llmreplay_binary()), "import", url + ".missing", "-o", str(tmp_path / "x.parquet")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert url + ".missing" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -108,9 +108,14 @@ impl ObjectLocation {
                     .build()
                     .map_err(|e| store_err(s, e))?,
             ),
+            // A plain `http://` URL typed by the user is plain http on purpose.
             ObjectStoreScheme::Http => Arc::new(
                 object_store::http::HttpBuilder::new()
                     .with_url(&url[..url::Position::BeforePath])
+                    .with_client_options(
+                        ClientOptions::new().with_allow_http(url.scheme() == "http"),
+                    )
+                    .with_retry(retry())
                     .with_http_connector(HyperConnector)
                     .build()
                     .map_err(|e| store_err(s, e))?,
@@ -213,6 +218,35 @@ impl ObjectLocation {
         let p2 = p.clone();
         run(async move { store.get(&p2).await?.bytes().await })
             .map_err(|e| store_err(&self.object_url(p), e))
+    }
+
+    /// Streams the object this location names into the local file `dest` (created or
+    /// truncated); returns the bytes written. The whole object never sits in memory.
+    pub fn download(&self, dest: &Path) -> Result<u64> {
+        use std::io::Write as _;
+        let store = self.store.clone();
+        let p = self.path.clone();
+        let url = self.url.clone();
+        let dest_buf = dest.to_path_buf();
+        run(async move {
+            let mut file = std::io::BufWriter::new(
+                std::fs::File::create(&dest_buf).map_err(|e| Error::io(&dest_buf, e))?,
+            );
+            let mut stream = store
+                .get(&p)
+                .await
+                .map_err(|e| store_err(&url, e))?
+                .into_stream();
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| store_err(&url, e))?;
+                file.write_all(&chunk)
+                    .map_err(|e| Error::io(&dest_buf, e))?;
+                n += chunk.len() as u64;
+            }
+            file.flush().map_err(|e| Error::io(&dest_buf, e))?;
+            Ok(n)
+        })
     }
 
     /// Uploads the local file `local` to `key` (multipart for large files, aborted on error
@@ -496,10 +530,19 @@ fn retry() -> object_store::RetryConfig {
     }
 }
 
+/// A store error in one line: object_store's messages can carry a whole HTML error page.
 fn store_err(url: &str, e: impl std::fmt::Display) -> Error {
+    let text = e.to_string();
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("").trim_end();
+    let message = if lines.any(|l| !l.trim().is_empty()) {
+        format!("{} …", first.trim_end_matches(':'))
+    } else {
+        first.to_string()
+    };
     Error::Store {
         url: url.to_string(),
-        message: e.to_string(),
+        message,
     }
 }
 

@@ -322,6 +322,43 @@ fn with_model(mut records: Vec<TraceRecord>, opts: &ImportOptions) -> Vec<TraceR
     records
 }
 
+/// Imports one object named by URL (`s3://`, `gs://`, `az://`, `https://`, … as
+/// [`crate::store`] reads them): streamed into a private temporary file under its own name,
+/// imported from there, and removed; the source is recorded as the URL.
+fn import_url(
+    url: &str,
+    opts: &ImportOptions,
+    id_prefix: &str,
+) -> Result<(Vec<TraceRecord>, SourceStats)> {
+    /// Removes the temporary directory however the import ends.
+    struct TempDir(PathBuf);
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let loc = crate::store::ObjectLocation::parse(url)?;
+    let name = Path::new(url)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "input".into());
+    let dir = TempDir(std::env::temp_dir().join(format!(
+        "llmreplay-import-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )));
+    std::fs::create_dir_all(&dir.0).map_err(|e| Error::io(&dir.0, e))?;
+    let local = dir.0.join(&name);
+    loc.download(&local)?;
+    let (rows, mut stats) = import_file(&local, opts, id_prefix).map_err(|e| {
+        // Messages name the URL, not the temporary copy.
+        Error::Invalid(e.to_string().replace(&local.display().to_string(), url))
+    })?;
+    stats.path = PathBuf::from(url);
+    Ok((rows, stats))
+}
+
 /// Imports every file of `paths` into one trace. Request ids are `<file stem>:<line>` (with
 /// the input's index in front when two inputs share a stem), unique across the import.
 /// Sources with hash ids of different block sizes cannot share a trace (one block size per
@@ -349,7 +386,10 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
         } else {
             stems[i].clone()
         };
-        let (rows, stats) = import_file(path, opts, &prefix)?;
+        let (rows, stats) = match path.to_str().filter(|s| crate::store::is_url(s)) {
+            Some(url) => import_url(url, opts, &prefix)?,
+            None => import_file(path, opts, &prefix)?,
+        };
         if rows.iter().any(|r| r.prefix_hashes.is_some()) {
             if let Some(b) = stats.format.block_size() {
                 match &block_size {

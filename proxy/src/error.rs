@@ -11,12 +11,13 @@ pub enum ProxyError {
     #[error("invalid capture configuration: {0}")]
     Config(String),
     /// A listening socket could not be bound.
-    #[error("cannot bind {addr}: {source}")]
+    #[error("cannot bind {addr}: {cause}")]
     Bind {
         /// Address asked for.
         addr: SocketAddr,
-        /// Cause.
-        source: std::io::Error,
+        /// The underlying error (in the message, so not also a `source`: a chain printer
+        /// such as anyhow's would print it twice).
+        cause: std::io::Error,
     },
     /// A certificate, key or CA file could not be used.
     #[error("TLS material {path}: {reason}")]

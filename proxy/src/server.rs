@@ -242,16 +242,16 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
 
     let listener = TcpListener::bind(cfg.listen)
         .await
-        .map_err(|source| ProxyError::Bind {
+        .map_err(|cause| ProxyError::Bind {
             addr: cfg.listen,
-            source,
+            cause,
         })?;
     let addr = listener.local_addr()?;
     let admin = match cfg.admin {
         Some(a) => Some(
             TcpListener::bind(a)
                 .await
-                .map_err(|source| ProxyError::Bind { addr: a, source })?,
+                .map_err(|cause| ProxyError::Bind { addr: a, cause })?,
         ),
         None => None,
     };

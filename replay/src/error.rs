@@ -23,12 +23,13 @@ pub enum ReplayError {
         message: String,
     },
     /// An I/O error writing results.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The path.
         path: String,
-        /// The error.
-        source: std::io::Error,
+        /// The underlying error (in the message, so not also a `source`: a chain printer
+        /// such as anyhow's would print it twice).
+        cause: std::io::Error,
     },
     /// The client runtime could not start.
     #[error("client runtime: {0}")]

@@ -30,7 +30,7 @@ impl ResultFile {
     pub fn read(path: &Path) -> Result<ResultFile, ReplayError> {
         let io = |e: std::io::Error| ReplayError::Io {
             path: path.display().to_string(),
-            source: e,
+            cause: e,
         };
         let text = std::fs::read(path).map_err(io)?;
         let doc: Value = serde_json::from_slice(&text).map_err(|e| {

@@ -124,12 +124,13 @@ pub enum SimError {
     #[error("invalid simulator configuration: {0}")]
     Config(String),
     /// The listening socket could not be bound.
-    #[error("cannot bind {addr}: {source}")]
+    #[error("cannot bind {addr}: {cause}")]
     Bind {
         /// Address asked for.
         addr: SocketAddr,
-        /// Cause.
-        source: std::io::Error,
+        /// The underlying error (in the message, so not also a `source`: a chain printer
+        /// such as anyhow's would print it twice).
+        cause: std::io::Error,
     },
     /// Other I/O error on the listener.
     #[error("listener I/O error: {0}")]
@@ -169,7 +170,7 @@ pub async fn start(addr: SocketAddr, cfg: SimConfig) -> Result<SimHandle, SimErr
     server::validate(&cfg)?;
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| SimError::Bind { addr, source })?;
+        .map_err(|cause| SimError::Bind { addr, cause })?;
     let addr = listener.local_addr()?;
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(serve(listener, cfg, async move {

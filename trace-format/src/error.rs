@@ -7,12 +7,13 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum Error {
     /// An I/O error on a named path.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (in the message, so not also a `source`: a chain printer
+        /// such as anyhow's would print it twice).
+        cause: std::io::Error,
     },
     /// A Parquet or Arrow error on a named path.
     #[error("{path}: {message}")]
@@ -73,10 +74,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Wraps an I/O error with its path.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
     /// Wraps a Parquet/Arrow error with its path.

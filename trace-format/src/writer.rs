@@ -620,7 +620,7 @@ impl TraceWriter {
             }
             let file = match create_private(&journal_path, true) {
                 Ok(f) => f,
-                Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::AlreadyExists => {
+                Err(Error::Io { cause, .. }) if cause.kind() == io::ErrorKind::AlreadyExists => {
                     continue
                 }
                 Err(e) => return Err(e),

@@ -476,6 +476,7 @@ fn serve_file(name: &'static str, body: Vec<u8>, requests: usize) -> String {
 
 #[test]
 fn import_reads_a_trace_from_a_url_as_from_a_file() {
+    let _serial = serial();
     let dir = tempdir("import-url");
     let csv = b"TIMESTAMP,ContextTokens,GeneratedTokens\n\
         2023-11-16 18:15:46.6805900,374,44\n\

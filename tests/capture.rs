@@ -269,15 +269,21 @@ fn own_runtime(name: &str) -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Capture records each chunk as it passes through, not when the response ends: every
+/// recorded chunk time is at or before the client's receipt of that chunk and before the
+/// client's receipt of the next one (chunks are 10 ms apart). This is an ordering check,
+/// not a timing figure: CI asserts no latency bound (issue 6). How close the two clocks
+/// are (p99 ≤ 1 ms on a quiet machine) is printed with `--nocapture` and kept in
+/// bench/README.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn recorded_times_are_within_1ms_of_the_client() {
+async fn each_chunk_is_recorded_as_it_passes() {
     let _g = serial();
     let (sim_rt, proxy_rt) = (own_runtime("sim"), own_runtime("capture"));
     let s = sim_rt.spawn(sim(30, 10)).await.unwrap();
     let c = client();
     let body = req_body(false, true, None, 20);
-    // The machine is shared (other builds may run): one attempt of 5 requests must have every
-    // chunk within 1 ms; up to 3 attempts.
+    // A stall of the shared machine longer than a chunk gap can reorder one chunk: up to 3
+    // attempts of 5 requests.
     let mut report = String::new();
     let mut passed = false;
     for attempt in 0..3 {
@@ -305,22 +311,29 @@ async fn recorded_times_are_within_1ms_of_the_client() {
         recs.remove(0); // warm-up
         assert_eq!(recs.len(), 5);
         let mut diffs = Vec::new();
+        let mut late = Vec::new();
         for (r, client_chunks) in recs.iter().zip(&seen) {
             assert_eq!(r.chunk_times_us.len(), 20);
             assert_eq!(client_chunks.len(), 20);
             assert_eq!(r.ttft_us, Some(r.chunk_times_us[0]));
             assert_eq!(r.e2el_us, r.chunk_times_us.last().copied());
-            for (rec, cli) in r.chunk_times_us.iter().zip(client_chunks) {
+            for (i, (rec, cli)) in r.chunk_times_us.iter().zip(client_chunks).enumerate() {
                 assert!(
                     cli >= rec,
                     "the proxy saw chunk {rec} µs after the client ({cli} µs)?"
                 );
                 diffs.push(cli - rec);
+                if let Some(next) = client_chunks.get(i + 1) {
+                    if rec >= next {
+                        late.push(format!(
+                            "chunk {i} recorded at {rec} µs, the client had chunk {} at {next} µs",
+                            i + 1
+                        ));
+                    }
+                }
             }
         }
         diffs.sort_unstable();
-        // 100 chunks: p99 is the second largest, so one scheduling hiccup of the shared
-        // machine does not decide the test; the worst is reported.
         let p99 = diffs[diffs.len() * 99 / 100 - 1];
         let worst = *diffs.last().unwrap();
         let med = |v: &mut Vec<i64>| {
@@ -328,12 +341,13 @@ async fn recorded_times_are_within_1ms_of_the_client() {
             v[v.len() / 2]
         };
         report = format!(
-            "attempt {attempt}: client - recorded p99 {p99} µs, worst {worst} µs; median TTFT direct {} µs, through the proxy {} µs",
+            "attempt {attempt}: client - recorded p99 {p99} µs, worst {worst} µs; median TTFT direct {} µs, through the proxy {} µs; {} chunks recorded after the client had the next: {late:?}",
             med(&mut direct_ttft),
-            med(&mut proxied_ttft)
+            med(&mut proxied_ttft),
+            late.len()
         );
         eprintln!("timing: {report}");
-        if p99 <= 1000 {
+        if late.is_empty() {
             passed = true;
             break;
         }
@@ -343,7 +357,7 @@ async fn recorded_times_are_within_1ms_of_the_client() {
     proxy_rt.shutdown_background();
     assert!(
         passed,
-        "recorded chunk times not within 1 ms of the client's: {report}"
+        "capture recorded chunks later than the client received the next one: {report}"
     );
 }
 

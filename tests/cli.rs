@@ -177,8 +177,10 @@ fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
         );
         assert_eq!(r.outcome, trace_format::Outcome::Ok, "{r:?}");
         let lag = r.dispatch_lag_us.unwrap();
+        // Never early; late only by a stall of the shared machine, not by a schedule that
+        // ignores --speedup (that is off by up to 1 s). The lag figures are bench/run.sh's.
         assert!(
-            (0..5_000).contains(&lag),
+            (0..50_000).contains(&lag),
             "{}: sent {lag} µs after its schedule",
             r.request_id
         );
@@ -216,8 +218,10 @@ fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
         "server-side arrival error p50 {} µs, p99 {} µs",
         errs[100], errs[197]
     );
+    // Requests are 5 ms apart on average and the run spans 1 s: an unscaled or bunched
+    // schedule is off by hundreds of ms; 20 ms leaves room for a busy CI machine.
     assert!(
-        errs[197] <= 3_000,
+        errs[197] <= 20_000,
         "server-side arrival shape p99 error {} µs",
         errs[197]
     );

@@ -94,20 +94,21 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
         "TTFT mean {:.3} ms (script 50), ITL mean {:.3} ms (script 10), TPOT mean {:.3} ms (script {tpot_script:.3})",
         m.ttft.mean, m.itl.mean, m.tpot.mean
     );
-    assert!(
-        (m.ttft.mean - 50.0).abs() <= 1.0,
-        "TTFT mean {}",
-        m.ttft.mean
-    );
-    assert!((m.itl.mean - 10.0).abs() <= 1.0, "ITL mean {}", m.itl.mean);
+    // CI asserts formulas, not the machine's speed (issue 6: no timing assertions; the
+    // accuracy figures are bench/run.sh's). The tolerances are far below what a wrong
+    // formula gives: TPOT over chunks instead of tokens reads 10 ms, not 2.42; ITL per
+    // token instead of per chunk 2.5 ms, not 10; a TTFT taken at the second chunk or before
+    // the request was sent is off by a 10 ms chunk gap or more.
+    assert!((m.itl.mean - 10.0).abs() <= 2.0, "ITL mean {}", m.itl.mean);
     assert!(
         (m.tpot.mean - tpot_script).abs() <= 1.0,
         "TPOT mean {}",
         m.tpot.mean
     );
 
-    // Against what the server logged it actually did: the client's TTFT minus the server's
-    // own (first write − request read) is transport plus client overhead.
+    // Against what the server logged it actually did (first write − request read), which
+    // absorbs the server's own lateness on a busy machine: the client's TTFT is that plus
+    // transport, never less, and less than half a chunk gap more.
     assert!(
         m.ttft.mean >= server_ttft - 0.5,
         "client TTFT {} below the server's own {}",
@@ -115,8 +116,8 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
         server_ttft
     );
     assert!(
-        m.ttft.mean - server_ttft <= 1.0,
-        "client adds {} ms",
+        m.ttft.mean - server_ttft <= 5.0,
+        "client adds {} ms to the server's TTFT {server_ttft}",
         m.ttft.mean - server_ttft
     );
 }

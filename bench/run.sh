@@ -13,7 +13,7 @@ OUT=bench/out/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 python3 -m pip install -q numpy pyarrow >/dev/null
 cargo build --release --bin llmreplay 2>&1 | tail -1
-cargo build --release -p replay --example floor -p trace-format --example writer_throughput 2>&1 | tail -1
+cargo build --release -p replay --example floor --example floor_uring -p trace-format --example writer_throughput 2>&1 | tail -1
 BIN=target/release/llmreplay
 ulimit -n 65536 2>/dev/null || true
 
@@ -67,6 +67,23 @@ floor() { # floor N PLACEMENT
   PLACE=shared
   python3 bench/accuracy.py --floor "$OUT/$tag-stamps.jsonl" "$OUT/$tag-gt.jsonl" > "$OUT/$tag-errors.json"
   echo "floor: $n streams, $2 done"
+}
+
+# The floor through two kernel interfaces, same load (1,000 streams, split placement):
+# epoll + one recvmsg per read (floor.rs) and io_uring multishot recvmsg into provided
+# buffers (floor_uring.rs, no syscall per read). If the syscalls were the floor, io_uring
+# would be well below epoll.
+floor_kinds() {
+  local n=1000 kind
+  PLACE=split; [ "$NCPU" -ge 2 ] || PLACE=shared
+  for kind in floor floor_uring; do
+    start_gt "$OUT/kind-$kind-gt.jsonl" 50 10 1
+    pin_client "target/release/examples/$kind" "127.0.0.1:$GT_PORT" $(( 2 * n )) "$n" 100 --stamps "$OUT/kind-$kind-stamps.jsonl" > "$OUT/kind-$kind.json"
+    stop_gt
+    python3 bench/accuracy.py --floor "$OUT/kind-$kind-stamps.jsonl" "$OUT/kind-$kind-gt.jsonl" > "$OUT/kind-$kind-errors.json"
+  done
+  PLACE=shared
+  echo "floor kinds: done"
 }
 
 # Capture's trace writer alone: records per second and bytes on disk per request.
@@ -180,7 +197,7 @@ for p in "${parts[@]}"; do
       for n in 1 100 500 1000; do accuracy "$n" 1 "$split"; floor "$n" "$split"; done
       accuracy 100 4 "$split"
       for n in 100 1000; do accuracy "$n" 1 shared; floor "$n" shared; done ;;
-    cost) writer_cost ;;
+    cost) writer_cost; floor_kinds ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
     proxy) proxy_bench ;;
     shards) shards ;;

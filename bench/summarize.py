@@ -53,6 +53,7 @@ def main():
     proxy_tables(out)
     shards_table(out)
     writer_table(out)
+    floor_kinds_table(out)
 
 
 def floor_table(out):
@@ -137,5 +138,23 @@ def shards_table(out):
     print(f"{line.strip() if line else 'no figures (see shards.txt)'}; p99 <= 2 ms: {'met' if ok else 'NOT met'}\n")
 
 
+
+def floor_kinds_table(out):
+    rows = []
+    for kind, name in (("floor", "epoll + recvmsg per read"), ("floor_uring", "io_uring multishot recvmsg")):
+        p = os.path.join(out, f"kind-{kind}.json")
+        if os.path.exists(p):
+            f = load(p)
+            e = load(os.path.join(out, f"kind-{kind}-errors.json"))["first_event_err_vs_logged_ms"]
+            rows.append(f"| {name} | {f['events']} | {f['reads']} | {f['wakeups']} | {f['cpu_us_per_event']:.2f} | {e['p99']:.3f} |")
+    if rows:
+        print("### The bare reader through two kernel interfaces (1,000 streams)\n")
+        print("| interface | events | reads | wake-ups | CPU per event (µs) | first-event error p99 (ms) |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(rows))
+        print()
+
+
 if __name__ == "__main__":
     main()
+

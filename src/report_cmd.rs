@@ -272,8 +272,8 @@ pub fn comparison(results: &[serde_json::Value], pct: f64) -> String {
 
 /// Writes `report.html` and `report.md` of one result file into `dir`.
 pub fn write_reports(result: &Path, dir: &Path) -> Result<()> {
-    let files =
-        vec![ResultFile::read(result).with_context(|| format!("reading {}", result.display()))?];
+    // The error names the file.
+    let files = vec![ResultFile::read(result)?];
     let data = replay::document::build(
         &files,
         &replay::document::BuildOptions {
@@ -315,7 +315,7 @@ pub const EXIT_REGRESSION: u8 = 3;
 fn read_files(paths: &[PathBuf]) -> Result<Vec<ResultFile>> {
     paths
         .iter()
-        .map(|p| ResultFile::read(p).with_context(|| format!("reading {}", p.display())))
+        .map(|p| ResultFile::read(p).map_err(Into::into))
         .collect()
 }
 

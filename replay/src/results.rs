@@ -33,6 +33,14 @@ impl ResultFile {
             cause: e,
         };
         let text = std::fs::read(path).map_err(io)?;
+        if text.starts_with(b"PAR1") {
+            return Err(ReplayError::Config(format!(
+                "{}: a Parquet trace or per-request results file, not a JSON result: give the \
+                 file `replay --save-result` wrote (report takes Parquet results with --results, \
+                 a trace with --trace)",
+                path.display()
+            )));
+        }
         let doc: Value = serde_json::from_slice(&text).map_err(|e| {
             ReplayError::Config(format!("{}: not a JSON result: {e}", path.display()))
         })?;
@@ -393,6 +401,28 @@ mod tests {
         json!({"request_throughput": thr, "max_concurrency": conc, "num_prompts": 10, "failed": 0,
                "request_rate": "inf",
                "llmreplay": {"target": {"name": target}, "goodput_slos": {"ttft": 500.0}, "command": "llmreplay replay x"}})
+    }
+
+    #[test]
+    fn a_parquet_file_is_named_as_such_not_as_bad_json() {
+        let dir = std::env::temp_dir().join(format!("llmreplay-results-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.parquet");
+        std::fs::write(&p, b"PAR1\x15\x04rest of a parquet file").unwrap();
+        let e = ResultFile::read(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("a Parquet trace or per-request results file"),
+            "{e}"
+        );
+        assert!(
+            e.contains("--save-result") && e.contains("--results"),
+            "{e}"
+        );
+        let j = dir.join("r.json");
+        std::fs::write(&j, b"{bad").unwrap();
+        let e = ResultFile::read(&j).unwrap_err().to_string();
+        assert!(e.contains("not a JSON result"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -17,21 +17,9 @@ use crate::config::SloMetric;
 use crate::error::ReplayError;
 use crate::results::Series;
 
-/// vLLM's bucket bounds for `vllm:time_to_first_token_seconds`.
-pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/// vLLM's bucket bounds for `vllm:inter_token_latency_seconds`.
-pub const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
-/// vLLM's bucket bounds for `vllm:e2e_request_latency_seconds`.
-pub const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+use trace_format::vllm_metrics::{
+    self as vllm, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS as E2E_BUCKETS, TTFT_BUCKETS,
+};
 
 /// Burn-rate windows: (long, short, factor, severity).
 pub const BURN_WINDOWS: &[(&str, &str, f64, &str)] =
@@ -39,10 +27,10 @@ pub const BURN_WINDOWS: &[(&str, &str, f64, &str)] =
 
 fn histogram(m: SloMetric) -> (&'static str, &'static [f64], &'static str) {
     match m {
-        SloMetric::Ttft => ("vllm:time_to_first_token_seconds", TTFT_BUCKETS, "TTFT"),
+        SloMetric::Ttft => (vllm::TTFT, TTFT_BUCKETS, "TTFT"),
         // vLLM's per-token decode latency histogram (TPOT is its per-request mean).
-        SloMetric::Tpot => ("vllm:inter_token_latency_seconds", ITL_BUCKETS, "TPOT"),
-        SloMetric::E2el => ("vllm:e2e_request_latency_seconds", E2E_BUCKETS, "E2EL"),
+        SloMetric::Tpot => (vllm::ITL, ITL_BUCKETS, "TPOT"),
+        SloMetric::E2el => (vllm::E2E, E2E_BUCKETS, "E2EL"),
     }
 }
 

@@ -5,22 +5,8 @@ use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-/// vLLM's bucket bounds for `vllm:time_to_first_token_seconds`.
-pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-/// vLLM's bucket bounds for `vllm:inter_token_latency_seconds`.
-pub const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
-/// vLLM's request-latency bucket bounds, used for `vllm:e2e_request_latency_seconds` and
-/// `vllm:request_queue_time_seconds`.
-pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+use trace_format::vllm_metrics as names;
+pub use trace_format::vllm_metrics::{ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS};
 
 /// Why a request finished, as in OpenAI's `finish_reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,22 +219,22 @@ impl Metrics {
         );
         let hists: [(&str, &str, &Histogram); 4] = [
             (
-                "vllm:time_to_first_token_seconds",
+                names::TTFT,
                 "Histogram of time to first token in seconds.",
                 &s.ttft,
             ),
             (
-                "vllm:e2e_request_latency_seconds",
+                names::E2E,
                 "Histogram of e2e request latency in seconds.",
                 &s.e2e,
             ),
             (
-                "vllm:inter_token_latency_seconds",
+                names::ITL,
                 "Histogram of inter-token latency in seconds.",
                 &s.itl,
             ),
             (
-                "vllm:request_queue_time_seconds",
+                names::QUEUE_TIME,
                 "Histogram of time spent in WAITING phase for request.",
                 &s.queue_time,
             ),

@@ -14,6 +14,7 @@ pub mod sse;
 pub mod stats;
 pub mod store;
 pub mod tokenize;
+pub mod vllm_metrics;
 pub mod writer;
 
 pub use error::{Error, Result};

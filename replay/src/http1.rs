@@ -17,12 +17,13 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::TcpStream;
 pub(crate) use trace_format::http1::Framing;
 use trace_format::http1::{response_framing, ChunkedDecoder};
+use trace_format::rxstamp;
 
 /// A TCP stream whose reads keep the kernel's receive timestamp of the bytes read.
 pub(crate) struct Stamped {
@@ -33,20 +34,10 @@ pub(crate) struct Stamped {
 
 impl Stamped {
     pub(crate) fn new(tcp: TcpStream) -> Stamped {
-        #[cfg(target_os = "linux")]
+        #[cfg(unix)]
         {
             use std::os::fd::AsRawFd;
-            let on: libc::c_int = 1;
-            // SAFETY: setsockopt on a socket we own, with a valid int option.
-            unsafe {
-                libc::setsockopt(
-                    tcp.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_TIMESTAMPNS,
-                    (&on as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
+            trace_format::rxstamp::enable(tcp.as_raw_fd());
         }
         Stamped { tcp, stamp_ns: 0 }
     }
@@ -68,33 +59,7 @@ impl Stamped {
     }
 }
 
-/// The monotonic and the wall clock (ns since the epoch) read at one instant: the wall
-/// clock is read before and after the monotonic one, and the pair is read again when the
-/// thread was preempted in between (over 20 µs apart), which would otherwise shift a
-/// converted kernel stamp by the whole preemption.
-fn clock_pair() -> (Instant, i64) {
-    let rt = || {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64)
-    };
-    let mut best = None;
-    for _ in 0..8 {
-        let a = rt();
-        let mono = Instant::now();
-        let b = rt();
-        let pair = (mono, a + (b - a) / 2, b - a);
-        if pair.2 <= 20_000 {
-            return (pair.0, pair.1);
-        }
-        if best.is_none_or(|(_, _, w)| pair.2 < w) {
-            best = Some(pair);
-        }
-    }
-    best.map_or_else(|| (Instant::now(), rt()), |(m, r, _)| (m, r))
-}
-
-/// [`clock_pair`] read at most once per millisecond per thread and carried forward to
+/// [`rxstamp::clock_pair`] read at most once per millisecond per thread and carried forward to
 /// `now` on the monotonic clock: converting a stamp then costs no clock read beyond the
 /// caller's `now`. Over 1 ms the two clocks drift apart by at most NTP's 500 ppm slew
 /// limit, 0.5 µs.
@@ -107,7 +72,7 @@ fn cached_clock_pair(now: Instant) -> (Instant, i64) {
         let (mono, rt) = match p.get() {
             Some((m, r)) if now >= m && now - m < std::time::Duration::from_millis(1) => (m, r),
             _ => {
-                let fresh = clock_pair();
+                let fresh = rxstamp::clock_pair();
                 p.set(Some(fresh));
                 fresh
             }
@@ -118,45 +83,6 @@ fn cached_clock_pair(now: Instant) -> (Instant, i64) {
             (mono, rt)
         }
     })
-}
-
-#[cfg(target_os = "linux")]
-fn recv_stamped(
-    fd: std::os::fd::RawFd,
-    buf: &mut [std::mem::MaybeUninit<u8>],
-) -> io::Result<(usize, i64)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut control = [0u64; 8];
-    let mut stamp = 0;
-    // SAFETY: every pointer in the msghdr refers to a live local buffer of the length
-    // given; recvmsg writes only within those lengths (the data buffer may be
-    // uninitialized: recvmsg only writes to it).
-    let n = unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
-        let n = libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT);
-        if n > 0 {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-                    let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                    stamp = ts.tv_sec * 1_000_000_000 + ts.tv_nsec;
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        n
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((n as usize, stamp))
 }
 
 impl AsyncRead for Stamped {
@@ -172,7 +98,7 @@ impl AsyncRead for Stamped {
             let fd = me.tcp.as_raw_fd();
             loop {
                 ready!(me.tcp.poll_read_ready(cx))?;
-                // SAFETY: recv_stamped only writes into the unfilled part, and `n` bytes
+                // SAFETY: rxstamp::recv only writes into the unfilled part, and `n` bytes
                 // of it are initialized when it returns Ok(n).
                 let unfilled = unsafe { buf.unfilled_mut() };
                 let room = unfilled.len();
@@ -182,7 +108,7 @@ impl AsyncRead for Stamped {
                 // event survives), as tokio's own TcpStream does, and the next read waits
                 // for data instead of paying a recvmsg that returns EAGAIN.
                 let r = me.tcp.try_io(Interest::READABLE, || {
-                    let (n, stamp) = recv_stamped(fd, unfilled)?;
+                    let (n, stamp) = rxstamp::recv(fd, unfilled, libc::MSG_DONTWAIT)?;
                     got = Some((n, stamp));
                     if n > 0 && n < room {
                         Err(io::ErrorKind::WouldBlock.into())
@@ -527,14 +453,13 @@ mod tests {
         for pause in [0u64, 300, 1_500] {
             let _ = cached_clock_pair(Instant::now());
             std::thread::sleep(std::time::Duration::from_micros(pause));
-            let before = SystemTime::now();
+            let before = rxstamp::realtime_ns();
             let (mono, rt) = cached_clock_pair(Instant::now());
-            let after = SystemTime::now();
-            let ns = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_nanos() as i64;
+            let after = rxstamp::realtime_ns();
             assert!(mono <= Instant::now());
             // Loose bounds: a preempted test thread widens [before, after], never the pair.
-            assert!(rt >= ns(before) - 50_000, "{rt} before {}", ns(before));
-            assert!(rt <= ns(after) + 50_000, "{rt} after {}", ns(after));
+            assert!(rt >= before - 50_000, "{rt} before {before}");
+            assert!(rt <= after + 50_000, "{rt} after {after}");
         }
     }
 

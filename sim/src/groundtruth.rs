@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -172,31 +172,6 @@ impl Drop for GroundTruth {
     }
 }
 
-/// The monotonic clock and the wall clock (µs) read at one instant: re-read when the thread
-/// was preempted between the reads (over 20 µs apart), which would shift a converted
-/// kernel stamp by the whole preemption.
-fn clock_pair() -> (Instant, i64) {
-    let mut best = (Instant::now(), unix_us(), i64::MAX);
-    for _ in 0..8 {
-        let a = unix_us();
-        let mono = Instant::now();
-        let b = unix_us();
-        if b - a < best.2 {
-            best = (mono, a + (b - a) / 2, b - a);
-        }
-        if b - a <= 20 {
-            break;
-        }
-    }
-    (best.0, best.1)
-}
-
-fn unix_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
 fn set_timer_slack() {
     #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_TIMERSLACK takes an integer and affects only the calling thread.
@@ -260,20 +235,10 @@ struct KernelStamped {
 
 impl KernelStamped {
     fn new(sock: TcpStream) -> KernelStamped {
-        #[cfg(target_os = "linux")]
+        #[cfg(unix)]
         {
             use std::os::fd::AsRawFd;
-            let on: libc::c_int = 1;
-            // SAFETY: setsockopt on a socket this struct owns, with a valid int option.
-            unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_TIMESTAMPNS,
-                    (&on as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
+            trace_format::rxstamp::enable(sock.as_raw_fd());
         }
         KernelStamped {
             sock,
@@ -291,39 +256,14 @@ impl Read for KernelStamped {
     #[cfg(target_os = "linux")]
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::fd::AsRawFd;
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let mut control = [0u64; 16];
-        // SAFETY: msghdr is plain data; every pointer in it refers to a live local buffer
-        // of the length given, and recvmsg writes within those lengths.
-        let n = unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = std::mem::size_of_val(&control) as _;
-            let n = libc::recvmsg(self.sock.as_raw_fd(), &mut msg, 0);
-            if n > 0 {
-                let mut c = libc::CMSG_FIRSTHDR(&msg);
-                while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_SOCKET
-                        && (*c).cmsg_type == libc::SCM_TIMESTAMPNS
-                    {
-                        let ts: libc::timespec =
-                            std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                        self.stamp_us = Some(ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000);
-                    }
-                    c = libc::CMSG_NXTHDR(&msg, c);
-                }
-            }
-            n
-        };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
+        // SAFETY: an initialized byte slice viewed as possibly-uninitialized bytes of the
+        // same length; recv only writes bytes into it.
+        let buf = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+        let (n, stamp_ns) = trace_format::rxstamp::recv(self.sock.as_raw_fd(), buf, 0)?;
+        if n > 0 && stamp_ns != 0 {
+            self.stamp_us = Some(stamp_ns / 1_000);
         }
-        Ok(n as usize)
+        Ok(n)
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -375,7 +315,8 @@ fn reader(sock: TcpStream, cfg: GroundTruthConfig, jobs: Sender<Job>) {
         // (SO_TIMESTAMPNS), not when this thread got to read them: with hundreds of
         // connections arriving at once, reader-thread scheduling would otherwise count as
         // client error. The script's deadlines start from that arrival too.
-        let (now, now_unix_us) = clock_pair();
+        let (now, now_unix_ns) = trace_format::rxstamp::clock_pair();
+        let now_unix_us = now_unix_ns / 1_000;
         let (received, received_unix_us) = match r.get_mut().take_stamp_us() {
             Some(k) if k <= now_unix_us && now_unix_us - k < 1_000_000 => (
                 now.checked_sub(Duration::from_micros((now_unix_us - k) as u64))

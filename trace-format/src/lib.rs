@@ -9,6 +9,7 @@ pub mod http1;
 pub mod import;
 pub mod inspect;
 pub mod reader;
+pub mod rxstamp;
 pub mod schema;
 pub mod sse;
 pub mod stats;

@@ -8,10 +8,17 @@ actually wrote each chunk: mean, p99 and standard deviation, in milliseconds.
 
 usage: accuracy.py RESULTS.parquet CHUNK_LOG.jsonl TTFT_MS ITL_MS TOKENS_PER_CHUNK
        accuracy.py --floor STAMPS.jsonl CHUNK_LOG.jsonl
+       accuracy.py --vs-server {llmreplay RESULTS.parquet | vllm RESULT.json} CHUNK_LOG.jsonl
 
 With --floor it reads the bare reader's first-event stamps (replay/examples/floor.rs) instead
 and reports their error against the server's logged write of the first chunk, on the wall
 clock both sides share (the reader has no send time of its own to measure TTFT from).
+
+With --vs-server it compares distributions instead of joining requests, for clients whose
+requests the server's log cannot name (vLLM's benchmark_serving.py sends no request id): the
+client's TTFT, ITL and TPOT over all its requests against the server's own over the same run
+(TTFT: first chunk written − request received; ITL: gaps between chunk writes). llmreplay's
+results are read the same way, so the figures sit side by side.
 """
 import json
 import sys
@@ -55,9 +62,56 @@ def floor_main(stamps_path, log_path):
     print()
 
 
+def vs_server_main(kind, results, log_path):
+    if kind == "llmreplay":
+        t = pq.read_table(results).to_pydict()
+        ok = [i for i, o in enumerate(t["outcome"]) if o == "ok"]
+        ttft = [t["ttft_us"][i] / 1000.0 for i in ok]
+        itl = [g / 1000.0 for i in ok for g in np.diff(np.asarray(t["chunk_times_us"][i], dtype=float))]
+        tpot = [(t["e2el_us"][i] - t["ttft_us"][i]) / 1000.0 / (t["output_tokens"][i] - 1)
+                for i in ok if t["output_tokens"][i] and t["output_tokens"][i] > 1]
+        failed = len(t["outcome"]) - len(ok)
+    elif kind == "vllm":
+        with open(results) as f:
+            r = json.load(f)
+        good = [i for i, e in enumerate(r["errors"]) if not e]
+        ttft = [r["ttfts"][i] * 1000.0 for i in good]
+        itl = [g * 1000.0 for i in good for g in r["itls"][i]]
+        tpot = [(sum(r["itls"][i]) * 1000.0) / (r["output_lens"][i] - 1)
+                for i in good if r["output_lens"][i] > 1]
+        failed = len(r["errors"]) - len(good)
+    else:
+        sys.exit(f"--vs-server: unknown client kind {kind}")
+    s_ttft, s_gap, s_tpot = [], [], []
+    with open(log_path) as f:
+        for line in f:
+            e = json.loads(line)
+            w = e.get("chunk_written_us") or []
+            if not e.get("complete") or not w:
+                continue
+            s_ttft.append(w[0] / 1000.0)
+            s_gap.extend(np.diff(np.asarray(w, dtype=float)) / 1000.0)
+            if len(w) > 1:
+                s_tpot.append((w[-1] - w[0]) / 1000.0 / (len(w) - 1))
+    c, s = stats(ttft), stats(s_ttft)
+    ci, si = stats(itl), stats(s_gap)
+    report = {
+        "client": kind, "requests_ok": len(ttft), "failed": failed, "server_requests": len(s_ttft),
+        "client_ttft_ms": c, "server_ttft_ms": s,
+        "ttft_over_server_mean_ms": c["mean"] - s["mean"], "ttft_over_server_p99_ms": c["p99"] - s["p99"],
+        "client_itl_ms": ci, "server_gap_ms": si, "itl_jitter_ms": ci["std"] - si["std"],
+        "client_tpot_ms": stats(tpot), "server_tpot_ms": stats(s_tpot),
+    }
+    json.dump(report, sys.stdout, indent=1)
+    print()
+
+
 def main():
     if sys.argv[1] == "--floor":
         floor_main(sys.argv[2], sys.argv[3])
+        return
+    if sys.argv[1] == "--vs-server":
+        vs_server_main(sys.argv[2], sys.argv[3], sys.argv[4])
         return
     results, log_path, ttft_ms, itl_ms, tpc = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     t = pq.read_table(results).to_pydict()

@@ -50,6 +50,7 @@ accuracy() { # accuracy N TOKENS_PER_CHUNK PLACEMENT
   stop_gt
   PLACE=shared
   python3 bench/accuracy.py "$OUT/$tag-results.parquet" "$OUT/$tag-gt.jsonl" 50 10 "$tpc" > "$OUT/$tag-errors.json"
+  python3 bench/accuracy.py --vs-server llmreplay "$OUT/$tag-results.parquet" "$OUT/$tag-gt.jsonl" > "$OUT/$tag-vs-server.json"
   echo "accuracy: $n streams, $tpc tokens/chunk, $3 done"
 }
 
@@ -84,6 +85,44 @@ floor_kinds() {
   done
   PLACE=shared
   echo "floor kinds: done"
+}
+
+# Other benchmark clients, when bench/peers/install.sh has installed them (or `vllm` is on
+# PATH): the same load as `accuracy N 1 PLACEMENT` (2×N requests, 20 at N = 1, of 16 → 100
+# tokens at concurrency N, all offered at once) against a fresh ground-truth server, so their TTFT and
+# ITL can be set against the server's log exactly as llmreplay's are. They send no request
+# id the log could join on (v0.7.3) or one in their own format, so the comparison is of
+# distributions: the client's figure minus the server's own over the same run.
+PEERS_DIR=bench/.peers
+peer_cmd() { # peer_cmd NAME: prints the client's command, or nothing when not installed
+  case "$1" in
+    vllm-0.7.3) [ -x "$PEERS_DIR/venv073/bin/python" ] && [ -f "$PEERS_DIR/vllm073/benchmark_serving.py" ]                   && echo "$PWD/$PEERS_DIR/venv073/bin/python $PWD/$PEERS_DIR/vllm073/benchmark_serving.py" ;;
+    vllm-bench-serve)
+      if [ -x "$PEERS_DIR/venv-current/bin/vllm" ]; then echo "$PWD/$PEERS_DIR/venv-current/bin/vllm bench serve --save-detailed --random-range-ratio 0"
+      elif command -v vllm >/dev/null 2>&1; then echo "vllm bench serve --save-detailed --random-range-ratio 0"; fi ;;
+  esac
+  return 0
+}
+peer() { # peer NAME N PLACEMENT
+  local name=$1 n=$2 tag="peer-$1-$3-$2" cmd tok=$PWD/$PEERS_DIR/tok/qwen3
+  local reqs=$(( n == 1 ? 20 : 2 * n ))
+  cmd=$(peer_cmd "$name")
+  [ -n "$cmd" ] || return 0
+  [ -f "$PEERS_DIR/tok/qwen3/tokenizer.json" ] || { echo "peer $name: no tokenizer (run bench/peers/install.sh)"; return 0; }
+  PLACE=$3
+  start_gt "$OUT/$tag-gt.jsonl" 50 10 1
+  # shellcheck disable=SC2086 # $cmd is a command line on purpose.
+  ( cd "$OUT" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 timeout 600 \
+      $(if [ "$PLACE" = split ]; then echo taskset -c 0; fi) $cmd --backend openai \
+      --base-url "http://127.0.0.1:$GT_PORT" --endpoint /v1/completions --model ground-truth \
+      --tokenizer "$tok" --dataset-name random --random-input-len 16 \
+      --random-output-len 100 --ignore-eos --num-prompts "$reqs" --max-concurrency "$n" \
+      --request-rate inf --save-result --result-dir . --result-filename "$tag.json" --disable-tqdm ) \
+    > "$OUT/$tag.txt" 2>&1 || echo "peer $name at $n streams failed: see $OUT/$tag.txt"
+  stop_gt
+  PLACE=shared
+  [ -f "$OUT/$tag.json" ] && python3 bench/accuracy.py --vs-server vllm "$OUT/$tag.json" "$OUT/$tag-gt.jsonl" > "$OUT/$tag-errors.json"
+  echo "peer: $name, $n streams, $3 done"
 }
 
 # Capture's trace writer alone: records per second and bytes on disk per request.
@@ -196,7 +235,11 @@ for p in "${parts[@]}"; do
       split=split; [ "$NCPU" -ge 2 ] || split=shared
       for n in 1 100 500 1000; do accuracy "$n" 1 "$split"; floor "$n" "$split"; done
       accuracy 100 4 "$split"
-      for n in 100 1000; do accuracy "$n" 1 shared; floor "$n" shared; done ;;
+      for n in 100 1000; do accuracy "$n" 1 shared; floor "$n" shared; done
+      # Last, so that a peer's exit (a Python process of a few GB) cannot disturb ours.
+      for n in 1 100 500 1000; do
+        for peer_name in vllm-0.7.3 vllm-bench-serve; do peer "$peer_name" "$n" "$split"; done
+      done ;;
     cost) writer_cost; floor_kinds ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
     proxy) proxy_bench ;;

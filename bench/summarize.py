@@ -36,6 +36,7 @@ def main():
                   f"| {e['client_itl_jitter_ms']:.4f} | {ours['dispatch_lag_ms']['p99']:.3f} | {cpu_us:.2f} |")
         print()
     floor_table(out)
+    peers_table(out)
     sched = sorted(glob.glob(os.path.join(out, "sched-*.json")), key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0]))
     if sched:
         print("### Schedule fidelity (open loop, short requests)\n")
@@ -151,6 +152,32 @@ def floor_kinds_table(out):
         print("### The bare reader through two kernel interfaces (1,000 streams)\n")
         print("| interface | events | reads | wake-ups | CPU per event (µs) | first-event error p99 (ms) |")
         print("|---|---|---|---|---|---|")
+        print("\n".join(rows))
+        print()
+
+
+def peers_table(out):
+    rows = []
+    for n in (1, 100, 500, 1000):
+        for place in ("split", "shared"):
+            files = [("llmreplay", os.path.join(out, f"acc-{place}-{n}-tpc1-vs-server.json"))]
+            files += [(os.path.basename(f)[len("peer-"):-len(f"-{place}-{n}-errors.json")], f)
+                      for f in sorted(glob.glob(os.path.join(out, f"peer-*-{place}-{n}-errors.json")))]
+            if len(files) < 2:
+                continue  # no peer ran at this point
+            for name, f in files:
+                if not os.path.exists(f):
+                    continue
+                e = load(f)
+                c, s = e["client_ttft_ms"], e["server_ttft_ms"]
+                ci, ct, st = e["client_itl_ms"], e["client_tpot_ms"], e["server_tpot_ms"]
+                rows.append(f"| {place} | {n} | {name} | {e['requests_ok']} / {e['failed']} | {c['mean']:.2f} / {c['p99']:.2f} "
+                            f"| {s['mean']:.2f} / {s['p99']:.2f} | **{e['ttft_over_server_mean_ms']:.2f} / {e['ttft_over_server_p99_ms']:.2f}** "
+                            f"| {ci['p50']:.3f} / {ci['std']:.3f} | **{e['itl_jitter_ms']:.3f}** | {ct['mean']:.3f} / {st['mean']:.3f} |")
+    if rows:
+        print("### Beside other clients: each client's figures against the server's own over the same run\n")
+        print("| placement | streams | client | ok / failed | client TTFT mean / p99 (ms) | server's own TTFT mean / p99 | client − server mean / p99 | client ITL p50 / std | ITL jitter (client std − server gap std) | TPOT client / server mean |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(rows))
         print()
 

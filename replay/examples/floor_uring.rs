@@ -27,36 +27,20 @@ fn main() {
 }
 
 #[cfg(target_os = "linux")]
+#[allow(dead_code)]
+mod floor_common;
+
+#[cfg(target_os = "linux")]
 mod linux {
+    use super::floor_common::{cpu_seconds, report, Args, Stream, Tally};
     use io_uring::{cqueue, opcode, types, IoUring};
-    use std::io::Write;
-    use std::net::TcpStream;
     use std::os::fd::AsRawFd;
     use std::sync::atomic::{AtomicU16, Ordering};
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     const BUFS: u16 = 4096;
     const BUF_LEN: usize = 4096;
     const GROUP: u16 = 7;
-
-    struct Stream {
-        sock: TcpStream,
-        tail: Vec<u8>,
-        events: u64,
-        id: u64,
-        first_ns: i64,
-    }
-
-    fn cpu_seconds() -> f64 {
-        // SAFETY: getrusage writes into the zeroed struct we pass.
-        let ru = unsafe {
-            let mut ru: libc::rusage = std::mem::zeroed();
-            libc::getrusage(libc::RUSAGE_SELF, &mut ru);
-            ru
-        };
-        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-        t(ru.ru_utime) + t(ru.ru_stime)
-    }
 
     /// The provided-buffer ring: `BUFS` entries the kernel takes buffers from, and the
     /// buffers themselves.
@@ -124,43 +108,7 @@ mod linux {
     }
 
     pub fn run() -> Result<(), String> {
-        let args: Vec<String> = std::env::args().collect();
-        if args.len() < 5 {
-            return Err(
-                "usage: floor_uring HOST:PORT REQUESTS CONCURRENCY MAX_TOKENS [--batch-us N] [--stamps FILE]".into(),
-            );
-        }
-        let addr = &args[1];
-        let num = |i: usize| -> Result<u64, String> {
-            args[i]
-                .parse()
-                .map_err(|_| format!("not a number: {}", args[i]))
-        };
-        let (requests, concurrency, max_tokens) = (num(2)?, num(3)?, num(4)?);
-        let batch = match args.iter().position(|a| a == "--batch-us") {
-            Some(i) => Duration::from_micros(
-                args.get(i + 1)
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("--batch-us needs a number")?,
-            ),
-            None => Duration::ZERO,
-        };
-        let mut stamps_out = match args.iter().position(|a| a == "--stamps") {
-            Some(i) => Some(std::io::BufWriter::new(
-                std::fs::File::create(args.get(i + 1).ok_or("--stamps needs a file")?)
-                    .map_err(|e| e.to_string())?,
-            )),
-            None => None,
-        };
-        let body = format!(
-            r#"{{"model":"ground-truth","prompt":"a b c d e f g h i j k l m n o p","max_tokens":{max_tokens},"stream":true}}"#
-        );
-        let request = |id: u64| {
-            format!(
-                "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\nx-request-id: floor-{id}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )
-        };
+        let mut args = Args::parse("floor_uring")?;
         let mut ring: IoUring = IoUring::builder()
             .setup_cqsize(16384)
             .setup_single_issuer()
@@ -174,27 +122,8 @@ mod linux {
         msghdr.msg_controllen = unsafe { libc::CMSG_SPACE(16) } as _;
 
         let mut streams = Vec::new();
-        for _ in 0..concurrency.min(requests) {
-            let sock = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-            sock.set_nodelay(true).map_err(|e| e.to_string())?;
-            let on: libc::c_int = 1;
-            // SAFETY: valid socket and option.
-            unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_TIMESTAMPNS,
-                    (&on as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
-            streams.push(Stream {
-                sock,
-                tail: Vec::new(),
-                events: 0,
-                id: 0,
-                first_ns: 0,
-            });
+        for _ in 0..args.concurrency.min(args.requests) {
+            streams.push(Stream::connect(&args.addr)?);
         }
         let arm = |ring: &mut IoUring, key: usize, fd: i32| -> Result<(), String> {
             let e = opcode::RecvMsgMulti::new(types::Fd(fd), &msghdr, GROUP)
@@ -220,25 +149,20 @@ mod linux {
         let wall0 = Instant::now();
         let mut sent = 0u64;
         for s in &mut streams {
-            s.id = sent;
-            (&s.sock)
-                .write_all(request(sent).as_bytes())
-                .map_err(|e| e.to_string())?;
+            s.send(&args, sent)?;
             sent += 1;
         }
-        let (mut done, mut events, mut wakeups, mut reads, mut rearms) =
-            (0u64, 0u64, 0u64, 0u64, 0u64);
-        let mut unstamped = 0u64;
-        let mut last_stamp = 0i64;
+        let mut t = Tally::default();
+        let (mut done, mut rearms) = (0u64, 0u64);
         let mut busy = false;
         let mut completions = Vec::with_capacity(16384);
-        while done < requests {
-            if busy && !batch.is_zero() {
-                std::thread::sleep(batch);
+        while done < args.requests {
+            if busy && !args.batch.is_zero() {
+                std::thread::sleep(args.batch);
             }
             ring.submit_and_wait(1)
                 .map_err(|e| format!("io_uring_enter: {e}"))?;
-            wakeups += 1;
+            t.wakeups += 1;
             completions.clear();
             completions.extend(
                 ring.completion()
@@ -247,7 +171,6 @@ mod linux {
             busy = completions.len() > 1;
             for &(key, res, flags) in &completions {
                 let key = key as usize;
-                let bid = cqueue::buffer_select(flags);
                 if res < 0 {
                     if -res == libc::ENOBUFS {
                         rearms += 1;
@@ -259,65 +182,39 @@ mod linux {
                         std::io::Error::from_raw_os_error(-res)
                     ));
                 }
-                let bid = bid.ok_or("a completion without a buffer")?;
-                let buf = bufs.buf(bid, res as usize);
-                let msg = types::RecvMsgOut::parse(buf, &msghdr)
+                let bid = cqueue::buffer_select(flags).ok_or("a completion without a buffer")?;
+                let msg = types::RecvMsgOut::parse(bufs.buf(bid, res as usize), &msghdr)
                     .map_err(|_| "a completion too short for its header")?;
                 let data = msg.payload_data();
                 if data.is_empty() {
                     return Err(format!("connection {key} ended early"));
                 }
-                reads += 1;
-                last_stamp = 0;
+                t.reads += 1;
+                t.last_stamp_ns = 0;
                 let c = msg.control_data();
-                if c.len() >= 16 + 16 {
-                    // cmsghdr (len u64, level i32, type i32), then the timespec.
-                    let ty = i32::from_ne_bytes(c[12..16].try_into().unwrap());
-                    if ty == libc::SCM_TIMESTAMPNS {
-                        let sec = i64::from_ne_bytes(c[16..24].try_into().unwrap());
-                        let nsec = i64::from_ne_bytes(c[24..32].try_into().unwrap());
-                        last_stamp = sec * 1_000_000_000 + nsec;
-                    }
+                // cmsghdr (len u64, level i32, type i32), then the timespec.
+                if c.len() >= 32
+                    && i32::from_ne_bytes(c[12..16].try_into().unwrap()) == libc::SCM_TIMESTAMPNS
+                {
+                    let sec = i64::from_ne_bytes(c[16..24].try_into().unwrap());
+                    let nsec = i64::from_ne_bytes(c[24..32].try_into().unwrap());
+                    t.last_stamp_ns = sec * 1_000_000_000 + nsec;
                 }
-                if last_stamp == 0 {
-                    unstamped += 1;
+                if t.last_stamp_ns == 0 {
+                    t.unstamped += 1;
                 }
-                let events_here = data.windows(6).filter(|w| w == b"data: ").count() as u64;
                 let s = &mut streams[key];
-                if s.events == 0 && events_here > 0 {
-                    s.first_ns = last_stamp;
-                }
-                s.events += events_here;
-                s.tail
-                    .extend_from_slice(&data[data.len().saturating_sub(5)..]);
-                if s.tail.len() > 5 {
-                    s.tail.drain(..s.tail.len() - 5);
-                }
-                let finished = s.tail == b"0\r\n\r\n";
+                let finished = s.take(data, t.last_stamp_ns, &mut args.stamps)?;
                 bufs.push(bid);
                 if !cqueue::more(flags) {
                     rearms += 1;
-                    arm(&mut ring, key, streams[key].sock.as_raw_fd())?;
+                    arm(&mut ring, key, s.sock.as_raw_fd())?;
                 }
-                if finished {
-                    let s = &mut streams[key];
+                if let Some(events) = finished {
                     done += 1;
-                    events += s.events.saturating_sub(1); // less [DONE]
-                    if let Some(out) = stamps_out.as_mut() {
-                        writeln!(
-                            out,
-                            "{{\"request_id\":\"floor-{}\",\"first_event_ns\":{}}}",
-                            s.id, s.first_ns
-                        )
-                        .map_err(|e| e.to_string())?;
-                    }
-                    s.events = 0;
-                    s.tail.clear();
-                    if sent < requests {
-                        s.id = sent;
-                        (&s.sock)
-                            .write_all(request(sent).as_bytes())
-                            .map_err(|e| e.to_string())?;
+                    t.events += events;
+                    if sent < args.requests {
+                        s.send(&args, sent)?;
                         sent += 1;
                     }
                 }
@@ -325,15 +222,6 @@ mod linux {
             bufs.publish();
         }
         let cpu = cpu_seconds() - cpu0;
-        if let Some(mut out) = stamps_out {
-            out.flush().map_err(|e| e.to_string())?;
-        }
-        println!(
-            "{{\"requests\":{requests},\"concurrency\":{concurrency},\"events\":{events},\"reads\":{reads},\"unstamped_reads\":{unstamped},\"wakeups\":{wakeups},\"rearms\":{rearms},\"cpu_seconds\":{cpu:.4},\"cpu_us_per_event\":{:.3},\"wall_seconds\":{:.3},\"batch_us\":{},\"last_stamp_ns\":{last_stamp}}}",
-            cpu * 1e6 / events.max(1) as f64,
-            wall0.elapsed().as_secs_f64(),
-            batch.as_micros()
-        );
-        Ok(())
+        report(&mut args, &t, cpu, wall0, &format!(",\"rearms\":{rearms}"))
     }
 }

@@ -15,7 +15,8 @@ and reports their error against the server's logged write of the first chunk, on
 clock both sides share (the reader has no send time of its own to measure TTFT from).
 
 With --vs-server it compares distributions instead of joining requests, for clients whose
-requests the server's log cannot name (vLLM's benchmark_serving.py sends no request id): the
+requests the server's log cannot name (vLLM's benchmark_serving.py v0.7.3 sends no request
+id; for `vllm bench serve`, whose ids end in the request's index, it also joins them): the
 client's TTFT, ITL and TPOT over all its requests against the server's own over the same run
 (TTFT: first chunk written − request received; ITL: gaps between chunk writes). llmreplay's
 results are read the same way, so the figures sit side by side.
@@ -62,6 +63,42 @@ def floor_main(stamps_path, log_path):
     print()
 
 
+def join_vllm(results, log_path):
+    """Per-request errors for a vLLM client whose requests carry `x-request-id:
+    <prefix>-<i>` (`vllm bench serve` since 2025), i being the request's index in the
+    result's arrays. The join is kept only if it holds up: a client's TTFT can never be
+    shorter than the server's own for the same request (beyond 0.5 ms of clock reading), so a
+    wrong join shows as negative errors for about half of the requests."""
+    with open(results) as f:
+        r = json.load(f)
+    n = len(r["ttfts"])
+    by_index = {}
+    with open(log_path) as f:
+        for line in f:
+            e = json.loads(line)
+            rid = e.get("request_id") or ""
+            head, _, idx = rid.rpartition("-")
+            if head and idx.isdigit() and e.get("complete") and e.get("chunk_written_us"):
+                by_index[int(idx)] = e
+    ttft_err, itl_err = [], []
+    for i in range(n):
+        e = by_index.get(i)
+        if e is None or r["errors"][i]:
+            continue
+        w = e["chunk_written_us"]
+        ttft_err.append(r["ttfts"][i] * 1000.0 - w[0] / 1000.0)
+        gaps = np.diff(np.asarray(w, dtype=float)) / 1000.0
+        if len(r["itls"][i]) == len(gaps):
+            itl_err.extend(np.asarray(r["itls"][i]) * 1000.0 - gaps)
+    if len(ttft_err) < 0.9 * n:
+        return None
+    negative = sum(1 for x in ttft_err if x < -0.5) / len(ttft_err)
+    if negative > 0.01:
+        return None
+    return {"joined": len(ttft_err), "ttft_err_vs_logged_ms": stats(ttft_err),
+            "itl_err_vs_logged_ms": stats(itl_err)}
+
+
 def vs_server_main(kind, results, log_path):
     if kind == "llmreplay":
         t = pq.read_table(results).to_pydict()
@@ -93,6 +130,7 @@ def vs_server_main(kind, results, log_path):
             s_gap.extend(np.diff(np.asarray(w, dtype=float)) / 1000.0)
             if len(w) > 1:
                 s_tpot.append((w[-1] - w[0]) / 1000.0 / (len(w) - 1))
+    joined = join_vllm(results, log_path) if kind == "vllm" else None
     c, s = stats(ttft), stats(s_ttft)
     ci, si = stats(itl), stats(s_gap)
     report = {
@@ -102,6 +140,8 @@ def vs_server_main(kind, results, log_path):
         "client_itl_ms": ci, "server_gap_ms": si, "itl_jitter_ms": ci["std"] - si["std"],
         "client_tpot_ms": stats(tpot), "server_tpot_ms": stats(s_tpot),
     }
+    if joined:
+        report["per_request"] = joined
     json.dump(report, sys.stdout, indent=1)
     print()
 

@@ -169,15 +169,20 @@ def peers_table(out):
                 if not os.path.exists(f):
                     continue
                 e = load(f)
+                joined = e.get("per_request", {}).get("ttft_err_vs_logged_ms")
+                if name == "llmreplay":
+                    acc = os.path.join(out, f"acc-{place}-{n}-tpc1-errors.json")
+                    joined = load(acc)["ttft_err_vs_logged_ms"] if os.path.exists(acc) else None
+                per_req = f"{joined['mean']:.2f} / {joined['p99']:.2f}" if joined else "— (no request id)"
                 c, s = e["client_ttft_ms"], e["server_ttft_ms"]
                 ci, ct, st = e["client_itl_ms"], e["client_tpot_ms"], e["server_tpot_ms"]
                 rows.append(f"| {place} | {n} | {name} | {e['requests_ok']} / {e['failed']} | {c['mean']:.2f} / {c['p99']:.2f} "
                             f"| {s['mean']:.2f} / {s['p99']:.2f} | **{e['ttft_over_server_mean_ms']:.2f} / {e['ttft_over_server_p99_ms']:.2f}** "
-                            f"| {ci['p50']:.3f} / {ci['std']:.3f} | **{e['itl_jitter_ms']:.3f}** | {ct['mean']:.3f} / {st['mean']:.3f} |")
+                            f"| {per_req} | {ci['p50']:.3f} / {ci['std']:.3f} | **{e['itl_jitter_ms']:.3f}** | {ct['mean']:.3f} / {st['mean']:.3f} |")
     if rows:
         print("### Beside other clients: each client's figures against the server's own over the same run\n")
-        print("| placement | streams | client | ok / failed | client TTFT mean / p99 (ms) | server's own TTFT mean / p99 | client − server mean / p99 | client ITL p50 / std | ITL jitter (client std − server gap std) | TPOT client / server mean |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| placement | streams | client | ok / failed | client TTFT mean / p99 (ms) | server's own TTFT mean / p99 | client − server mean / p99 | per request: TTFT err vs logged mean / p99 | client ITL p50 / std | ITL jitter (client std − server gap std) | TPOT client / server mean |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(rows))
         print()
 

@@ -36,14 +36,14 @@ def stats(xs):
             "p99": float(np.percentile(a, 99)), "std": float(a.std())}
 
 
-def read_log(log_path):
-    server = {}
+def log_entries(log_path):
     with open(log_path, newline="") as f:
-        for line in f:
-            e = json.loads(line)
-            if e.get("request_id"):
-                server[e["request_id"]] = e
-    return server
+        return [json.loads(line) for line in f]
+
+
+def read_log(log_path):
+    """The server's log by request id (the last entry of an id wins)."""
+    return {e["request_id"]: e for e in log_entries(log_path) if e.get("request_id")}
 
 
 def floor_main(stamps_path, log_path):
@@ -63,23 +63,19 @@ def floor_main(stamps_path, log_path):
     print()
 
 
-def join_vllm(results, log_path):
+def join_vllm(r, written):
     """Per-request errors for a vLLM client whose requests carry `x-request-id:
     <prefix>-<i>` (`vllm bench serve` since 2025), i being the request's index in the
     result's arrays. The join is kept only if it holds up: a client's TTFT can never be
     shorter than the server's own for the same request (beyond 0.5 ms of clock reading), so a
-    wrong join shows as negative errors for about half of the requests."""
-    with open(results) as f:
-        r = json.load(f)
+    wrong join shows as negative errors for about half of the requests. `r` is the client's
+    result, `written` the server's complete log entries."""
     n = len(r["ttfts"])
     by_index = {}
-    with open(log_path) as f:
-        for line in f:
-            e = json.loads(line)
-            rid = e.get("request_id") or ""
-            head, _, idx = rid.rpartition("-")
-            if head and idx.isdigit() and e.get("complete") and e.get("chunk_written_us"):
-                by_index[int(idx)] = e
+    for e in written:
+        head, _, idx = (e.get("request_id") or "").rpartition("-")
+        if head and idx.isdigit():
+            by_index[int(idx)] = e
     ttft_err, itl_err = [], []
     for i in range(n):
         e = by_index.get(i)
@@ -100,6 +96,7 @@ def join_vllm(results, log_path):
 
 
 def vs_server_main(kind, results, log_path):
+    r = None
     if kind == "llmreplay":
         t = pq.read_table(results).to_pydict()
         ok = [i for i, o in enumerate(t["outcome"]) if o == "ok"]
@@ -119,18 +116,15 @@ def vs_server_main(kind, results, log_path):
         failed = len(r["errors"]) - len(good)
     else:
         sys.exit(f"--vs-server: unknown client kind {kind}")
+    written = [e for e in log_entries(log_path) if e.get("complete") and e.get("chunk_written_us")]
     s_ttft, s_gap, s_tpot = [], [], []
-    with open(log_path) as f:
-        for line in f:
-            e = json.loads(line)
-            w = e.get("chunk_written_us") or []
-            if not e.get("complete") or not w:
-                continue
-            s_ttft.append(w[0] / 1000.0)
-            s_gap.extend(np.diff(np.asarray(w, dtype=float)) / 1000.0)
-            if len(w) > 1:
-                s_tpot.append((w[-1] - w[0]) / 1000.0 / (len(w) - 1))
-    joined = join_vllm(results, log_path) if kind == "vllm" else None
+    for e in written:
+        w = e["chunk_written_us"]
+        s_ttft.append(w[0] / 1000.0)
+        s_gap.extend(np.diff(np.asarray(w, dtype=float)) / 1000.0)
+        if len(w) > 1:
+            s_tpot.append((w[-1] - w[0]) / 1000.0 / (len(w) - 1))
+    joined = join_vllm(r, written) if r is not None else None
     c, s = stats(ttft), stats(s_ttft)
     ci, si = stats(itl), stats(s_gap)
     report = {

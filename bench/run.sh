@@ -112,8 +112,8 @@ peer() { # peer NAME N PLACEMENT
   PLACE=$3
   start_gt "$OUT/$tag-gt.jsonl" 50 10 1
   # shellcheck disable=SC2086 # $cmd is a command line on purpose.
-  ( cd "$OUT" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 timeout 600 \
-      $(if [ "$PLACE" = split ]; then echo taskset -c 0; fi) $cmd --backend openai \
+  ( cd "$OUT" && export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 && pin_client timeout 600 \
+      $cmd --backend openai \
       --base-url "http://127.0.0.1:$GT_PORT" --endpoint /v1/completions --model ground-truth \
       --tokenizer "$tok" --dataset-name random --random-input-len 16 \
       --random-output-len 100 --ignore-eos --num-prompts "$reqs" --max-concurrency "$n" \

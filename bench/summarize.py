@@ -12,6 +12,17 @@ def load(p):
         return json.load(f)
 
 
+def print_table(title, columns, rows):
+    """A Markdown table under a heading, or nothing when there are no rows."""
+    if not rows:
+        return
+    print(f"### {title}\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    print("\n".join(rows))
+    print()
+
+
 def main():
     out = sys.argv[1]
     print(f"Run: `{out}`\n")
@@ -73,13 +84,20 @@ def floor_table(out):
         ours_req = cpu * 1e6 / r["completed"] if r["completed"] else float("nan")
         rows.append(f"| {place} | {n} | {e['mean']:.3f} / {e['p99']:.3f} | {fe['mean']:.3f} / {fe['p99']:.3f} | "
                     f"{ours_ev:.2f} | {f['cpu_us_per_event']:.2f} | {ours_ev - f['cpu_us_per_event']:.2f} | {ours_req:.0f} |")
-    if rows:
-        print("### llmreplay beside a bare reader (the kernel's floor), same load\n")
-        print("| placement | streams | llmreplay TTFT err vs logged mean / p99 (ms) | bare reader first-event err vs logged mean / p99 (ms) "
-              "| llmreplay CPU per event (µs) | bare reader CPU per event (µs) | llmreplay above the floor (µs) | llmreplay CPU per request (µs) |")
-        print("|---|---|---|---|---|---|---|---|")
-        print("\n".join(rows))
-        print()
+    print_table(
+        "llmreplay beside a bare reader (the kernel's floor), same load",
+        [
+            "placement",
+            "streams",
+            "llmreplay TTFT err vs logged mean / p99 (ms)",
+            "bare reader first-event err vs logged mean / p99 (ms)",
+            "llmreplay CPU per event (µs)",
+            "bare reader CPU per event (µs)",
+            "llmreplay above the floor (µs)",
+            "llmreplay CPU per request (µs)",
+        ],
+        rows,
+    )
 
 
 def writer_table(out):
@@ -121,12 +139,20 @@ def proxy_tables(out):
             it = lambda k: e["itl_err_vs_logged_ms"][k] - d["itl_err_vs_logged_ms"][k]
             rows.append(f"| {n} | {path} | {tt('p50'):.3f} / {tt('p99'):.3f} | {it('p50'):.4f} / {it('p99'):.3f} | "
                         f"{cpu_s:.2f} s | {recorded} | {per_req} | {r['completed']} ok, {r['failed']} failed |")
-    if rows:
-        print("### Proxy overhead (added over direct, client-measured against the server's logged writes)\n")
-        print("| streams | path | added TTFT p50 / p99 (ms) | added chunk gap p50 / p99 (ms) | proxy CPU (measured pass) | rows recorded (both passes) | on disk per request | requests |")
-        print("|---|---|---|---|---|---|---|---|")
-        print("\n".join(rows))
-        print()
+    print_table(
+        "Proxy overhead (added over direct, client-measured against the server's logged writes)",
+        [
+            "streams",
+            "path",
+            "added TTFT p50 / p99 (ms)",
+            "added chunk gap p50 / p99 (ms)",
+            "proxy CPU (measured pass)",
+            "rows recorded (both passes)",
+            "on disk per request",
+            "requests",
+        ],
+        rows,
+    )
 
 
 def shards_table(out):
@@ -148,12 +174,18 @@ def floor_kinds_table(out):
             f = load(p)
             e = load(os.path.join(out, f"kind-{kind}-errors.json"))["first_event_err_vs_logged_ms"]
             rows.append(f"| {name} | {f['events']} | {f['reads']} | {f['wakeups']} | {f['cpu_us_per_event']:.2f} | {e['p99']:.3f} |")
-    if rows:
-        print("### The bare reader through two kernel interfaces (1,000 streams)\n")
-        print("| interface | events | reads | wake-ups | CPU per event (µs) | first-event error p99 (ms) |")
-        print("|---|---|---|---|---|---|")
-        print("\n".join(rows))
-        print()
+    print_table(
+        "The bare reader through two kernel interfaces (1,000 streams)",
+        [
+            "interface",
+            "events",
+            "reads",
+            "wake-ups",
+            "CPU per event (µs)",
+            "first-event error p99 (ms)",
+        ],
+        rows,
+    )
 
 
 def peers_table(out):
@@ -179,12 +211,23 @@ def peers_table(out):
                 rows.append(f"| {place} | {n} | {name} | {e['requests_ok']} / {e['failed']} | {c['mean']:.2f} / {c['p99']:.2f} "
                             f"| {s['mean']:.2f} / {s['p99']:.2f} | **{e['ttft_over_server_mean_ms']:.2f} / {e['ttft_over_server_p99_ms']:.2f}** "
                             f"| {per_req} | {ci['p50']:.3f} / {ci['std']:.3f} | **{e['itl_jitter_ms']:.3f}** | {ct['mean']:.3f} / {st['mean']:.3f} |")
-    if rows:
-        print("### Beside other clients: each client's figures against the server's own over the same run\n")
-        print("| placement | streams | client | ok / failed | client TTFT mean / p99 (ms) | server's own TTFT mean / p99 | client − server mean / p99 | per request: TTFT err vs logged mean / p99 | client ITL p50 / std | ITL jitter (client std − server gap std) | TPOT client / server mean |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        print("\n".join(rows))
-        print()
+    print_table(
+        "Beside other clients: each client's figures against the server's own over the same run",
+        [
+            "placement",
+            "streams",
+            "client",
+            "ok / failed",
+            "client TTFT mean / p99 (ms)",
+            "server's own TTFT mean / p99",
+            "client − server mean / p99",
+            "per request: TTFT err vs logged mean / p99",
+            "client ITL p50 / std",
+            "ITL jitter (client std − server gap std)",
+            "TPOT client / server mean",
+        ],
+        rows,
+    )
 
 
 if __name__ == "__main__":

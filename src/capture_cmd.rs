@@ -97,6 +97,13 @@ pub struct CaptureArgs {
     /// Longest wait for the upstream's response headers (then 504).
     #[arg(long, value_parser = parse_duration, default_value = "600s")]
     upstream_timeout: Duration,
+    /// Longest TCP (and TLS) connect to the upstream (then 502).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    connect_timeout: Duration,
+    /// Longest an upstream keep-alive connection waits idle for its next request; keep it
+    /// below the upstream's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s).
+    #[arg(long, value_parser = parse_duration, default_value = "4s")]
+    pool_idle_timeout: Duration,
     /// Longest silence within a response body (then the stream is cut).
     #[arg(long, value_parser = parse_duration, default_value = "600s")]
     idle_timeout: Duration,
@@ -206,6 +213,8 @@ impl CaptureArgs {
         c.sample_rate = self.sample_rate;
         c.queue_capacity = self.queue_capacity;
         c.upstream_timeout = self.upstream_timeout;
+        c.upstream_connect_timeout = self.connect_timeout;
+        c.upstream_pool_idle_timeout = self.pool_idle_timeout;
         c.idle_timeout = self.idle_timeout;
         c.max_request_body = self.max_request_body_mb * 1024 * 1024;
         c.max_file_bytes = self.max_file_mb * 1024 * 1024;

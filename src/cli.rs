@@ -313,6 +313,13 @@ struct ReplayArgs {
     /// PEM bundle of a private CA to trust for https targets (default: the web PKI).
     #[arg(long)]
     ca_cert: Option<PathBuf>,
+    /// Longest TCP (and TLS) connect to a target, apart from --timeout.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    connect_timeout: Duration,
+    /// Longest a keep-alive connection waits idle for its next request; keep it below the
+    /// target's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s).
+    #[arg(long, value_parser = parse_duration, default_value = "4s")]
+    pool_idle_timeout: Duration,
     /// Do not open the connection pool before the clock starts.
     #[arg(long)]
     no_preconnect: bool,
@@ -630,6 +637,8 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             api_key: a.api_key.clone(),
             timeout: a.timeout,
             ca_cert: a.ca_cert.clone(),
+            connect_timeout: a.connect_timeout,
+            pool_idle_timeout: a.pool_idle_timeout,
             tokenizer: None,
         },
         preconnect: !a.no_preconnect,

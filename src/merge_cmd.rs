@@ -306,6 +306,7 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
         trace_span: Duration::from_micros(last_offset.max(0) as u64),
         wall: Duration::from_secs_f64(metrics.duration_s),
         preconnected: 0,
+        pool: None,
         warmups: 0,
         client_load: None,
         server_gauges: Default::default(),

@@ -76,6 +76,12 @@ pub struct ProxyConfig {
     pub queue_capacity: usize,
     /// Longest wait for the upstream's response headers (then 504, outcome `timeout`).
     pub upstream_timeout: Duration,
+    /// Longest TCP (and TLS) connect to the upstream (then 502).
+    pub upstream_connect_timeout: Duration,
+    /// Longest an upstream keep-alive connection waits idle for reuse: below the upstream's
+    /// own keep-alive timeout (uvicorn's is 5 s), so no request is written to a connection
+    /// in the instant the upstream closes it.
+    pub upstream_pool_idle_timeout: Duration,
     /// Longest gap between two frames of a response body (then the stream is cut, outcome
     /// `timeout`).
     pub idle_timeout: Duration,
@@ -116,6 +122,8 @@ impl ProxyConfig {
             sample_rate: 1.0,
             queue_capacity: 16 * 1024,
             upstream_timeout: Duration::from_secs(600),
+            upstream_connect_timeout: Duration::from_secs(10),
+            upstream_pool_idle_timeout: Duration::from_secs(4),
             idle_timeout: Duration::from_secs(600),
             max_request_body: 64 * 1024 * 1024,
             max_file_bytes: 256 * 1024 * 1024,

@@ -296,7 +296,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros());
     let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
-        .then(|| LeanUpstream::new(&upstream.authority))
+        .then(|| LeanUpstream::new(&upstream.authority, &cfg))
         .flatten()
         .map(Arc::new);
     let prompts = PromptQueue::new(cfg.tokenizer.clone(), cfg.block_size);
@@ -332,7 +332,7 @@ fn build_client(cfg: &ProxyConfig) -> Result<UpClient> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_secs(10)));
+    http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
     let tls = tls::client_config(cfg.upstream_ca.as_deref())?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
@@ -341,7 +341,7 @@ fn build_client(cfg: &ProxyConfig) -> Result<UpClient> {
         .enable_http2()
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(cfg.upstream_pool_idle_timeout)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .http2_only(cfg.upstream_h2)

@@ -89,7 +89,7 @@ mod linux {
                 let key = e.u64 as usize;
                 let s = &mut streams[key];
                 let (got, stamp) =
-                    trace_format::rxstamp::recv(s.sock.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT)
+                    wire::rxstamp::recv(s.sock.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT)
                         .map_err(|e| format!("connection {key}: {e}"))?;
                 if got == 0 {
                     return Err(format!("connection {key} ended early"));
@@ -99,7 +99,7 @@ mod linux {
                 if stamp == 0 {
                     // No stamp (the kernel had none for these bytes): the read time.
                     t.unstamped += 1;
-                    t.last_stamp_ns = trace_format::rxstamp::realtime_ns();
+                    t.last_stamp_ns = wire::rxstamp::realtime_ns();
                 }
                 // SAFETY: recv initialized the first `got` bytes.
                 let data = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), got) };

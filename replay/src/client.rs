@@ -1,25 +1,40 @@
-//! The HTTP/SSE client: a keep-alive connection pool of our own over lean HTTP/1.1
-//! connections (plain or rustls, [`crate::http1`]), so each request knows whether its
-//! connection was new and how long connecting took, and t0 is taken when the request is
-//! written, after any connecting.
+//! The HTTP/SSE client: [`wire`]'s connection pool and lean HTTP/1.1 connections (plain or
+//! rustls), so each request knows whether its connection was new and how long connecting
+//! took, and t0 is taken when the request is written, after any connecting. Requests follow
+//! the wire's retry rule ([`wire::Pool::send`]): one is sent again only when not one byte of
+//! it reached a connection, so the target sees every trace row exactly once, and a pooled
+//! connection the target closed is found and replaced before any byte goes out.
 //!
 //! The per-chunk path takes one clock reading per socket read, feeds the shared SSE parser
 //! straight from the read buffer, and pushes an integer; no lock, no channel, no allocation
 //! beyond the growth of the request's own vectors, no tokenizer.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::net::TcpStream;
 use trace_format::sse::{classify, response_usage, SseParser, StreamEvent};
 use trace_format::Outcome;
+use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
 
 use crate::config::RequestOptions;
 use crate::error::ReplayError;
-use crate::http1::{Conn, Head, Io, ReadError, Stamped};
 use crate::prompt::BuiltRequest;
+
+/// Largest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+
+/// A head's `content-type` starts with `text/event-stream`.
+fn is_sse(r: &httparse::Response<'_, '_>) -> Result<bool, String> {
+    Ok(r.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("content-type")
+            && h.value
+                .trim_ascii_start()
+                .get(..17)
+                .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
+    }))
+}
 
 /// Where a target lives, parsed from its URL.
 #[derive(Debug, Clone)]
@@ -90,8 +105,7 @@ pub struct Exchange {
 /// A keep-alive HTTP/1.1 client for one target.
 pub struct Client {
     ep: Endpoint,
-    tls: Option<tokio_rustls::TlsConnector>,
-    idle: Mutex<Vec<Conn>>,
+    pool: Arc<Pool>,
     /// The header lines every request carries (host, content type, key, --header),
     /// rendered once.
     headers: Vec<u8>,
@@ -99,8 +113,8 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for `url` with the headers, API key and CA bundle of `opts`, and `timeout`
-    /// per request.
+    /// A client for `url` with the headers, API key, CA bundle and connection settings of
+    /// `opts`, and `timeout` per request (from its write; connecting has its own timeout).
     pub fn new(
         url: &str,
         opts: &RequestOptions,
@@ -133,81 +147,54 @@ impl Client {
             map.extend_from_slice(v.as_bytes());
             map.extend_from_slice(b"\r\n");
         }
-        let tls = if ep.https {
-            Some(tls_connector(opts.ca_cert.as_deref())?)
+        let target = if ep.https {
+            wire::Target::tls(
+                &ep.host,
+                ep.port,
+                &ep.authority,
+                tls_connector(opts.ca_cert.as_deref())?,
+            )
+            .map_err(ReplayError::Config)?
         } else {
-            None
+            wire::Target::plain(&ep.host, ep.port, &ep.authority)
         };
+        let pool = Pool::new(
+            target,
+            PoolConfig {
+                connect_timeout: opts.connect_timeout,
+                idle_timeout: opts.pool_idle_timeout,
+                stamp_reads: true,
+                ..PoolConfig::default()
+            },
+        );
         Ok(Arc::new(Client {
             ep,
-            tls,
-            idle: Mutex::new(Vec::new()),
+            pool: Arc::new(pool),
             headers: map,
             timeout,
         }))
     }
 
-    /// Opens a new connection.
-    async fn connect(&self) -> Result<Conn, String> {
-        let tcp = TcpStream::connect((self.ep.host.as_str(), self.ep.port))
-            .await
-            .map_err(|e| format!("connect {}: {e}", self.ep.authority))?;
-        let _ = tcp.set_nodelay(true);
-        let tcp = Stamped::new(tcp);
-        match &self.tls {
-            None => Ok(Conn::new(Io::Plain(tcp))),
-            Some(tls) => {
-                let name = rustls::pki_types::ServerName::try_from(self.ep.host.clone())
-                    .map_err(|e| format!("server name {}: {e}", self.ep.host))?;
-                let stream = tls
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| format!("TLS {}: {e}", self.ep.authority))?;
-                Ok(Conn::new(Io::Tls(Box::new(stream))))
-            }
-        }
-    }
-
     /// Opens `n` connections into the idle pool (before the clock starts).
-    pub async fn preconnect(self: &Arc<Self>, n: usize) -> Result<usize, String> {
-        let mut set = tokio::task::JoinSet::new();
-        for _ in 0..n {
-            let me = self.clone();
-            set.spawn(async move { me.connect().await });
-        }
-        let mut opened = 0;
-        let mut first_err = None;
-        while let Some(r) = set.join_next().await {
-            match r {
-                Ok(Ok(s)) => {
-                    self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(s);
-                    opened += 1;
-                }
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(e.to_string());
-                }
-            }
-        }
-        match (opened, first_err) {
-            (0, Some(e)) if n > 0 => Err(e),
-            _ => Ok(opened),
-        }
+    pub async fn preconnect(&self, n: usize) -> Result<usize, String> {
+        self.pool.preconnect(n).await.map_err(|e| e.to_string())
     }
 
-    fn take_idle(&self) -> Option<Conn> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
-    }
-
-    fn put_idle(&self, c: Conn) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+    /// Makes the idle pool hold `n` usable connections right before the clock starts:
+    /// drops those the target closed or that idled too long meanwhile (a `--start-at` wait,
+    /// warm-ups), opens the rest. Returns (kept, opened).
+    pub async fn refresh(&self, n: usize) -> Result<(usize, usize), String> {
+        self.pool.refresh(n).await.map_err(|e| e.to_string())
     }
 
     /// Number of idle pooled connections.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.pool.idle_count()
+    }
+
+    /// What the pool did with its connections so far.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
     }
 
     /// The request bytes: request line, the shared header lines, `x-request-id`, the
@@ -240,23 +227,23 @@ impl Client {
     /// `/metrics`).
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes), String> {
         let fut = async {
-            let mut c = match self.take_idle() {
-                Some(c) => c,
-                None => self.connect().await?,
-            };
             let req = self.request("GET", path, &[], None);
-            c.send(&req).await.map_err(|e| format!("GET {path}: {e}"))?;
-            let (head, t) = c
-                .read_head()
+            let Sent { mut conn, .. } = self
+                .pool
+                .send(&req, Duration::from_secs(10))
+                .await
+                .map_err(|e| format!("GET {path}: {e}"))?;
+            let (head, t) = conn
+                .read_head(MAX_HEAD, |_| Ok(()))
                 .await
                 .map_err(|e| format!("GET {path}: {e}"))?;
             let mut body = Vec::new();
-            let reusable = c
+            let reusable = conn
                 .read_body(head.framing, t, |d, _| body.extend_from_slice(d))
                 .await
                 .map_err(|e| format!("GET {path}: {e}"))?;
-            if reusable && !head.close {
-                self.put_idle(c);
+            if reusable && head.keep_alive {
+                self.pool.checkin(conn);
             }
             Ok((head.status, Bytes::from(body)))
         };
@@ -271,78 +258,60 @@ impl Client {
     /// server-side logs join the results.
     pub async fn execute(&self, req: &BuiltRequest, request_id: Option<&str>) -> Exchange {
         let bytes = self.request("POST", &req.endpoint, &req.body, request_id);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let (conn, new_connection, connect) = match self.take_idle() {
-                Some(c) => (Ok(c), false, Duration::ZERO),
-                None => {
-                    let c0 = Instant::now();
-                    let c = tokio::time::timeout(self.timeout, self.connect())
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(format!("connect {}: timed out", self.ep.authority))
-                        });
-                    (c, true, c0.elapsed())
-                }
-            };
-            let mut conn = match conn {
-                Ok(c) => c,
-                Err(e) => {
-                    let now = Instant::now();
-                    return Exchange::failed(now, true, connect, Outcome::UpstreamError, e);
-                }
-            };
-            // A pooled connection the server closed meanwhile fails before any response
-            // byte: retry once on a new connection.
-            let may_retry = !new_connection && attempt == 1;
-            let failed =
-                |t0, outcome, error| Exchange::failed(t0, new_connection, connect, outcome, error);
-            // t0 is taken in the task that writes the request, right before the write.
-            let t0 = Instant::now();
-            let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(t0 + self.timeout));
-            tokio::pin!(timer);
-            match with_deadline(&mut timer, conn.send(&bytes)).await {
-                None => {
-                    return failed(
+        // t0 is taken in the task that writes the request, right before the write, after
+        // any connecting; the request timeout runs from it.
+        let Sent {
+            mut conn,
+            reused,
+            connect,
+            t0,
+        } = match self.pool.send(&bytes, self.timeout).await {
+            Ok(s) => s,
+            Err(e) => {
+                let (t0, new, connect, outcome) = match e {
+                    SendError::Connect { spent, .. } => {
+                        (Instant::now(), true, spent, Outcome::UpstreamError)
+                    }
+                    SendError::Write {
                         t0,
-                        Outcome::Timeout,
-                        "request not sent within the timeout".into(),
-                    )
-                }
-                Some(Err(_)) if may_retry => continue,
-                Some(Err(e)) => {
-                    return failed(t0, Outcome::UpstreamError, format!("request failed: {e}"))
-                }
-                Some(Ok(())) => {}
-            }
-            let head = match with_deadline(&mut timer, conn.read_head()).await {
-                None => {
-                    return failed(
+                        reused,
+                        connect,
+                        ..
+                    } => (t0, !reused, connect, Outcome::UpstreamError),
+                    SendError::WriteTimeout {
                         t0,
-                        Outcome::Timeout,
-                        "no response headers within the timeout".into(),
-                    )
-                }
-                Some(Err(ReadError::ClosedBeforeResponse | ReadError::Io(_))) if may_retry => {
-                    continue
-                }
-                Some(Err(e)) => {
-                    return failed(t0, Outcome::UpstreamError, format!("request failed: {e}"))
-                }
-                Some(Ok(h)) => h,
-            };
-            let close = head.0.close;
-            let (mut ex, reusable) =
-                read_response(&mut conn, head, t0, &mut timer, req.stream).await;
-            ex.new_connection = new_connection;
-            ex.connect = connect;
-            if reusable && !close && (ex.outcome == Outcome::Ok || ex.outcome == Outcome::HttpError)
-            {
-                self.put_idle(conn);
+                        reused,
+                        connect,
+                    } => (t0, !reused, connect, Outcome::Timeout),
+                };
+                return Exchange::failed(t0, new, connect, outcome, e.to_string());
             }
-            return ex;
+        };
+        let new_connection = !reused;
+        let failed = |outcome, error| Exchange::failed(t0, new_connection, connect, outcome, error);
+        let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(t0 + self.timeout));
+        tokio::pin!(timer);
+        let head = match with_deadline(&mut timer, conn.read_head(MAX_HEAD, is_sse)).await {
+            None => {
+                return failed(
+                    Outcome::Timeout,
+                    "no response headers within the timeout".into(),
+                )
+            }
+            // The request was written: whatever the server did with it, it is not sent
+            // again (the retry rule), and the failure is the server's.
+            Some(Err(e)) => return failed(Outcome::UpstreamError, format!("request failed: {e}")),
+            Some(Ok(h)) => h,
+        };
+        let keep_alive = head.0.keep_alive;
+        let (mut ex, reusable) = read_response(&mut conn, head, t0, &mut timer, req.stream).await;
+        ex.new_connection = new_connection;
+        ex.connect = connect;
+        if reusable && keep_alive && (ex.outcome == Outcome::Ok || ex.outcome == Outcome::HttpError)
+        {
+            self.pool.checkin(conn);
         }
+        ex
     }
 }
 
@@ -424,7 +393,7 @@ async fn with_deadline<T>(
 /// connection ended the response cleanly (reusable).
 async fn read_response(
     conn: &mut Conn,
-    (head, t_head): (Head, Instant),
+    (head, t_head): (Head<bool>, Instant),
     t0: Instant,
     timer: &mut std::pin::Pin<&mut tokio::time::Sleep>,
     stream: bool,
@@ -435,7 +404,7 @@ async fn read_response(
     ex.status = Some(status);
     let ok_status = (200..300).contains(&status);
 
-    if !ok_status || !stream || !head.sse {
+    if !ok_status || !stream || !head.extra {
         // Read the whole body (an error text, a JSON response, or a non-SSE answer to a
         // streamed request).
         let mut buf = Vec::new();

@@ -370,6 +370,12 @@ pub struct RequestOptions {
     pub timeout: Duration,
     /// PEM bundle of the CA to trust for https targets instead of the web PKI.
     pub ca_cert: Option<std::path::PathBuf>,
+    /// Longest TCP/TLS connect, apart from the request timeout (`--connect-timeout`).
+    pub connect_timeout: Duration,
+    /// Longest a keep-alive connection is kept idle for reuse (`--pool-idle-timeout`): below
+    /// the target's own keep-alive timeout (uvicorn's is 5 s), so the pool never writes to a
+    /// connection in the instant the server closes it.
+    pub pool_idle_timeout: Duration,
 }
 
 /// Everything a replay run needs, validated.
@@ -440,6 +446,8 @@ impl ReplayConfig {
                 api_key: None,
                 timeout: Duration::from_secs(600),
                 ca_cert: None,
+                connect_timeout: Duration::from_secs(10),
+                pool_idle_timeout: Duration::from_secs(4),
             },
             preconnect: true,
             num_warmups: 0,

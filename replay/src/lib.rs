@@ -12,7 +12,6 @@ pub mod cpu;
 pub mod document;
 pub mod error;
 pub mod html;
-mod http1;
 pub mod metrics;
 pub mod pacer;
 pub mod plan;

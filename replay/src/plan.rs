@@ -304,6 +304,8 @@ mod tests {
             api_key: None,
             timeout: Duration::from_secs(1),
             ca_cert: None,
+            connect_timeout: Duration::from_secs(10),
+            pool_idle_timeout: Duration::from_secs(4),
         }
     }
 

@@ -918,6 +918,8 @@ mod tests {
             api_key: None,
             timeout: Duration::from_secs(5),
             ca_cert: None,
+            connect_timeout: Duration::from_secs(10),
+            pool_idle_timeout: Duration::from_secs(4),
         }
     }
 

@@ -414,7 +414,14 @@ pub fn result_json(i: &ResultInputs) -> Value {
     ours.insert("client_queue_ms".into(), summary_json(&m.queue));
     ours.insert(
         "connections".into(),
-        json!({"preconnected": run.preconnected, "new_during_run": m.new_connections, "connect_ms": summary_json(&m.connect)}),
+        json!({
+            "preconnected": run.preconnected,
+            "new_during_run": m.new_connections,
+            "reused": run.pool.map(|p| p.reused),
+            "found_closed": run.pool.map(|p| p.found_closed),
+            "expired_idle": run.pool.map(|p| p.expired),
+            "connect_ms": summary_json(&m.connect),
+        }),
     );
     ours.insert(
         "client".into(),
@@ -638,13 +645,23 @@ pub fn console_report(i: &ResultInputs) -> String {
             ),
         );
     }
+    let reused = run
+        .pool
+        .map_or_else(|| "-".to_string(), |p| p.reused.to_string());
+    let mut conns = format!(
+        "{} / {} / {reused} (connect time excluded from TTFT)",
+        run.preconnected, m.new_connections
+    );
+    if let Some(p) = run.pool.filter(|p| p.found_closed + p.expired > 0) {
+        conns.push_str(&format!(
+            "; {} found closed by the target and {} idle over --pool-idle-timeout, replaced before sending",
+            p.found_closed, p.expired
+        ));
+    }
     line(
         &mut out,
-        "Connections (preconnected / new):",
-        format!(
-            "{} / {} (connect time excluded from TTFT)",
-            run.preconnected, m.new_connections
-        ),
+        "Connections (preconnected / new / reused):",
+        conns,
     );
     if let Some(c) = &run.client_load {
         line(
@@ -849,6 +866,7 @@ mod tests {
             trace_span: std::time::Duration::ZERO,
             wall: std::time::Duration::from_secs(1),
             preconnected: 0,
+            pool: None,
             warmups: 0,
             client_load: Some(crate::run::ClientLoad {
                 cpu_seconds: cpu_utilization,

@@ -68,6 +68,9 @@ pub struct RunOutput {
     pub wall: Duration,
     /// Connections opened before the clock started.
     pub preconnected: usize,
+    /// What the connection pool did while the clock ran (`None` where unknown: merged
+    /// shards).
+    pub pool: Option<wire::PoolStats>,
     /// Warm-up requests sent.
     pub warmups: usize,
     /// Client CPU, when measurable.
@@ -231,17 +234,27 @@ pub fn run_target(
             });
         }
     }
-    let preconnected = if cfg.preconnect {
-        let want = preconnect_count(&plan, records, cfg).saturating_sub(client.idle_count());
-        rt.block_on(client.preconnect(want))
-            .map_err(|e| ReplayError::Target {
-                target: target.name.clone(),
-                message: format!("preconnect: {e}"),
-            })?
+    // The pool is opened before any wait, so a target that cannot be reached fails at once,
+    // and opened again (refreshed) right before the clock starts: a connection the target
+    // closed during a `--start-at` wait, or that idled past the idle timeout, never meets
+    // the first request.
+    let want = if cfg.preconnect {
+        preconnect_count(&plan, records, cfg)
     } else {
         0
     };
-
+    let refresh = |what: &str| -> Result<Duration, ReplayError> {
+        let t = Instant::now();
+        if want > 0 {
+            rt.block_on(client.refresh(want))
+                .map_err(|e| ReplayError::Target {
+                    target: target.name.clone(),
+                    message: format!("{what}: {e}"),
+                })?;
+        }
+        Ok(t.elapsed())
+    };
+    let preconnect_took = refresh("preconnect")?;
     let total = plan.items.len();
     let initial: Vec<Release> = plan
         .items
@@ -276,15 +289,27 @@ pub fn run_target(
                 now.checked_sub(Duration::from_micros(ahead_us.unsigned_abs()))
                     .unwrap_or(now)
             };
+            // Wake early enough to refresh the pool before the clock starts.
+            let margin = lead + (preconnect_took * 2).max(Duration::from_millis(50));
             std::thread::sleep(
                 start
-                    .checked_sub(lead)
+                    .checked_sub(margin)
                     .unwrap_or(start)
                     .saturating_duration_since(Instant::now()),
             );
             (start, at)
         }
     };
+    if cfg.start_at_us.is_some() {
+        refresh("preconnect after the --start-at wait")?;
+        std::thread::sleep(
+            start
+                .checked_sub(lead)
+                .unwrap_or(start)
+                .saturating_duration_since(Instant::now()),
+        );
+    }
+    let pool_at_start = client.pool_stats();
     let shared = Arc::new(Shared {
         sem: cfg.max_concurrency.map(Semaphore::new),
         plan,
@@ -354,6 +379,7 @@ pub fn run_target(
     });
     let _ = pacer.join();
     let wall = wall0.elapsed().saturating_sub(lead);
+    let pool = shared.client.pool_stats().since(&pool_at_start);
     let client_load = match (cpu0, cpu::threads_cpu(CLIENT_THREAD)) {
         (Some(a), Some(b)) => {
             let workers = rt.metrics().num_workers();
@@ -396,7 +422,8 @@ pub fn run_target(
         skipped,
         trace_span,
         wall,
-        preconnected,
+        preconnected: pool_at_start.preconnected as usize,
+        pool: Some(pool),
         warmups: cfg.num_warmups,
         client_load,
         server_gauges,

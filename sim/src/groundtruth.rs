@@ -238,7 +238,7 @@ impl KernelStamped {
         #[cfg(unix)]
         {
             use std::os::fd::AsRawFd;
-            trace_format::rxstamp::enable(sock.as_raw_fd());
+            wire::rxstamp::enable(sock.as_raw_fd());
         }
         KernelStamped {
             sock,
@@ -259,7 +259,7 @@ impl Read for KernelStamped {
         // SAFETY: an initialized byte slice viewed as possibly-uninitialized bytes of the
         // same length; recv only writes bytes into it.
         let buf = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-        let (n, stamp_ns) = trace_format::rxstamp::recv(self.sock.as_raw_fd(), buf, 0)?;
+        let (n, stamp_ns) = wire::rxstamp::recv(self.sock.as_raw_fd(), buf, 0)?;
         if n > 0 && stamp_ns != 0 {
             self.stamp_us = Some(stamp_ns / 1_000);
         }
@@ -315,7 +315,7 @@ fn reader(sock: TcpStream, cfg: GroundTruthConfig, jobs: Sender<Job>) {
         // (SO_TIMESTAMPNS), not when this thread got to read them: with hundreds of
         // connections arriving at once, reader-thread scheduling would otherwise count as
         // client error. The script's deadlines start from that arrival too.
-        let (now, now_unix_ns) = trace_format::rxstamp::clock_pair();
+        let (now, now_unix_ns) = wire::rxstamp::clock_pair();
         let now_unix_us = now_unix_ns / 1_000;
         let (received, received_unix_us) = match r.get_mut().take_stamp_us() {
             Some(k) if k <= now_unix_us && now_unix_us - k < 1_000_000 => (

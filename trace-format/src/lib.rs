@@ -1,15 +1,13 @@
 //! The llmreplay trace format: the schema (defined once), the Parquet writer and reader,
-//! trace summaries, and what capture and replay both need to read a response the same way:
-//! the OpenAI/SSE stream parser and HTTP/1.1 response framing.
+//! trace summaries, and the OpenAI/SSE stream parser capture and replay both read responses
+//! with.
 #![deny(missing_docs)]
 
 pub mod arrivals;
 pub mod error;
-pub mod http1;
 pub mod import;
 pub mod inspect;
 pub mod reader;
-pub mod rxstamp;
 pub mod schema;
 pub mod sse;
 pub mod stats;

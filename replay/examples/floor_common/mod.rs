@@ -86,7 +86,7 @@ impl Stream {
         use std::os::fd::AsRawFd;
         let sock = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
         sock.set_nodelay(true).map_err(|e| e.to_string())?;
-        trace_format::rxstamp::enable(sock.as_raw_fd());
+        wire::rxstamp::enable(sock.as_raw_fd());
         Ok(Stream {
             sock,
             tail: Vec::new(),

@@ -110,6 +110,9 @@ mod tests {
         let mut tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (rx, _) = l.accept().unwrap();
         enable(rx.as_raw_fd());
+        // The kernel turns its receive stamping on through deferred work when the first
+        // socket asks for it: give it a moment, or the first segment may arrive unstamped.
+        std::thread::sleep(std::time::Duration::from_millis(5));
         let before = realtime_ns();
         tx.write_all(b"hello").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -1,0 +1,24 @@
+//! The wire under capture and replay: one HTTP/1.1 client connection layer and the kernel
+//! receive stamps of socket reads.
+//!
+//! - [`framing`]: how a response body is delimited (RFC 9112 §6.3) and whether its
+//!   connection may be reused; an in-place chunked decoder.
+//! - [`Conn`]: one connection (plain TCP or rustls) with its read buffer: writes a request
+//!   in one call, reads the response head, then the body straight from the read buffer —
+//!   through a callback with the kernel receive time of each read (replay's measuring path),
+//!   or one frame per read (capture's forwarding path).
+//! - [`Pool`]: connect (with its own connect timeout), a LIFO keep-alive pool with a liveness
+//!   check before reuse and an idle-age bound, preconnect and refresh, honest counts, and
+//!   **the retry rule** ([`Pool::send`]): a request is sent again only when not one byte of
+//!   it was accepted by a connection, so no server ever sees a request twice.
+//! - [`rxstamp`]: `SO_TIMESTAMPNS` receive stamps and the clock pair that converts them.
+#![deny(missing_docs)]
+
+mod conn;
+pub mod framing;
+mod pool;
+pub mod rxstamp;
+
+pub use conn::{BodyReader, Conn, Head, Io, ReadError, Stamped, WriteError};
+pub use framing::{Framing, ResponseFraming};
+pub use pool::{ConnectError, Lease, Pool, PoolConfig, PoolStats, SendError, Sent, Target};

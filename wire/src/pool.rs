@@ -1,0 +1,655 @@
+//! Connections to one upstream: connect, a keep-alive pool, and the retry rule.
+//!
+//! **The retry rule.** A request is sent again only when not one byte of it was accepted by
+//! the kernel of the connection it was written to (the write failed at once, on a pooled
+//! connection the server had reset meanwhile). Then the server cannot have seen any of it,
+//! and it goes out on the next usable connection. Once any byte was accepted, the request is
+//! never sent again, whatever happens next — the server may have read it and started a
+//! generation even if it closes without answering — and the caller gets the failure (capture
+//! answers 502 and records it, replay records it). So no server ever sees a request twice.
+//!
+//! What keeps that rule from costing failures is checking a connection before it is used:
+//! - an idle connection is kept at most [`PoolConfig::idle_timeout`] (4 s by default, under
+//!   the 5 s keep-alive timeout of uvicorn, which serves vLLM and SGLang, and of llama.cpp's
+//!   server; nginx keeps 75 s), so the pool does not write to a connection in the instant the
+//!   server's own timer closes it;
+//! - before reuse the kernel is asked whether the connection is still open and quiet (a
+//!   `recv` with `MSG_PEEK`, not the reactor's last readiness event, which may not yet have
+//!   seen a FIN that just arrived): a closed one, or one with unasked bytes (a `408` some
+//!   servers send before closing), is dropped and counted as found closed;
+//! - a response that says `connection: close`, is HTTP/1.0 without keep-alive, is
+//!   close-delimited, or left bytes after its end, does not return its connection to the pool.
+//!
+//! A server can still close a keep-alive connection in the microseconds between that check
+//! and the write reaching it; that failure is the server's (RFC 9112 §9.6 lets a client retry
+//! only idempotent requests, and a generation is not one), and it is recorded as such.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+
+use crate::conn::{Conn, Io, Stamped, WriteError};
+
+/// Where the connections go: host, port, and TLS when `https`.
+#[derive(Clone)]
+pub struct Target {
+    host: String,
+    port: u16,
+    authority: String,
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("authority", &self.authority)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+impl Target {
+    /// Plain TCP to `host` (IPv6 with or without brackets) and `port`; `authority` names it
+    /// in errors.
+    pub fn plain(host: &str, port: u16, authority: &str) -> Target {
+        Target {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+            authority: authority.to_string(),
+            tls: None,
+        }
+    }
+
+    /// TLS through `connector` to `host` and `port`, verified as `host`.
+    pub fn tls(
+        host: &str,
+        port: u16,
+        authority: &str,
+        connector: tokio_rustls::TlsConnector,
+    ) -> Result<Target, String> {
+        let mut t = Target::plain(host, port, authority);
+        let name = rustls::pki_types::ServerName::try_from(t.host.clone())
+            .map_err(|e| format!("server name {}: {e}", t.host))?;
+        t.tls = Some((connector, name));
+        Ok(t)
+    }
+
+    /// `host:port` as given.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+}
+
+/// How a pool connects and how long it keeps connections.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolConfig {
+    /// Longest TCP (and TLS) connect, apart from any request timeout.
+    pub connect_timeout: Duration,
+    /// Longest an idle connection is kept for reuse.
+    pub idle_timeout: Duration,
+    /// Idle connections kept at most.
+    pub max_idle: usize,
+    /// Ask the kernel to stamp every read with its receive time (replay's measuring path).
+    pub stamp_reads: bool,
+}
+
+impl Default for PoolConfig {
+    fn default() -> PoolConfig {
+        PoolConfig {
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(4),
+            max_idle: 4096,
+            stamp_reads: false,
+        }
+    }
+}
+
+/// What a pool did with its connections, counted since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Opened by [`Pool::preconnect`] / [`Pool::refresh`].
+    pub preconnected: u64,
+    /// Opened for a request that found no usable idle connection.
+    pub opened: u64,
+    /// Requests that went out on a pooled connection.
+    pub reused: u64,
+    /// Pooled connections found closed by the server (or with unasked bytes) and replaced.
+    pub found_closed: u64,
+    /// Pooled connections dropped for having been idle over the idle timeout.
+    pub expired: u64,
+}
+
+impl PoolStats {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &PoolStats) -> PoolStats {
+        PoolStats {
+            preconnected: self.preconnected - earlier.preconnected,
+            opened: self.opened - earlier.opened,
+            reused: self.reused - earlier.reused,
+            found_closed: self.found_closed - earlier.found_closed,
+            expired: self.expired - earlier.expired,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    preconnected: AtomicU64,
+    opened: AtomicU64,
+    reused: AtomicU64,
+    found_closed: AtomicU64,
+    expired: AtomicU64,
+}
+
+/// Why no connection could be had.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// TCP connect failed.
+    Io(String, io::Error),
+    /// TCP or TLS connect took longer than the connect timeout.
+    Timeout(String, Duration),
+    /// The TLS handshake failed.
+    Tls(String, io::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::Io(a, e) => write!(f, "connect {a}: {e}"),
+            ConnectError::Timeout(a, d) => write!(f, "connect {a}: timed out after {d:?}"),
+            ConnectError::Tls(a, e) => write!(f, "TLS {a}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// A connection taken from the pool or newly opened.
+pub struct Lease {
+    /// The connection.
+    pub conn: Conn,
+    /// It came from the pool (else it was opened for this request).
+    pub reused: bool,
+    /// Time spent connecting (zero for a pooled connection).
+    pub connect: Duration,
+}
+
+/// A request written to a connection.
+pub struct Sent {
+    /// The connection, to read the response from.
+    pub conn: Conn,
+    /// It came from the pool.
+    pub reused: bool,
+    /// Time spent connecting (zero for a pooled connection).
+    pub connect: Duration,
+    /// When the request was handed to the connection (right before its write, after any
+    /// connecting).
+    pub t0: Instant,
+}
+
+/// Why a request could not be written.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection could be had.
+    Connect {
+        /// Why.
+        error: ConnectError,
+        /// Time spent trying.
+        spent: Duration,
+    },
+    /// The write failed; if any of it had gone out, it was not sent again.
+    Write {
+        /// Why, and whether any of it went out.
+        error: WriteError,
+        /// When the write began.
+        t0: Instant,
+        /// The connection was a pooled one.
+        reused: bool,
+        /// Time spent connecting.
+        connect: Duration,
+    },
+    /// The write did not finish within its timeout (the server reads nothing).
+    WriteTimeout {
+        /// When the write began.
+        t0: Instant,
+        /// The connection was a pooled one.
+        reused: bool,
+        /// Time spent connecting.
+        connect: Duration,
+    },
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect { error, .. } => write!(f, "{error}"),
+            SendError::Write { error, .. } => write!(f, "request failed: {error}"),
+            SendError::WriteTimeout { .. } => f.write_str("request not sent within the timeout"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+/// Keep-alive connections to one [`Target`].
+pub struct Pool {
+    target: Target,
+    cfg: PoolConfig,
+    /// Idle connections, the most recently used last.
+    idle: Mutex<Vec<Idle>>,
+    stats: Counters,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("target", &self.target)
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A pool for `target`.
+    pub fn new(target: Target, cfg: PoolConfig) -> Pool {
+        Pool {
+            target,
+            cfg,
+            idle: Mutex::new(Vec::new()),
+            stats: Counters::default(),
+        }
+    }
+
+    /// The target.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> PoolStats {
+        let s = &self.stats;
+        PoolStats {
+            preconnected: s.preconnected.load(Relaxed),
+            opened: s.opened.load(Relaxed),
+            reused: s.reused.load(Relaxed),
+            found_closed: s.found_closed.load(Relaxed),
+            expired: s.expired.load(Relaxed),
+        }
+    }
+
+    /// Idle connections in the pool (unchecked).
+    pub fn idle_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens a new connection, within the connect timeout.
+    async fn connect(&self) -> Result<Conn, ConnectError> {
+        let t = &self.target;
+        let a = || t.authority.clone();
+        let attempt = async {
+            let tcp = TcpStream::connect((t.host.as_str(), t.port))
+                .await
+                .map_err(|e| ConnectError::Io(a(), e))?;
+            let _ = tcp.set_nodelay(true);
+            let tcp = Stamped::new(tcp, self.cfg.stamp_reads);
+            match &t.tls {
+                None => Ok(Conn::new(Io::Plain(tcp))),
+                Some((tls, name)) => {
+                    let s = tls
+                        .connect(name.clone(), tcp)
+                        .await
+                        .map_err(|e| ConnectError::Tls(a(), e))?;
+                    Ok(Conn::new(Io::Tls(Box::new(s))))
+                }
+            }
+        };
+        match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(ConnectError::Timeout(a(), self.cfg.connect_timeout)),
+        }
+    }
+
+    /// The most recently used idle connection that is young enough and still open and
+    /// quiet; the others met on the way are dropped and counted.
+    fn checkout(&self) -> Option<Conn> {
+        loop {
+            let Idle { mut conn, since } = self.lock().pop()?;
+            if since.elapsed() >= self.cfg.idle_timeout {
+                self.stats.expired.fetch_add(1, Relaxed);
+                continue;
+            }
+            if !conn.is_usable() {
+                self.stats.found_closed.fetch_add(1, Relaxed);
+                continue;
+            }
+            return Some(conn);
+        }
+    }
+
+    /// Gives back a connection whose response ended cleanly and allows keep-alive.
+    pub fn checkin(&self, conn: Conn) {
+        if !conn.is_clean() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.lock();
+        // The oldest are at the front: drop the expired ones.
+        let stale = idle
+            .iter()
+            .take_while(|i| now.duration_since(i.since) >= self.cfg.idle_timeout)
+            .count();
+        idle.drain(..stale);
+        self.stats.expired.fetch_add(stale as u64, Relaxed);
+        if idle.len() < self.cfg.max_idle {
+            idle.push(Idle { conn, since: now });
+        }
+    }
+
+    /// A usable pooled connection, or a new one.
+    pub async fn lease(&self) -> Result<Lease, ConnectError> {
+        if let Some(conn) = self.checkout() {
+            return Ok(Lease {
+                conn,
+                reused: true,
+                connect: Duration::ZERO,
+            });
+        }
+        let c0 = Instant::now();
+        let conn = self.connect().await?;
+        self.stats.opened.fetch_add(1, Relaxed);
+        Ok(Lease {
+            conn,
+            reused: false,
+            connect: c0.elapsed(),
+        })
+    }
+
+    /// Writes `request` (a whole HTTP/1.1 request) on a usable connection, under the retry
+    /// rule of this module: it is written again, on another connection, only when not one
+    /// byte of it was accepted by a pooled connection's kernel. `write_timeout` bounds the
+    /// write itself (from `t0`).
+    pub async fn send(&self, request: &[u8], write_timeout: Duration) -> Result<Sent, SendError> {
+        let began = Instant::now();
+        loop {
+            let Lease {
+                mut conn,
+                reused,
+                connect,
+            } = match self.lease().await {
+                Ok(l) => l,
+                Err(error) => {
+                    return Err(SendError::Connect {
+                        error,
+                        spent: began.elapsed(),
+                    })
+                }
+            };
+            let t0 = Instant::now();
+            match tokio::time::timeout(write_timeout, conn.write_request(request)).await {
+                Ok(Ok(())) => {
+                    if reused {
+                        self.stats.reused.fetch_add(1, Relaxed);
+                    }
+                    return Ok(Sent {
+                        conn,
+                        reused,
+                        connect,
+                        t0,
+                    });
+                }
+                Ok(Err(WriteError::NothingSent(_))) if reused => {
+                    self.stats.found_closed.fetch_add(1, Relaxed);
+                }
+                Ok(Err(error)) => {
+                    return Err(SendError::Write {
+                        error,
+                        t0,
+                        reused,
+                        connect,
+                    })
+                }
+                Err(_) => {
+                    return Err(SendError::WriteTimeout {
+                        t0,
+                        reused,
+                        connect,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Opens `n` connections into the idle pool at once (before a clock starts); the number
+    /// opened, or the first error when none could be.
+    pub async fn preconnect(self: &Arc<Self>, n: usize) -> Result<usize, ConnectError> {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            let me = self.clone();
+            set.spawn(async move { me.connect().await });
+        }
+        let mut opened = Vec::with_capacity(n);
+        let mut first_err = None;
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(Ok(c)) => opened.push(c),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(ConnectError::Io(
+                        self.target.authority.clone(),
+                        io::Error::other(e.to_string()),
+                    ));
+                }
+            }
+        }
+        let count = opened.len();
+        self.stats.preconnected.fetch_add(count as u64, Relaxed);
+        let now = Instant::now();
+        self.lock()
+            .extend(opened.into_iter().map(|conn| Idle { conn, since: now }));
+        match (count, first_err) {
+            (0, Some(e)) if n > 0 => Err(e),
+            _ => Ok(count),
+        }
+    }
+
+    /// Makes the pool hold `n` usable idle connections: drops the idle ones that expired or
+    /// that the server closed, and opens the rest. Returns (kept, opened).
+    pub async fn refresh(self: &Arc<Self>, n: usize) -> Result<(usize, usize), ConnectError> {
+        let kept = {
+            let mut idle = self.lock();
+            let before = idle.len();
+            let bound = self.cfg.idle_timeout;
+            let (mut expired, mut closed) = (0, 0);
+            idle.retain_mut(|i| {
+                if i.since.elapsed() >= bound {
+                    expired += 1;
+                    false
+                } else if !i.conn.is_usable() {
+                    closed += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            self.stats.expired.fetch_add(expired, Relaxed);
+            self.stats.found_closed.fetch_add(closed, Relaxed);
+            debug_assert_eq!(before as u64 - expired - closed, idle.len() as u64);
+            idle.len()
+        };
+        let opened = self.preconnect(n.saturating_sub(kept)).await?;
+        Ok((kept, opened))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A server that answers each request on a connection with a 2-byte body, closing the
+    /// connection after `per_conn` requests (without saying so) or, when `drop_second`, reading
+    /// the second request of a connection and closing without an answer. Reports
+    /// (connection number, request number on it) for every request it read.
+    async fn server(
+        per_conn: usize,
+        drop_second: bool,
+    ) -> (Target, tokio::sync::mpsc::UnboundedReceiver<(usize, usize)>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut conn_no = 0;
+            while let Ok((mut s, _)) = l.accept().await {
+                conn_no += 1;
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    let mut served = 0;
+                    loop {
+                        let mut b = [0u8; 1024];
+                        let n = s.read(&mut b).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&b[..n]);
+                        while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                            got.drain(..end + 4);
+                            served += 1;
+                            let _ = tx.send((conn_no, served));
+                            if drop_second && served == 2 {
+                                return;
+                            }
+                            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                                .await
+                                .unwrap();
+                            if served == per_conn {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (
+            Target::plain("127.0.0.1", port, &format!("127.0.0.1:{port}")),
+            rx,
+        )
+    }
+
+    async fn exchange(pool: &Pool) -> Result<Vec<u8>, String> {
+        let mut sent = pool
+            .send(b"GET / HTTP/1.1\r\n\r\n", Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        let (h, t) = sent
+            .conn
+            .read_head(1024, |_| Ok(()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut body = Vec::new();
+        let reusable = sent
+            .conn
+            .read_body(h.framing, t, |d, _| body.extend_from_slice(d))
+            .await
+            .map_err(|e| e.to_string())?;
+        if reusable && h.keep_alive {
+            pool.checkin(sent.conn);
+        }
+        Ok(body)
+    }
+
+    /// A server that closes every connection after one answer, without `connection:
+    /// close`: each later request finds its pooled connection closed, replaces it before
+    /// writing a byte, and every request is read exactly once.
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_replaced_before_any_byte_is_written() {
+        let (target, mut log) = server(1, false).await;
+        let pool = Pool::new(target, PoolConfig::default());
+        for _ in 0..5 {
+            assert_eq!(exchange(&pool).await.unwrap(), b"ok");
+            // The server's close arrives while the connection is idle.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut seen = Vec::new();
+        while let Ok(r) = log.try_recv() {
+            seen.push(r);
+        }
+        assert_eq!(seen, (1..=5).map(|c| (c, 1)).collect::<Vec<_>>());
+        let s = pool.stats();
+        assert_eq!((s.opened, s.reused, s.found_closed), (5, 0, 4), "{s:?}");
+    }
+
+    /// A server that reads a request on a reused connection and closes without answering
+    /// sees it once: the failure goes to the caller, nothing is sent twice.
+    #[tokio::test]
+    async fn a_request_the_server_read_is_never_sent_again() {
+        let (target, mut log) = server(usize::MAX, true).await;
+        let pool = Pool::new(target, PoolConfig::default());
+        assert_eq!(exchange(&pool).await.unwrap(), b"ok");
+        let e = exchange(&pool).await.unwrap_err();
+        assert!(e.contains("closed before a response"), "{e}");
+        assert_eq!(exchange(&pool).await.unwrap(), b"ok");
+        let mut seen = Vec::new();
+        while let Ok(r) = log.try_recv() {
+            seen.push(r);
+        }
+        assert_eq!(seen, vec![(1, 1), (1, 2), (2, 1)]);
+    }
+
+    /// Idle connections older than the idle timeout are not reused, and a refresh replaces
+    /// the ones the server closed.
+    #[tokio::test]
+    async fn expired_and_closed_connections_are_dropped_by_a_refresh() {
+        let (target, _log) = server(1, false).await;
+        let cfg = PoolConfig {
+            idle_timeout: Duration::from_millis(200),
+            ..PoolConfig::default()
+        };
+        let pool = Arc::new(Pool::new(target, cfg));
+        assert_eq!(pool.preconnect(3).await.unwrap(), 3);
+        assert_eq!(pool.refresh(3).await.unwrap(), (3, 0));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(pool.refresh(3).await.unwrap(), (0, 3));
+        assert_eq!(pool.stats().expired, 3);
+        // One round trip closes its connection (the server's close after one answer).
+        assert_eq!(exchange(&pool).await.unwrap(), b"ok");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(pool.idle_count(), 3);
+        assert_eq!(pool.refresh(3).await.unwrap(), (2, 1));
+        assert_eq!(pool.stats().found_closed, 1);
+    }
+
+    #[tokio::test]
+    async fn connect_errors_name_the_target() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let a = format!("127.0.0.1:{port}");
+        let pool = Pool::new(Target::plain("127.0.0.1", port, &a), PoolConfig::default());
+        let e = pool.send(b"x", Duration::from_secs(1)).await.err().unwrap();
+        assert!(e.to_string().starts_with(&format!("connect {a}: ")), "{e}");
+    }
+}

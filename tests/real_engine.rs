@@ -601,3 +601,97 @@ fn capture_and_replay_against_llama_server() {
     let _ = std::fs::remove_file(&result_json);
     drop(engine);
 }
+
+/// llama-server (cpp-httplib) closes a keep-alive connection that idled 5 s. A trace whose
+/// gaps exceed that replays with no failure, both with the default `--pool-idle-timeout` (4 s:
+/// the pool lets such connections go before the server closes them) and with one far above
+/// the server's (the pool keeps them, finds them closed by the kernel's word before writing
+/// a byte, and opens new ones). Before the shared connection layer, each request after a
+/// long gap went out on a closed connection and was recorded as the server's failure.
+#[test]
+fn replay_across_gaps_longer_than_the_servers_keep_alive() {
+    let _serial = serial();
+    let Some(engine) = engine("replay_across_gaps_longer_than_the_servers_keep_alive") else {
+        return;
+    };
+    let dir = tmpdir("keepalive");
+    let trace = dir.join("gaps.parquet");
+    // Three pairs, 6.5 s apart (past the 5 s keep-alive): ~13 s of trace.
+    let gaps_ms = [0i64, 150, 6_500, 150, 6_500, 150];
+    let mut at = 1_750_000_000_000_000i64;
+    let rows: Vec<TraceRecord> = gaps_ms
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            at += g * 1000;
+            let mut r = TraceRecord::new(format!("gap-{i}"), at, "/v1/completions");
+            r.stream = i % 2 == 0;
+            r.prompt_tokens = Some(24);
+            r.output_tokens = Some(4);
+            r.max_tokens = Some(4);
+            r.status = Some(200);
+            r
+        })
+        .collect();
+    trace_format::write_trace_file(
+        &trace,
+        &rows,
+        &trace_format::FileMeta::new(trace_format::Producer::Import, "tests/real_engine.rs"),
+    )
+    .unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let json = dir.join(format!("{name}.json"));
+        let results = dir.join(format!("{name}.parquet"));
+        let child = Command::new(env!("CARGO_BIN_EXE_llmreplay"))
+            .arg("replay")
+            .arg(&trace)
+            .args(["--target", &engine.url, "-q"])
+            .args(extra)
+            .arg("--results")
+            .arg(&results)
+            .arg("--save-result")
+            .arg(&json)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run llmreplay replay");
+        (child, json, results)
+    };
+    // Both at once: the server has 8 slots, and the test takes one trace's time.
+    let runs = [
+        ("default", run("default", &[])),
+        ("keep-60s", run("keep-60s", &["--pool-idle-timeout", "60s"])),
+    ];
+    for (name, (child, json, results)) in runs {
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "{name}: replay failed:\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let res = records(&results);
+        let failed: Vec<_> = res
+            .iter()
+            .filter(|r| r.outcome != Outcome::Ok)
+            .map(|r| (&r.request_id, &r.error))
+            .collect();
+        assert!(failed.is_empty(), "{name}: {failed:?}");
+        assert_eq!(res.len(), rows.len());
+        let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let c = &doc["llmreplay"]["connections"];
+        eprintln!("real engine: {name}: connections {c}");
+        if name == "keep-60s" {
+            assert!(
+                c["found_closed"].as_u64().unwrap() >= 2,
+                "{name}: the server's closes were not seen: {c}"
+            );
+        } else {
+            assert!(
+                c["expired_idle"].as_u64().unwrap() >= 2,
+                "{name}: idle connections were not let go: {c}"
+            );
+        }
+    }
+}

@@ -240,7 +240,12 @@ for p in "${parts[@]}"; do
       for n in 1 100 500 1000; do
         for peer_name in vllm-0.7.3 vllm-bench-serve; do peer "$peer_name" "$n" "$split"; done
       done ;;
-    cost) writer_cost; floor_kinds ;;
+    cost)
+      # llmreplay beside the bare reader at the same loads, same run: CPU per event as a ratio.
+      split=split; [ "$NCPU" -ge 2 ] || split=shared
+      writer_cost
+      for n in 100 1000; do accuracy "$n" 1 "$split"; floor "$n" "$split"; done
+      floor_kinds ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
     proxy) proxy_bench ;;
     shards) shards ;;

@@ -320,6 +320,10 @@ struct ReplayArgs {
     /// target's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s).
     #[arg(long, value_parser = parse_duration, default_value = "4s")]
     pool_idle_timeout: Duration,
+    /// Exit with status 4 (after writing every result) when more than this fraction of a
+    /// target's requests failed; 1 never does.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.1, value_parser = parse_fraction)]
+    max_failed: f64,
     /// Do not open the connection pool before the clock starts.
     #[arg(long)]
     no_preconnect: bool,
@@ -444,7 +448,8 @@ struct DemoArgs {
 
 /// The command line as typed, quoted where needed, for provenance.
 pub(crate) fn command_line() -> String {
-    std::env::args()
+    redact_secrets(std::env::args())
+        .into_iter()
         .map(|a| {
             if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "\"'$`\\".contains(c)) {
                 format!("'{}'", a.replace('\'', "'\\''"))
@@ -454,6 +459,57 @@ pub(crate) fn command_line() -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The arguments with every secret they carry replaced by `***`: the value of `--api-key`,
+/// and the value of a `--header` whose name is a credential (`authorization`, `cookie`, or a
+/// name with `key`, `token`, `secret`, `password` or `auth` in it). The command line is
+/// written into the console, the JSON result, the Parquet metadata and the report.
+fn redact_secrets(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    fn header(kv: &str) -> String {
+        match kv.split_once(':') {
+            Some((k, _)) if secret_header(k) => format!("{k}:***"),
+            _ => kv.to_string(),
+        }
+    }
+    let mut out = Vec::new();
+    let mut pending: Option<fn(&str) -> String> = None;
+    for a in args {
+        if let Some(f) = pending.take() {
+            out.push(f(&a));
+            continue;
+        }
+        if a == "--api-key" {
+            pending = Some(|_| "***".into());
+            out.push(a);
+        } else if a.starts_with("--api-key=") {
+            out.push("--api-key=***".into());
+        } else if a == "--header" {
+            pending = Some(header);
+            out.push(a);
+        } else if let Some(kv) = a.strip_prefix("--header=") {
+            out.push(format!("--header={}", header(kv)));
+        } else {
+            out.push(a);
+        }
+    }
+    out
+}
+
+/// A header name whose value is a credential.
+fn secret_header(name: &str) -> bool {
+    let n = name.trim().to_ascii_lowercase();
+    n == "cookie"
+        || [
+            "authorization",
+            "key",
+            "token",
+            "secret",
+            "password",
+            "auth",
+        ]
+        .iter()
+        .any(|w| n.contains(w))
 }
 
 fn now_us() -> i64 {
@@ -850,7 +906,42 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("{} result rows written to {at}", rows.len());
     }
+    // A run most of whose requests failed measured a broken target, not a slow one: say so
+    // in the exit status, after everything was written.
+    let worst = runs
+        .iter()
+        .map(|(run, m)| {
+            // A cancellation replayed as recorded is the load production saw, not a failure.
+            let cancelled = m.outcomes.get("client_cancelled").copied().unwrap_or(0);
+            let failed = m.failed.saturating_sub(cancelled);
+            (run, m, failed as f64 / m.num_prompts.max(1) as f64)
+        })
+        .filter(|(_, _, f)| *f > a.max_failed)
+        .max_by(|x, y| x.2.total_cmp(&y.2));
+    if let Some((run, m, _)) = worst {
+        let what = m
+            .top_errors
+            .first()
+            .map(|(o, t, n)| format!("; most often ({n}×) {o}: {t}"))
+            .unwrap_or_default();
+        eprintln!(
+            "error: {} of {} requests to {} failed, over --max-failed {}{what}",
+            m.failed, m.num_prompts, run.target.name, a.max_failed
+        );
+        std::process::exit(EXIT_FAILED_REQUESTS);
+    }
     Ok(())
+}
+
+/// Exit status of a replay in which more than `--max-failed` of a target's requests failed.
+const EXIT_FAILED_REQUESTS: i32 = 4;
+
+/// A fraction in [0, 1].
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s:?} is not a fraction from 0 to 1")),
+    }
 }
 
 fn run_synth(a: SynthArgs) -> Result<()> {
@@ -994,6 +1085,37 @@ fn run_demo(mut a: DemoArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys given on the command line never reach what is written (console, JSON, Parquet
+    /// metadata, report); other values stay as given.
+    #[test]
+    fn the_command_line_keeps_no_secret() {
+        let args = [
+            "llmreplay",
+            "replay",
+            "t.parquet",
+            "--api-key",
+            "sk-live-1",
+            "--api-key=sk-live-2",
+            "--header",
+            "X-Api-Key:sk-live-3",
+            "--header=Authorization: Bearer sk-live-4",
+            "--header",
+            "x-tenant:blue",
+            "--header",
+            "Cookie:s=sk-live-5",
+            "--target",
+            "http://h:8000",
+        ]
+        .map(String::from);
+        let out = redact_secrets(args).join(" ");
+        assert!(!out.contains("sk-live"), "{out}");
+        assert_eq!(
+            out,
+            "llmreplay replay t.parquet --api-key *** --api-key=*** --header X-Api-Key:*** \
+             --header=Authorization:*** --header x-tenant:blue --header Cookie:*** --target http://h:8000"
+        );
+    }
 
     #[test]
     fn durations_and_rates_parse() {

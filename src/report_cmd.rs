@@ -235,7 +235,7 @@ pub fn run_sweep(
     }
     println!("  ({})", replay::capacity::rules_text(a.slo_percentile));
     if let Some(p) = out.save_result {
-        std::fs::write(p, serde_json::to_vec_pretty(&doc)?)
+        trace_format::store::write_bytes(p, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!(
             "sweep result written to {} (report: llmreplay report {} -o report.html)",
@@ -286,7 +286,8 @@ pub fn write_reports(result: &Path, dir: &Path) -> Result<()> {
         ("report.md", replay::document::markdown(&data)),
     ] {
         let p = dir.join(name);
-        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        trace_format::store::write_bytes(&p, text.into())
+            .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("report written to {}", p.display());
     }
     Ok(())
@@ -332,7 +333,7 @@ pub fn run_compare(a: CompareArgs) -> Result<bool> {
     if let Some(p) = &a.json {
         let answers: Vec<_> = series.iter().map(|s| s.answer()).collect();
         let v = serde_json::json!({"files": a.files, "tables": tables, "capacity": answers, "regressions": regs, "noise_rule": replay::compare::noise_rule()});
-        std::fs::write(p, serde_json::to_vec_pretty(&v)?)
+        trace_format::store::write_bytes(p, serde_json::to_vec_pretty(&v)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("comparison written to {}", p.display());
     }
@@ -421,7 +422,8 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
         ReportFormat::Html => replay::html::render(&data),
         ReportFormat::Md => replay::document::markdown(&data),
     };
-    std::fs::write(&a.output, text).with_context(|| format!("writing {}", a.output.display()))?;
+    trace_format::store::write_bytes(&a.output, text.into())
+        .with_context(|| format!("writing {}", a.output.display()))?;
     for ans in &data.answers {
         println!("{}", ans.sentence);
     }
@@ -432,7 +434,8 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
     if let Some(p) = &a.alerts {
         let series = &data.series;
         let yaml = replay::alerts::rules_yaml(series, &data.answers)?;
-        std::fs::write(p, yaml).with_context(|| format!("writing {}", p.display()))?;
+        trace_format::store::write_bytes(p, yaml.into())
+            .with_context(|| format!("writing {}", p.display()))?;
         eprintln!(
             "alerting rules written to {} (check: promtool check rules {})",
             p.display(),

@@ -62,8 +62,11 @@ pub struct StreamObserver {
     /// That CR ended an event: `Some(dropped)`. Its LF then goes with it (forwarded alone,
     /// or dropped); otherwise the LF belongs to the event in progress.
     cr_event_end: Option<bool>,
-    /// Offset from t0 of every chunk, µs.
+    /// Offset from t0 of every chunk that carried generated output, µs (a role-only or
+    /// empty chunk is not one: TTFT is the first output).
     pub chunk_times_us: Vec<i64>,
+    /// Offset from t0 of the last chunk of any kind, µs (E2EL).
+    pub last_chunk_us: Option<i64>,
     /// Cumulative `completion_tokens` of every chunk that carried usage.
     pub cumulative_tokens: Vec<i64>,
     /// The last usage seen (chunk or usage-only event).
@@ -107,6 +110,7 @@ impl StreamObserver {
             let Self {
                 parser,
                 chunk_times_us,
+                last_chunk_us,
                 cumulative_tokens,
                 usage,
                 done,
@@ -119,6 +123,7 @@ impl StreamObserver {
                     classify(ev),
                     t_us,
                     chunk_times_us,
+                    last_chunk_us,
                     cumulative_tokens,
                     usage,
                     done,
@@ -243,6 +248,7 @@ impl StreamObserver {
             kind,
             t_us,
             &mut self.chunk_times_us,
+            &mut self.last_chunk_us,
             &mut self.cumulative_tokens,
             &mut self.usage,
             &mut self.done,
@@ -273,6 +279,7 @@ fn note_event(
     kind: StreamEvent,
     t_us: i64,
     chunk_times_us: &mut Vec<i64>,
+    last_chunk_us: &mut Option<i64>,
     cumulative: &mut Vec<i64>,
     usage: &mut Option<Usage>,
     done: &mut bool,
@@ -280,10 +287,14 @@ fn note_event(
     invalid: &mut usize,
 ) {
     match kind {
-        StreamEvent::Chunk { usage: u } => {
-            chunk_times_us.push(t_us);
+        StreamEvent::Chunk { usage: u, output } => {
+            *last_chunk_us = Some(t_us);
+            if output {
+                chunk_times_us.push(t_us);
+            }
             if let Some(u) = u {
-                if let Some(c) = u.completion_tokens {
+                // Tokens of a chunk without output count with the next one that has some.
+                if let (true, Some(c)) = (output, u.completion_tokens) {
                     cumulative.push(c);
                 }
                 *usage = Some(u);

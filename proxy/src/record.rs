@@ -91,7 +91,12 @@ impl Recording {
                 .chunk_times_us
                 .last()
                 .copied()
-                .or_else(|| complete.then(|| us_since(self.t0, end)));
+                // A request its client cancelled before any chunk ends at the cancellation:
+                // replay cancels it again at the same point.
+                .or_else(|| {
+                    (complete || outcome == Outcome::ClientCancelled)
+                        .then(|| us_since(self.t0, end))
+                });
         }
         let m = &self.shared.metrics;
         m.count_outcome(outcome);
@@ -184,7 +189,7 @@ impl UpstreamBody {
 }
 
 enum Mode {
-    Sse(StreamObserver),
+    Sse(Box<StreamObserver>),
     Whole { copy: Vec<u8>, bytes: u64 },
 }
 
@@ -215,7 +220,7 @@ impl ObservedBody {
             .max_tokens
             .map_or(256, |m| m.clamp(1, 8192) as usize + 2);
         let mode = if sse {
-            Mode::Sse(StreamObserver::new(strip, cap))
+            Mode::Sse(Box::new(StreamObserver::new(strip, cap)))
         } else {
             Mode::Whole {
                 copy: Vec::new(),
@@ -256,6 +261,11 @@ impl ObservedBody {
                 let r = &mut self.rec.rec;
                 r.response_bytes = o.bytes_out as i64;
                 r.chunk_times_us = std::mem::take(&mut o.chunk_times_us);
+                // E2EL is the last chunk of any kind (as vLLM's client times it), TTFT the
+                // first with output (`finish` takes it from chunk_times_us).
+                if let Some(last) = o.last_chunk_us {
+                    r.e2el_us = Some(last);
+                }
                 let usage = o.usage;
                 if let Some(u) = usage {
                     r.prompt_tokens = u.prompt_tokens;
@@ -320,9 +330,8 @@ impl ObservedBody {
                             r.output_tokens_source =
                                 u.completion_tokens.map(|_| TokenSource::Usage);
                         }
-                        let e2el = us_since(self.rec.t0, end);
-                        r.e2el_us = Some(e2el);
-                        r.ttft_us = Some(e2el);
+                        // Not streamed: E2EL only; there is no first token to time.
+                        r.e2el_us = Some(us_since(self.rec.t0, end));
                         (Outcome::Ok, None)
                     }
                 }

@@ -289,9 +289,20 @@ impl Client {
         };
         let new_connection = !reused;
         let failed = |outcome, error| Exchange::failed(t0, new_connection, connect, outcome, error);
-        let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(t0 + self.timeout));
+        // One timer: the request timeout, or the recorded client's cancellation when that
+        // comes first.
+        let limit = t0 + self.timeout;
+        let cancel_at = req.cancel.and_then(|c| c.after).map(|d| t0 + d);
+        let by_cancel = cancel_at.is_some_and(|c| c <= limit);
+        let deadline = cancel_at.map_or(limit, |c| c.min(limit));
+        let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline));
         tokio::pin!(timer);
+        let ends = Ends {
+            by_cancel,
+            after_chunks: req.cancel.and_then(|c| c.after_chunks),
+        };
         let head = match with_deadline(&mut timer, conn.read_head(MAX_HEAD, is_sse)).await {
+            None if by_cancel => return failed(Outcome::ClientCancelled, ends.cancelled(t0)),
             None => {
                 return failed(
                     Outcome::Timeout,
@@ -304,7 +315,8 @@ impl Client {
             Some(Ok(h)) => h,
         };
         let keep_alive = head.0.keep_alive;
-        let (mut ex, reusable) = read_response(&mut conn, head, t0, &mut timer, req.stream).await;
+        let (mut ex, reusable) =
+            read_response(&mut conn, head, t0, &mut timer, req.stream, ends).await;
         ex.new_connection = new_connection;
         ex.connect = connect;
         if reusable && keep_alive && (ex.outcome == Outcome::Ok || ex.outcome == Outcome::HttpError)
@@ -389,6 +401,24 @@ async fn with_deadline<T>(
     }
 }
 
+/// How a request may end before its response does: its timer is the recorded client's
+/// cancellation (`by_cancel`), or it is cancelled after as many output chunks as the recorded
+/// client received.
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    by_cancel: bool,
+    after_chunks: Option<usize>,
+}
+
+impl Ends {
+    fn cancelled(&self, t0: Instant) -> String {
+        format!(
+            "cancelled as recorded, {:.1} ms after send",
+            t0.elapsed().as_secs_f64() * 1e3
+        )
+    }
+}
+
 /// Reads a response to its end, classifying what it got; also says whether the
 /// connection ended the response cleanly (reusable).
 async fn read_response(
@@ -397,6 +427,7 @@ async fn read_response(
     t0: Instant,
     timer: &mut std::pin::Pin<&mut tokio::time::Sleep>,
     stream: bool,
+    ends: Ends,
 ) -> (Exchange, bool) {
     let status = head.status;
     let mut ex = Exchange::failed(t0, false, Duration::ZERO, Outcome::Ok, String::new());
@@ -417,6 +448,11 @@ async fn read_response(
         ex.end = end;
         ex.response_bytes = buf.len() as i64;
         let reusable = match read {
+            None if ends.by_cancel => {
+                ex.outcome = Outcome::ClientCancelled;
+                ex.error = Some(ends.cancelled(t0));
+                return (ex, false);
+            }
             None => {
                 ex.outcome = Outcome::Timeout;
                 ex.error = Some("response not complete within the timeout".into());
@@ -441,9 +477,8 @@ async fn read_response(
             ex.error = Some("streamed request answered without text/event-stream".into());
             return (ex, false);
         }
-        let e2el = us_since(t0, end);
-        ex.e2el_us = Some(e2el);
-        ex.ttft_us = Some(e2el);
+        // Not streamed: E2EL only; there is no first token to time.
+        ex.e2el_us = Some(us_since(t0, end));
         match response_usage(&buf) {
             Some(u) => {
                 ex.prompt_tokens = u.prompt_tokens;
@@ -460,7 +495,10 @@ async fn read_response(
     }
 
     let mut parser = SseParser::new();
+    // Chunks that carried generated output (TTFT, ITL), and the last chunk of any kind
+    // (E2EL): a role-only or empty chunk is not a token.
     let mut chunks: Vec<i64> = Vec::with_capacity(128);
+    let mut last_chunk: Option<i64> = None;
     let mut cumulative: Vec<i64> = Vec::new();
     let mut usage = None;
     let mut done = false;
@@ -469,14 +507,19 @@ async fn read_response(
     let mut bytes = 0i64;
     let read = with_deadline(
         timer,
-        conn.read_body(head.framing, t_head, |data, at| {
+        conn.read_body_while(head.framing, t_head, |data, at| {
             let t = us_since(t0, at);
             bytes += data.len() as i64;
             parser.feed(data, |ev| match classify(ev) {
-                StreamEvent::Chunk { usage: u } => {
-                    chunks.push(t);
+                StreamEvent::Chunk { usage: u, output } => {
+                    last_chunk = Some(t);
+                    if output {
+                        chunks.push(t);
+                    }
                     if let Some(u) = u {
-                        if let Some(c) = u.completion_tokens {
+                        // Tokens of a chunk without output count with the next one that
+                        // has some.
+                        if let (true, Some(c)) = (output, u.completion_tokens) {
                             cumulative.push(c);
                         }
                         usage = Some(u);
@@ -490,11 +533,24 @@ async fn read_response(
                 StreamEvent::Other => {}
                 StreamEvent::Invalid => invalid += 1,
             });
+            // The recorded client cancelled after this many output chunks: so does this one.
+            ends.after_chunks.is_none_or(|n| chunks.len() < n)
         }),
     )
     .await;
     let mut reusable = false;
     match read {
+        None if ends.by_cancel => {
+            ex.outcome = Outcome::ClientCancelled;
+            ex.error = Some(ends.cancelled(t0));
+        }
+        Some(Ok(None)) => {
+            ex.outcome = Outcome::ClientCancelled;
+            ex.error = Some(format!(
+                "cancelled as recorded, after {} chunks",
+                chunks.len()
+            ));
+        }
         None => {
             ex.outcome = Outcome::Timeout;
             ex.error = Some(format!(
@@ -506,7 +562,7 @@ async fn read_response(
             ex.outcome = Outcome::UpstreamError;
             ex.error = Some(format!("stream broken after {} chunks: {e}", chunks.len()));
         }
-        Some(Ok(r)) => reusable = r,
+        Some(Ok(Some(r))) => reusable = r,
     }
     ex.end = Instant::now();
     ex.response_bytes = bytes;
@@ -526,10 +582,7 @@ async fn read_response(
         }
     }
     ex.ttft_us = chunks.first().copied();
-    ex.e2el_us = chunks
-        .last()
-        .copied()
-        .or_else(|| (ex.outcome == Outcome::Ok).then(|| us_since(t0, ex.end)));
+    ex.e2el_us = last_chunk.or_else(|| (ex.outcome == Outcome::Ok).then(|| us_since(t0, ex.end)));
     if let Some(u) = usage {
         ex.prompt_tokens = u.prompt_tokens;
         ex.completion_tokens = u.completion_tokens;

@@ -37,14 +37,17 @@ pub struct Metrics {
     pub total_token_throughput: f64,
     /// Most requests in flight at once.
     pub max_concurrent_requests: usize,
-    /// TTFT, ms, over completed requests.
+    /// TTFT, ms, over completed streamed requests (a request that is not streamed has no
+    /// observable first token).
     pub ttft: Summary,
-    /// TPOT, ms, over completed requests with more than one output token.
+    /// TPOT, ms, over completed streamed requests with more than one output token.
     pub tpot: Summary,
-    /// ITL, ms, pooled chunk gaps of completed requests.
+    /// ITL, ms, pooled chunk gaps of completed streamed requests.
     pub itl: Summary,
-    /// E2EL, ms, over completed requests.
+    /// E2EL, ms, over completed requests, streamed or not.
     pub e2el: Summary,
+    /// How many completed requests each latency metric covers.
+    pub coverage: Coverage,
     /// Chunk gap per token of the later chunk, ms, when per-chunk token counts are known.
     pub itl_per_token: Option<Summary>,
     /// Fraction of all requests meeting every SLO (None without SLOs).
@@ -63,31 +66,89 @@ pub struct Metrics {
     pub new_connections: usize,
     /// Requests per outcome.
     pub outcomes: BTreeMap<String, usize>,
+    /// The most frequent error texts of failed requests (at most [`TOP_ERRORS`]), most
+    /// frequent first: (outcome, text, requests).
+    pub top_errors: Vec<(String, String, usize)>,
     /// Completed requests per output-token source.
     pub output_token_sources: BTreeMap<String, usize>,
+}
+
+/// How many completed requests each latency metric covers: TTFT, ITL and TPOT exist only for
+/// streamed requests; E2EL, throughput and goodput count every one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Coverage {
+    /// Completed streamed requests with a first output chunk.
+    pub ttft: usize,
+    /// Completed streamed requests with more than one output token.
+    pub tpot: usize,
+    /// Completed streamed requests with two or more output chunks (one gap or more).
+    pub itl: usize,
+    /// Completed requests with an end time.
+    pub e2el: usize,
+    /// Completed requests that were not streamed (in E2EL, throughput and goodput only).
+    pub not_streamed: usize,
+}
+
+/// How many distinct error texts a result lists.
+pub const TOP_ERRORS: usize = 5;
+/// Longest error text kept in the list, characters.
+const ERROR_TEXT: usize = 300;
+
+/// The most frequent (outcome, error text) of the failed requests, most frequent first (ties
+/// by text).
+fn top_errors(records: &[TraceRecord]) -> Vec<(String, String, usize)> {
+    let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.outcome != Outcome::Ok) {
+        let text = r.error.as_deref().unwrap_or("(no error text)");
+        let text: String = text.chars().take(ERROR_TEXT).collect();
+        *by.entry((r.outcome.to_string(), text)).or_insert(0) += 1;
+    }
+    let mut v: Vec<(String, String, usize)> = by.into_iter().map(|((o, t), n)| (o, t, n)).collect();
+    v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
+    v.truncate(TOP_ERRORS);
+    v
 }
 
 fn ms(us: i64) -> f64 {
     us as f64 / 1000.0
 }
 
-/// Whether a completed request meets every SLO (vLLM's goodput rule).
+/// Whether a completed request meets every SLO that applies to it (vLLM's goodput rule):
+/// TTFT and TPOT apply to streamed requests only (one that is not streamed has no first
+/// token to time), E2EL to every request; a request with one output token passes TPOT.
 pub fn meets_slos(r: &TraceRecord, slos: &[Slo]) -> bool {
     if r.outcome != Outcome::Ok {
         return false;
     }
-    slos.iter().all(|s| {
-        let v = match s.metric {
-            SloMetric::Ttft => r.ttft_us.map(ms),
-            SloMetric::E2el => r.e2el_us.map(ms),
-            SloMetric::Tpot => Some(tpot_ms(r).unwrap_or(0.0)),
-        };
-        v.is_some_and(|v| v <= s.limit_ms)
+    slos.iter().all(|s| match s.metric {
+        SloMetric::Ttft | SloMetric::Tpot if !r.stream => true,
+        SloMetric::Ttft => ttft_ms(r).is_some_and(|v| v <= s.limit_ms),
+        SloMetric::E2el => r.e2el_us.map(ms).is_some_and(|v| v <= s.limit_ms),
+        SloMetric::Tpot => tpot_ms(r).unwrap_or(0.0) <= s.limit_ms,
     })
 }
 
-/// TPOT of one request, ms: (E2EL − TTFT) / (output_tokens − 1), when output_tokens > 1.
+/// TTFT of one request, ms: streamed requests only (one that is not streamed has no first
+/// token to time; older traces recorded its E2EL as TTFT).
+pub fn ttft_ms(r: &TraceRecord) -> Option<f64> {
+    if !r.stream {
+        return None;
+    }
+    r.ttft_us.map(ms)
+}
+
+/// The chunk gaps (ITL) of one request, ms: streamed requests only.
+pub fn itl_gaps_ms(r: &TraceRecord) -> impl Iterator<Item = f64> + '_ {
+    let chunks: &[i64] = if r.stream { &r.chunk_times_us } else { &[] };
+    chunks.windows(2).map(|w| ms(w[1] - w[0]))
+}
+
+/// TPOT of one request, ms: (E2EL − TTFT) / (output_tokens − 1), when output_tokens > 1, for
+/// streamed requests only.
 pub fn tpot_ms(r: &TraceRecord) -> Option<f64> {
+    if !r.stream {
+        return None;
+    }
     let out = r.output_tokens?;
     if out <= 1 {
         return None;
@@ -122,13 +183,26 @@ pub fn compute(
     let total_input_tokens: i64 = ok.iter().filter_map(|r| r.prompt_tokens).sum();
     let total_output_tokens: i64 = ok.iter().filter_map(|r| r.output_tokens).sum();
 
-    let mut ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_us.map(ms)).collect();
+    // TTFT, TPOT and ITL over streamed requests only: a request that is not streamed has
+    // no first token (older traces recorded its E2EL as TTFT, which this also leaves out).
+    let streamed: Vec<&TraceRecord> = ok.iter().copied().filter(|r| r.stream).collect();
+    let mut ttft: Vec<f64> = streamed.iter().filter_map(|r| ttft_ms(r)).collect();
     let mut e2el: Vec<f64> = ok.iter().filter_map(|r| r.e2el_us.map(ms)).collect();
-    let mut tpot: Vec<f64> = ok.iter().filter_map(|r| tpot_ms(r)).collect();
+    let mut tpot: Vec<f64> = streamed.iter().filter_map(|r| tpot_ms(r)).collect();
+    let coverage = Coverage {
+        ttft: ttft.len(),
+        tpot: tpot.len(),
+        itl: streamed
+            .iter()
+            .filter(|r| r.chunk_times_us.len() >= 2)
+            .count(),
+        e2el: e2el.len(),
+        not_streamed: ok.len() - streamed.len(),
+    };
     let mut itl = Vec::new();
     let mut itl_tok = Vec::new();
     let mut have_tokens = false;
-    for r in &ok {
+    for r in &streamed {
         for (i, w) in r.chunk_times_us.windows(2).enumerate() {
             let gap = ms(w[1] - w[0]);
             itl.push(gap);
@@ -186,6 +260,7 @@ pub fn compute(
         tpot: Summary::from_values(&mut tpot, p),
         itl: Summary::from_values(&mut itl, p),
         e2el: Summary::from_values(&mut e2el, p),
+        coverage,
         itl_per_token: have_tokens.then(|| Summary::from_values(&mut itl_tok, p)),
         slo_attainment: good.map(|g| {
             if records.is_empty() {
@@ -203,6 +278,7 @@ pub fn compute(
             .count(),
         connect: Summary::from_values(&mut connect, &[50.0, 99.0]),
         outcomes,
+        top_errors: top_errors(records),
         output_token_sources,
     }
 }
@@ -233,6 +309,7 @@ mod tests {
         r.chunk_times_us = chunks_ms.iter().map(|c| c * 1000).collect();
         r.ttft_us = r.chunk_times_us.first().copied();
         r.e2el_us = r.chunk_times_us.last().copied();
+        r.stream = true;
         r.output_tokens = Some(out);
         r.output_tokens_source = Some(TokenSource::Usage);
         r.prompt_tokens = Some(10);
@@ -263,6 +340,72 @@ mod tests {
         assert!((m.request_goodput.unwrap() - 1.0 / 1.24).abs() < 1e-9);
         assert!((m.slo_attainment.unwrap() - 1.0 / 3.0).abs() < 1e-9);
         assert_eq!(m.outcomes["http_error"], 1);
+    }
+
+    #[test]
+    fn failures_are_listed_by_their_most_frequent_texts() {
+        let fail = |id: &str, o: Outcome, e: &str| {
+            let mut r = TraceRecord::new(id, 0, "/v1/completions");
+            r.outcome = o;
+            r.error = Some(e.into());
+            r
+        };
+        let rs = vec![
+            fail("a", Outcome::HttpError, "HTTP 501: not implemented"),
+            fail(
+                "b",
+                Outcome::Timeout,
+                "no response headers within the timeout",
+            ),
+            fail("c", Outcome::HttpError, "HTTP 501: not implemented"),
+            ok(0, &[1, 2], 2),
+        ];
+        let m = compute(&rs, 0, &[], &[50.0]);
+        assert_eq!(
+            m.top_errors,
+            vec![
+                ("http_error".into(), "HTTP 501: not implemented".into(), 2),
+                (
+                    "timeout".into(),
+                    "no response headers within the timeout".into(),
+                    1
+                ),
+            ]
+        );
+    }
+
+    /// A request that is not streamed counts in E2EL, throughput and goodput (against the
+    /// E2EL SLO only), never in TTFT, TPOT or ITL, whatever its row says (older rows carry
+    /// its E2EL as TTFT).
+    #[test]
+    fn requests_that_are_not_streamed_have_no_ttft_tpot_or_itl() {
+        let mut streamed = ok(0, &[100, 110, 120, 130], 4);
+        streamed.stream = true;
+        let mut whole = ok(0, &[], 50);
+        whole.stream = false;
+        whole.e2el_us = Some(600_000);
+        whole.ttft_us = Some(600_000); // as older traces recorded it
+        let slos = ["ttft:150".parse().unwrap(), "tpot:50".parse().unwrap()];
+        let m = compute(&[streamed.clone(), whole.clone()], 0, &slos, &[50.0]);
+        assert_eq!((m.ttft.count, m.ttft.mean), (1, 100.0));
+        assert_eq!((m.tpot.count, m.tpot.mean), (1, 10.0));
+        assert_eq!(m.itl.count, 3);
+        assert_eq!(m.e2el.count, 2);
+        assert_eq!(
+            m.coverage,
+            Coverage {
+                ttft: 1,
+                tpot: 1,
+                itl: 1,
+                e2el: 2,
+                not_streamed: 1
+            }
+        );
+        assert_eq!(m.total_output_tokens, 54);
+        // TTFT and TPOT SLOs do not apply to it; E2EL does.
+        assert!(meets_slos(&whole, &slos));
+        assert!(!meets_slos(&whole, &["e2el:500".parse().unwrap()]));
+        assert!((m.slo_attainment.unwrap() - 1.0).abs() < 1e-9);
     }
 
     #[test]

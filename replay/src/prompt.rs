@@ -762,6 +762,41 @@ pub struct BuiltRequest {
     pub body: Bytes,
     /// `max_tokens` sent, when known.
     pub max_tokens: Option<i64>,
+    /// Where the recorded client cancelled it, to cancel the replayed one at the same point.
+    pub cancel: Option<CancelAt>,
+}
+
+/// Where a request the recorded client cancelled is cancelled again: after as many output
+/// chunks as the recorded client received, or, when it received none, after the time from
+/// send to its cancellation. The candidate then sees the load production saw: the request,
+/// and its end at the same point, not a full generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelAt {
+    /// Output chunks received before cancelling.
+    pub after_chunks: Option<usize>,
+    /// Time from send to cancelling.
+    pub after: Option<std::time::Duration>,
+}
+
+impl CancelAt {
+    /// The recorded cancellation point of `rec`, if it was cancelled by its client and the
+    /// point is known.
+    pub fn of(rec: &TraceRecord) -> Option<CancelAt> {
+        if rec.outcome != trace_format::Outcome::ClientCancelled {
+            return None;
+        }
+        if !rec.chunk_times_us.is_empty() {
+            return Some(CancelAt {
+                after_chunks: Some(rec.chunk_times_us.len()),
+                after: None,
+            });
+        }
+        let us = rec.e2el_us.filter(|&u| u >= 0)?;
+        Some(CancelAt {
+            after_chunks: None,
+            after: Some(std::time::Duration::from_micros(us as u64)),
+        })
+    }
 }
 
 /// Builds the request for `rec`. `model` is the name to use when neither `--model` nor the
@@ -834,6 +869,7 @@ pub fn build_request(
         stream,
         body: Bytes::from(serde_json::to_vec(&body).expect("JSON values serialize")),
         max_tokens: Some(max_tokens),
+        cancel: CancelAt::of(rec),
     })
 }
 
@@ -889,6 +925,7 @@ fn rebuild_recorded(rec: &TraceRecord, body: &str, opts: &RequestOptions) -> Bui
                     serde_json::to_vec(&Value::Object(obj)).expect("JSON values serialize"),
                 ),
                 max_tokens,
+                cancel: CancelAt::of(rec),
             }
         }
         // Not a JSON object: send the recorded bytes untouched; the outcome records the rest.
@@ -897,6 +934,7 @@ fn rebuild_recorded(rec: &TraceRecord, body: &str, opts: &RequestOptions) -> Bui
             stream: rec.stream,
             body: Bytes::from(body.to_string()),
             max_tokens: rec.max_tokens,
+            cancel: CancelAt::of(rec),
         },
     }
 }

@@ -14,8 +14,11 @@ use crate::run::RunOutput;
 /// The definitions table printed above every result (../shared/docs/metrics.md).
 pub const DEFINITIONS: &str = "\
 Metric definitions (vLLM's `vllm bench serve`; measured at the client from t0 = request written):
-  TTFT      time of the first chunk - t0 (a chunk = an SSE event with non-empty `choices`)
-  ITL       gap between consecutive chunks, pooled over successful requests (k tokens in a chunk = one gap)
+  TTFT      time of the first chunk with output - t0 (a chunk = an SSE event with non-empty `choices`;
+            output = text, content, reasoning or a tool call: a chat role-only or empty chunk is not
+            a token; vLLM's client takes any chunk, which on vLLM's server is the same instant);
+            TTFT, ITL and TPOT cover streamed requests only
+  ITL       gap between consecutive chunks with output, pooled over successful requests (k tokens in a chunk = one gap)
   TPOT      per request, (E2EL - TTFT) / (output_tokens - 1), output_tokens from usage
   E2EL      time of the last chunk - t0 (non-streamed: whole response read)
   goodput   requests/s meeting every --goodput SLO (inclusive)
@@ -338,7 +341,7 @@ pub fn result_json(i: &ResultInputs) -> Value {
             json!(recs
                 .iter()
                 .map(|r| if okv(&r) {
-                    r.ttft_us.unwrap_or(0) as f64 / 1e6
+                    crate::metrics::ttft_ms(r).unwrap_or(0.0) / 1e3
                 } else {
                     0.0
                 })
@@ -428,10 +431,19 @@ pub fn result_json(i: &ResultInputs) -> Value {
         json!({"load": run.client_load, "verdict": v}),
     );
     ours.insert("e2el_ms".into(), summary_json(&m.e2el));
+    ours.insert("metric_requests".into(), json!(m.coverage));
     if let Some(pt) = &m.itl_per_token {
         ours.insert("itl_per_token_ms".into(), summary_json(pt));
     }
     ours.insert("outcomes".into(), json!(m.outcomes));
+    ours.insert(
+        "top_errors".into(),
+        json!(m
+            .top_errors
+            .iter()
+            .map(|(o, t, n)| json!({"outcome": o, "error": t, "requests": n}))
+            .collect::<Vec<_>>()),
+    );
     ours.insert("output_token_sources".into(), json!(m.output_token_sources));
     ours.insert("warmups".into(), json!(run.warmups));
     if !run.server_gauges.is_empty() {
@@ -585,6 +597,24 @@ pub fn console_report(i: &ResultInputs) -> String {
             _ => ("End-to-end Latency", "E2EL", &m.e2el),
         };
         section(&mut out, title);
+        let c = &m.coverage;
+        let (covered, streamed_only) = match pm.key() {
+            "ttft" => (c.ttft, true),
+            "tpot" => (c.tpot, true),
+            "itl" => (c.itl, true),
+            _ => (c.e2el, false),
+        };
+        let mut txt = format!("{covered} of {}", m.completed);
+        if streamed_only && c.not_streamed > 0 {
+            txt.push_str(&format!(
+                " ({} not streamed: {name} does not apply)",
+                c.not_streamed
+            ));
+        }
+        line(&mut out, &format!("Requests in {name}:"), txt);
+        if covered == 0 {
+            continue;
+        }
         line(
             &mut out,
             &format!("Mean {name} (ms):"),
@@ -722,6 +752,12 @@ pub fn console_report(i: &ResultInputs) -> String {
             .collect::<Vec<_>>()
             .join(" "),
     );
+    if !m.top_errors.is_empty() {
+        let _ = writeln!(out, "Most frequent errors:");
+        for (outcome, text, n) in &m.top_errors {
+            let _ = writeln!(out, "  {n:>6} × {outcome}: {text}");
+        }
+    }
     let _ = writeln!(out, "{}", v.message);
     let _ = writeln!(out, "{}", "=".repeat(50));
     out

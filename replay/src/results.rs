@@ -347,7 +347,8 @@ pub fn samples_of_result(r: &Value) -> Option<Samples> {
         if failed || out == 0 {
             continue;
         }
-        if let Some(t) = t.as_f64() {
+        // 0 is vLLM's "no TTFT": a request that was not streamed has no first token.
+        if let Some(t) = t.as_f64().filter(|&t| t > 0.0) {
             s.ttft.push(t * 1e3);
         }
         let gaps: Vec<f64> = itls
@@ -377,17 +378,13 @@ pub fn samples_of_records(records: &[TraceRecord]) -> BTreeMap<(String, String),
             r.run_id.clone().unwrap_or_default(),
         );
         let s = out.entry(key).or_default();
-        if let Some(t) = r.ttft_us {
-            s.ttft.push(t as f64 / 1e3);
+        if let Some(t) = crate::metrics::ttft_ms(r) {
+            s.ttft.push(t);
         }
         if let Some(t) = crate::metrics::tpot_ms(r) {
             s.tpot.push(t);
         }
-        s.itl.extend(
-            r.chunk_times_us
-                .windows(2)
-                .map(|w| (w[1] - w[0]) as f64 / 1e3),
-        );
+        s.itl.extend(crate::metrics::itl_gaps_ms(r));
     }
     out
 }
@@ -440,7 +437,8 @@ mod tests {
 
     #[test]
     fn detailed_arrays_give_tpot_from_the_gaps() {
-        let r = json!({"ttfts": [0.1, 0.0], "itls": [[0.01, 0.03], []], "output_lens": [3, 0], "errors": ["", "boom"]});
+        // The third request completed without streaming: TTFT 0, no gaps, no TTFT sample.
+        let r = json!({"ttfts": [0.1, 0.0, 0.0], "itls": [[0.01, 0.03], [], []], "output_lens": [3, 0, 40], "errors": ["", "boom", ""]});
         let s = samples_of_result(&r).unwrap();
         assert_eq!(s.ttft, vec![100.0]);
         assert_eq!(s.tpot, vec![20.0]);

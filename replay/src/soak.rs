@@ -21,7 +21,7 @@ use trace_format::{Outcome, TraceRecord};
 
 use crate::config::Slo;
 use crate::error::ReplayError;
-use crate::metrics::{meets_slos, tpot_ms};
+use crate::metrics::{itl_gaps_ms, meets_slos, tpot_ms, ttft_ms};
 
 /// At most this many looped rows (a guard against `--loop inf --duration 1000h`).
 pub const MAX_LOOPED_ROWS: usize = 20_000_000;
@@ -267,13 +267,9 @@ pub fn slices(
                 slo_attainment: (!slos.is_empty() && !rs.is_empty()).then(|| {
                     rs.iter().filter(|r| meets_slos(r, slos)).count() as f64 / rs.len() as f64
                 }),
-                ttft_ms: pcts(ok.iter().filter_map(|r| r.ttft_us.map(ms)).collect()),
+                ttft_ms: pcts(ok.iter().filter_map(|r| ttft_ms(r)).collect()),
                 tpot_ms: pcts(ok.iter().filter_map(|r| tpot_ms(r)).collect()),
-                itl_ms: pcts(
-                    ok.iter()
-                        .flat_map(|r| r.chunk_times_us.windows(2).map(|c| ms(c[1] - c[0])))
-                        .collect(),
-                ),
+                itl_ms: pcts(ok.iter().flat_map(|r| itl_gaps_ms(r)).collect()),
                 e2el_ms: pcts(ok.iter().filter_map(|r| r.e2el_us.map(ms)).collect()),
             }
         })
@@ -359,6 +355,7 @@ mod tests {
 
     fn rec(id: &str, at_us: i64, ttft_ms: i64, e2el_ms: i64, out: i64) -> TraceRecord {
         let mut r = TraceRecord::new(id, at_us, "/v1/completions");
+        r.stream = true;
         r.ttft_us = Some(ttft_ms * 1000);
         r.e2el_us = Some(e2el_ms * 1000);
         r.output_tokens = Some(out);

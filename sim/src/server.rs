@@ -556,9 +556,6 @@ impl GenBody {
             }
             if let Some(start) = self.start.take() {
                 self.rx = Some(start());
-                if self.stream && self.chat {
-                    self.pending.push_back(self.fmt.role_chunk());
-                }
                 if self.reset_after == Some(0) {
                     self.phase = Phase::Reset;
                 }
@@ -577,6 +574,11 @@ impl GenBody {
             self.out = self.out.saturating_add(emit.tokens).min(self.target);
             let last = emit.last || self.out >= self.target;
             if self.stream {
+                // The role-only chunk goes out with the first token, as vLLM sends it (after
+                // queueing and prefill), never before.
+                if self.chat && self.chunks == 0 {
+                    self.pending.push_back(self.fmt.role_chunk());
+                }
                 let fin = last.then_some(self.finish);
                 self.pending
                     .push_back(self.fmt.content_chunk(from, self.out, fin));

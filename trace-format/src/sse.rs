@@ -4,7 +4,11 @@
 //! payloads of complete server-sent events (CRLF, LF and CR line ends, multi-line data,
 //! comments and other fields ignored). [`classify`] reads one payload the way
 //! ../shared/docs/metrics.md counts chunks: an event whose JSON has a non-empty `choices`
-//! array is a chunk; `[DONE]` and a usage-only final event are not.
+//! array is a chunk; `[DONE]` and a usage-only final event are not. A chunk also says whether
+//! it carries generated output (text, content, reasoning content or a tool call): the
+//! role-only first chunk of a chat stream (`{"role":"assistant","content":""}`), which some
+//! servers send before queueing and prefill, and empty chunks carry none, so TTFT is the
+//! arrival of the first chunk that does.
 //!
 //! Both sit on the per-chunk path, so neither allocates once its buffers have grown, and
 //! `classify` parses the JSON without building a tree (the `choices` array is only counted).
@@ -133,6 +137,10 @@ pub enum StreamEvent {
     Chunk {
         /// Usage carried by the chunk, cumulative.
         usage: Option<Usage>,
+        /// Some choice carries generated output: non-empty `text`, `delta.content`,
+        /// `delta.reasoning_content` / `delta.reasoning`, or a `delta.tool_calls` /
+        /// `delta.function_call`. A role-only or empty chunk does not.
+        output: bool,
     },
     /// A usage-only event (`choices` empty or absent, `usage` present).
     Usage(Usage),
@@ -148,27 +156,113 @@ pub enum StreamEvent {
 
 #[derive(Deserialize)]
 struct RawEvent {
-    #[serde(default, deserialize_with = "count_seq")]
-    choices: Option<usize>,
+    #[serde(default, deserialize_with = "scan_choices")]
+    choices: Option<Choices>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
     error: Option<serde_json::Value>,
 }
 
-fn count_seq<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    struct Count;
-    impl<'de> Visitor<'de> for Count {
-        type Value = Option<usize>;
+/// What a `choices` array holds: how many, and whether any carries output.
+#[derive(Debug, Clone, Copy, Default)]
+struct Choices {
+    count: usize,
+    output: bool,
+}
+
+/// The fields of a choice that carry generated output, each read only as "present and not
+/// empty" (no string is copied).
+#[derive(Deserialize)]
+struct RawChoice {
+    #[serde(default, deserialize_with = "non_empty")]
+    text: bool,
+    #[serde(default)]
+    delta: Option<RawDelta>,
+}
+
+#[derive(Deserialize)]
+struct RawDelta {
+    #[serde(default, deserialize_with = "non_empty")]
+    content: bool,
+    #[serde(default, deserialize_with = "non_empty")]
+    reasoning_content: bool,
+    #[serde(default, deserialize_with = "non_empty")]
+    reasoning: bool,
+    #[serde(default, deserialize_with = "non_empty")]
+    tool_calls: bool,
+    #[serde(default, deserialize_with = "non_empty")]
+    function_call: bool,
+}
+
+impl RawChoice {
+    fn output(&self) -> bool {
+        self.text
+            || self.delta.as_ref().is_some_and(|d| {
+                d.content || d.reasoning_content || d.reasoning || d.tool_calls || d.function_call
+            })
+    }
+}
+
+/// A value that is there and not empty: a non-empty string or array, an object, a number or
+/// `true`; `null`, `""`, `[]` and `false` are empty.
+fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    struct NonEmpty;
+    impl<'de> Visitor<'de> for NonEmpty {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+            Ok(!v.is_empty())
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<bool, E> {
+            Ok(v)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+            Ok(true)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+            Ok(true)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+            Ok(true)
+        }
+        fn visit_unit<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_none<E>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            let mut any = false;
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                any = true;
+            }
+            Ok(any)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(true)
+        }
+    }
+    d.deserialize_any(NonEmpty)
+}
+
+fn scan_choices<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Choices>, D::Error> {
+    struct Scan;
+    impl<'de> Visitor<'de> for Scan {
+        type Value = Option<Choices>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("an array or null")
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut n = 0;
-            while seq.next_element::<IgnoredAny>()?.is_some() {
-                n += 1;
+            let mut c = Choices::default();
+            while let Some(choice) = seq.next_element::<RawChoice>()? {
+                c.count += 1;
+                c.output |= choice.output();
             }
-            Ok(Some(n))
+            Ok(Some(c))
         }
         fn visit_unit<E>(self) -> Result<Self::Value, E> {
             Ok(None)
@@ -177,7 +271,7 @@ fn count_seq<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error>
             Ok(None)
         }
     }
-    d.deserialize_any(Count)
+    d.deserialize_any(Scan)
 }
 
 /// Classifies one SSE `data` payload.
@@ -190,10 +284,13 @@ pub fn classify(data: &[u8]) -> StreamEvent {
         Err(_) => StreamEvent::Invalid,
         Ok(RawEvent { error: Some(e), .. }) => StreamEvent::Error(error_message(&e)),
         Ok(RawEvent {
-            choices: Some(n),
+            choices: Some(c),
             usage,
             ..
-        }) if n > 0 => StreamEvent::Chunk { usage },
+        }) if c.count > 0 => StreamEvent::Chunk {
+            usage,
+            output: c.output,
+        },
         Ok(RawEvent { usage: Some(u), .. }) => StreamEvent::Usage(u),
         Ok(_) => StreamEvent::Other,
     }
@@ -268,7 +365,13 @@ mod tests {
     fn classifies_like_metrics_md() {
         let chat_role =
             br#"{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
-        assert_eq!(classify(chat_role), StreamEvent::Chunk { usage: None });
+        assert_eq!(
+            classify(chat_role),
+            StreamEvent::Chunk {
+                usage: None,
+                output: false
+            }
+        );
         let with_usage = br#"{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
         assert_eq!(
             classify(with_usage),
@@ -276,7 +379,8 @@ mod tests {
                 usage: Some(Usage {
                     prompt_tokens: Some(3),
                     completion_tokens: Some(2)
-                })
+                }),
+                output: true
             }
         );
         let usage_only = br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#;
@@ -298,6 +402,38 @@ mod tests {
             classify(br#"{"error":{"message":"boom","code":500}}"#),
             StreamEvent::Error("boom".into())
         );
+    }
+
+    /// Output is text, content, reasoning or a tool call; a role-only, empty or
+    /// finish-only chunk carries none (and is still a chunk).
+    #[test]
+    fn a_chunk_says_whether_it_carries_output() {
+        let output = |j: &str| match classify(j.as_bytes()) {
+            StreamEvent::Chunk { output, .. } => output,
+            other => panic!("{j}: {other:?}"),
+        };
+        for j in [
+            r#"{"choices":[{"index":0,"text":"a"}]}"#,
+            r#"{"choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"role":"assistant","content":"Hi"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"hmm","content":null}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"function_call":{"name":"f"}}}]}"#,
+            r#"{"choices":[{"delta":{}},{"delta":{"content":"\u00e9"}}]}"#,
+        ] {
+            assert!(output(j), "{j}");
+        }
+        for j in [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+            r#"{"choices":[{"delta":{"content":null},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"text":"","finish_reason":"length"}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
+            r#"{"choices":[{"index":0,"logprobs":null}]}"#,
+        ] {
+            assert!(!output(j), "{j}");
+        }
     }
 
     #[test]

@@ -337,7 +337,13 @@ pub fn write_bytes(dest: &Path, data: Vec<u8>) -> Result<String> {
     match url_of(dest) {
         Some(url) => ObjectLocation::parse(url)?.put_bytes(Bytes::from(data)),
         None => {
-            std::fs::write(dest, data).map_err(|e| Error::io(dest, e))?;
+            // Private like every trace file (mode 0600 on Unix).
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+            std::io::Write::write_all(&mut opts.open(dest).map_err(|e| Error::io(dest, e))?, &data)
+                .map_err(|e| Error::io(dest, e))?;
             Ok(dest.display().to_string())
         }
     }

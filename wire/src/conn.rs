@@ -549,18 +549,37 @@ impl Conn {
         start: Instant,
         mut on_data: impl FnMut(&[u8], Instant),
     ) -> Result<bool, ReadError> {
+        let r = self
+            .read_body_while(framing, start, |d, t| {
+                on_data(d, t);
+                true
+            })
+            .await?;
+        Ok(r.unwrap_or(false))
+    }
+
+    /// [`Conn::read_body`] for as long as `on_data` returns true: `Ok(None)` when it stopped
+    /// the read (the response is not finished: the connection must be dropped, which tells
+    /// the server the client went away), else whether the connection can be reused.
+    pub async fn read_body_while(
+        &mut self,
+        framing: Framing,
+        start: Instant,
+        mut on_data: impl FnMut(&[u8], Instant) -> bool,
+    ) -> Result<Option<bool>, ReadError> {
         let mut body = BodyReader::new(framing);
         let mut t = start;
         loop {
             if body.done() {
-                return Ok(framing != Framing::Eof && self.buf.is_empty());
+                return Ok(Some(framing != Framing::Eof && self.buf.is_empty()));
             }
             if !self.buf.is_empty() {
                 let (data, used) = body.decode(&mut self.buf)?;
-                if data > 0 {
-                    on_data(&self.buf[..data], t);
-                }
+                let go_on = data == 0 || on_data(&self.buf[..data], t);
                 self.buf.advance(used);
+                if !go_on {
+                    return Ok(None);
+                }
                 continue;
             }
             if self.fill().await? == 0 {
@@ -675,6 +694,28 @@ mod tests {
         assert_eq!(got, b"abcde");
         assert!(c.is_clean());
         assert_eq!(body.take_trailers(), b"x-t: 1\r\n");
+    }
+
+    /// A reader that has what it wants stops: the rest of the body is not read.
+    #[tokio::test]
+    async fn a_read_can_stop_before_the_body_ends() {
+        let addr = serve_once(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        )
+        .await;
+        let mut c = conn(addr, false).await;
+        c.write_request(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let (h, t) = c.read_head(1024, |_| Ok(())).await.unwrap();
+        let mut seen = Vec::new();
+        let r = c
+            .read_body_while(h.framing, t, |d, _| {
+                seen.extend_from_slice(d);
+                !seen.contains(&b'a')
+            })
+            .await
+            .unwrap();
+        assert_eq!(r, None, "stopped");
+        assert!(seen.starts_with(b"a") && !seen.ends_with(b"de"), "{seen:?}");
     }
 
     #[test]

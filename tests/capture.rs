@@ -114,7 +114,7 @@ async fn post(c: &TestClient, url: &str, path: &str, body: &str, headers: &[(&st
         let now = Instant::now();
         if let Ok(d) = f.into_data() {
             parser.feed(&d, |ev| {
-                if let StreamEvent::Chunk { .. } = classify(ev) {
+                if let StreamEvent::Chunk { output: true, .. } = classify(ev) {
                     chunk_us.push(now.duration_since(t0).as_micros() as i64);
                 }
             });
@@ -231,10 +231,9 @@ async fn byte_identical(mode: UsageMode, h2: bool) -> Vec<TraceRecord> {
 async fn byte_identical_with_injected_include_usage() {
     let _g = serial();
     let recs = byte_identical(UsageMode::Standard, false).await;
-    // Streams: chunks counted as in metrics.md (chat's role chunk counts).
+    // Streams: the chunks that carry output (chat's role-only chunk is not a token).
     for r in recs.iter().filter(|r| r.stream) {
-        let want = if r.endpoint.contains("chat") { 7 } else { 6 };
-        assert_eq!(r.chunk_times_us.len(), want, "{r:?}");
+        assert_eq!(r.chunk_times_us.len(), 6, "{r:?}");
     }
 }
 

@@ -244,10 +244,12 @@ async fn completion(c: &TestClient, url: &str, body: &Value, id: &str) -> Seen {
         };
         if stream {
             parser.feed(&d, |ev| match classify(ev) {
-                StreamEvent::Chunk { usage } => {
-                    seen.ttft_us
-                        .get_or_insert(now.duration_since(t0).as_micros() as i64);
-                    seen.chunks += 1;
+                StreamEvent::Chunk { usage, output } => {
+                    if output {
+                        seen.ttft_us
+                            .get_or_insert(now.duration_since(t0).as_micros() as i64);
+                        seen.chunks += 1;
+                    }
                     if let Some(u) = usage {
                         seen.prompt_tokens = u.prompt_tokens.or(seen.prompt_tokens);
                         seen.completion_tokens = u.completion_tokens.or(seen.completion_tokens);
@@ -462,7 +464,12 @@ fn capture_and_replay_against_llama_server() {
             out >= 1 && out <= b["max_tokens"].as_i64().unwrap(),
             "{r:?}"
         );
-        if r.stream {
+        if r.stream && s.ttft_us.is_none() {
+            // The model's first token ended the text: no chunk carried output, for the
+            // client as for the proxy.
+            assert_eq!(r.ttft_us, None, "{id}: no output chunk, yet a TTFT");
+            assert!(r.chunk_times_us.is_empty(), "{id}");
+        } else if r.stream {
             let client_ttft = s.ttft_us.expect("client saw a chunk");
             let proxy_ttft = r.ttft_us.expect("recorded ttft");
             let d = client_ttft - proxy_ttft;
@@ -558,7 +565,10 @@ fn capture_and_replay_against_llama_server() {
         let rr = res_by_id.get(rid).expect("results row");
         assert_eq!(rr.outcome, Outcome::Ok, "{rr:?}");
         assert_eq!(rr.prompt_tokens, r1.prompt_tokens, "{rid}: results row");
-        if r2.stream {
+        if r2.stream && r2.ttft_us.is_none() {
+            // No chunk carried output (the first token ended the text): none for replay either.
+            assert_eq!(rr.ttft_us, None, "{rid}: replay's TTFT without output");
+        } else if r2.stream {
             let d = rr.ttft_us.unwrap() - r2.ttft_us.unwrap();
             assert!(
                 (0..=TTFT_TOLERANCE_US).contains(&d),

@@ -19,8 +19,26 @@ pub struct CaptureProc {
 
 impl CaptureProc {
     pub fn spawn(listen: SocketAddr, upstream: &str, out: &Path, extra: &[&str]) -> CaptureProc {
+        Self::spawn_bin(
+            env!("CARGO_BIN_EXE_llmreplay"),
+            listen,
+            upstream,
+            out,
+            extra,
+        )
+    }
+
+    /// [`CaptureProc::spawn`] with another `llmreplay` binary (to run a test against an
+    /// older build).
+    pub fn spawn_bin(
+        bin: &str,
+        listen: SocketAddr,
+        upstream: &str,
+        out: &Path,
+        extra: &[&str],
+    ) -> CaptureProc {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
+        let mut child = std::process::Command::new(bin)
             .args(["capture", "--no-admin", "--listen", &listen.to_string()])
             .args(["--upstream", upstream])
             .arg("--out")

@@ -47,6 +47,14 @@ pub struct Behaviour {
     pub think: Duration,
     /// Time between two streamed events.
     pub chunk_gap: Duration,
+    /// "Generation" time before the response of a POST that is not streamed, instead of
+    /// `think` (a whole answer takes as long as its whole generation).
+    pub think_not_streamed: Option<Duration>,
+    /// For a streamed chat request: write the head and the role-only chunk
+    /// (`{"delta":{"role":"assistant","content":""}}`) at once, without `think`, then wait
+    /// this long before the first content chunk (a server that announces the role before
+    /// queueing and prefill).
+    pub role_chunk_first_delay: Option<Duration>,
 }
 
 impl Default for Behaviour {
@@ -60,6 +68,8 @@ impl Default for Behaviour {
             http10_no_length: false,
             think: Duration::from_millis(10),
             chunk_gap: Duration::from_millis(2),
+            think_not_streamed: None,
+            role_chunk_first_delay: None,
         }
     }
 }
@@ -97,6 +107,14 @@ impl Behaviour {
     pub fn http10_no_length() -> Behaviour {
         Behaviour {
             http10_no_length: true,
+            ..Default::default()
+        }
+    }
+
+    /// Streamed chat: the role-only chunk at once, the first content chunk `delay` later.
+    pub fn role_chunk_first(delay: Duration) -> Behaviour {
+        Behaviour {
+            role_chunk_first_delay: Some(delay),
             ..Default::default()
         }
     }
@@ -523,7 +541,16 @@ fn respond(w: &mut TcpStream, req: &Request, b: &Behaviour, close_header: bool) 
         count_prompt(&v),
         count_prompt(&v) + tokens
     );
-    std::thread::sleep(b.think);
+    let role_first = if stream && chat {
+        b.role_chunk_first_delay
+    } else {
+        None
+    };
+    if !stream {
+        std::thread::sleep(b.think_not_streamed.unwrap_or(b.think));
+    } else if role_first.is_none() {
+        std::thread::sleep(b.think);
+    }
     if !stream {
         let choice = if chat {
             let text = vec!["x"; tokens].join(" ");
@@ -555,6 +582,13 @@ fn respond(w: &mut TcpStream, req: &Request, b: &Behaviour, close_header: bool) 
             w.write_all(ev.as_bytes())
         }
     };
+    if let Some(delay) = role_first {
+        frame(
+            w,
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+        )?;
+        std::thread::sleep(delay);
+    }
     for i in 0..tokens {
         if i > 0 {
             std::thread::sleep(b.chunk_gap);

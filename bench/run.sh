@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q numpy pyarrow >/dev/null
 cargo build --release --bin llmreplay 2>&1 | tail -1
 cargo build --release -p replay --example floor --example floor_uring -p trace-format --example writer_throughput 2>&1 | tail -1
-BIN=target/release/llmreplay
+BIN=${LLMREPLAY_BIN:-target/release/llmreplay}  # LLMREPLAY_BIN: another build, for an A/B
 ulimit -n 65536 2>/dev/null || true
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

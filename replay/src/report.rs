@@ -684,15 +684,11 @@ pub fn console_report(i: &ResultInputs) -> String {
     );
     if let Some(p) = run.pool.filter(|p| p.found_closed + p.expired > 0) {
         conns.push_str(&format!(
-            "; {} found closed by the target and {} idle over --pool-idle-timeout, replaced before sending",
+            "; pooled ones dropped before any byte was sent: {} found closed by the target, {} idle over --pool-idle-timeout",
             p.found_closed, p.expired
         ));
     }
-    line(
-        &mut out,
-        "Connections (preconnected / new / reused):",
-        conns,
-    );
+    line(&mut out, "Connections pre / new / reused:", conns);
     if let Some(c) = &run.client_load {
         line(
             &mut out,

@@ -14,6 +14,9 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    // Servers (capture, sim) and a replay of thousands of streams need more descriptors than
+    // a soft limit of 1,024.
+    let _ = wire::listen::raise_fd_limit();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -240,19 +240,15 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     };
     let client = build_client(&cfg)?;
 
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|cause| ProxyError::Bind {
-            addr: cfg.listen,
-            cause,
-        })?;
+    let listener = wire::listen::bind(cfg.listen).map_err(|cause| ProxyError::Bind {
+        addr: cfg.listen,
+        cause,
+    })?;
     let addr = listener.local_addr()?;
     let admin = match cfg.admin {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .map_err(|cause| ProxyError::Bind { addr: a, cause })?,
-        ),
+        Some(a) => {
+            Some(wire::listen::bind(a).map_err(|cause| ProxyError::Bind { addr: a, cause })?)
+        }
         None => None,
     };
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;

@@ -168,9 +168,7 @@ impl SimHandle {
 /// [`SimHandle::shutdown`].
 pub async fn start(addr: SocketAddr, cfg: SimConfig) -> Result<SimHandle, SimError> {
     server::validate(&cfg)?;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|cause| SimError::Bind { addr, cause })?;
+    let listener = wire::listen::bind(addr).map_err(|cause| SimError::Bind { addr, cause })?;
     let addr = listener.local_addr()?;
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(serve(listener, cfg, async move {

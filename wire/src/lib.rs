@@ -12,10 +12,13 @@
 //!   **the retry rule** ([`Pool::send`]): a request is sent again only when not one byte of
 //!   it was accepted by a connection, so no server ever sees a request twice.
 //! - [`rxstamp`]: `SO_TIMESTAMPNS` receive stamps and the clock pair that converts them.
+//! - [`listen`]: listening sockets with a listen queue that survives connection bursts, and
+//!   the descriptor limit raised for them.
 #![deny(missing_docs)]
 
 mod conn;
 pub mod framing;
+pub mod listen;
 mod pool;
 pub mod rxstamp;
 

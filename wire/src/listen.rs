@@ -28,6 +28,7 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 /// Raises the soft limit of open descriptors to the hard limit (often 1,024 soft against
 /// 524,288 hard): a server with more connections than the soft limit fails its accepts.
 /// Returns the soft limit now in force, when it could be read.
+#[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not everywhere
 pub fn raise_fd_limit() -> Option<u64> {
     #[cfg(unix)]
     {
@@ -87,6 +88,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not everywhere
     fn the_fd_limit_is_raised_to_the_hard_limit() {
         let now = raise_fd_limit().expect("getrlimit");
         let mut l = libc::rlimit {

@@ -117,9 +117,10 @@ fn parse_percentile(p: &str) -> Result<f64, String> {
 
 #[derive(Args, Debug, Clone)]
 struct SimOpts {
-    /// Engine profile (see `llmreplay sim --list-profiles`).
-    #[arg(long, default_value = "llama-3.1-8b-h100")]
-    profile: String,
+    /// Engine profile (see `llmreplay sim --list-profiles`) [default: llama-3.1-8b-h100; for
+    /// `demo`: tiny].
+    #[arg(long)]
+    profile: Option<String>,
     /// Ground-truth timing instead of the engine model: `TTFT_MS,ITL_MS` for every request, independent of load.
     #[arg(long, value_name = "TTFT_MS,ITL_MS")]
     fixed_timing: Option<String>,
@@ -149,8 +150,46 @@ struct SimOpts {
     stall: Duration,
 }
 
+/// The engine profile of `sim` and `replay` without `--profile`.
+const DEFAULT_PROFILE: &str = "llama-3.1-8b-h100";
+
 impl SimOpts {
+    /// The profile given, or `default`.
+    fn profile_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.profile.as_deref().unwrap_or(default)
+    }
+
+    /// The sim flags given with values other than their defaults: they configure a sim, so
+    /// with a `--target` (no sim) they would be silently ignored.
+    fn given(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let mut flag = |on: bool, name: &'static str| {
+            if on {
+                v.push(name);
+            }
+        };
+        flag(self.profile.is_some(), "--profile");
+        flag(self.fixed_timing.is_some(), "--fixed-timing");
+        flag(self.tokens_per_chunk != 1, "--tokens-per-chunk");
+        flag(self.sim_seed != 0, "--sim-seed");
+        flag(
+            self.served_model_name != "llmreplay-sim",
+            "--served-model-name",
+        );
+        flag(self.error_rate != 0.0, "--error-rate");
+        flag(self.rate_limit_rate != 0.0, "--rate-limit-rate");
+        flag(self.reset_rate != 0.0, "--reset-rate");
+        flag(self.stall_rate != 0.0, "--stall-rate");
+        flag(self.stall != Duration::from_secs(3600), "--stall");
+        v
+    }
+
     fn config(&self) -> Result<sim::SimConfig> {
+        self.config_with(DEFAULT_PROFILE)
+    }
+
+    fn config_with(&self, default_profile: &str) -> Result<sim::SimConfig> {
+        let profile = self.profile_or(default_profile);
         let timing = match &self.fixed_timing {
             Some(spec) => {
                 let (t, i) = spec
@@ -173,10 +212,10 @@ impl SimOpts {
                     itl: ms(i)?,
                 }
             }
-            None => sim::Timing::Engine(sim::Profile::named(&self.profile).with_context(|| {
+            None => sim::Timing::Engine(sim::Profile::named(profile).with_context(|| {
                 format!(
                     "unknown profile {:?} (known: {})",
-                    self.profile,
+                    profile,
                     sim::Profile::names().join(", ")
                 )
             })?),
@@ -781,6 +820,20 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
     } else if !a.targets.is_empty() {
         eprintln!("note: no --tokenizer: synthesized prompts are word filler; their token lengths on the target are approximate");
     }
+    if !cfg.targets.is_empty() {
+        let given = a.sim.given();
+        if !given.is_empty() {
+            let (verb, them) = if given.len() == 1 {
+                ("configures", "it")
+            } else {
+                ("configure", "them")
+            };
+            bail!(
+                "{} {verb} the in-process sim, which does not run with --target: drop {them}, or the --target",
+                given.join(", ")
+            );
+        }
+    }
     if cfg.targets.is_empty() {
         let s = EmbeddedSim::start(a.sim.config()?)?;
         cfg.targets = vec![Target {
@@ -790,7 +843,7 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         cfg.server_metrics = true;
         eprintln!(
             "no --target: replaying against an in-process sim ({}) at {}",
-            a.sim.profile,
+            a.sim.profile_or(DEFAULT_PROFILE),
             s.url()
         );
         sim_guard = Some(s);
@@ -978,12 +1031,10 @@ fn run_inspect(a: InspectArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_demo(mut a: DemoArgs) -> Result<()> {
-    if a.sim.profile == "llama-3.1-8b-h100" && a.sim.fixed_timing.is_none() {
-        // The default for `sim` and `replay` is the H100 profile; the demo wants a knee a
-        // laptop reaches in seconds.
-        a.sim.profile = "tiny".into();
-    }
+fn run_demo(a: DemoArgs) -> Result<()> {
+    // The default for `sim` and `replay` is the H100 profile; the demo's is `tiny`, whose knee
+    // a laptop reaches in seconds. An explicit --profile is what runs.
+    let profile = a.sim.profile_or("tiny").to_string();
     if a.rates.is_empty() || a.rates.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
         bail!("--rates: give positive request rates, e.g. 2,4,8");
     }
@@ -991,10 +1042,9 @@ fn run_demo(mut a: DemoArgs) -> Result<()> {
         bail!("--seconds must be positive");
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let s = EmbeddedSim::start(a.sim.config()?)?;
+    let s = EmbeddedSim::start(a.sim.config_with(&profile)?)?;
     println!(
-        "llmreplay demo: in-process sim (profile {}) at {}",
-        a.sim.profile,
+        "llmreplay demo: in-process sim (profile {profile}) at {}",
         s.url()
     );
     let max_rate = a.rates.iter().cloned().fold(0.0, f64::max);
@@ -1035,7 +1085,7 @@ fn run_demo(mut a: DemoArgs) -> Result<()> {
     cfg.request.prompt_salt = now_us() as u64;
     cfg.server_metrics = true;
     cfg.goodput = a.goodput.clone();
-    cfg.label = Some(format!("demo-{}", a.sim.profile));
+    cfg.label = Some(format!("demo-{profile}"));
     let levels = a
         .rates
         .iter()
@@ -1114,6 +1164,39 @@ mod tests {
             out,
             "llmreplay replay t.parquet --api-key *** --api-key=*** --header X-Api-Key:*** \
              --header=Authorization:*** --header x-tenant:blue --header Cookie:*** --target http://h:8000"
+        );
+    }
+
+    /// Sim flags configure the in-process sim: with a --target they are an error, not
+    /// silently ignored; the demo runs the profile it is given, `tiny` without one.
+    #[test]
+    fn sim_flags_are_known_as_given() {
+        let replay = |extra: &[&str]| {
+            let mut args = vec!["llmreplay", "replay", "t.parquet", "--target", "http://h:1"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).unwrap().command {
+                Command::Replay(a) => a.sim.given(),
+                _ => unreachable!(),
+            }
+        };
+        assert!(replay(&[]).is_empty());
+        assert_eq!(replay(&["--error-rate", "0.5"]), vec!["--error-rate"]);
+        assert_eq!(
+            replay(&["--profile", "llama-3.1-8b-h100", "--served-model-name", "m"]),
+            vec!["--profile", "--served-model-name"]
+        );
+        let demo = |extra: &[&str]| {
+            let mut args = vec!["llmreplay", "demo"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).unwrap().command {
+                Command::Demo(a) => a.sim.profile_or("tiny").to_string(),
+                _ => unreachable!(),
+            }
+        };
+        assert_eq!(demo(&[]), "tiny");
+        assert_eq!(
+            demo(&["--profile", "llama-3.1-8b-h100"]),
+            "llama-3.1-8b-h100"
         );
     }
 

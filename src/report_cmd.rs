@@ -340,6 +340,19 @@ pub fn run_compare(a: CompareArgs) -> Result<bool> {
     Ok(a.fail_on_regression && !regs.is_empty())
 }
 
+/// The format an output's extension names: `.md`/`.markdown`, `.html`/`.htm`, none (HTML);
+/// any other (`report.pdf`) is an error, not an HTML file under that name.
+fn report_format_of(output: &std::path::Path) -> Result<ReportFormat> {
+    match output.extension().and_then(|e| e.to_str()) {
+        Some("md") | Some("markdown") => Ok(ReportFormat::Md),
+        Some("html") | Some("htm") | None => Ok(ReportFormat::Html),
+        Some(other) => bail!(
+            "-o {}: no report format for .{other}: write .html or .md (or give --format)",
+            output.display()
+        ),
+    }
+}
+
 /// Report formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ReportFormat {
@@ -412,12 +425,10 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
             title: a.title.clone(),
         },
     );
-    let format = a
-        .format
-        .unwrap_or_else(|| match a.output.extension().and_then(|e| e.to_str()) {
-            Some("md") | Some("markdown") => ReportFormat::Md,
-            _ => ReportFormat::Html,
-        });
+    let format = match a.format {
+        Some(f) => f,
+        None => report_format_of(&a.output)?,
+    };
     let text = match format {
         ReportFormat::Html => replay::html::render(&data),
         ReportFormat::Md => replay::document::markdown(&data),
@@ -443,4 +454,20 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `report -o report.pdf` wrote HTML under that name; now only names it can write pass.
+    #[test]
+    fn the_output_extension_names_a_format_or_is_refused() {
+        let f = |p: &str| report_format_of(std::path::Path::new(p));
+        assert_eq!(f("r.md").unwrap(), ReportFormat::Md);
+        assert_eq!(f("r.html").unwrap(), ReportFormat::Html);
+        assert_eq!(f("report").unwrap(), ReportFormat::Html);
+        let e = f("r.pdf").unwrap_err().to_string();
+        assert!(e.contains(".pdf") && e.contains("--format"), "{e}");
+    }
 }

@@ -161,7 +161,7 @@ impl LeanUpstream {
                     extra: parts,
                     ..
                 } = head;
-                let body = LeanBody {
+                let mut body = LeanBody {
                     pool: self.pool.clone(),
                     conn: Some(sent.conn),
                     body: BodyReader::new(framing),
@@ -169,7 +169,6 @@ impl LeanUpstream {
                     trailers: None,
                     done: false,
                 };
-                let mut body = body;
                 if body.body.done() {
                     body.end();
                 }
@@ -191,12 +190,7 @@ impl LeanUpstream {
 fn parts_of(resp: &httparse::Response<'_, '_>) -> Result<http::response::Parts, String> {
     let code = resp.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|e| e.to_string())?;
-    let mut map = HeaderMap::with_capacity(resp.headers.len());
-    for h in resp.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|e| e.to_string())?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|e| e.to_string())?;
-        map.append(name, value);
-    }
+    let map = header_map(resp.headers)?;
     let mut parts = http::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = if resp.version == Some(0) {
@@ -215,6 +209,17 @@ fn parts_of(resp: &httparse::Response<'_, '_>) -> Result<http::response::Parts, 
     Ok(parts)
 }
 
+/// Parsed header (or trailer) fields as a `HeaderMap`, repeated names kept.
+fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for f in fields {
+        let name = HeaderName::from_bytes(f.name.as_bytes()).map_err(|e| e.to_string())?;
+        let value = HeaderValue::from_bytes(f.value).map_err(|e| e.to_string())?;
+        map.append(name, value);
+    }
+    Ok(map)
+}
+
 /// Trailer fields from the raw lines the chunked decoder kept, if the body had any.
 fn trailer_map(raw: Vec<u8>) -> Result<Option<HeaderMap>, String> {
     if raw.is_empty() {
@@ -224,19 +229,9 @@ fn trailer_map(raw: Vec<u8>) -> Result<Option<HeaderMap>, String> {
     let mut with_end = raw;
     with_end.extend_from_slice(b"\r\n");
     match httparse::parse_headers(&with_end, &mut fields) {
-        Ok(httparse::Status::Complete((_, parsed))) => {
-            let mut map = HeaderMap::with_capacity(parsed.len());
-            for f in parsed {
-                let (Ok(n), Ok(v)) = (
-                    HeaderName::from_bytes(f.name.as_bytes()),
-                    HeaderValue::from_bytes(f.value),
-                ) else {
-                    return Err("invalid trailer field".into());
-                };
-                map.append(n, v);
-            }
-            Ok(Some(map))
-        }
+        Ok(httparse::Status::Complete((_, parsed))) => header_map(parsed)
+            .map(Some)
+            .map_err(|e| format!("invalid trailer field: {e}")),
         _ => Err("invalid trailer fields".into()),
     }
 }

@@ -175,21 +175,11 @@ impl Client {
         }))
     }
 
-    /// Opens `n` connections into the idle pool (before the clock starts).
-    pub async fn preconnect(&self, n: usize) -> Result<usize, String> {
-        self.pool.preconnect(n).await.map_err(|e| e.to_string())
-    }
-
     /// Makes the idle pool hold `n` usable connections right before the clock starts:
     /// drops those the target closed or that idled too long meanwhile (a `--start-at` wait,
     /// warm-ups), opens the rest. Returns (kept, opened).
     pub async fn refresh(&self, n: usize) -> Result<(usize, usize), String> {
         self.pool.refresh(n).await.map_err(|e| e.to_string())
-    }
-
-    /// Number of idle pooled connections.
-    pub fn idle_count(&self) -> usize {
-        self.pool.idle_count()
     }
 
     /// What the pool did with its connections so far.

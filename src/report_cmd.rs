@@ -181,19 +181,23 @@ pub fn run_sweep(
             let m = &lr.metrics;
             let v = replay::report::verdict(m, &lr.output);
             println!(
-            "  {} run {}/{} {}: {:.2} req/s, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}",
+            "  {} run {}/{} {}: {}{:.2} req/s{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}",
             spec.axis.level_label(lr.level),
             lr.run + 1,
             opts.num_runs,
             lr.output.target.name,
+            // What the schedule really offered (a short Poisson level is not its nominal rate).
+            m.served.offered_rps.map_or(String::new(), |o| format!("{o:.2} req/s due, ")),
             m.request_throughput,
+            m.served.steady.as_ref().map_or(String::new(), |s| format!(" ({:.2} steady)", s.request_throughput)),
             m.request_goodput.map_or("-".into(), |g| format!("{g:.2}")),
             m.ttft.median,
             m.ttft.get(a.slo_percentile).unwrap_or(f64::NAN),
             m.tpot.median,
             m.tpot.get(a.slo_percentile).unwrap_or(f64::NAN),
             m.failed,
-            if v.client_saturated { "  [client saturated: see the JSON verdict]" } else { "" }
+            if v.client_saturated { "  [client saturated: see the JSON verdict]" } else { "" },
+            if v.target_overloaded { "  [OVERLOADED: the target fell behind the schedule]" } else { "" }
         );
         },
     )?;

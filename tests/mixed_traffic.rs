@@ -1053,3 +1053,88 @@ fn cancelled_requests_are_cancelled_again_at_their_recorded_point() {
     assert_eq!(v["llmreplay"]["outcomes"]["client_cancelled"], 2, "{v}");
     assert_eq!(v["llmreplay"]["metric_requests"]["ttft"], 1, "{v}");
 }
+
+/// A server that ignores `stream_options` and sends no usage, streaming 30 tokens in 20
+/// chunks (2, 1, 2, 1, ...): with `--tokenizer cl100k_base` replay counts the generated text
+/// (30 tokens, source `tokenizer`, for streamed and whole answers alike) and says so; with no
+/// tokenizer it falls back to the chunk count (20, source `estimate`) and warns.
+#[test]
+fn replay_counts_output_tokens_with_the_tokenizer_when_the_server_sends_no_usage() {
+    let server = MisbehavingServer::start(Behaviour {
+        think: Duration::from_millis(5),
+        chunk_gap: Duration::from_millis(2),
+        no_usage: true,
+        tokens_per_chunk: vec![2, 1],
+        ..Default::default()
+    });
+    let reqs: Vec<Req> = (0..6)
+        .map(|i| Req {
+            id: format!("nousage-{i}"),
+            at_ms: i * 20,
+            chat: i % 2 == 1,
+            stream: i < 4,
+            prompt_tokens: 12,
+            output_tokens: 30,
+        })
+        .collect();
+    let counted = replay(
+        "nousage_tok",
+        &reqs,
+        Some(&server.url()),
+        &["--tokenizer", "cl100k_base"],
+    );
+    let chunks = replay("nousage_chunks", &reqs, Some(&server.url()), &[]);
+    let mut problems = Vec::new();
+    for (id, r) in &counted.rows {
+        if r.output_tokens != Some(30)
+            || r.output_tokens_source != Some(trace_format::TokenSource::Tokenizer)
+        {
+            problems.push(format!(
+                "--tokenizer: {id}: output_tokens {:?} source {:?}, want 30 from the tokenizer",
+                r.output_tokens, r.output_tokens_source
+            ));
+        }
+    }
+    if counted.num("total_output_tokens") != 180.0 {
+        problems.push(format!(
+            "--tokenizer: total_output_tokens {}, want 180",
+            counted.num("total_output_tokens")
+        ));
+    }
+    if counted.ours("output_token_sources")["tokenizer"] != 6 {
+        problems.push(format!(
+            "--tokenizer: output_token_sources {}",
+            counted.ours("output_token_sources")
+        ));
+    }
+    if !counted
+        .console_line("Output tokens counted from:")
+        .contains("6 requests the text, by --tokenizer")
+    {
+        problems.push("--tokenizer: the console does not say how tokens were counted".into());
+    }
+    if counted.stdout.contains("chunk counts") {
+        problems.push("--tokenizer: warned about chunk counts".into());
+    }
+    for (id, r) in chunks.rows.iter().filter(|(_, r)| r.stream) {
+        if r.output_tokens != Some(20)
+            || r.output_tokens_source != Some(trace_format::TokenSource::Estimate)
+        {
+            problems.push(format!(
+                "no tokenizer: {id}: output_tokens {:?} source {:?}, want 20 chunks (estimate)",
+                r.output_tokens, r.output_tokens_source
+            ));
+        }
+    }
+    if !chunks
+        .stdout
+        .contains("WARNING: the target sent no usage for 4 requests and there is no --tokenizer")
+    {
+        problems.push("no tokenizer: no warning that tokens are chunk counts".into());
+    }
+    report(
+        "replay_counts_output_tokens_with_the_tokenizer_when_the_server_sends_no_usage",
+        &problems,
+        &format!("{}\n---\n{}", counted.context(), chunks.context()),
+    );
+}

@@ -168,6 +168,12 @@ impl LevelPoint {
                     }
                 }
             }
+            if let Some(x) = r
+                .pointer("/llmreplay/served/steady/request_throughput")
+                .and_then(Value::as_f64)
+            {
+                acc.entry(STEADY_KEY.into()).or_default().push(x);
+            }
             let sent = r.get("num_prompts").and_then(Value::as_f64).unwrap_or(0.0);
             let failed = r.get("failed").and_then(Value::as_f64).unwrap_or(0.0);
             fails.push(if sent > 0.0 { failed / sent } else { 0.0 });
@@ -183,6 +189,14 @@ impl LevelPoint {
         }
     }
 
+    /// Requests per second this level sustained: its steady-state throughput (ramp-up and
+    /// drain left out, see `replay::served`), else, for results that lack one (too short,
+    /// or older), the whole run's `request_throughput`.
+    pub fn served_rps(&self) -> Option<f64> {
+        self.mean(STEADY_KEY)
+            .or_else(|| self.mean("request_throughput"))
+    }
+
     /// The mean of a figure, when present.
     pub fn mean(&self, key: &str) -> Option<f64> {
         self.values.get(key).map(|s| s.mean)
@@ -193,6 +207,9 @@ impl LevelPoint {
         self.values.get(key)
     }
 }
+
+/// Where a level keeps its steady-state throughput among its figures.
+pub const STEADY_KEY: &str = "steady_request_throughput";
 
 /// The vLLM key of percentile `p` of an SLO metric: `p95_ttft_ms`.
 pub fn pct_key(p: f64, metric: &str) -> String {
@@ -272,7 +289,8 @@ pub struct CapacityAnswer {
     pub slos: BTreeMap<String, f64>,
     /// Highest level (contiguous from the lowest) at which every SLO is met.
     pub max_ok_level: Option<f64>,
-    /// Request throughput at that level, req/s (mean over runs).
+    /// Request throughput that level sustained, req/s (mean over runs): its steady state
+    /// (see [`LevelPoint::served_rps`]).
     pub max_ok_request_throughput: Option<f64>,
     /// Goodput at that level, req/s.
     pub max_ok_goodput: Option<f64>,
@@ -334,7 +352,9 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
                 }
             }
         }
-        let prev_thr = prev.mean("request_throughput").unwrap_or(0.0);
+        // Load-following is judged on what each level sustained (its steady state).
+        let thr = p.served_rps().unwrap_or(0.0);
+        let prev_thr = prev.served_rps().unwrap_or(0.0);
         match axis {
             Axis::RequestRate | Axis::Speedup => {
                 // Throughput per unit of offered load, against the median of the lower levels
@@ -342,7 +362,7 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
                 let mut ratios: Vec<f64> = points[..w]
                     .iter()
                     .filter(|q| q.level > 0.0)
-                    .filter_map(|q| Some(q.mean("request_throughput")? / q.level))
+                    .filter_map(|q| Some(q.served_rps()? / q.level))
                     .collect();
                 ratios.sort_by(f64::total_cmp);
                 let typical = ratios
@@ -371,7 +391,7 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
                 level: prev.level,
                 bent_level: p.level,
                 reasons,
-                served_rps: prev.mean("request_throughput"),
+                served_rps: prev.served_rps(),
             });
         }
     }
@@ -453,7 +473,7 @@ pub fn answer(
         slo_percentile: pct,
         slos: slo_map,
         max_ok_level: max_ok.map(|p| p.level),
-        max_ok_request_throughput: max_ok.and_then(|p| p.mean("request_throughput")),
+        max_ok_request_throughput: max_ok.and_then(LevelPoint::served_rps),
         max_ok_goodput: max_ok.and_then(|p| p.mean("request_goodput")),
         interpolated_level: interpolated,
         first_break,
@@ -604,7 +624,9 @@ pub fn rules_text(pct: f64) -> String {
         "Rules: a level meets the SLO when the mean over runs of its p{p} of every --goodput metric is within its limit \
 and at most {err}% of requests failed; capacity = the highest level meeting it with every lower level meeting it too. \
 Knee = the last level before goodput < {gf}% of request throughput, p50 TTFT/TPOT > {lf}x the lowest level's \
-(and > {fl} ms above it), or throughput stops following load.",
+(and > {fl} ms above it), or throughput stops following load. A level's throughput is its steady state: requests that \
+ended between its median E2EL after the start (ramp-up over) and its last send (drain after), when that window holds \
+at least a quarter of the sending period; else the whole run's.",
         p = percentile_label(pct),
         err = MAX_ERROR_FRACTION * 100.0,
         gf = GOODPUT_FOLLOW_FRACTION * 100.0,
@@ -745,6 +767,37 @@ mod tests {
 
     fn slos() -> Vec<Slo> {
         vec!["ttft:500".parse().unwrap(), "tpot:50".parse().unwrap()]
+    }
+
+    #[test]
+    fn short_levels_are_judged_on_their_steady_state_not_ramp_and_drain() {
+        // The demo's shape: 2 and 4 req/s offered, whole-run throughput 1.47 and 2.61 (ramp-up
+        // and drain counted), steady state 1.98 and 3.95, latency flat.
+        let mk = |level: f64, whole: f64, steady: f64| {
+            let v = json!({
+                "num_prompts": 40, "failed": 0,
+                "request_throughput": whole, "request_goodput": whole,
+                "median_ttft_ms": 40.0, "p95_ttft_ms": 60.0,
+                "median_tpot_ms": 20.0, "p95_tpot_ms": 22.0,
+                "llmreplay": {"served": {"steady": {"request_throughput": steady}}},
+            });
+            LevelPoint::from_results(level, &[&v])
+        };
+        let pts = vec![mk(1.0, 0.8, 0.99), mk(2.0, 1.47, 1.98), mk(4.0, 2.61, 3.95)];
+        let a = answer("sim", Axis::RequestRate, &pts, &slos(), 95.0);
+        assert_eq!(a.max_ok_request_throughput, Some(3.95));
+        assert!(
+            a.knee.is_none(),
+            "throughput followed the load: {:?}",
+            a.knee
+        );
+        let p = plan(&a, 10.0, LoadSource::TargetQps, 1, None).unwrap();
+        assert_eq!(p.replicas, 3, "10 / 3.95, not 10 / 2.61 = 4");
+        // A result without a steady state falls back to the whole run's throughput.
+        assert_eq!(
+            lvl(1.0, 0.8, 0.8, (1.0, 1.0), (1.0, 1.0)).served_rps(),
+            Some(0.8)
+        );
     }
 
     #[test]

@@ -96,6 +96,9 @@ pub struct Exchange {
     pub prompt_tokens: Option<i64>,
     /// `usage.completion_tokens`.
     pub completion_tokens: Option<i64>,
+    /// The generated text, when the client was asked to keep it (a tokenizer is configured)
+    /// and the server sent no `usage.completion_tokens`: what the tokenizer counts.
+    pub output_text: Option<String>,
     /// Response body bytes.
     pub response_bytes: i64,
     /// Instant the exchange ended.
@@ -110,6 +113,8 @@ pub struct Client {
     /// rendered once.
     headers: Vec<u8>,
     timeout: Duration,
+    /// Keep the generated text of responses without usage (a tokenizer will count it).
+    want_text: bool,
 }
 
 impl Client {
@@ -172,6 +177,7 @@ impl Client {
             pool: Arc::new(pool),
             headers: map,
             timeout,
+            want_text: opts.tokenizer.is_some(),
         }))
     }
 
@@ -305,8 +311,16 @@ impl Client {
             Some(Ok(h)) => h,
         };
         let keep_alive = head.0.keep_alive;
-        let (mut ex, reusable) =
-            read_response(&mut conn, head, t0, &mut timer, req.stream, ends).await;
+        let (mut ex, reusable) = read_response(
+            &mut conn,
+            head,
+            t0,
+            &mut timer,
+            req.stream,
+            ends,
+            self.want_text,
+        )
+        .await;
         ex.new_connection = new_connection;
         ex.connect = connect;
         if reusable && keep_alive && (ex.outcome == Outcome::Ok || ex.outcome == Outcome::HttpError)
@@ -369,6 +383,7 @@ impl Exchange {
             chunk_tokens: None,
             prompt_tokens: None,
             completion_tokens: None,
+            output_text: None,
             response_bytes: 0,
             end: Instant::now(),
         }
@@ -418,6 +433,7 @@ async fn read_response(
     timer: &mut std::pin::Pin<&mut tokio::time::Sleep>,
     stream: bool,
     ends: Ends,
+    want_text: bool,
 ) -> (Exchange, bool) {
     let status = head.status;
     let mut ex = Exchange::failed(t0, false, Duration::ZERO, Outcome::Ok, String::new());
@@ -473,8 +489,14 @@ async fn read_response(
             Some(u) => {
                 ex.prompt_tokens = u.prompt_tokens;
                 ex.completion_tokens = u.completion_tokens;
+                if want_text && u.completion_tokens.is_none() {
+                    ex.output_text = trace_format::sse::response_text(&buf);
+                }
             }
             None => {
+                if want_text {
+                    ex.output_text = trace_format::sse::response_text(&buf);
+                }
                 if serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_err() {
                     ex.outcome = Outcome::UpstreamError;
                     ex.error = Some("response is not JSON".into());
@@ -495,6 +517,7 @@ async fn read_response(
     let mut stream_error: Option<String> = None;
     let mut invalid = 0usize;
     let mut bytes = 0i64;
+    let mut text = want_text.then(String::new);
     let read = with_deadline(
         timer,
         conn.read_body_while(head.framing, t_head, |data, at| {
@@ -505,6 +528,9 @@ async fn read_response(
                     last_chunk = Some(t);
                     if output {
                         chunks.push(t);
+                        if let Some(text) = text.as_mut() {
+                            trace_format::sse::append_output_text(ev, text);
+                        }
                     }
                     if let Some(u) = u {
                         // Tokens of a chunk without output count with the next one that
@@ -576,6 +602,9 @@ async fn read_response(
     if let Some(u) = usage {
         ex.prompt_tokens = u.prompt_tokens;
         ex.completion_tokens = u.completion_tokens;
+    }
+    if ex.completion_tokens.is_none() {
+        ex.output_text = text;
     }
     if !cumulative.is_empty() && cumulative.len() == chunks.len() {
         let mut prev = 0;

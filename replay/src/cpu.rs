@@ -49,9 +49,20 @@ mod tests {
         let h = std::thread::Builder::new()
             .name("cputest-busy".into())
             .spawn(|| {
+                // Spin until this thread has had 120 ms of CPU by its own clock (a busy
+                // machine may give it less than that in 120 ms of wall time), at most 20 s.
+                let own = || {
+                    let mut ts = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    // SAFETY: ts is a valid timespec to write into.
+                    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+                };
                 let t = std::time::Instant::now();
                 let mut x = 0u64;
-                while t.elapsed() < Duration::from_millis(120) {
+                while own() < Duration::from_millis(120) && t.elapsed() < Duration::from_secs(20) {
                     x = x.wrapping_add(1);
                     std::hint::black_box(x);
                 }

@@ -59,6 +59,12 @@ pub struct ReportData {
     /// Per-time-slice metrics of the runs that have them (`replay --slice`):
     /// (series, level, `llmreplay.slices` json).
     pub slices: Vec<(String, f64, Value)>,
+    /// Latency per class of request of the runs that mix classes: (series, level,
+    /// `llmreplay.by_class` json).
+    pub classes: Vec<(String, f64, Value)>,
+    /// What each run served and whether it can be trusted: (series, level, the run's
+    /// `llmreplay` json).
+    pub verdicts: Vec<(String, f64, Value)>,
 }
 
 /// Inputs of [`build`] beyond the files.
@@ -126,6 +132,8 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
     let mut samples = Vec::new();
     let mut server = Vec::new();
     let mut slices = Vec::new();
+    let mut classes = Vec::new();
+    let mut verdicts = Vec::new();
     for s in &series {
         for p in &s.points {
             let mut merged = Samples::default();
@@ -146,6 +154,15 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
                     merged.ttft.extend(g.ttft);
                     merged.tpot.extend(g.tpot);
                     merged.itl.extend(g.itl);
+                }
+                if let Some(c) = r
+                    .pointer("/llmreplay/by_class")
+                    .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+                {
+                    classes.push((s.name.clone(), p.level, c.clone()));
+                }
+                if let Some(v) = r.get("llmreplay") {
+                    verdicts.push((s.name.clone(), p.level, v.clone()));
                 }
                 if let Some(sv) = r.pointer("/llmreplay/server_histograms") {
                     server.push((s.name.clone(), p.level, sv.clone()));
@@ -183,7 +200,123 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
         command: o.command.clone(),
         server,
         slices,
+        classes,
+        verdicts,
     }
+}
+
+/// The latency-by-class table (runs that mix endpoints, or streamed and not): head and rows.
+/// TTFT, TPOT and ITL read "n/a" for requests that are not streamed.
+pub fn class_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
+    let head: Vec<String> = [
+        "configuration",
+        "level",
+        "class",
+        "ok / sent",
+        "TTFT p50 / p99 ms",
+        "TPOT p50 / p99 ms",
+        "ITL p50 / p99 ms",
+        "E2EL p50 / p99 ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let cell = |v: &Value| -> String {
+        if v.is_null() {
+            return "n/a".into();
+        }
+        let g = |k: &str| v.get(k).and_then(Value::as_f64);
+        match (g("count"), g("median"), g("p99").or_else(|| g("max"))) {
+            (Some(0.0), _, _) => "none".into(),
+            (_, Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
+            _ => "–".into(),
+        }
+    };
+    let mut rows = Vec::new();
+    for (name, level, c) in &d.classes {
+        for k in c.as_array().into_iter().flatten() {
+            let n = |key: &str| k.get(key).and_then(Value::as_u64).unwrap_or(0);
+            rows.push(vec![
+                name.clone(),
+                fmt_num(*level),
+                format!(
+                    "{} {}",
+                    k.get("endpoint").and_then(Value::as_str).unwrap_or("?"),
+                    if k.get("stream").and_then(Value::as_bool) == Some(true) {
+                        "streamed"
+                    } else {
+                        "not streamed"
+                    }
+                ),
+                format!("{} / {}", n("completed"), n("requests")),
+                cell(&k["ttft_ms"]),
+                cell(&k["tpot_ms"]),
+                cell(&k["itl_ms"]),
+                cell(&k["e2el_ms"]),
+            ]);
+        }
+    }
+    (head, rows)
+}
+
+/// The verdict table: per run, the load offered and served, how many requests TTFT covered,
+/// and the verdicts (target overloaded, client saturated) — only the runs with something to
+/// say, or every run when some are not streamed.
+pub fn verdict_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
+    let head: Vec<String> = [
+        "configuration",
+        "level",
+        "offered req/s",
+        "steady req/s",
+        "requests in TTFT",
+        "verdict",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut rows = Vec::new();
+    for (name, level, v) in &d.verdicts {
+        let f = |k: &str, dp: usize| {
+            v.pointer(k)
+                .and_then(Value::as_f64)
+                .map_or("–".into(), |x| format!("{x:.dp$}"))
+        };
+        let u = |k: &str| v.pointer(k).and_then(Value::as_u64).unwrap_or(0);
+        let overloaded = v.pointer("/served/overload").is_some_and(|o| !o.is_null());
+        let saturated = v.pointer("/client/verdict/client_saturated") == Some(&Value::Bool(true));
+        let not_streamed = u("/metric_requests/not_streamed");
+        if !overloaded && !saturated && not_streamed == 0 {
+            continue;
+        }
+        let mut verdict = Vec::new();
+        if overloaded {
+            verdict.push(format!(
+                "OVERLOADED from t≈{} s: {} of {} req/s served",
+                f("/served/overload/from_s", 1),
+                f("/served/overload/served_rps", 2),
+                f("/served/overload/offered_rps", 2)
+            ));
+        }
+        if saturated {
+            verdict.push("client saturated: not clean server figures".into());
+        }
+        if verdict.is_empty() {
+            verdict.push("OK".into());
+        }
+        rows.push(vec![
+            name.clone(),
+            fmt_num(*level),
+            f("/served/offered_rps", 2),
+            f("/served/steady/request_throughput", 2),
+            format!(
+                "{} of {} ({not_streamed} not streamed)",
+                u("/metric_requests/ttft"),
+                u("/metric_requests/e2el")
+            ),
+            verdict.join("; "),
+        ]);
+    }
+    (head, rows)
 }
 
 /// The drift table of the sliced runs: head and one row per (series, level) — first and last
@@ -288,6 +421,7 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
         s.axis.short().to_string(),
         "runs".into(),
         "req/s".into(),
+        "steady req/s".into(),
         "goodput req/s".into(),
         "output tok/s".into(),
     ];
@@ -323,6 +457,7 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
                 fmt_num(p.level),
                 p.runs.to_string(),
                 f("request_throughput", 2),
+                f(capacity::STEADY_KEY, 2),
                 f("request_goodput", 2),
                 f("output_throughput", 1),
             ];
@@ -464,6 +599,25 @@ pub fn markdown(d: &ReportData) -> String {
                 g("/ttft_gap_ms"),
                 g("/queue_time_ms/mean")
             );
+        }
+        o.push('\n');
+    }
+    for (title, (head, rows)) in [
+        (
+            "Verdicts (load served, client, metric coverage)",
+            verdict_rows(d),
+        ),
+        ("Latency by class of request", class_rows(d)),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(o, "## {title}\n");
+        let _ = writeln!(o, "| {} |", head.join(" | "));
+        let _ = writeln!(o, "|{}", "---|".repeat(head.len()));
+        for r in rows {
+            let cells: Vec<String> = r.iter().map(|c| md_escape(c)).collect();
+            let _ = writeln!(o, "| {} |", cells.join(" | "));
         }
         o.push('\n');
     }

@@ -580,6 +580,16 @@ pub fn render(d: &ReportData) -> String {
         let (h, r) = level_rows(s);
         table(&mut o, &h, &r);
     }
+    let (h, r) = crate::document::verdict_rows(d);
+    if !r.is_empty() {
+        o.push_str("<h2>Verdicts</h2><p class=\"note\">Runs whose target did not serve the offered load, whose client could not keep up, or that hold requests not streamed (TTFT, TPOT and ITL cover streamed requests only).</p>");
+        table(&mut o, &h, &r);
+    }
+    let (h, r) = crate::document::class_rows(d);
+    if !r.is_empty() {
+        o.push_str("<h2>Latency by class of request</h2><p class=\"note\">n/a: TTFT, TPOT and ITL do not apply to requests that are not streamed.</p>");
+        table(&mut o, &h, &r);
+    }
     if !d.server.is_empty() {
         o.push_str("<h2>Server-side view</h2><p class=\"note\">The server's own TTFT and queue-time histograms (scraped before and after each run) beside the client's TTFT: a gap that widens with load means the client, not the server, is saturated.</p>");
         let head: Vec<String> = [

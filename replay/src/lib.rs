@@ -19,6 +19,7 @@ pub mod prompt;
 pub mod report;
 pub mod results;
 pub mod run;
+pub mod served;
 pub mod server_metrics;
 pub mod soak;
 pub mod svg;

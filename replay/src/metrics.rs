@@ -55,8 +55,18 @@ pub struct Metrics {
     /// Actual send − when the request was due (its scheduled send, or the moment it got a
     /// concurrency slot or its turn in a burst), minus connect time, ms.
     pub dispatch_lag: Summary,
-    /// Requests sent more than 1 ms after their scheduled time.
+    /// How late a send may be before it could change the reported numbers, ms. Latencies are
+    /// timed from each request's actual send, so lateness only changes the load: on a
+    /// schedule it shifts arrivals (10% of the mean gap between requests), where requests
+    /// were all due at once it leaves a concurrency slot idle (10% of the median E2EL).
+    /// Never under 1 ms.
+    pub lag_allowance_ms: f64,
+    /// Requests sent later than `lag_allowance_ms` after they were due.
     pub late_dispatches: usize,
+    /// The offered load against what was served: steady-state throughput, overload.
+    pub served: crate::served::Served,
+    /// Latency per class of request (endpoint, streamed or not), when the run mixes classes.
+    pub by_class: Vec<ClassMetrics>,
     /// Client queue time: waiting for a concurrency slot, or for the requests due at the same
     /// instant that were sent before it, ms.
     pub queue: Summary,
@@ -87,6 +97,85 @@ pub struct Coverage {
     pub e2el: usize,
     /// Completed requests that were not streamed (in E2EL, throughput and goodput only).
     pub not_streamed: usize,
+}
+
+/// The latencies of one class of request: one endpoint, streamed or not.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassMetrics {
+    /// Request path.
+    pub endpoint: String,
+    /// Streamed (TTFT, ITL and TPOT apply) or not (E2EL only).
+    pub stream: bool,
+    /// Requests of the class.
+    pub requests: usize,
+    /// Of which succeeded.
+    pub completed: usize,
+    /// Σ output tokens of the completed ones.
+    pub output_tokens: i64,
+    /// TTFT, ms (None when not streamed: it does not apply).
+    pub ttft: Option<Summary>,
+    /// TPOT, ms (None when not streamed).
+    pub tpot: Option<Summary>,
+    /// ITL, ms (None when not streamed).
+    pub itl: Option<Summary>,
+    /// E2EL, ms.
+    pub e2el: Summary,
+}
+
+/// Share of the scale (gap between requests, or E2EL) a send may be late by before it counts.
+pub const LAG_FRACTION: f64 = 0.1;
+/// The floor of the lag allowance, ms.
+pub const LAG_FLOOR_MS: f64 = 1.0;
+
+/// The lag allowance (see [`Metrics::lag_allowance_ms`]) of a run whose schedule spaces
+/// requests `gap_ms` apart on average (None: all due at once) and whose median E2EL is
+/// `e2el_ms`.
+pub fn lag_allowance_ms(gap_ms: Option<f64>, e2el_ms: Option<f64>) -> f64 {
+    match gap_ms.or(e2el_ms) {
+        Some(scale) => (LAG_FRACTION * scale).max(LAG_FLOOR_MS),
+        None => LAG_FLOOR_MS,
+    }
+}
+
+fn by_class(records: &[TraceRecord], p: &[f64]) -> Vec<ClassMetrics> {
+    // The console's table shows P99 whatever --metric-percentiles asks for.
+    let mut p = p.to_vec();
+    if !p.contains(&99.0) {
+        p.push(99.0);
+    }
+    let p = p.as_slice();
+    let mut classes: BTreeMap<(String, bool), Vec<&TraceRecord>> = BTreeMap::new();
+    for r in records {
+        classes
+            .entry((r.endpoint.clone(), r.stream))
+            .or_default()
+            .push(r);
+    }
+    if classes.len() < 2 {
+        return Vec::new();
+    }
+    classes
+        .into_iter()
+        .map(|((endpoint, stream), rs)| {
+            let ok: Vec<&TraceRecord> = rs
+                .iter()
+                .copied()
+                .filter(|r| r.outcome == Outcome::Ok)
+                .collect();
+            let summary = |mut v: Vec<f64>| Summary::from_values(&mut v, p);
+            ClassMetrics {
+                endpoint,
+                stream,
+                requests: rs.len(),
+                completed: ok.len(),
+                output_tokens: ok.iter().filter_map(|r| r.output_tokens).sum(),
+                ttft: stream.then(|| summary(ok.iter().filter_map(|r| ttft_ms(r)).collect())),
+                tpot: stream.then(|| summary(ok.iter().filter_map(|r| tpot_ms(r)).collect())),
+                itl: stream.then(|| summary(ok.iter().flat_map(|r| itl_gaps_ms(r)).collect())),
+                e2el: summary(ok.iter().filter_map(|r| r.e2el_us.map(ms)).collect()),
+            }
+        })
+        .collect()
 }
 
 /// How many distinct error texts a result lists.
@@ -244,6 +333,16 @@ pub fn compute(
         *output_token_sources.entry(k).or_insert(0) += 1;
     }
     let p = percentiles;
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        (!v.is_empty()).then(|| Summary::from_values(&mut v, &[]).median)
+    };
+    let (lo, hi) = records
+        .iter()
+        .filter_map(|r| r.scheduled_offset_us)
+        .fold((i64::MAX, i64::MIN), |(a, b), o| (a.min(o), b.max(o)));
+    let gap = (records.len() >= 2 && hi > lo).then(|| ms(hi - lo) / (records.len() - 1) as f64);
+    let lag_allowance = lag_allowance_ms(gap, median(&e2el));
     Metrics {
         num_prompts: records.len(),
         completed: ok.len(),
@@ -269,7 +368,10 @@ pub fn compute(
                 g as f64 / records.len() as f64
             }
         }),
-        late_dispatches: lag.iter().filter(|&&l| l > 1.0).count(),
+        lag_allowance_ms: lag_allowance,
+        late_dispatches: lag.iter().filter(|&&l| l > lag_allowance).count(),
+        served: crate::served::analyse(records, run_start_us),
+        by_class: by_class(records, p),
         dispatch_lag: Summary::from_values(&mut lag, &[50.0, 99.0]),
         queue: Summary::from_values(&mut queue, &[50.0, 99.0]),
         new_connections: records

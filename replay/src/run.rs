@@ -186,6 +186,8 @@ struct Shared {
     target: String,
     run_id: String,
     model: String,
+    /// Counts the generated text of responses that carry no usage (`--tokenizer`).
+    tokenizer: Option<Arc<crate::prompt::PromptTokenizer>>,
 }
 
 /// Runs the plan built from `records` against `target` on runtime `rt`.
@@ -321,6 +323,7 @@ pub fn run_target(
         target: target.name.clone(),
         run_id: run_id.to_string(),
         model: model.clone(),
+        tokenizer: cfg.request.tokenizer.clone(),
     });
     let sampler = cfg.server_metrics.then(|| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -555,16 +558,27 @@ async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
             rec.prompt_tokens_source = item.prompt_tokens.map(|_| TokenSource::Estimate);
         }
     }
-    match ex.completion_tokens {
-        Some(c) => {
+    // Output tokens: the server's usage; without it, the generated text counted by the
+    // tokenizer (--tokenizer); with neither, the output chunks (labelled an estimate: a
+    // chunk may carry several tokens).
+    let counted = ex.output_text.as_deref().and_then(|t| {
+        let tok = sh.tokenizer.as_ref()?;
+        tok.tokenizer().count(t).ok()
+    });
+    match (ex.completion_tokens, counted) {
+        (Some(c), _) => {
             rec.output_tokens = Some(c);
             rec.output_tokens_source = Some(TokenSource::Usage);
         }
-        None if !ex.chunk_times_us.is_empty() => {
+        (None, Some(n)) => {
+            rec.output_tokens = Some(n as i64);
+            rec.output_tokens_source = Some(TokenSource::Tokenizer);
+        }
+        (None, None) if !ex.chunk_times_us.is_empty() => {
             rec.output_tokens = Some(ex.chunk_times_us.len() as i64);
             rec.output_tokens_source = Some(TokenSource::Estimate);
         }
-        None => {}
+        (None, None) => {}
     }
     rec.max_tokens = item.req.max_tokens;
     rec.status = ex.status;

@@ -55,6 +55,12 @@ pub struct Behaviour {
     /// this long before the first content chunk (a server that announces the role before
     /// queueing and prefill).
     pub role_chunk_first_delay: Option<Duration>,
+    /// Send no `usage` at all, streamed or not, whatever `stream_options` asks (servers that
+    /// ignore it).
+    pub no_usage: bool,
+    /// Tokens per streamed chunk, cycled (`[2, 1]`: 30 tokens in 20 chunks); empty: one each.
+    /// A chunk of k tokens carries `" x"` k times.
+    pub tokens_per_chunk: Vec<usize>,
 }
 
 impl Default for Behaviour {
@@ -70,6 +76,8 @@ impl Default for Behaviour {
             chunk_gap: Duration::from_millis(2),
             think_not_streamed: None,
             role_chunk_first_delay: None,
+            no_usage: false,
+            tokens_per_chunk: Vec::new(),
         }
     }
 }
@@ -561,6 +569,7 @@ fn respond(w: &mut TcpStream, req: &Request, b: &Behaviour, close_header: bool) 
             let text = vec!["x"; tokens].join(" ");
             format!(r#"{{"index":0,"text":"{text}","finish_reason":"length"}}"#)
         };
+        let usage = if b.no_usage { "null" } else { usage.as_str() };
         let payload = format!(
             r#"{{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{choice}],"usage":{usage}}}"#
         );
@@ -589,21 +598,35 @@ fn respond(w: &mut TcpStream, req: &Request, b: &Behaviour, close_header: bool) 
         )?;
         std::thread::sleep(delay);
     }
-    for i in 0..tokens {
+    let (mut sent, mut i) = (0, 0);
+    while sent < tokens {
         if i > 0 {
             std::thread::sleep(b.chunk_gap);
         }
-        let ev = if chat {
-            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" x\"}}]}\n\n".to_string()
+        let k = if b.tokens_per_chunk.is_empty() {
+            1
         } else {
-            "data: {\"choices\":[{\"index\":0,\"text\":\" x\"}]}\n\n".to_string()
+            b.tokens_per_chunk[i % b.tokens_per_chunk.len()]
+        }
+        .clamp(1, tokens - sent);
+        let piece = " x".repeat(k);
+        let ev = if chat {
+            format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{piece}\"}}}}]}}\n\n"
+            )
+        } else {
+            format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"{piece}\"}}]}}\n\n")
         };
         frame(w, &ev)?;
+        sent += k;
+        i += 1;
     }
-    frame(
-        w,
-        &format!("data: {{\"choices\":[],\"usage\":{usage}}}\n\n"),
-    )?;
+    if !b.no_usage {
+        frame(
+            w,
+            &format!("data: {{\"choices\":[],\"usage\":{usage}}}\n\n"),
+        )?;
+    }
     frame(w, "data: [DONE]\n\n")?;
     if chunked {
         w.write_all(b"0\r\n\r\n")?;

@@ -307,6 +307,71 @@ pub fn error_message(e: &serde_json::Value) -> String {
     }
 }
 
+/// Appends the generated text one streamed chunk carries (`data` is its SSE payload) to
+/// `out`: completions `text`, chat `delta.content`, reasoning (`reasoning_content`,
+/// `reasoning`) and tool-call arguments, over every choice — what a tokenizer counts when
+/// the server sends no `usage`. Returns whether the payload was a JSON object.
+pub fn append_output_text(data: &[u8], out: &mut String) -> bool {
+    match serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) {
+        Ok(v) => {
+            for c in v
+                .get("choices")
+                .and_then(|c| c.as_array())
+                .into_iter()
+                .flatten()
+            {
+                push_choice_text(c, "delta", out);
+            }
+            v.is_object()
+        }
+        Err(_) => false,
+    }
+}
+
+/// The generated text of a whole (non-streamed) OpenAI response: `choices[].text` or
+/// `choices[].message` (content, reasoning, tool-call arguments). None when the body is not
+/// JSON.
+pub fn response_text(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut out = String::new();
+    for c in v
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+    {
+        push_choice_text(c, "message", &mut out);
+    }
+    Some(out)
+}
+
+fn push_choice_text(choice: &serde_json::Value, inner: &str, out: &mut String) {
+    let mut push = |v: Option<&serde_json::Value>| {
+        if let Some(s) = v.and_then(|v| v.as_str()) {
+            out.push_str(s);
+        }
+    };
+    push(choice.get("text"));
+    if let Some(d) = choice.get(inner) {
+        push(d.get("reasoning_content"));
+        push(d.get("reasoning"));
+        push(d.get("content"));
+        for t in d
+            .get("tool_calls")
+            .and_then(|t| t.as_array())
+            .into_iter()
+            .flatten()
+        {
+            push(t.pointer("/function/name"));
+            push(t.pointer("/function/arguments"));
+        }
+        if let Some(f) = d.get("function_call") {
+            push(f.get("name"));
+            push(f.get("arguments"));
+        }
+    }
+}
+
 /// Reads `usage` from a whole (non-streamed) OpenAI response body.
 pub fn response_usage(body: &[u8]) -> Option<Usage> {
     #[derive(Deserialize)]
@@ -329,6 +394,42 @@ mod tests {
             p.feed(piece, |d| out.push(String::from_utf8_lossy(d).into_owned()));
         }
         out
+    }
+
+    #[test]
+    fn output_text_of_chunks_and_whole_responses() {
+        let mut t = String::new();
+        assert!(append_output_text(
+            br#"{"choices":[{"text":"Hel"}]}"#,
+            &mut t
+        ));
+        append_output_text(
+            br#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+            &mut t,
+        );
+        append_output_text(br#"{"choices":[{"delta":{"content":"lo"}}]}"#, &mut t);
+        append_output_text(
+            br#"{"choices":[{"delta":{"reasoning_content":" why"}}]}"#,
+            &mut t,
+        );
+        append_output_text(
+            br#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#,
+            &mut t,
+        );
+        assert!(!append_output_text(b"[DONE]", &mut t));
+        assert_eq!(t, "Hello whyf{}");
+        assert_eq!(
+            response_text(
+                br#"{"choices":[{"message":{"role":"assistant","content":"Hi there"}}]}"#
+            )
+            .as_deref(),
+            Some("Hi there")
+        );
+        assert_eq!(
+            response_text(br#"{"choices":[{"text":"abc"}],"usage":null}"#).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(response_text(b"not json"), None);
     }
 
     #[test]

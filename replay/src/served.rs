@@ -1,0 +1,359 @@
+//! Was the offered load served? The steady-state throughput of a run (ramp-up and drain left
+//! out) and the overload verdict (the target fell behind its schedule: requests waiting
+//! piled up and latency grew with them).
+//!
+//! Both are read from the rows alone, on the run's own clock: a request's *due* time is the
+//! run's start plus its scheduled offset; it *ends* at send + E2EL (a request without an end,
+//! such as a connect failure, ends when it was sent).
+
+use serde::Serialize;
+use trace_format::{Outcome, TraceRecord};
+
+/// Fewest requests for either judgement: below this a run is too short to have a shape.
+pub const MIN_REQUESTS: usize = 20;
+/// The steady window must span at least this fraction of the sending period.
+const MIN_STEADY_FRACTION: f64 = 0.25;
+/// Fewest completions inside the steady window.
+const MIN_STEADY_COMPLETIONS: usize = 10;
+/// Overloaded when, over the second half of the schedule, completions fell below this
+/// fraction of the requests due...
+const SERVED_FRACTION: f64 = 0.9;
+/// ...and requests due in the last quarter waited this many times longer than those of the
+/// first quarter...
+const SOJOURN_GROWTH: f64 = 1.5;
+/// ...and at least this much longer, ms (a 2 ms → 4 ms change is noise, not a queue).
+const SOJOURN_GROWTH_FLOOR_MS: f64 = 50.0;
+
+/// What the run served against what it offered.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Served {
+    /// Requests due per second of the schedule (None when every request was due at once:
+    /// a closed loop or `--request-rate inf`).
+    pub offered_rps: Option<f64>,
+    /// Throughput over the steady state, when the run had one.
+    pub steady: Option<Steady>,
+    /// Why no steady state could be measured (None when `steady` is set).
+    pub steady_missing: Option<String>,
+    /// Set when the target did not serve the offered load.
+    pub overload: Option<Overload>,
+}
+
+/// Throughput over the run's steady state: from the median E2EL after the run's start
+/// (by then the pipeline is full: ramp-up is over) to the last request sent (after it, the
+/// drain), so a short level is not read as slower than it is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Steady {
+    /// Start of the window, s after the run's start.
+    pub start_s: f64,
+    /// End of the window, s after the run's start.
+    pub end_s: f64,
+    /// Successful requests that ended inside the window.
+    pub completed: usize,
+    /// Successful requests per second inside the window.
+    pub request_throughput: f64,
+    /// Output tokens per second of the requests that ended inside the window.
+    pub output_throughput: f64,
+}
+
+/// The target fell behind the schedule.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overload {
+    /// From about when (s of the schedule) requests kept waiting longer.
+    pub from_s: f64,
+    /// Requests due per second over the second half of the schedule.
+    pub offered_rps: f64,
+    /// Requests that ended per second over the same half.
+    pub served_rps: f64,
+    /// Requests due but not yet ended at the last scheduled send.
+    pub waiting_at_end: usize,
+    /// Median time from due to end of the requests due in the first quarter, ms.
+    pub early_sojourn_ms: f64,
+    /// The same for the last quarter, ms.
+    pub late_sojourn_ms: f64,
+    /// Run wall time over the schedule's span.
+    pub run_over_schedule: f64,
+}
+
+impl Overload {
+    /// One sentence for people.
+    pub fn message(&self) -> String {
+        format!(
+            "OVERLOADED: the target did not serve the offered load from t≈{:.1} s of the schedule: \
+             {:.2} req/s offered, {:.2} req/s served; {} requests were waiting at the last send, \
+             and time from due to done grew from {:.0} ms to {:.0} ms; the run took {:.1}× the \
+             schedule. Its latencies measure a growing queue, not the target's steady state: \
+             lower the load (--request-rate, --speedup) to find what it sustains.",
+            self.from_s,
+            self.offered_rps,
+            self.served_rps,
+            self.waiting_at_end,
+            self.early_sojourn_ms,
+            self.late_sojourn_ms,
+            self.run_over_schedule
+        )
+    }
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(trace_format::stats::percentile(v, 50.0))
+}
+
+/// One row on the run's clock, µs after its start.
+struct Row {
+    due: i64,
+    sent: i64,
+    end: i64,
+    ok: bool,
+    output_tokens: i64,
+}
+
+fn rows(records: &[TraceRecord], run_start_us: i64) -> Vec<Row> {
+    records
+        .iter()
+        .map(|r| {
+            let sent = r.arrival_time_us - run_start_us;
+            let span = r
+                .e2el_us
+                .or_else(|| r.chunk_times_us.last().copied())
+                .unwrap_or(0)
+                .max(0);
+            Row {
+                due: r.scheduled_offset_us.unwrap_or(sent),
+                sent,
+                end: sent + span,
+                ok: r.outcome == Outcome::Ok,
+                output_tokens: r.output_tokens.unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
+/// Judges a run (rows of one target, started at `run_start_us`, epoch µs).
+pub fn analyse(records: &[TraceRecord], run_start_us: i64) -> Served {
+    let mut rows = rows(records, run_start_us);
+    rows.sort_by_key(|r| r.due);
+    let n = rows.len();
+    let first_due = rows.first().map_or(0, |r| r.due);
+    let last_due = rows.last().map_or(0, |r| r.due);
+    let span_us = last_due - first_due;
+    let offered_rps = (n >= 2 && span_us > 0).then(|| (n - 1) as f64 / (span_us as f64 / 1e6));
+    let (steady, steady_missing) = match steady(&rows) {
+        Ok(s) => (Some(s), None),
+        Err(why) => (None, Some(why)),
+    };
+    let overload = if offered_rps.is_some() && n >= MIN_REQUESTS {
+        overload(&rows, first_due, last_due)
+    } else {
+        None
+    };
+    Served {
+        offered_rps,
+        steady,
+        steady_missing,
+        overload,
+    }
+}
+
+fn steady(rows: &[Row]) -> Result<Steady, String> {
+    if rows.len() < MIN_REQUESTS {
+        return Err(format!("fewer than {MIN_REQUESTS} requests"));
+    }
+    let mut e2el: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.ok)
+        .map(|r| (r.end - r.sent) as f64)
+        .collect();
+    let Some(start) = median(&mut e2el) else {
+        return Err("no request succeeded".into());
+    };
+    let end = rows.iter().map(|r| r.sent).max().unwrap_or(0) as f64;
+    if end <= 0.0 || end - start < MIN_STEADY_FRACTION * end {
+        return Err(format!(
+            "the requests' median E2EL ({:.0} ms) is too close to the sending period ({:.0} ms): \
+             the level is too short to have one",
+            start / 1e3,
+            end / 1e3
+        ));
+    }
+    let inside: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.ok && (r.end as f64) > start && (r.end as f64) <= end)
+        .collect();
+    if inside.len() < MIN_STEADY_COMPLETIONS {
+        return Err(format!(
+            "fewer than {MIN_STEADY_COMPLETIONS} requests ended inside it"
+        ));
+    }
+    let secs = (end - start) / 1e6;
+    Ok(Steady {
+        start_s: start / 1e6,
+        end_s: end / 1e6,
+        completed: inside.len(),
+        request_throughput: inside.len() as f64 / secs,
+        output_throughput: inside.iter().map(|r| r.output_tokens).sum::<i64>() as f64 / secs,
+    })
+}
+
+fn overload(rows: &[Row], first_due: i64, last_due: i64) -> Option<Overload> {
+    let span = (last_due - first_due) as f64;
+    let at = |f: f64| first_due + (span * f) as i64;
+    let (half, end) = (at(0.5), last_due);
+    let due_2nd = rows.iter().filter(|r| r.due > half && r.due <= end).count();
+    let done_2nd = rows.iter().filter(|r| r.end > half && r.end <= end).count();
+    let half_s = (end - half) as f64 / 1e6;
+    if half_s <= 0.0 || (done_2nd as f64) >= SERVED_FRACTION * due_2nd as f64 {
+        return None;
+    }
+    let sojourn = |r: &Row| (r.end - r.due) as f64 / 1e3;
+    let mut early: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.due <= at(0.25))
+        .map(sojourn)
+        .collect();
+    let mut late: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.due >= at(0.75))
+        .map(sojourn)
+        .collect();
+    let (e, l) = (median(&mut early)?, median(&mut late)?);
+    if l < SOJOURN_GROWTH * e || l - e < SOJOURN_GROWTH_FLOOR_MS {
+        return None;
+    }
+    // From when: the earliest of 20 window starts since which the target never caught up:
+    // from there to every later window end, fewer than 90% of the requests due ended. (A
+    // batching server slows every request in flight, so the early requests' own waits do not
+    // date the overload; the completions falling behind do.)
+    let windows = 20;
+    let edge = |k: usize| first_due + (span * k as f64 / windows as f64) as i64;
+    let count = |a: i64, b: i64| {
+        let due = rows.iter().filter(|r| r.due > a && r.due <= b).count();
+        let done = rows.iter().filter(|r| r.end > a && r.end <= b).count();
+        (due, done)
+    };
+    let behind_since = |w: usize| {
+        (w + 1..=windows).all(|k| {
+            let (due, done) = count(edge(w), edge(k));
+            due == 0 || (done as f64) < SERVED_FRACTION * due as f64
+        })
+    };
+    let from = (0..windows).find(|&w| behind_since(w)).map_or(half, edge);
+    let waiting_at_end = rows
+        .iter()
+        .filter(|r| r.due <= end)
+        .count()
+        .saturating_sub(rows.iter().filter(|r| r.end <= end).count());
+    let wall = rows.iter().map(|r| r.end).max().unwrap_or(end) - first_due;
+    Some(Overload {
+        from_s: (from - first_due) as f64 / 1e6,
+        offered_rps: due_2nd as f64 / half_s,
+        served_rps: done_2nd as f64 / half_s,
+        waiting_at_end,
+        early_sojourn_ms: e,
+        late_sojourn_ms: l,
+        run_over_schedule: wall as f64 / span.max(1.0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request due at `due_ms`, sent on time, ending `e2el_ms` later.
+    fn req(i: usize, due_ms: f64, e2el_ms: f64) -> TraceRecord {
+        let due = (due_ms * 1e3) as i64;
+        let mut r = TraceRecord::new(format!("r{i}"), due, "/v1/completions");
+        r.scheduled_offset_us = Some(due);
+        r.e2el_us = Some((e2el_ms * 1e3) as i64);
+        r.output_tokens = Some(10);
+        r
+    }
+
+    /// `n` requests at `rate`/s through a single server that takes `service_ms` each, FIFO.
+    fn single_server(n: usize, rate: f64, service_ms: f64) -> Vec<TraceRecord> {
+        let mut free_at = 0.0f64;
+        (0..n)
+            .map(|i| {
+                let due = i as f64 * 1e3 / rate;
+                let done = free_at.max(due) + service_ms;
+                free_at = done;
+                req(i, due, done - due)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_server_that_keeps_up_is_not_overloaded_and_its_steady_rate_is_the_offered_one() {
+        // 10 req/s for 6 s, 40 ms each: never behind; the steady window gives the offered rate.
+        let recs = single_server(60, 10.0, 40.0);
+        let s = analyse(&recs, 0);
+        assert!(s.overload.is_none(), "{s:?}");
+        assert!((s.offered_rps.unwrap() - 10.0).abs() < 1e-9);
+        let st = s.steady.expect("steady");
+        assert!((st.request_throughput - 10.0).abs() < 0.5, "{st:?}");
+        assert!(
+            (st.start_s - 0.04).abs() < 1e-6,
+            "window starts at the median E2EL"
+        );
+    }
+
+    #[test]
+    fn a_short_level_with_long_requests_reports_the_rate_it_sustained_not_the_ramp() {
+        // 2 req/s for 20 s, each request 4 s long (concurrent server: no queue). Whole run:
+        // 40 requests over 23.5 s = 1.70 req/s; steady window [4 s, 19.5 s] gives 2.
+        let recs: Vec<TraceRecord> = (0..40).map(|i| req(i, i as f64 * 500.0, 4000.0)).collect();
+        let s = analyse(&recs, 0);
+        assert!(
+            s.overload.is_none(),
+            "long latency alone is not a queue: {s:?}"
+        );
+        let st = s.steady.expect("steady");
+        assert!((st.request_throughput - 2.0).abs() < 0.15, "{st:?}");
+    }
+
+    #[test]
+    fn a_queue_that_grows_is_named_with_its_start() {
+        // Offered 10 req/s, served 5 req/s (200 ms each, one at a time) from the start.
+        let recs = single_server(100, 10.0, 200.0);
+        let o = analyse(&recs, 0).overload.expect("overloaded");
+        assert!((o.served_rps - 5.0).abs() < 0.6, "{o:?}");
+        assert!((o.offered_rps - 10.0).abs() < 0.6, "{o:?}");
+        assert!(o.from_s < 1.0, "from the start: {o:?}");
+        assert!(o.waiting_at_end > 40, "{o:?}");
+        assert!(o.run_over_schedule > 1.8, "{o:?}");
+        assert!(o.message().starts_with("OVERLOADED"), "{}", o.message());
+
+        // Kept up for 6 s at 4 req/s, then 20 req/s for 4 s: behind from t≈6 s.
+        let mut free_at = 0.0f64;
+        let mut dues: Vec<f64> = (0..24).map(|i| i as f64 * 250.0).collect();
+        dues.extend((0..80).map(|i| 6000.0 + i as f64 * 50.0));
+        let recs: Vec<TraceRecord> = dues
+            .iter()
+            .enumerate()
+            .map(|(i, &due)| {
+                let done = free_at.max(due) + 100.0;
+                free_at = done;
+                req(i, due, done - due)
+            })
+            .collect();
+        let o = analyse(&recs, 0).overload.expect("overloaded");
+        assert!(
+            (5.5..7.5).contains(&o.from_s),
+            "the queue starts growing at 6 s: {o:?}"
+        );
+    }
+
+    #[test]
+    fn all_at_once_and_tiny_runs_are_not_judged() {
+        let recs: Vec<TraceRecord> = (0..50).map(|i| req(i, 0.0, 100.0 * i as f64)).collect();
+        let s = analyse(&recs, 0);
+        assert!(s.offered_rps.is_none());
+        assert!(s.overload.is_none());
+        let s = analyse(&single_server(5, 10.0, 500.0), 0);
+        assert!(s.overload.is_none() && s.steady.is_none());
+        assert!(s.steady_missing.unwrap().contains("fewer than"));
+    }
+}

@@ -76,13 +76,15 @@ pub struct CaptureArgs {
     /// Tokens per prefix-hash block.
     #[arg(long, default_value_t = 16)]
     block_size: u32,
-    /// How prompt tokens are counted for prefix-hash blocks (and for prompt_tokens when the
-    /// upstream reports no usage): cl100k_base, o200k_base, words (one per whitespace word, as
-    /// the sim counts), or the path of a Hugging Face tokenizer.json. Recorded in the file
+    /// How prompt tokens are counted for prefix-hash blocks, and prompt and output tokens
+    /// when the upstream reports no usage (source `tokenizer`; the generated text is counted
+    /// on the writer thread): cl100k_base, o200k_base, words (one per whitespace word, as the
+    /// sim counts), or the path of a Hugging Face tokenizer.json. Recorded in the file
     /// metadata with --block-size.
     #[arg(long, default_value = "words")]
     tokenizer: String,
-    /// Never modify requests (streams without usage are then recorded without token counts).
+    /// Never modify requests (streams then carry usage only if the client asked: without it,
+    /// output tokens are counted from the text with --tokenizer).
     #[arg(long)]
     no_inject_usage: bool,
     /// Which usage to ask for when injecting.

@@ -1138,3 +1138,101 @@ fn replay_counts_output_tokens_with_the_tokenizer_when_the_server_sends_no_usage
         &format!("{}\n---\n{}", counted.context(), chunks.context()),
     );
 }
+
+/// Capture in front of a server that sends no usage (it ignores `stream_options`), 30 tokens
+/// in 20 chunks: with `--tokenizer cl100k_base` every row, streamed or not, chat or not, has
+/// 30 output tokens counted from the generated text (source `tokenizer`); the client still
+/// gets the stream untouched.
+#[test]
+fn capture_counts_output_tokens_with_its_tokenizer_when_the_upstream_sends_no_usage() {
+    let server = MisbehavingServer::start(Behaviour {
+        think: Duration::from_millis(5),
+        chunk_gap: Duration::from_millis(1),
+        no_usage: true,
+        tokens_per_chunk: vec![2, 1],
+        ..Default::default()
+    });
+    let out = tmpdir("capture-nousage");
+    let listen = free_addr();
+    let mut cap = CaptureProc::spawn_bin(
+        &bin(),
+        listen,
+        &server.url(),
+        &out,
+        &[
+            "--session-header",
+            "x-marker",
+            "--flush-interval",
+            "50ms",
+            "--tokenizer",
+            "cl100k_base",
+        ],
+    );
+    cap.wait_for("listening on");
+    let sent = [
+        ("nu-chat-stream", true, true),
+        ("nu-text-stream", false, true),
+        ("nu-chat-whole", true, false),
+        ("nu-text-whole", false, false),
+    ];
+    let mut client = Http1Client::new(listen);
+    let mut problems = Vec::new();
+    for (marker, chat, stream) in sent {
+        let body = serde_json::json!({
+            "model": "m", "max_tokens": 30, "stream": stream,
+            "prompt": format!("{marker} a b c"),
+            "messages": [{"role": "user", "content": format!("{marker} a b c")}],
+        })
+        .to_string();
+        let path = if chat {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        match client.post(path, &[("x-marker", marker)], &body) {
+            Ok(r) if r.status == 200 => {
+                if stream && r.text().matches("data: {").count() != 20 {
+                    problems.push(format!("{marker}: the client did not get 20 chunks"));
+                }
+            }
+            Ok(r) => problems.push(format!("{marker}: HTTP {} {:?}", r.status, r.text())),
+            Err(e) => problems.push(format!("{marker}: {e}")),
+        }
+    }
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "capture exited {status:?}: {log:#?}");
+    let rows: BTreeMap<String, TraceRecord> = trace_format::read_traces(&[out.to_str().unwrap()])
+        .expect("read capture's trace files")
+        .records
+        .into_iter()
+        .map(|r| (r.session_id.clone().unwrap_or_default(), r))
+        .collect();
+    let _ = std::fs::remove_dir_all(&out);
+    for (marker, _, stream) in sent {
+        match rows.get(marker) {
+            None => problems.push(format!("{marker}: no row")),
+            Some(r) => {
+                if r.outcome != Outcome::Ok
+                    || r.output_tokens != Some(30)
+                    || r.output_tokens_source != Some(trace_format::TokenSource::Tokenizer)
+                {
+                    problems.push(format!(
+                        "{marker}: outcome {:?} output_tokens {:?} source {:?}, want ok, 30 from the tokenizer",
+                        r.outcome, r.output_tokens, r.output_tokens_source
+                    ));
+                }
+                if stream && r.chunk_times_us.len() != 20 {
+                    problems.push(format!(
+                        "{marker}: {} chunk times, want 20",
+                        r.chunk_times_us.len()
+                    ));
+                }
+            }
+        }
+    }
+    report(
+        "capture_counts_output_tokens_with_its_tokenizer_when_the_upstream_sends_no_usage",
+        &problems,
+        &format!("{log:#?}"),
+    );
+}

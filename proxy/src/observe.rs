@@ -81,7 +81,15 @@ pub struct StreamObserver {
     pub bytes_out: u64,
     /// Events dropped or cut by stripping.
     pub stripped: u64,
+    /// The generated text so far (see [`StreamObserver::keep_output_text`]): what the
+    /// tokenizer counts when the upstream sends no usage. None when not kept, or once it
+    /// passed [`OUTPUT_TEXT_CAP`].
+    pub output_text: Option<String>,
 }
+
+/// Most generated text kept per stream for counting, bytes (~250k tokens): past it the text
+/// is dropped and the row has no output token count unless the upstream sent usage.
+pub const OUTPUT_TEXT_CAP: usize = 1 << 20;
 
 /// What to do with one complete raw event.
 enum Action {
@@ -103,6 +111,11 @@ impl StreamObserver {
         }
     }
 
+    /// Keep the generated text of output chunks (bounded by [`OUTPUT_TEXT_CAP`]).
+    pub fn keep_output_text(&mut self) {
+        self.output_text = Some(String::new());
+    }
+
     /// Observes one frame received `t_us` after t0 and pushes the bytes to forward onto `out`
     /// (the frame itself when nothing is stripped).
     pub fn observe(&mut self, t_us: i64, frame: Bytes, out: &mut VecDeque<Bytes>) {
@@ -116,11 +129,14 @@ impl StreamObserver {
                 done,
                 stream_error,
                 invalid,
+                output_text,
                 ..
             } = self;
             parser.feed(&frame, |ev| {
                 note_event(
                     classify(ev),
+                    ev,
+                    output_text,
                     t_us,
                     chunk_times_us,
                     last_chunk_us,
@@ -235,7 +251,14 @@ impl StreamObserver {
     /// Classifies one complete raw event (recording what it says) and decides its fate.
     fn decide(&mut self, t_us: i64, raw: &[u8]) -> Action {
         let mut kind = None;
-        self.parser.feed(raw, |ev| kind = Some(classify(ev)));
+        let keep = self.output_text.is_some();
+        let mut data = Vec::new();
+        self.parser.feed(raw, |ev| {
+            kind = Some(classify(ev));
+            if keep {
+                data = ev.to_vec();
+            }
+        });
         let Some(kind) = kind else {
             return Action::Forward; // no data: comments, blank lines
         };
@@ -246,6 +269,8 @@ impl StreamObserver {
         };
         note_event(
             kind,
+            &data,
+            &mut self.output_text,
             t_us,
             &mut self.chunk_times_us,
             &mut self.last_chunk_us,
@@ -277,6 +302,8 @@ fn usage_cut(raw: &[u8]) -> Action {
 #[allow(clippy::too_many_arguments)]
 fn note_event(
     kind: StreamEvent,
+    data: &[u8],
+    output_text: &mut Option<String>,
     t_us: i64,
     chunk_times_us: &mut Vec<i64>,
     last_chunk_us: &mut Option<i64>,
@@ -291,6 +318,12 @@ fn note_event(
             *last_chunk_us = Some(t_us);
             if output {
                 chunk_times_us.push(t_us);
+                if let Some(text) = output_text.as_mut() {
+                    trace_format::sse::append_output_text(data, text);
+                    if text.len() > OUTPUT_TEXT_CAP {
+                        *output_text = None;
+                    }
+                }
             }
             if let Some(u) = u {
                 // Tokens of a chunk without output count with the next one that has some.

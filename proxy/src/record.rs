@@ -24,7 +24,7 @@ use trace_format::{Outcome, TokenSource, TraceRecord};
 
 use crate::observe::{StreamObserver, Strip};
 use crate::server::Shared;
-use crate::sink::PendingPrompt;
+use crate::sink::{OutputText, PendingPrompt};
 use crate::upstream::LeanBody;
 
 /// Error type of response bodies.
@@ -47,6 +47,8 @@ pub(crate) struct Recording {
     pub(crate) rec: TraceRecord,
     /// The prompt's tokenization, running on the blocking pool (sampled rows only).
     pub(crate) prompt: Option<PendingPrompt>,
+    /// The generated text of a response without usage, for the writer thread to count.
+    output: Option<OutputText>,
     sampled: bool,
     done: bool,
 }
@@ -60,6 +62,7 @@ impl Recording {
             t0,
             rec,
             prompt: None,
+            output: None,
             sampled,
             done: false,
         }
@@ -122,7 +125,9 @@ impl Recording {
         }
         if self.sampled {
             let rec = std::mem::replace(r, TraceRecord::new(String::new(), 0, String::new()));
-            self.shared.sink.send(rec, self.prompt.take());
+            self.shared
+                .sink
+                .send(rec, self.prompt.take(), self.output.take());
         }
         if m.in_flight.fetch_sub(1, Relaxed) == 1 {
             self.shared.idle.notify_waiters();
@@ -220,7 +225,11 @@ impl ObservedBody {
             .max_tokens
             .map_or(256, |m| m.clamp(1, 8192) as usize + 2);
         let mode = if sse {
-            Mode::Sse(Box::new(StreamObserver::new(strip, cap)))
+            let mut o = StreamObserver::new(strip, cap);
+            if rec.sampled() {
+                o.keep_output_text();
+            }
+            Mode::Sse(Box::new(o))
         } else {
             Mode::Whole {
                 copy: Vec::new(),
@@ -274,6 +283,11 @@ impl ObservedBody {
                 if r.output_tokens.is_none() {
                     r.output_tokens = o.cumulative_tokens.last().copied();
                 }
+                if r.output_tokens.is_none() {
+                    // No usage: the writer thread counts the text with the tokenizer.
+                    self.rec.output = o.output_text.take().map(OutputText::Text);
+                }
+                let r = &mut self.rec.rec;
                 r.prompt_tokens_source = r.prompt_tokens.map(|_| TokenSource::Usage);
                 r.output_tokens_source = r.output_tokens.map(|_| TokenSource::Usage);
                 if !o.cumulative_tokens.is_empty()
@@ -330,6 +344,11 @@ impl ObservedBody {
                             r.output_tokens_source =
                                 u.completion_tokens.map(|_| TokenSource::Usage);
                         }
+                        if r.output_tokens.is_none() && self.rec.sampled {
+                            // No usage: the writer thread counts the text with the tokenizer.
+                            self.rec.output = Some(OutputText::Body(std::mem::take(copy)));
+                        }
+                        let r = &mut self.rec.rec;
                         // Not streamed: E2EL only; there is no first token to time.
                         r.e2el_us = Some(us_since(self.rec.t0, end));
                         (Outcome::Ok, None)

@@ -278,8 +278,9 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
     let keep_hashes = cfg.record_bodies != RecordBodies::None;
+    let tok = cfg.tokenizer.clone();
     let (sink, writer, recovered) =
-        tokio::task::spawn_blocking(move || sink::start(wcfg, capacity, keep_hashes, m2))
+        tokio::task::spawn_blocking(move || sink::start(wcfg, capacity, keep_hashes, tok, m2))
             .await
             .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
     let _ = out;

@@ -7,6 +7,8 @@
 //! A row arrives with the tokenization of its prompt still running on the blocking pool
 //! ([`PendingPrompt`]); the writer thread waits for it (bounded) and fills in
 //! `prefix_hashes`, and `prompt_tokens` (source `tokenizer`) when the upstream reported none.
+//! When the upstream sent no usage, it also counts the generated text with the tokenizer
+//! (`output_tokens`, source `tokenizer`), off the request path.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -15,6 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use trace_format::tokenize::Tokenizer;
 use trace_format::writer::RecoveryReport;
 use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
@@ -32,9 +35,28 @@ const DRAIN_EVERY: Duration = Duration::from_millis(50);
 /// Longest wait of the writer thread for one prompt's tokenization.
 const PROMPT_WAIT: Duration = Duration::from_secs(10);
 
+/// The generated text of a response that carried no usage, for the tokenizer to count.
+#[derive(Debug)]
+pub(crate) enum OutputText {
+    /// The text of a stream's output chunks.
+    Text(String),
+    /// A whole (non-streamed) JSON response body.
+    Body(Vec<u8>),
+}
+
+impl OutputText {
+    fn text(self) -> Option<String> {
+        match self {
+            OutputText::Text(t) => Some(t),
+            OutputText::Body(b) => trace_format::sse::response_text(&b),
+        }
+    }
+}
+
 struct Queued {
     rec: TraceRecord,
     prompt: Option<PendingPrompt>,
+    output: Option<OutputText>,
 }
 
 enum Msg {
@@ -43,8 +65,22 @@ enum Msg {
 }
 
 /// The row with what its prompt's tokenization gave.
-fn resolve(q: Queued, keep_hashes: bool) -> TraceRecord {
-    let Queued { mut rec, prompt } = q;
+fn resolve(q: Queued, keep_hashes: bool, tokenizer: &Tokenizer) -> TraceRecord {
+    let Queued {
+        mut rec,
+        prompt,
+        output,
+    } = q;
+    if rec.output_tokens.is_none() {
+        if let Some(n) = output
+            .and_then(OutputText::text)
+            .filter(|t| !t.is_empty())
+            .and_then(|t| tokenizer.count(&t).ok())
+        {
+            rec.output_tokens = Some(n as i64);
+            rec.output_tokens_source = Some(TokenSource::Tokenizer);
+        }
+    }
     if let Some(p) = prompt.and_then(|rx| rx.recv_timeout(PROMPT_WAIT).ok().flatten()) {
         if keep_hashes {
             rec.prefix_hashes = Some(p.hashes);
@@ -77,6 +113,7 @@ pub(crate) fn start(
     cfg: WriterConfig,
     capacity: usize,
     keep_hashes: bool,
+    tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
 ) -> Result<(Sink, WriterThread, RecoveryReport)> {
     let tick = cfg.flush_interval / 2;
@@ -85,7 +122,7 @@ pub(crate) fn start(
     let m = metrics.clone();
     let handle = std::thread::Builder::new()
         .name("llmreplay-writer".into())
-        .spawn(move || run(writer, rx, tick, keep_hashes, &m))?;
+        .spawn(move || run(writer, rx, tick, keep_hashes, &tokenizer, &m))?;
     Ok((
         Sink {
             tx: tx.clone(),
@@ -101,25 +138,29 @@ fn run(
     rx: Receiver<Msg>,
     tick: Duration,
     keep_hashes: bool,
+    tokenizer: &Tokenizer,
     metrics: &Metrics,
 ) -> Result<Vec<PathBuf>> {
     let tick = tick.max(Duration::from_millis(1));
     let mut last_tick = std::time::Instant::now();
-    let append =
-        |writer: &mut TraceWriter, q: Box<Queued>| match writer.append(resolve(*q, keep_hashes)) {
-            Ok(()) => {
-                metrics.records_written.fetch_add(1, Relaxed);
+    let append = |writer: &mut TraceWriter, q: Box<Queued>| match writer.append(resolve(
+        *q,
+        keep_hashes,
+        tokenizer,
+    )) {
+        Ok(()) => {
+            metrics.records_written.fetch_add(1, Relaxed);
+        }
+        Err(e) => {
+            let n = metrics.record_errors.fetch_add(1, Relaxed);
+            if n.is_power_of_two() || n == 0 {
+                eprintln!(
+                    "llmreplay capture: trace write failed ({} so far): {e}",
+                    n + 1
+                );
             }
-            Err(e) => {
-                let n = metrics.record_errors.fetch_add(1, Relaxed);
-                if n.is_power_of_two() || n == 0 {
-                    eprintln!(
-                        "llmreplay capture: trace write failed ({} so far): {e}",
-                        n + 1
-                    );
-                }
-            }
-        };
+        }
+    };
     loop {
         // The thread wakes on its own clock (or at close), not once per record: a send never
         // wakes it, and every record queued is handed to the OS by the tick that follows,
@@ -151,11 +192,17 @@ fn run(
 impl Sink {
     /// Queues a record (with its prompt's pending tokenization), or drops and counts it when
     /// the queue is full.
-    pub(crate) fn send(&self, rec: TraceRecord, prompt: Option<PendingPrompt>) {
-        match self
-            .tx
-            .try_send(Msg::Record(Box::new(Queued { rec, prompt })))
-        {
+    pub(crate) fn send(
+        &self,
+        rec: TraceRecord,
+        prompt: Option<PendingPrompt>,
+        output: Option<OutputText>,
+    ) {
+        match self.tx.try_send(Msg::Record(Box::new(Queued {
+            rec,
+            prompt,
+            output,
+        }))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 let n = self.metrics.records_dropped.fetch_add(1, Relaxed) + 1;

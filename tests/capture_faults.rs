@@ -626,7 +626,8 @@ fn assert_no_desync(name: &str, got: &RawReply, received: &[Received]) {
 ///   never read as a request (one answer, and the upstream never sees them);
 /// - TE.CL (the body is not chunked at all): a bad body, refused (400 on the generation
 ///   path, whose row says so; 502 on the pass-through path, whose upstream request fails
-///   before a whole request is sent), and nothing reaches the upstream.
+///   before a whole request is sent), and nothing reaches the upstream. The generation
+///   request's row is `http_error` 400, as its client saw.
 #[test]
 fn smuggling_cl_te_never_desyncs_the_upstream() {
     let up = FaultUpstream::always(Act::Json);
@@ -712,8 +713,11 @@ fn smuggling_cl_te_never_desyncs_the_upstream() {
                 matches!(mine[..], [r] if r.outcome == Outcome::Ok),
                 "{name}: {mine:?}"
             ),
+            // The client got a 400 for a body that breaks its framing: the row says so
+            // (before, it said `client_cancelled`, as if the client had gone away).
             (true, false) => assert!(
-                matches!(mine[..], [r] if r.outcome != Outcome::Ok && r.error.as_deref().unwrap_or("").contains("request body")),
+                matches!(mine[..], [r] if r.outcome == Outcome::HttpError && r.status == Some(400)
+                    && r.error.as_deref().unwrap_or("").contains("malformed request body")),
                 "{name}: {mine:?}"
             ),
             (false, _) => assert!(mine.is_empty(), "{name}: pass-through has no row: {mine:?}"),
@@ -721,6 +725,40 @@ fn smuggling_cl_te_never_desyncs_the_upstream() {
     }
     assert_eq!(up.count("smuggled"), 0, "{:#?}", up.received());
     no_row(&rows, "smuggled");
+}
+
+/// A client that sends half its request body and goes away: nothing reaches the upstream
+/// (a generation request is read whole first), and the row is `client_cancelled`, unlike a
+/// body that breaks its framing (above).
+#[test]
+fn client_gone_mid_request_body_is_client_cancelled() {
+    use std::io::Write;
+    let up = FaultUpstream::always(Act::Json);
+    let cap = Capture::start("half-body", &up.url(), &[]);
+    let body = gen_body("/v1/completions", "halfbody", false);
+    let mut s = std::net::TcpStream::connect(cap.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: capture\r\nx-marker: halfbody\r\ncontent-length: {}\r\n\r\n{}",
+        body.len() + 100,
+        body
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(s);
+    std::thread::sleep(Duration::from_millis(100));
+    let rows = cap.stop();
+    assert_eq!(up.received().len(), 0, "{:#?}", up.received());
+    let r = row(&rows, "halfbody");
+    assert_eq!(
+        (r.outcome, r.status),
+        (Outcome::ClientCancelled, None),
+        "{r:?}"
+    );
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("request body"),
+        "{r:?}"
+    );
 }
 
 /// Malformed framing the listener must refuse with 400 before anything reaches the

@@ -957,6 +957,86 @@ fn absolute_form_and_connect_never_reach_another_host() {
     assert_eq!(rows.len(), 2, "{rows:#?}");
 }
 
+/// The same over HTTP/2 (prior knowledge): an h2 request always carries an authority, and
+/// capture never routes by it, so a request for another host goes to the configured
+/// upstream (with the upstream's own Host) and the decoy sees no connection; CONNECT is 405.
+#[test]
+fn h2_authority_and_connect_never_reach_another_host() {
+    use http_body_util::{BodyExt, Full};
+    let up = FaultUpstream::always(Act::Json);
+    let decoy = FaultUpstream::always(Act::Json);
+    let cap = Capture::start("h2-authority", &up.url(), &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (get, generation, connect) = rt.block_on(async {
+        // Dial capture; every request names the decoy as its :authority.
+        let d = decoy.addr;
+        let io = tokio::net::TcpStream::connect(cap.addr).await.unwrap();
+        let (mut tx, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(io),
+        )
+        .await
+        .expect("h2 handshake");
+        tokio::spawn(conn);
+        let get = hyper::Request::get(format!("http://{d}/v1/models"))
+            .header("x-marker", "h2get")
+            .body(Full::default())
+            .unwrap();
+        let r = tx.send_request(get).await.expect("h2 get");
+        let get = (
+            r.status().as_u16(),
+            r.into_body().collect().await.unwrap().to_bytes(),
+        );
+        let post = hyper::Request::post(format!("http://{d}/v1/completions"))
+            .header("x-marker", "h2gen")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(gen_body(
+                "/v1/completions",
+                "h2gen",
+                false,
+            ))))
+            .unwrap();
+        let r = tx.send_request(post).await.expect("h2 post");
+        let generation = (
+            r.status().as_u16(),
+            r.into_body().collect().await.unwrap().to_bytes(),
+        );
+        let connect = hyper::Request::connect(d.to_string())
+            .body(Full::default())
+            .unwrap();
+        let connect = match tx.send_request(connect).await {
+            Ok(r) => r.status().as_u16(),
+            Err(_) => 0,
+        };
+        (get, generation, connect)
+    });
+    drop(rt); // closes the h2 connection (its task lives on this runtime)
+    let rows = cap.stop();
+    assert_eq!(get.0, 200, "{:?}", get.1);
+    assert_eq!(generation.0, 200, "{:?}", generation.1);
+    assert_eq!(connect, 405);
+    assert_eq!(
+        decoy.connections(),
+        0,
+        "the decoy was reached: {:#?}",
+        decoy.received()
+    );
+    assert_eq!(up.count("h2get"), 1);
+    assert_eq!(up.count("h2gen"), 1);
+    for r in up.received() {
+        assert_eq!(
+            r.header("host"),
+            Some(up.addr.to_string().as_str()),
+            "{r:?}"
+        );
+    }
+    assert_eq!(row(&rows, "h2gen").outcome, Outcome::Ok);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Hop-by-hop headers
 // ---------------------------------------------------------------------------------------

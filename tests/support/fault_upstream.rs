@@ -309,8 +309,7 @@ fn parse_request(buf: &[u8], conn: usize, index: usize) -> Parsed {
     let rest = &buf[body_start..];
     let chunked = headers
         .iter()
-        .filter(|(k, _)| k == "transfer-encoding")
-        .next_back()
+        .rfind(|(k, _)| k == "transfer-encoding")
         .is_some_and(|(_, v)| v.to_ascii_lowercase().trim_end().ends_with("chunked"));
     let (body, used) = if chunked {
         match dechunk(rest) {

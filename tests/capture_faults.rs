@@ -11,8 +11,9 @@
 //!
 //! Cases: upstream refused, accepted-then-reset and closed before the head; reset mid-stream;
 //! stalled before the head and mid-body; 429 and 503 with Retry-After; malformed, unterminated
-//! and non-UTF-8 SSE; client disconnect mid-stream; request smuggling (CL+TE, TE+CL, duplicate
-//! CL, obs-fold, other malformed framing); absolute-form targets and CONNECT; hop-by-hop
+//! and non-UTF-8 SSE; client disconnect mid-stream and mid-request-body; request smuggling
+//! (CL+TE, TE+CL, duplicate CL, obs-fold, other malformed framing); absolute-form targets and
+//! CONNECT, over HTTP/1.1 and h2; hop-by-hop
 //! headers both ways; oversize headers, bodies and response heads; kill -9 with requests in
 //! flight; SIGTERM drain within and past the drain timeout. Slow clients (slowloris) and huge
 //! SSE events belong to the listener-timeout tests.

@@ -13,10 +13,9 @@
 //! stalled before the head and mid-body; 429 and 503 with Retry-After; malformed, unterminated
 //! and non-UTF-8 SSE; client disconnect mid-stream and mid-request-body; request smuggling
 //! (CL+TE, TE+CL, duplicate CL, obs-fold, other malformed framing); absolute-form targets and
-//! CONNECT, over HTTP/1.1 and h2; hop-by-hop
-//! headers both ways; oversize headers, bodies and response heads; kill -9 with requests in
-//! flight; SIGTERM drain within and past the drain timeout. Slow clients (slowloris) and huge
-//! SSE events belong to the listener-timeout tests.
+//! CONNECT, over HTTP/1.1 and h2; hop-by-hop headers both ways; oversize headers, bodies and
+//! response heads; kill -9 with requests in flight; SIGTERM drain within and past the drain
+//! timeout. Slow clients (slowloris) and huge SSE events belong to the listener-timeout tests.
 //!
 //! Each test runs its own capture and upstream, so they run in parallel; the whole file takes
 //! a few seconds.

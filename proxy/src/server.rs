@@ -535,6 +535,23 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
+/// Whether reading a request body failed because it ended early (the client went away), as
+/// opposed to bytes that break its framing (hyper's decoder reports those as `InvalidInput`
+/// or `InvalidData`).
+fn body_cut_short(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut src = Some(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return !matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
+            );
+        }
+        src = s.source();
+    }
+    true
+}
+
 fn is_generation(method: &Method, path: &str) -> bool {
     method == Method::POST && path.trim_end_matches('/').ends_with("/completions")
 }
@@ -730,11 +747,24 @@ async fn handle_generation(
                     &msg,
                 );
             }
-            recording.finish(
-                Outcome::ClientCancelled,
-                Some(format!("reading the request body: {e}")),
-                Instant::now(),
-            );
+            if body_cut_short(&*e) {
+                recording.finish(
+                    Outcome::ClientCancelled,
+                    Some(format!("reading the request body: {e}")),
+                    Instant::now(),
+                );
+            } else {
+                // A body that breaks its own framing (a bad chunk): the client's error,
+                // answered 400, and recorded as what the client got.
+                let mut msg = format!("malformed request body: {e}");
+                let mut src = e.source();
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                recording.rec.status = Some(400);
+                recording.finish(Outcome::HttpError, Some(msg), Instant::now());
+            }
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad body");
         }
     };

@@ -1236,3 +1236,361 @@ fn capture_counts_output_tokens_with_its_tokenizer_when_the_upstream_sends_no_us
         &format!("{log:#?}"),
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// e. The whole loop: a mixed workload captured in front of the sim, replayed against it
+// ---------------------------------------------------------------------------------------
+
+/// The sim's fixed timing in this test: first token after `SIM_TTFT`, then one every
+/// `SIM_ITL` (`llmreplay sim --fixed-timing 40,8`).
+const SIM_TTFT_MS: f64 = 40.0;
+const SIM_ITL_MS: f64 = 8.0;
+/// What a latency measured on loopback may differ from the sim's own timing by: the sim
+/// sleeps on tokio's timer (~1 ms granularity) and this 2-core machine is shared with the
+/// builds of other tests; the figure is a bound on scheduling noise, not on llmreplay's
+/// accuracy (bench/ measures that against a ground-truth server).
+const TOLERANCE_MS: f64 = 25.0;
+
+/// Starts `llmreplay sim` with the fixed timing on a free port; killed on drop.
+struct SimProc(std::process::Child, SocketAddr);
+
+impl SimProc {
+    fn start() -> SimProc {
+        let addr = free_addr();
+        let child = Command::new(bin())
+            .args(["sim", "--listen", &addr.to_string(), "--fixed-timing"])
+            .arg(format!("{SIM_TTFT_MS},{SIM_ITL_MS}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn llmreplay sim");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "the sim did not start on {addr}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        SimProc(child, addr)
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.1)
+    }
+
+    /// `vllm:generation_tokens_total` from the sim's /metrics: what it generated.
+    fn generated_tokens(&self) -> f64 {
+        let mut s = TcpStream::connect(self.1).expect("connect to the sim");
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+            self.1
+        )
+        .unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.lines()
+            .find(|l| l.starts_with("vllm:generation_tokens_total"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+}
+
+impl Drop for SimProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends a streamed completion through `addr`, reads `chunks` content events and closes the
+/// connection (a user who stops the generation).
+fn cancel_after_chunks(addr: SocketAddr, id: &str, chunks: usize) -> std::io::Result<()> {
+    let body = format!(
+        r#"{{"model":"m","prompt":"{id} w w w w","max_tokens":200,"ignore_eos":true,"stream":true}}"#
+    );
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nx-id: {id}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+    while String::from_utf8_lossy(&seen)
+        .matches("\"text\":\"")
+        .count()
+        < chunks
+    {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    Ok(())
+}
+
+/// The loop a user runs: mixed traffic (chat and completions, streamed and not, a stream
+/// without usage, a cancellation after 6 chunks, an upstream error) captured in front of
+/// the sim (`--no-inject-usage`, so the stream that asked for no usage gets none and capture counts
+/// its words), then replayed against the same sim. Per class, captured and replayed figures
+/// agree with what the sim did: TTFT = 40 ms, ITL = TPOT = 8 ms, E2EL = 40 + 8 (n - 1) ms
+/// (within `TOLERANCE_MS`), output tokens equal the sim's count, requests that are not
+/// streamed have no TTFT in either, the cancellation is cancelled again after the same 6
+/// chunks, and the sim generated exactly the tokens the rows say.
+#[test]
+fn capture_then_replay_against_the_sim_agree_with_what_the_sim_did() {
+    let sim = SimProc::start();
+    let out = tmpdir("loop-capture");
+    let listen = free_addr();
+    let mut cap = CaptureProc::spawn_bin(
+        &bin(),
+        listen,
+        &sim.url(),
+        &out,
+        &[
+            "--session-header",
+            "x-id",
+            "--flush-interval",
+            "50ms",
+            "--no-inject-usage",
+            "--tokenizer",
+            "words",
+        ],
+    );
+    cap.wait_for("listening on");
+    // (id, chat, stream, asks for usage, output tokens)
+    let plan: Vec<(String, bool, bool, bool, u32)> = (0..12)
+        .map(|i| {
+            let (chat, stream) = (i % 2 == 1, i % 4 < 2);
+            (format!("loop-{i:02}"), chat, stream, i != 0, 10 + 2 * i)
+        })
+        .collect();
+    let mut problems = Vec::new();
+    let mut client = Http1Client::new(listen);
+    let before = sim.generated_tokens();
+    for (id, chat, stream, usage, n) in &plan {
+        let so = if *stream && *usage {
+            r#","stream_options":{"include_usage":true}"#
+        } else {
+            ""
+        };
+        let (path, body) = if *chat {
+            (
+                "/v1/chat/completions",
+                format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"{id} a b c d"}}],"max_tokens":{n},"ignore_eos":true,"stream":{stream}{so}}}"#
+                ),
+            )
+        } else {
+            (
+                "/v1/completions",
+                format!(
+                    r#"{{"model":"m","prompt":"{id} a b c d","max_tokens":{n},"ignore_eos":true,"stream":{stream}{so}}}"#
+                ),
+            )
+        };
+        match client.post(path, &[("x-id", id)], &body) {
+            Ok(r) if r.status == 200 => {}
+            Ok(r) => problems.push(format!("{id}: HTTP {}", r.status)),
+            Err(e) => problems.push(format!("{id}: {e}")),
+        }
+    }
+    let ok_tokens: f64 = plan.iter().map(|p| f64::from(p.4)).sum();
+    if let Err(e) = cancel_after_chunks(listen, "loop-cancel", 6) {
+        problems.push(format!("loop-cancel: {e}"));
+    }
+    match client.post(
+        "/v1/completions",
+        &[("x-id", "loop-error"), ("x-sim-fault", "error")],
+        r#"{"model":"m","prompt":"loop-error a b","max_tokens":5,"stream":true}"#,
+    ) {
+        Ok(r) if r.status >= 500 => {}
+        other => problems.push(format!("loop-error: want a 5xx, got {other:?}")),
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let captured_tokens = sim.generated_tokens() - before;
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "capture exited {status:?}: {log:#?}");
+    let captured: BTreeMap<String, TraceRecord> =
+        trace_format::read_traces(&[out.to_str().unwrap()])
+            .expect("read capture's trace files")
+            .records
+            .into_iter()
+            .map(|r| (r.session_id.clone().unwrap_or_default(), r))
+            .collect();
+
+    // Replay the capture against the same sim.
+    let dir = tmpdir("loop-replay");
+    let (results, json) = (dir.join("out.parquet"), dir.join("out.json"));
+    let before = sim.generated_tokens();
+    let mut child = Command::new(bin())
+        .arg("replay")
+        .arg(&out)
+        .args(["--target", &format!("sim={}", sim.url())])
+        .arg("--results")
+        .arg(&results)
+        .arg("--save-result")
+        .arg(&json)
+        .args([
+            "-q",
+            "--timeout",
+            "30s",
+            "--tokenizer",
+            "words",
+            "--max-failed",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .expect("spawn llmreplay replay");
+    let exit = wait_bounded(&mut child, REPLAY_DEADLINE);
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let context = format!(
+        "replay exit {exit:?}\nstderr:\n{}\nstdout:\n{}",
+        read("stderr"),
+        read("stdout")
+    );
+    assert!(exit.is_some_and(|s| s.success()), "{context}");
+    std::thread::sleep(Duration::from_millis(300));
+    let replayed_tokens = sim.generated_tokens() - before;
+    let replayed: BTreeMap<String, TraceRecord> =
+        trace_format::read_traces(&[results.to_str().unwrap()])
+            .expect("read the replay's rows")
+            .records
+            .into_iter()
+            .map(|r| (r.session_id.clone().unwrap_or_default(), r))
+            .collect();
+    let result: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let near = |v: Option<i64>, want: f64| {
+        v.is_some_and(|us| (us as f64 / 1000.0 - want).abs() <= TOLERANCE_MS)
+    };
+    for (side, rows) in [("captured", &captured), ("replayed", &replayed)] {
+        for (id, chat, stream, usage, n) in &plan {
+            let Some(r) = rows.get(id) else {
+                problems.push(format!("{side} {id}: no row"));
+                continue;
+            };
+            let e2el = SIM_TTFT_MS + SIM_ITL_MS * f64::from(n - 1);
+            let class = format!(
+                "{side} {id} ({}, {})",
+                if *chat { "chat" } else { "completions" },
+                if *stream { "streamed" } else { "not streamed" }
+            );
+            if r.outcome != Outcome::Ok || r.output_tokens != Some(i64::from(*n)) {
+                problems.push(format!(
+                    "{class}: {:?}, {:?} output tokens, want ok and {n}",
+                    r.outcome, r.output_tokens
+                ));
+            }
+            // Counted from the text where the stream carried no usage (capture's side; the
+            // replay asks for usage).
+            let want_source = if *stream && !usage && side == "captured" {
+                trace_format::TokenSource::Tokenizer
+            } else {
+                trace_format::TokenSource::Usage
+            };
+            if r.output_tokens_source != Some(want_source) {
+                problems.push(format!(
+                    "{class}: token source {:?}, want {want_source:?}",
+                    r.output_tokens_source
+                ));
+            }
+            if *stream {
+                if !near(r.ttft_us, SIM_TTFT_MS) {
+                    problems.push(format!(
+                        "{class}: TTFT {} ms, sim {SIM_TTFT_MS}",
+                        ms(r.ttft_us)
+                    ));
+                }
+                let gaps: Vec<f64> = r
+                    .chunk_times_us
+                    .windows(2)
+                    .map(|w| (w[1] - w[0]) as f64 / 1000.0)
+                    .collect();
+                let mean_gap = gaps.iter().sum::<f64>() / gaps.len().max(1) as f64;
+                if r.chunk_times_us.len() != *n as usize
+                    || (mean_gap - SIM_ITL_MS).abs() > TOLERANCE_MS / 5.0
+                {
+                    problems.push(format!(
+                        "{class}: {} chunks with mean gap {mean_gap:.2} ms, sim {n} at {SIM_ITL_MS}",
+                        r.chunk_times_us.len()
+                    ));
+                }
+            } else if r.ttft_us.is_some() {
+                problems.push(format!("{class}: has a TTFT ({})", ms(r.ttft_us)));
+            }
+            if !near(r.e2el_us, e2el) {
+                problems.push(format!("{class}: E2EL {} ms, sim {e2el}", ms(r.e2el_us)));
+            }
+        }
+        match rows.get("loop-cancel") {
+            Some(r)
+                if r.outcome == Outcome::ClientCancelled
+                    && (6..=8).contains(&r.chunk_times_us.len()) => {}
+            other => problems.push(format!(
+                "{side} loop-cancel: want client_cancelled after ~6 chunks, got {:?}",
+                other.map(|r| (r.outcome, r.chunk_times_us.len()))
+            )),
+        }
+    }
+    // The replay cancels at the captured point exactly.
+    if let (Some(c), Some(r)) = (captured.get("loop-cancel"), replayed.get("loop-cancel")) {
+        if c.chunk_times_us.len() != r.chunk_times_us.len() {
+            problems.push(format!(
+                "loop-cancel: replay cancelled after {} chunks, capture after {}",
+                r.chunk_times_us.len(),
+                c.chunk_times_us.len()
+            ));
+        }
+    }
+    match captured.get("loop-error") {
+        Some(r) if r.outcome == Outcome::HttpError => {}
+        other => problems.push(format!(
+            "captured loop-error: want http_error, got {:?}",
+            other.map(|r| r.outcome)
+        )),
+    }
+    // What the sim generated: the rows' tokens, plus the cancelled stream's (which the rows
+    // do not count: it never finished).
+    for (side, total, rows) in [
+        ("capture", captured_tokens, &captured),
+        ("replay", replayed_tokens, &replayed),
+    ] {
+        // The error was the sim's answer to capture's client asking for it (`x-sim-fault`);
+        // the replay does not forward that header, so the sim serves that request.
+        let rows_ok: f64 = rows
+            .iter()
+            .filter(|(id, r)| r.outcome == Outcome::Ok && id.as_str() != "loop-error")
+            .map(|(_, r)| r)
+            .filter_map(|r| r.output_tokens)
+            .sum::<i64>() as f64;
+        if rows_ok != ok_tokens || total < ok_tokens {
+            problems.push(format!(
+                "{side}: rows say {rows_ok} tokens, the plan {ok_tokens}, the sim generated {total}"
+            ));
+        }
+    }
+    // The per-class breakdown covers the four classes.
+    let classes = result["llmreplay"]["by_class"]
+        .as_array()
+        .map_or(0, Vec::len);
+    if classes != 4 {
+        problems.push(format!("llmreplay.by_class has {classes} classes, want 4"));
+    }
+    report(
+        "capture_then_replay_against_the_sim_agree_with_what_the_sim_did",
+        &problems,
+        &format!(
+            "captured:{}\nreplayed:{}\n{context}",
+            row_table(&captured),
+            row_table(&replayed)
+        ),
+    );
+}

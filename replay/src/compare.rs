@@ -437,7 +437,6 @@ fn cell(v: &(Option<Stat>, Option<f64>, Option<Verdict>)) -> (String, String) {
 /// The console rendering of a comparison.
 pub fn render(series: &[Series], tables: &[Table]) -> String {
     let mut out = String::new();
-    let w = 30usize;
     let al = align(series);
     for n in &al.notes {
         let _ = writeln!(out, "Note: {n}.");
@@ -447,46 +446,60 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
             (Some(l), Some(a)) => format!(" Compare at {} ", a.level_label(l)),
             _ => " Compare ".to_string(),
         };
-        let _ = writeln!(
-            out,
-            "{:=^width$}",
-            title,
-            width = 18 + (w + 1) * t.names.len()
-        );
-        let _ = write!(out, "{:<18}", "");
-        for (i, n) in t.names.iter().enumerate() {
-            let head = if i == 0 {
+        // The grid first (label, then one cell per configuration), so that every column is
+        // as wide as its widest cell: nothing is cut.
+        let mut grid: Vec<Vec<String>> = Vec::new();
+        let mut head = vec![String::new()];
+        head.extend(t.names.iter().enumerate().map(|(i, n)| {
+            if i == 0 {
                 format!("{n} (baseline)")
             } else {
                 n.clone()
-            };
-            let _ = write!(out, " {:<w$}", truncate(&head, w));
-        }
-        out.push('\n');
+            }
+        }));
+        grid.push(head);
         for r in &t.rows {
-            let _ = write!(out, "{:<18}", r.label);
-            for c in &r.cells {
+            let mut line = vec![r.label.clone()];
+            line.extend(r.cells.iter().map(|c| {
                 let (v, d) = cell(c);
-                let s = if d.is_empty() {
+                if d.is_empty() {
                     v
                 } else {
                     format!("{v} ({d})")
-                };
-                let _ = write!(out, " {:<w$}", truncate(&s, w));
-            }
-            out.push('\n');
+                }
+            }));
+            grid.push(line);
         }
         if t.slo.iter().any(|s| s.0.is_some()) {
-            let _ = write!(out, "{:<18}", "SLO");
-            for (ok, bad) in &t.slo {
-                let s = match ok {
-                    None => "-".to_string(),
-                    Some(true) => "PASS".into(),
-                    Some(false) => format!("FAIL: {}", bad.join(", ")),
-                };
-                let _ = write!(out, " {:<w$}", truncate(&s, w));
+            let mut line = vec!["SLO".to_string()];
+            line.extend(t.slo.iter().map(|(ok, bad)| match ok {
+                None => "-".to_string(),
+                Some(true) => "PASS".into(),
+                Some(false) => format!("FAIL: {}", bad.join(", ")),
+            }));
+            grid.push(line);
+        }
+        let cols = t.names.len() + 1;
+        let widths: Vec<usize> = (0..cols)
+            .map(|c| {
+                grid.iter()
+                    .filter_map(|l| l.get(c))
+                    .map(|x| x.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let total = (widths.iter().sum::<usize>() + 2 * (cols - 1)).max(title.chars().count() + 6);
+        let _ = writeln!(out, "{:=^total$}", title);
+        for line in &grid {
+            let mut text = String::new();
+            for (c, x) in line.iter().enumerate() {
+                if c > 0 {
+                    text.push_str("  ");
+                }
+                let _ = write!(text, "{:<w$}", x, w = widths[c]);
             }
-            out.push('\n');
+            let _ = writeln!(out, "{}", text.trim_end());
         }
     }
     if series.iter().any(|s| s.points.len() > 1) {
@@ -506,16 +519,6 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
     }
     let _ = writeln!(out, "{}", noise_rule());
     out
-}
-
-fn truncate(s: &str, w: usize) -> String {
-    if s.chars().count() <= w {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(w - 1).collect();
-        t.push('…');
-        t
-    }
 }
 
 /// Every regression (configuration, figure) across the tables.
@@ -616,6 +619,44 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("b has no run at concurrency 16"), "{text}");
+    }
+
+    /// Cells were cut to 30 characters ("REGRESSI…"): columns are as wide as their content,
+    /// and every row's cells start where the header's do.
+    #[test]
+    fn columns_fit_their_content() {
+        let mut a = sweep(
+            "baseline-configuration-with-a-long-name",
+            Axis::RequestRate,
+            &[1.0],
+        );
+        let mut b = sweep("b", Axis::RequestRate, &[1.0]);
+        let spread = |m: f64| Stat {
+            n: 3,
+            mean: m,
+            std: Some(12.34),
+            min: m - 12.34,
+            max: m + 12.34,
+        };
+        a.points[0]
+            .values
+            .insert("median_ttft_ms".into(), spread(1234.56));
+        b.points[0]
+            .values
+            .insert("median_ttft_ms".into(), spread(1475.0));
+        let series = vec![a, b];
+        let text = render(&series, &compare(&series));
+        println!("{text}");
+        assert!(!text.contains('…'), "{text}");
+        assert!(text.contains("1475.00±12.34 (+19.5% REGRESSION)"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let head = lines.iter().find(|l| l.contains("(baseline)")).unwrap();
+        let col = head.find(" b").unwrap() + 1;
+        let row = lines.iter().find(|l| l.starts_with("TTFT p50 ms")).unwrap();
+        let chars: Vec<char> = row.chars().collect();
+        let head_chars = head[..col].chars().count();
+        assert_eq!(chars[head_chars - 1], ' ', "{text}");
+        assert_eq!(chars[head_chars], '1', "{text}");
     }
 
     /// A single result compares at its own level of the baseline's sweep, not at every level.

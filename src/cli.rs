@@ -817,8 +817,13 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("--tokenizer {spec}"))?;
         cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
-    } else if !a.targets.is_empty() {
-        eprintln!("note: no --tokenizer: synthesized prompts are word filler; their token lengths on the target are approximate");
+    }
+    // Against the in-process sim word filler is exact: the note is for real targets.
+    if !a.targets.is_empty() {
+        let tok = cfg.request.tokenizer.as_ref().map(|t| t.tokenizer().name());
+        if let Some(n) = replay::prompt::prompt_source_note(&trace.records, tok) {
+            eprintln!("{n}");
+        }
     }
     if !cfg.targets.is_empty() {
         let given = a.sim.given();

@@ -524,3 +524,75 @@ fn import_reads_a_trace_from_a_url_as_from_a_file() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Replaying a `--record-bodies full` capture printed "synthesized prompts are word filler"
+/// although the recorded bodies were sent: the note says what is used, with counts.
+#[test]
+fn the_prompt_note_says_whether_bodies_are_replayed_or_prompts_synthesized() {
+    let _serial = serial();
+    let dir = tempdir("bodies");
+    let synthetic = synth(
+        &dir,
+        "s.parquet",
+        &[
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+        ],
+    );
+    let t = trace_format::read_traces(&[synthetic.to_str().unwrap()]).unwrap();
+    let with_bodies = |n: usize| {
+        let mut rs = t.records.clone();
+        for r in rs.iter_mut().take(n) {
+            r.body = Some(
+                r#"{"model":"m","prompt":"one two three four five six seven eight","max_tokens":4,"stream":true}"#
+                    .into(),
+            );
+        }
+        let p = dir.join(format!("b{n}.parquet"));
+        trace_format::write_trace_file(&p, &rs, &t.files[0].meta).unwrap();
+        p
+    };
+    let server = ScriptedServer::start(Script {
+        ttft: Duration::from_millis(1),
+        itl: Duration::from_millis(1),
+        chunks: 4,
+        tokens_per_chunk: 1,
+        prompt_tokens: 8,
+    });
+    let note = |trace: &Path| {
+        let o = run(&[
+            "replay",
+            trace.to_str().unwrap(),
+            "--target",
+            &format!("scripted={}", server.url()),
+            "-q",
+        ]);
+        let (_, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        err.lines()
+            .find(|l| l.starts_with("note:") && l.contains("prompt"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let all = note(&with_bodies(4));
+    assert!(
+        !all.contains("word filler") && all.contains("recorded bodies of all 4 rows"),
+        "{all}"
+    );
+    let mixed = note(&with_bodies(1));
+    assert!(
+        mixed.contains("1 of 4 rows")
+            && mixed.contains("3 rows without a body")
+            && mixed.contains("word filler"),
+        "{mixed}"
+    );
+    let none = note(&synthetic);
+    assert!(
+        none.contains("word filler") && none.contains("4 rows"),
+        "{none}"
+    );
+}

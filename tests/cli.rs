@@ -596,3 +596,68 @@ fn the_prompt_note_says_whether_bodies_are_replayed_or_prompts_synthesized() {
         "{none}"
     );
 }
+
+/// A sweep result file by hand: `axis` levels for target `name`, latency rising with load.
+fn sweep_file(dir: &Path, file: &str, name: &str, axis: &str, levels: &[f64]) -> PathBuf {
+    let results: Vec<serde_json::Value> = levels
+        .iter()
+        .map(|&l| {
+            let (rate, conc) = if axis == "request-rate" {
+                (serde_json::json!(l), serde_json::Value::Null)
+            } else {
+                (serde_json::json!("inf"), serde_json::json!(l))
+            };
+            serde_json::json!({
+                "request_throughput": l.min(8.0), "median_ttft_ms": 100.0 + l,
+                "num_prompts": 10, "failed": 0, "request_rate": rate, "max_concurrency": conc,
+                "llmreplay": {"target": {"name": name}, "sweep": {"axis": axis, "level": l}},
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "llmreplay_sweep": {"axis": axis, "slo_percentile": 95.0},
+        "results": results,
+    });
+    let p = dir.join(file);
+    std::fs::write(&p, serde_json::to_vec(&doc).unwrap()).unwrap();
+    p
+}
+
+/// `compare` of a request-rate sweep with a max-concurrency sweep paired "1 req/s" with
+/// "concurrency 1", called it a regression and dropped levels 8-64 silently: refused now,
+/// and unmatched levels of sweeps on one axis are named.
+#[test]
+fn compare_refuses_different_axes_and_names_unmatched_levels() {
+    let dir = tempdir("compare-axes");
+    let rate = sweep_file(&dir, "rate.json", "a", "request-rate", &[1.0, 2.0, 4.0]);
+    let conc = sweep_file(
+        &dir,
+        "conc.json",
+        "b",
+        "max-concurrency",
+        &[1.0, 8.0, 16.0, 32.0, 64.0],
+    );
+    let o = run(&["compare", rate.to_str().unwrap(), conc.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(!out.contains("REGRESSION"), "{out}");
+    assert!(
+        err.contains("nothing to compare") && err.contains("max-concurrency sweep"),
+        "{err}"
+    );
+    let conc2 = sweep_file(
+        &dir,
+        "conc2.json",
+        "c",
+        "max-concurrency",
+        &[1.0, 8.0, 128.0],
+    );
+    let o = run(&["compare", conc.to_str().unwrap(), conc2.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(
+        out.contains("c: concurrency 128 has no baseline run")
+            && out.contains("c has no run at concurrency 16, 32, 64"),
+        "{out}"
+    );
+}

@@ -342,9 +342,10 @@ fn align(series: &[Series]) -> Alignment {
             .collect();
         if !extra.is_empty() {
             al.notes.push(format!(
-                "{}: {} have no baseline run at that level: not compared",
+                "{}: {} {} no baseline run at that level: not compared",
                 s.name,
-                levels_text(axis, &extra)
+                levels_text(axis, &extra),
+                if extra.len() == 1 { "has" } else { "have" }
             ));
         }
         // A single result sits at one level: only the levels of sweeps are "missing".

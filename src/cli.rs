@@ -262,8 +262,9 @@ struct ReplayArgs {
     #[arg(required = true)]
     traces: Vec<String>,
     /// Target base URL, `URL` or `NAME=URL`; repeat to replay the same schedule against each in turn.
-    /// Without one, an in-process sim is the target.
-    #[arg(long = "target")]
+    /// Without one, an in-process sim is the target. `--base-url` is `vllm bench serve`'s name
+    /// for it: the server's base URL without the endpoint path (a trailing /v1 is dropped).
+    #[arg(long = "target", visible_alias = "base-url")]
     targets: Vec<Target>,
     /// Replay speed: 2.0 = twice as fast, 0.5 = half.
     #[arg(long, default_value_t = 1.0)]
@@ -286,8 +287,10 @@ struct ReplayArgs {
     /// Keep this fraction of sessions (whole sessions when session_id is present).
     #[arg(long)]
     sample_ratio: Option<f64>,
-    /// Replay at most this many requests (the earliest).
-    #[arg(long)]
+    /// Replay at most this many requests (the earliest of the selection). `--num-prompts` is
+    /// `vllm bench serve`'s name for the number of requests sent; a trace is never
+    /// oversampled, so a shorter selection sends all it has.
+    #[arg(long, visible_alias = "num-prompts")]
     max_requests: Option<usize>,
     /// Replay shard K of N (K in 0..N): a deterministic, disjoint part of the selection with
     /// whole sessions (by session_id, else request_id); requests keep their offsets in the
@@ -817,8 +820,13 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("--tokenizer {spec}"))?;
         cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
-    } else if !a.targets.is_empty() {
-        eprintln!("note: no --tokenizer: synthesized prompts are word filler; their token lengths on the target are approximate");
+    }
+    // Against the in-process sim word filler is exact: the note is for real targets.
+    if !a.targets.is_empty() {
+        let tok = cfg.request.tokenizer.as_ref().map(|t| t.tokenizer().name());
+        if let Some(n) = replay::prompt::prompt_source_note(&trace.records, tok) {
+            eprintln!("{n}");
+        }
     }
     if !cfg.targets.is_empty() {
         let given = a.sim.given();
@@ -1229,6 +1237,47 @@ mod tests {
             per_target_path(Path::new("out"), "x", true).to_str(),
             Some("out-x")
         );
+    }
+
+    /// `vllm bench serve` users type `--base-url` and `--num-prompts`; clap suggested
+    /// unrelated flags. Where the meaning is the same they are aliases: `--base-url` is the
+    /// server's base URL without the endpoint path (our `--target`), `--num-prompts` the
+    /// number of requests sent (our `--max-requests`; synth has it as its own name).
+    #[test]
+    fn vllm_flag_names_are_aliases_where_they_mean_the_same() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["llmreplay", "replay", "t.parquet"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args)
+                .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+                .command
+            {
+                Command::Replay(a) => a,
+                _ => unreachable!(),
+            }
+        };
+        let a = parse(&["--base-url", "http://h:8000", "--num-prompts", "50"]);
+        assert_eq!(a.targets.len(), 1);
+        assert_eq!(a.targets[0].url, "http://h:8000");
+        assert_eq!(a.max_requests, Some(50));
+        let b = parse(&["--target", "http://h:8000", "--max-requests", "50"]);
+        assert_eq!(
+            (b.targets[0].url.as_str(), b.max_requests),
+            ("http://h:8000", Some(50))
+        );
+        // The help says whose names they are.
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("replay")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("--base-url") && help.contains("--num-prompts"),
+            "{help}"
+        );
+        assert!(help.contains("vllm bench serve"), "{help}");
     }
 
     #[test]

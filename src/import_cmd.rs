@@ -177,6 +177,24 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
     Ok(())
 }
 
+/// The note for rows export left out: how many of how many, per reason, and an example.
+fn skipped_note(skipped: &[(String, String)], rows: usize) -> String {
+    let mut reasons: Vec<(&str, usize)> = Vec::new();
+    for (_, why) in skipped {
+        match reasons.iter_mut().find(|(r, _)| *r == why.as_str()) {
+            Some((_, n)) => *n += 1,
+            None => reasons.push((why, 1)),
+        }
+    }
+    let by: Vec<String> = reasons.iter().map(|(r, n)| format!("{n}: {r}")).collect();
+    format!(
+        "note: {} of {rows} rows skipped ({}); first: request {}",
+        skipped.len(),
+        by.join("; "),
+        skipped[0].0
+    )
+}
+
 /// Runs `llmreplay export`.
 pub fn run_export(a: ExportArgs) -> Result<()> {
     let trace = trace_format::read_traces(&a.traces).context("reading the trace")?;
@@ -187,22 +205,26 @@ pub fn run_export(a: ExportArgs) -> Result<()> {
                 .iter()
                 .filter_map(|f| f.meta.block_size)
                 .collect();
-            let with_hashes = trace
-                .records
-                .iter()
-                .filter(|r| r.prefix_hashes.is_some())
-                .count();
             if sizes.len() > 1 {
                 bail!(
                     "the trace files have prefix hashes of different block sizes ({sizes:?}); export them separately"
                 );
             }
-            let n = import::export_mooncake(&trace.records, &a.output)
+            let e = import::export_mooncake(&trace.records, &a.output)
                 .with_context(|| format!("exporting to {}", a.output.display()))?;
             eprintln!(
-                "{n} requests written to {} (mooncake JSONL)",
+                "{} requests written to {} (mooncake JSONL)",
+                e.written,
                 a.output.display()
             );
+            if !e.skipped.is_empty() {
+                eprintln!("{}", skipped_note(&e.skipped, trace.records.len()));
+            }
+            let with_hashes = e
+                .lines
+                .iter()
+                .filter(|l| l.contains("\"hash_ids\""))
+                .count();
             if with_hashes > 0 {
                 match sizes.iter().next() {
                     Some(512) => {}
@@ -214,14 +236,36 @@ pub fn run_export(a: ExportArgs) -> Result<()> {
                     ),
                 }
             }
-            if with_hashes < trace.records.len() {
+            if with_hashes < e.written {
                 eprintln!(
                     "note: {} of {} requests have no hash_ids (no prefix information)",
-                    trace.records.len() - with_hashes,
-                    trace.records.len()
+                    e.written - with_hashes,
+                    e.written
                 );
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_skipped_note_counts_rows_per_reason() {
+        let s = |id: &str, why: &str| (id.to_string(), why.to_string());
+        let note = skipped_note(
+            &[
+                s("a", "no prompt_tokens"),
+                s("b", "no output_tokens"),
+                s("c", "no prompt_tokens"),
+            ],
+            10,
+        );
+        assert_eq!(
+            note,
+            "note: 3 of 10 rows skipped (2: no prompt_tokens; 1: no output_tokens); first: request a"
+        );
+    }
 }

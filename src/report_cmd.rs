@@ -331,12 +331,15 @@ pub fn run_compare(a: CompareArgs) -> Result<bool> {
     if series.len() < 2 {
         bail!("nothing to compare: the files hold one configuration only");
     }
+    if let Some(why) = replay::compare::refusal(&series) {
+        bail!("{why}");
+    }
     let tables = replay::compare::compare(&series);
     print!("{}", replay::compare::render(&series, &tables));
     let regs = replay::compare::regressions(&tables);
     if let Some(p) = &a.json {
         let answers: Vec<_> = series.iter().map(|s| s.answer()).collect();
-        let v = serde_json::json!({"files": a.files, "tables": tables, "capacity": answers, "regressions": regs, "noise_rule": replay::compare::noise_rule()});
+        let v = serde_json::json!({"files": a.files, "tables": tables, "capacity": answers, "regressions": regs, "notes": replay::compare::notes(&series), "noise_rule": replay::compare::noise_rule()});
         trace_format::store::write_bytes(p, serde_json::to_vec_pretty(&v)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("comparison written to {}", p.display());

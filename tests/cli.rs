@@ -524,3 +524,140 @@ fn import_reads_a_trace_from_a_url_as_from_a_file() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Replaying a `--record-bodies full` capture printed "synthesized prompts are word filler"
+/// although the recorded bodies were sent: the note says what is used, with counts.
+#[test]
+fn the_prompt_note_says_whether_bodies_are_replayed_or_prompts_synthesized() {
+    let _serial = serial();
+    let dir = tempdir("bodies");
+    let synthetic = synth(
+        &dir,
+        "s.parquet",
+        &[
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+        ],
+    );
+    let t = trace_format::read_traces(&[synthetic.to_str().unwrap()]).unwrap();
+    let with_bodies = |n: usize| {
+        let mut rs = t.records.clone();
+        for r in rs.iter_mut().take(n) {
+            r.body = Some(
+                r#"{"model":"m","prompt":"one two three four five six seven eight","max_tokens":4,"stream":true}"#
+                    .into(),
+            );
+        }
+        let p = dir.join(format!("b{n}.parquet"));
+        trace_format::write_trace_file(&p, &rs, &t.files[0].meta).unwrap();
+        p
+    };
+    let server = ScriptedServer::start(Script {
+        ttft: Duration::from_millis(1),
+        itl: Duration::from_millis(1),
+        chunks: 4,
+        tokens_per_chunk: 1,
+        prompt_tokens: 8,
+    });
+    let note = |trace: &Path| {
+        let o = run(&[
+            "replay",
+            trace.to_str().unwrap(),
+            "--target",
+            &format!("scripted={}", server.url()),
+            "-q",
+        ]);
+        let (_, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        err.lines()
+            .find(|l| l.starts_with("note:") && l.contains("prompt"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let all = note(&with_bodies(4));
+    assert!(
+        !all.contains("word filler") && all.contains("recorded bodies of all 4 rows"),
+        "{all}"
+    );
+    let mixed = note(&with_bodies(1));
+    assert!(
+        mixed.contains("1 of 4 rows")
+            && mixed.contains("3 rows without a body")
+            && mixed.contains("word filler"),
+        "{mixed}"
+    );
+    let none = note(&synthetic);
+    assert!(
+        none.contains("word filler") && none.contains("4 rows"),
+        "{none}"
+    );
+}
+
+/// A sweep result file by hand: `axis` levels for target `name`, latency rising with load.
+fn sweep_file(dir: &Path, file: &str, name: &str, axis: &str, levels: &[f64]) -> PathBuf {
+    let results: Vec<serde_json::Value> = levels
+        .iter()
+        .map(|&l| {
+            let (rate, conc) = if axis == "request-rate" {
+                (serde_json::json!(l), serde_json::Value::Null)
+            } else {
+                (serde_json::json!("inf"), serde_json::json!(l))
+            };
+            serde_json::json!({
+                "request_throughput": l.min(8.0), "median_ttft_ms": 100.0 + l,
+                "num_prompts": 10, "failed": 0, "request_rate": rate, "max_concurrency": conc,
+                "llmreplay": {"target": {"name": name}, "sweep": {"axis": axis, "level": l}},
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "llmreplay_sweep": {"axis": axis, "slo_percentile": 95.0},
+        "results": results,
+    });
+    let p = dir.join(file);
+    std::fs::write(&p, serde_json::to_vec(&doc).unwrap()).unwrap();
+    p
+}
+
+/// `compare` of a request-rate sweep with a max-concurrency sweep paired "1 req/s" with
+/// "concurrency 1", called it a regression and dropped levels 8-64 silently: refused now,
+/// and unmatched levels of sweeps on one axis are named.
+#[test]
+fn compare_refuses_different_axes_and_names_unmatched_levels() {
+    let dir = tempdir("compare-axes");
+    let rate = sweep_file(&dir, "rate.json", "a", "request-rate", &[1.0, 2.0, 4.0]);
+    let conc = sweep_file(
+        &dir,
+        "conc.json",
+        "b",
+        "max-concurrency",
+        &[1.0, 8.0, 16.0, 32.0, 64.0],
+    );
+    let o = run(&["compare", rate.to_str().unwrap(), conc.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(!out.contains("REGRESSION"), "{out}");
+    assert!(
+        err.contains("nothing to compare") && err.contains("max-concurrency sweep"),
+        "{err}"
+    );
+    let conc2 = sweep_file(
+        &dir,
+        "conc2.json",
+        "c",
+        "max-concurrency",
+        &[1.0, 8.0, 128.0],
+    );
+    let o = run(&["compare", conc.to_str().unwrap(), conc2.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(
+        out.contains("c: concurrency 128 has no baseline run")
+            && out.contains("c has no run at concurrency 16, 32, 64"),
+        "{out}"
+    );
+}

@@ -330,8 +330,8 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
             if let Some(g) = p.mean("request_goodput") {
                 if thr > 0.0 && g < GOODPUT_FOLLOW_FRACTION * thr {
                     reasons.push(format!(
-                        "goodput fell to {:.0}% of request throughput ({:.2} of {:.2} req/s)",
-                        100.0 * g / thr,
+                        "goodput fell to {} of request throughput ({:.2} of {:.2} req/s)",
+                        crate::pct::fmt_share(g / thr),
                         g,
                         thr
                     ));

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use trace_format::stats::percentile_label;
 
-use crate::capacity::{self, fmt_num, LevelPoint, Stat};
+use crate::capacity::{self, fmt_num, Axis, LevelPoint, Stat};
 use crate::results::Series;
 
 /// Without repeats, differences smaller than this fraction of the baseline are "within noise".
@@ -195,36 +195,228 @@ fn table_at(level: Option<f64>, series: &[&Series], points: &[Option<&LevelPoint
     }
 }
 
-/// Builds the comparison of `series` (the first is the baseline): one table per level of the
-/// baseline, matching levels by value; configurations with a single result compare at it.
-pub fn compare(series: &[Series]) -> Vec<Table> {
-    let refs: Vec<&Series> = series.iter().collect();
-    let Some(base) = refs.first() else {
-        return Vec::new();
+/// Which series compare with the baseline, at which of its levels, and what was left out.
+struct Alignment {
+    /// The axis the tables are on (None: every configuration has a single result).
+    axis: Option<Axis>,
+    /// Indices into the series of the compared configurations, the baseline first.
+    included: Vec<usize>,
+    /// Per included series, its level on `axis` for each of its points.
+    levels: Vec<Vec<f64>>,
+    /// The baseline's levels: one table each.
+    table_levels: Vec<f64>,
+    /// What was not compared and why.
+    notes: Vec<String>,
+}
+
+/// Levels as people read them: `concurrency 8, 16`, `2, 4 req/s offered`.
+fn levels_text(axis: Axis, levels: &[f64]) -> String {
+    let nums = levels
+        .iter()
+        .map(|l| fmt_num(*l))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match axis {
+        Axis::MaxConcurrency => format!("concurrency {nums}"),
+        Axis::RequestRate => format!("{nums} req/s offered"),
+        Axis::Speedup => format!("{nums}x the captured load"),
+    }
+}
+
+fn same_level(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits()
+}
+
+/// The load settings of a single result, as read.
+fn load_text(r: &serde_json::Value) -> String {
+    let mut parts = Vec::new();
+    for a in [Axis::RequestRate, Axis::MaxConcurrency, Axis::Speedup] {
+        if let Some(v) = crate::results::axis_value(r, a) {
+            parts.push(format!("{}={}", a.key(), fmt_num(v)));
+        }
+    }
+    if parts.is_empty() {
+        "no recorded load settings".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+fn align(series: &[Series]) -> Alignment {
+    let mut al = Alignment {
+        axis: None,
+        included: Vec::new(),
+        levels: Vec::new(),
+        table_levels: Vec::new(),
+        notes: Vec::new(),
     };
-    let all_single = refs.iter().all(|s| s.points.len() == 1);
-    if all_single {
+    let Some(base) = series.first() else {
+        return al;
+    };
+    if series.iter().all(|s| s.points.len() == 1) {
+        al.included = (0..series.len()).collect();
+        al.levels = series.iter().map(|s| vec![s.points[0].level]).collect();
+        // Single results: the same figures, but say so when they ran at different loads.
+        let loads: Vec<String> = series
+            .iter()
+            .map(|s| s.runs.first().map_or_else(String::new, |r| load_text(&r.1)))
+            .collect();
+        if loads.iter().any(|l| l != &loads[0]) {
+            let each: Vec<String> = series
+                .iter()
+                .zip(&loads)
+                .map(|(s, l)| format!("{}: {l}", s.name))
+                .collect();
+            al.notes.push(format!(
+                "the results ran at different load settings ({}): differences include the load, not only the configuration",
+                each.join("; ")
+            ));
+        }
+        return al;
+    }
+    // The axis: the baseline's when it is a sweep, else the first sweep's.
+    let axis = if base.points.len() > 1 {
+        base.axis
+    } else {
+        series
+            .iter()
+            .find(|s| s.points.len() > 1)
+            .map_or(base.axis, |s| s.axis)
+    };
+    al.axis = Some(axis);
+    let describe = |s: &Series| -> String {
+        if s.points.len() > 1 {
+            let ls: Vec<f64> = s.points.iter().map(|p| p.level).collect();
+            format!("a {} sweep ({})", s.axis.key(), levels_text(s.axis, &ls))
+        } else {
+            format!(
+                "a single result ({})",
+                s.runs.first().map_or_else(String::new, |r| load_text(&r.1))
+            )
+        }
+    };
+    for (i, s) in series.iter().enumerate() {
+        let levels: Option<Vec<f64>> = if s.points.len() > 1 {
+            (s.axis == axis).then(|| s.points.iter().map(|p| p.level).collect())
+        } else {
+            s.runs
+                .first()
+                .and_then(|r| crate::results::axis_value(&r.1, axis))
+                .map(|l| vec![l])
+        };
+        match levels {
+            Some(l) => {
+                al.included.push(i);
+                al.levels.push(l);
+            }
+            None if i == 0 => {
+                al.notes.push(format!(
+                    "the baseline {} is {}, with no {} setting to place it among the other sweeps' levels: nothing compared",
+                    s.name,
+                    describe(s),
+                    axis.key()
+                ));
+                al.included.clear();
+                al.levels.clear();
+                return al;
+            }
+            None => al.notes.push(format!(
+                "{} is {}, {}: levels on different axes are different loads, not compared level by level (see the capacity answers)",
+                s.name,
+                describe(s),
+                if base.points.len() > 1 {
+                    format!("the baseline {} a {} sweep", base.name, axis.key())
+                } else {
+                    format!("the comparison is on {}", axis.key())
+                }
+            )),
+        }
+    }
+    al.table_levels = al.levels[0].clone();
+    for (k, &i) in al.included.iter().enumerate().skip(1) {
+        let s = &series[i];
+        let extra: Vec<f64> = al.levels[k]
+            .iter()
+            .copied()
+            .filter(|l| !al.table_levels.iter().any(|b| same_level(*b, *l)))
+            .collect();
+        if !extra.is_empty() {
+            al.notes.push(format!(
+                "{}: {} {} no baseline run at that level: not compared",
+                s.name,
+                levels_text(axis, &extra),
+                if extra.len() == 1 { "has" } else { "have" }
+            ));
+        }
+        // A single result sits at one level: only the levels of sweeps are "missing".
+        if s.points.len() > 1 {
+            let missing: Vec<f64> = al
+                .table_levels
+                .iter()
+                .copied()
+                .filter(|b| !al.levels[k].iter().any(|l| same_level(*b, *l)))
+                .collect();
+            if !missing.is_empty() {
+                al.notes.push(format!(
+                    "{} has no run at {}: shown as -",
+                    s.name,
+                    levels_text(axis, &missing)
+                ));
+            }
+        }
+    }
+    al
+}
+
+/// Builds the comparison of `series` (the first is the baseline): one table per level of the
+/// baseline, matching levels by value on the baseline's axis; a configuration with a single
+/// result compares at its own setting of that axis. Sweeps on another axis are left out
+/// ([`notes`] says which, [`refusal`] when nothing is left to compare).
+pub fn compare(series: &[Series]) -> Vec<Table> {
+    let al = align(series);
+    if al.included.is_empty() {
+        return Vec::new();
+    }
+    let refs: Vec<&Series> = al.included.iter().map(|&i| &series[i]).collect();
+    if al.axis.is_none() {
         let pts: Vec<Option<&LevelPoint>> = refs.iter().map(|s| s.points.first()).collect();
         return vec![table_at(None, &refs, &pts)];
     }
-    base.points
+    al.table_levels
         .iter()
-        .map(|bp| {
+        .map(|&bl| {
             let pts: Vec<Option<&LevelPoint>> = refs
                 .iter()
-                .map(|s| {
-                    if s.points.len() == 1 {
-                        s.points.first()
-                    } else {
-                        s.points
-                            .iter()
-                            .find(|p| p.level.to_bits() == bp.level.to_bits())
-                    }
+                .zip(&al.levels)
+                .map(|(s, ls)| {
+                    ls.iter()
+                        .position(|l| same_level(*l, bl))
+                        .map(|j| &s.points[j])
                 })
                 .collect();
-            table_at(Some(bp.level), &refs, &pts)
+            table_at(Some(bl), &refs, &pts)
         })
         .collect()
+}
+
+/// What the comparison leaves out and why: sweeps on another axis, levels on one side only,
+/// single results run at different load settings.
+pub fn notes(series: &[Series]) -> Vec<String> {
+    align(series).notes
+}
+
+/// Why `series` cannot be compared at all (nothing shares the baseline's axis), or None.
+pub fn refusal(series: &[Series]) -> Option<String> {
+    let al = align(series);
+    if series.len() >= 2 && al.included.len() < 2 {
+        Some(format!(
+            "nothing to compare with the baseline {}: {}",
+            series[0].name,
+            al.notes.join("; ")
+        ))
+    } else {
+        None
+    }
 }
 
 fn cell(v: &(Option<Stat>, Option<f64>, Option<Verdict>)) -> (String, String) {
@@ -246,52 +438,69 @@ fn cell(v: &(Option<Stat>, Option<f64>, Option<Verdict>)) -> (String, String) {
 /// The console rendering of a comparison.
 pub fn render(series: &[Series], tables: &[Table]) -> String {
     let mut out = String::new();
-    let w = 30usize;
+    let al = align(series);
+    for n in &al.notes {
+        let _ = writeln!(out, "Note: {n}.");
+    }
     for t in tables {
-        let title = match (t.level, series.first()) {
-            (Some(l), Some(s)) => format!(" Compare at {} ", s.axis.level_label(l)),
+        let title = match (t.level, al.axis) {
+            (Some(l), Some(a)) => format!(" Compare at {} ", a.level_label(l)),
             _ => " Compare ".to_string(),
         };
-        let _ = writeln!(
-            out,
-            "{:=^width$}",
-            title,
-            width = 18 + (w + 1) * t.names.len()
-        );
-        let _ = write!(out, "{:<18}", "");
-        for (i, n) in t.names.iter().enumerate() {
-            let head = if i == 0 {
+        // The grid first (label, then one cell per configuration), so that every column is
+        // as wide as its widest cell: nothing is cut.
+        let mut grid: Vec<Vec<String>> = Vec::new();
+        let mut head = vec![String::new()];
+        head.extend(t.names.iter().enumerate().map(|(i, n)| {
+            if i == 0 {
                 format!("{n} (baseline)")
             } else {
                 n.clone()
-            };
-            let _ = write!(out, " {:<w$}", truncate(&head, w));
-        }
-        out.push('\n');
+            }
+        }));
+        grid.push(head);
         for r in &t.rows {
-            let _ = write!(out, "{:<18}", r.label);
-            for c in &r.cells {
+            let mut line = vec![r.label.clone()];
+            line.extend(r.cells.iter().map(|c| {
                 let (v, d) = cell(c);
-                let s = if d.is_empty() {
+                if d.is_empty() {
                     v
                 } else {
                     format!("{v} ({d})")
-                };
-                let _ = write!(out, " {:<w$}", truncate(&s, w));
-            }
-            out.push('\n');
+                }
+            }));
+            grid.push(line);
         }
         if t.slo.iter().any(|s| s.0.is_some()) {
-            let _ = write!(out, "{:<18}", "SLO");
-            for (ok, bad) in &t.slo {
-                let s = match ok {
-                    None => "-".to_string(),
-                    Some(true) => "PASS".into(),
-                    Some(false) => format!("FAIL: {}", bad.join(", ")),
-                };
-                let _ = write!(out, " {:<w$}", truncate(&s, w));
+            let mut line = vec!["SLO".to_string()];
+            line.extend(t.slo.iter().map(|(ok, bad)| match ok {
+                None => "-".to_string(),
+                Some(true) => "PASS".into(),
+                Some(false) => format!("FAIL: {}", bad.join(", ")),
+            }));
+            grid.push(line);
+        }
+        let cols = t.names.len() + 1;
+        let widths: Vec<usize> = (0..cols)
+            .map(|c| {
+                grid.iter()
+                    .filter_map(|l| l.get(c))
+                    .map(|x| x.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let total = (widths.iter().sum::<usize>() + 2 * (cols - 1)).max(title.chars().count() + 6);
+        let _ = writeln!(out, "{:=^total$}", title);
+        for line in &grid {
+            let mut text = String::new();
+            for (c, x) in line.iter().enumerate() {
+                if c > 0 {
+                    text.push_str("  ");
+                }
+                let _ = write!(text, "{:<w$}", x, w = widths[c]);
             }
-            out.push('\n');
+            let _ = writeln!(out, "{}", text.trim_end());
         }
     }
     if series.iter().any(|s| s.points.len() > 1) {
@@ -313,16 +522,6 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
     out
 }
 
-fn truncate(s: &str, w: usize) -> String {
-    if s.chars().count() <= w {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(w - 1).collect();
-        t.push('…');
-        t
-    }
-}
-
 /// Every regression (configuration, figure) across the tables.
 pub fn regressions(tables: &[Table]) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -341,6 +540,144 @@ pub fn regressions(tables: &[Table]) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A series on `axis` at `levels`, TTFT p50 rising with the level (a result's load
+    /// settings as vLLM writes them: `max_concurrency` null unless set, `request_rate`).
+    fn sweep(name: &str, axis: Axis, levels: &[f64]) -> Series {
+        let run = |l: f64| match axis {
+            Axis::MaxConcurrency => {
+                serde_json::json!({"max_concurrency": l, "request_rate": "inf"})
+            }
+            Axis::RequestRate => serde_json::json!({"max_concurrency": null, "request_rate": l}),
+            Axis::Speedup => serde_json::json!({"llmreplay": {"trace": {"speedup": l}}}),
+        };
+        Series {
+            name: name.into(),
+            axis,
+            slos: Vec::new(),
+            slo_percentile: 95.0,
+            points: levels
+                .iter()
+                .map(|&l| LevelPoint {
+                    level: l,
+                    runs: 1,
+                    values: [
+                        ("request_throughput".to_string(), Stat::one(l)),
+                        ("median_ttft_ms".to_string(), Stat::one(100.0 + l)),
+                    ]
+                    .into_iter()
+                    .collect(),
+                    failed_fraction: 0.0,
+                })
+                .collect(),
+            runs: levels.iter().map(|&l| (l, run(l))).collect(),
+            commands: Vec::new(),
+        }
+    }
+
+    /// A request-rate sweep against a max-concurrency sweep printed "Compare at 1 req/s
+    /// offered" against concurrency 1, called it a regression and dropped levels 8-64 without
+    /// a word. Levels on different axes are different loads: not compared, and said so.
+    #[test]
+    fn sweeps_on_different_axes_are_not_paired_level_by_level() {
+        let series = vec![
+            sweep("rate", Axis::RequestRate, &[1.0, 2.0, 4.0]),
+            sweep("conc", Axis::MaxConcurrency, &[1.0, 8.0, 16.0, 32.0, 64.0]),
+        ];
+        let tables = compare(&series);
+        assert!(
+            tables.iter().all(|t| t.names == ["rate"]),
+            "{:?}",
+            tables.iter().map(|t| &t.names).collect::<Vec<_>>()
+        );
+        assert!(regressions(&tables).is_empty());
+        let why = refusal(&series).expect("nothing comparable: refused");
+        assert!(
+            why.contains("request-rate") && why.contains("max-concurrency"),
+            "{why}"
+        );
+        let text = render(&series, &tables);
+        println!("{text}");
+        assert!(!text.contains("REGRESSION"), "{text}");
+        assert!(text.contains("not compared"), "{text}");
+        assert!(text.contains("1, 8, 16, 32, 64"), "{text}");
+    }
+
+    /// Levels present on one side only are named, never silently dropped.
+    #[test]
+    fn unmatched_levels_are_named() {
+        let series = vec![
+            sweep("a", Axis::MaxConcurrency, &[1.0, 8.0, 16.0]),
+            sweep("b", Axis::MaxConcurrency, &[1.0, 8.0, 32.0, 64.0]),
+        ];
+        assert!(refusal(&series).is_none());
+        let tables = compare(&series);
+        assert_eq!(tables.len(), 3);
+        let text = render(&series, &tables);
+        println!("{text}");
+        assert!(
+            text.contains("b: concurrency 32, 64 have no baseline run"),
+            "{text}"
+        );
+        assert!(text.contains("b has no run at concurrency 16"), "{text}");
+    }
+
+    /// Cells were cut to 30 characters ("REGRESSI…"): columns are as wide as their content,
+    /// and every row's cells start where the header's do.
+    #[test]
+    fn columns_fit_their_content() {
+        let mut a = sweep(
+            "baseline-configuration-with-a-long-name",
+            Axis::RequestRate,
+            &[1.0],
+        );
+        let mut b = sweep("b", Axis::RequestRate, &[1.0]);
+        let spread = |m: f64| Stat {
+            n: 3,
+            mean: m,
+            std: Some(12.34),
+            min: m - 12.34,
+            max: m + 12.34,
+        };
+        a.points[0]
+            .values
+            .insert("median_ttft_ms".into(), spread(1234.56));
+        b.points[0]
+            .values
+            .insert("median_ttft_ms".into(), spread(1475.0));
+        let series = vec![a, b];
+        let text = render(&series, &compare(&series));
+        println!("{text}");
+        assert!(!text.contains('…'), "{text}");
+        assert!(text.contains("1475.00±12.34 (+19.5% REGRESSION)"), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let head = lines.iter().find(|l| l.contains("(baseline)")).unwrap();
+        let col = head.find(" b").unwrap() + 1;
+        let row = lines.iter().find(|l| l.starts_with("TTFT p50 ms")).unwrap();
+        let chars: Vec<char> = row.chars().collect();
+        let head_chars = head[..col].chars().count();
+        assert_eq!(chars[head_chars - 1], ' ', "{text}");
+        assert_eq!(chars[head_chars], '1', "{text}");
+    }
+
+    /// A single result compares at its own level of the baseline's sweep, not at every level.
+    #[test]
+    fn a_single_result_compares_at_its_own_level_only() {
+        let series = vec![
+            sweep("a", Axis::RequestRate, &[1.0, 2.0, 4.0]),
+            sweep("one", Axis::RequestRate, &[2.0]),
+        ];
+        let tables = compare(&series);
+        let with_one: Vec<f64> = tables
+            .iter()
+            .filter(|t| {
+                let i = t.names.iter().position(|n| n == "one");
+                i.is_some_and(|i| t.rows.iter().any(|r| r.cells[i].0.is_some()))
+            })
+            .filter_map(|t| t.level)
+            .collect();
+        assert_eq!(with_one, [2.0]);
+    }
 
     #[test]
     fn noise_rule_with_and_without_repeats() {

@@ -14,6 +14,7 @@ pub mod error;
 pub mod html;
 pub mod metrics;
 pub mod pacer;
+pub mod pct;
 pub mod plan;
 pub mod prompt;
 pub mod report;

@@ -873,6 +873,35 @@ pub fn build_request(
     })
 }
 
+/// What replay sends for the rows of a trace, as one console note: their recorded bodies
+/// (`--record-bodies full`, ShareGPT), or prompts it synthesizes — word filler without a
+/// `--tokenizer` (`tokenizer` = None), exact lengths with one — counted over `records`.
+/// None when there is nothing worth saying (no rows; every prompt built with a tokenizer).
+pub fn prompt_source_note(records: &[TraceRecord], tokenizer: Option<&str>) -> Option<String> {
+    let n = records.len();
+    let bodies = records.iter().filter(|r| r.body.is_some()).count();
+    let synth = n - bodies;
+    let filler = "word filler, so their token lengths on the target are approximate (give --tokenizer for exact ones)";
+    match (bodies, synth, tokenizer) {
+        (_, _, _) if n == 0 => None,
+        (_, 0, t) => Some(format!(
+            "note: replaying the recorded bodies of all {n} rows; no prompts are synthesized{}",
+            if t.is_some() { " (--tokenizer is not used)" } else { "" }
+        )),
+        (0, _, None) => Some(format!(
+            "note: no --tokenizer: the {n} rows have no recorded body, so their prompts are synthesized as {filler}"
+        )),
+        (0, _, Some(_)) => None,
+        (b, s, t) => Some(format!(
+            "note: replaying the recorded bodies of {b} of {n} rows; the {s} rows without a body get synthesized prompts: {}",
+            match t {
+                None => filler.to_string(),
+                Some(t) => format!("their recorded lengths in tokenizer {t}"),
+            }
+        )),
+    }
+}
+
 /// The prompt text of a row without a body: `prompt_tokens` long by `opts.tokenizer` (see
 /// the module doc for what is counted), or the word filler without a tokenizer. At least one
 /// token: an empty prompt is not a request any server accepts.

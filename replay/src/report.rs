@@ -844,11 +844,7 @@ pub fn console_report(i: &ResultInputs) -> String {
         line(
             &mut out,
             "Server queue time mean / p95 (ms):",
-            format!(
-                "{:.2} / {}",
-                q.mean,
-                q.p95.map_or("-".into(), |v| format!("{v:.2}"))
-            ),
+            format!("{:.2} / {}", q.mean, q.p95_text()),
         );
     }
     for (name, g) in &run.server_gauges {

@@ -117,7 +117,8 @@ pub fn config_name(r: &Value) -> String {
     }
 }
 
-fn axis_value(r: &Value, axis: Axis) -> Option<f64> {
+/// The setting of `axis` a result was run with (`max_concurrency`, `request_rate`, speedup).
+pub fn axis_value(r: &Value, axis: Axis) -> Option<f64> {
     match axis {
         Axis::MaxConcurrency => r.get("max_concurrency").and_then(Value::as_f64),
         Axis::RequestRate => match r.get("request_rate") {

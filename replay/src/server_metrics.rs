@@ -212,6 +212,24 @@ impl Histogram {
         }
         Some(prev.0)
     }
+
+    /// The bucket [`Histogram::quantile`] interpolates in for `q`: (lower, upper) bound in
+    /// the histogram's unit, upper infinite for `+Inf`.
+    pub fn bucket_of(&self, q: f64) -> Option<(f64, f64)> {
+        let total = self.buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let mut lower = 0.0;
+        for &(le, n) in &self.buckets {
+            if n >= rank {
+                return Some((lower, le));
+            }
+            lower = le;
+        }
+        None
+    }
 }
 
 /// What the server's histogram saw during a run, ms.
@@ -227,6 +245,9 @@ pub struct HistogramSummary {
     pub p95: Option<f64>,
     /// 99th.
     pub p99: Option<f64>,
+    /// The bucket the p95 lies in, ms (upper infinite for `+Inf`): how rough the estimate is.
+    #[serde(skip)]
+    pub p95_bucket: Option<(f64, f64)>,
 }
 
 impl HistogramSummary {
@@ -243,6 +264,28 @@ impl HistogramSummary {
             p50: ms(h.quantile(0.5)),
             p95: ms(h.quantile(0.95)),
             p99: ms(h.quantile(0.99)),
+            p95_bucket: h.bucket_of(0.95).map(|(a, b)| (a * 1e3, b * 1e3)),
+        }
+    }
+
+    /// The p95 as printed: an estimate from histogram buckets, so marked `≈`, with the bucket
+    /// it lies in — interpolated inside a wide bucket it can exceed what any client measured.
+    pub fn p95_text(&self) -> String {
+        let Some(v) = self.p95 else {
+            return "-".into();
+        };
+        let n = crate::capacity::fmt_num;
+        match self.p95_bucket {
+            Some((lo, hi)) if hi.is_infinite() => format!(
+                "≥{v:.2} (estimated from histogram buckets: above the highest bound, {} ms)",
+                n(lo)
+            ),
+            Some((lo, hi)) => format!(
+                "≈{v:.2} (estimated from histogram buckets: somewhere in the {}-{} ms bucket)",
+                n(lo),
+                n(hi)
+            ),
+            None => format!("≈{v:.2} (estimated from histogram buckets)"),
         }
     }
 }
@@ -305,6 +348,68 @@ mod tests {
         // rank 19 is 9/10 of the way through (0.1, 0.5].
         assert!((t.p95.unwrap() - 460.0).abs() < 1e-9);
         assert!(!d.contains_key("queue_time_ms"));
+    }
+
+    /// The server's queue-time p95, interpolated inside a 0.25-0.5 s bucket, read 460 ms
+    /// above a client E2EL p99 of 300 ms, printed like a measurement. Bucket-derived figures
+    /// are labelled as estimates, with the bucket they come from.
+    #[test]
+    fn bucket_quantiles_are_printed_as_estimates_with_their_bucket() {
+        let before = "vllm:request_queue_time_seconds_bucket{le=\"0.25\"} 0\n\
+            vllm:request_queue_time_seconds_bucket{le=\"0.5\"} 0\n\
+            vllm:request_queue_time_seconds_bucket{le=\"+Inf\"} 0\n\
+            vllm:request_queue_time_seconds_sum 0\nvllm:request_queue_time_seconds_count 0\n";
+        let after = "vllm:request_queue_time_seconds_bucket{le=\"0.25\"} 10\n\
+            vllm:request_queue_time_seconds_bucket{le=\"0.5\"} 20\n\
+            vllm:request_queue_time_seconds_bucket{le=\"+Inf\"} 20\n\
+            vllm:request_queue_time_seconds_sum 5\nvllm:request_queue_time_seconds_count 20\n";
+        let d = delta(&histograms(before), &histograms(after));
+        let mut run = crate::RunOutput {
+            target: crate::config::Target {
+                name: "t".into(),
+                url: "http://127.0.0.1:1".into(),
+            },
+            target_info: Default::default(),
+            model: "m".into(),
+            run_id: "r".into(),
+            started_at_us: 0,
+            records: Vec::new(),
+            plan_len: 0,
+            skipped: Vec::new(),
+            trace_span: std::time::Duration::ZERO,
+            wall: std::time::Duration::from_secs(1),
+            preconnected: 0,
+            pool: None,
+            warmups: 0,
+            client_load: None,
+            server_gauges: Default::default(),
+            server_histograms: Default::default(),
+        };
+        run.server_histograms = d;
+        let cfg = crate::ReplayConfig::new(Vec::new());
+        let m = crate::metrics::compute(&[], 0, &[], &[50.0, 99.0]);
+        let trace = crate::report::TraceIdentity {
+            files: Vec::new(),
+            rows: 0,
+            content_hash: String::new(),
+        };
+        let text = crate::report::console_report(&crate::report::ResultInputs {
+            cfg: &cfg,
+            run: &run,
+            metrics: &m,
+            trace: &trace,
+            command: "test",
+            detailed: false,
+        });
+        let line = text
+            .lines()
+            .find(|l| l.contains("Server queue time"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains("≈475.00"), "{line}");
+        assert!(
+            line.contains("estimated from histogram buckets") && line.contains("250-500 ms"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -325,13 +325,10 @@ pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
             };
             let ms = |k: &str| p.mean(k).map_or("-".into(), |v| format!("{v:.1}"));
             let thr = p.mean("request_throughput").unwrap_or(0.0);
-            let good = p.mean("request_goodput").map_or("-".into(), |g| {
-                if thr > 0.0 {
-                    format!("{:.0}%", 100.0 * g / thr)
-                } else {
-                    "-".into()
-                }
-            });
+            let good = p
+                .mean("request_goodput")
+                .and_then(|g| crate::pct::share(g, thr))
+                .map_or("-".into(), crate::pct::fmt_share);
             let _ = writeln!(
                 out,
                 "{:>10} {:>4} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
@@ -354,6 +351,44 @@ pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The same good% read 12% on the console and 13% elsewhere: Rust's `{:.0}` rounds a
+    /// half to even (12.5 → 12), people and every other tool round it up. One rule, one
+    /// function ([`crate::pct::fmt_share`]): the sweep table and the knee sentence agree.
+    #[test]
+    fn good_percent_has_one_rounding_rule_on_the_console_and_in_the_knee() {
+        use crate::capacity::{LevelPoint, Stat};
+        let point = |level: f64, thr: f64, good: f64| LevelPoint {
+            level,
+            runs: 1,
+            values: [
+                ("request_throughput".to_string(), Stat::one(thr)),
+                ("request_goodput".to_string(), Stat::one(good)),
+                ("median_ttft_ms".to_string(), Stat::one(10.0)),
+                ("median_tpot_ms".to_string(), Stat::one(10.0)),
+            ]
+            .into_iter()
+            .collect(),
+            failed_fraction: 0.0,
+        };
+        let points = vec![point(1.0, 1.0, 1.0), point(2.0, 2.0, 0.25)];
+        let knee = capacity::knee(&points, Axis::RequestRate, true).unwrap();
+        let reason = knee.reasons.join("; ");
+        assert!(reason.contains("goodput fell to 13% of"), "{reason}");
+        let series = results::Series {
+            name: "t".into(),
+            axis: Axis::RequestRate,
+            slos: vec!["ttft:500".parse().unwrap()],
+            slo_percentile: 95.0,
+            points,
+            runs: Vec::new(),
+            commands: Vec::new(),
+        };
+        let spec: SweepSpec = "request-rate=1,2".parse().unwrap();
+        let table = console_table(&spec, std::slice::from_ref(&series));
+        assert!(table.contains(" 13% "), "{table}");
+        assert!(!table.contains(" 12% "), "{table}");
+    }
 
     #[test]
     fn specs_parse_and_reject_garbage() {

@@ -40,7 +40,7 @@ use crate::schema::{Producer, TokenSource, TraceRecord};
 use crate::tokenize::Tokenizer;
 use crate::writer::FileMeta;
 
-pub use mooncake::{export_mooncake, export_mooncake_lines};
+pub use mooncake::{export_mooncake, export_mooncake_lines, MooncakeExport};
 
 /// A source format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

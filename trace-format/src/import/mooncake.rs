@@ -66,62 +66,90 @@ fn ms_to_us(v: &Value) -> Option<i64> {
     (x.is_finite() && x >= 0.0).then(|| (x * 1000.0).round() as i64)
 }
 
+/// What an export wrote and what it left out.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MooncakeExport {
+    /// The JSON lines, sorted by arrival.
+    pub lines: Vec<String>,
+    /// Lines written (equal to `lines.len()` once written).
+    pub written: usize,
+    /// (request id, why) of every row left out: no `prompt_tokens` or no `output_tokens`.
+    pub skipped: Vec<(String, String)>,
+}
+
 /// The Mooncake JSON lines of `records` (any order; written sorted by arrival, stable):
 /// `timestamp` in ms from the first arrival (an integer when whole, else a float to the µs),
 /// `input_length` = `prompt_tokens`, `output_length` = `output_tokens`, `hash_ids` =
-/// `prefix_hashes` when present. A row without `prompt_tokens` or `output_tokens` is an
-/// error naming it: nothing is guessed.
-pub fn export_mooncake_lines(records: &[TraceRecord]) -> Result<Vec<String>> {
+/// `prefix_hashes` when present. A row without `prompt_tokens` or `output_tokens` is skipped
+/// and listed in [`MooncakeExport::skipped`] (as replay skips a row it cannot build): nothing
+/// is guessed. No exportable row at all is an error naming the first reason.
+pub fn export_mooncake_lines(records: &[TraceRecord]) -> Result<MooncakeExport> {
     let mut order: Vec<&TraceRecord> = records.iter().collect();
     order.sort_by_key(|r| r.arrival_time_us);
-    let first = order.first().map_or(0, |r| r.arrival_time_us);
-    order
-        .iter()
-        .map(|r| {
-            let missing = |what: &str| {
-                Error::Invalid(format!(
-                    "request {}: no {what}; the Mooncake format needs it",
-                    r.request_id
-                ))
-            };
-            let input = r.prompt_tokens.ok_or_else(|| missing("prompt_tokens"))?;
-            let output = r.output_tokens.ok_or_else(|| missing("output_tokens"))?;
-            let us = r.arrival_time_us - first;
-            let ts = if us % 1000 == 0 {
-                (us / 1000).to_string()
-            } else {
-                let frac = format!("{:03}", us % 1000);
-                format!("{}.{}", us / 1000, frac.trim_end_matches('0'))
-            };
-            let mut line = format!(
-                "{{\"timestamp\": {ts}, \"input_length\": {input}, \"output_length\": {output}"
-            );
-            if let Some(h) = &r.prefix_hashes {
-                line.push_str(", \"hash_ids\": [");
-                for (i, id) in h.iter().enumerate() {
-                    if i > 0 {
-                        line.push_str(", ");
-                    }
-                    line.push_str(&id.to_string());
-                }
-                line.push(']');
+    let mut out = MooncakeExport::default();
+    let mut first = None;
+    for r in order {
+        let missing = |what: &str| format!("no {what}; the Mooncake format needs it");
+        let (input, output) = match (r.prompt_tokens, r.output_tokens) {
+            (Some(i), Some(o)) => (i, o),
+            (None, _) => {
+                out.skipped
+                    .push((r.request_id.clone(), missing("prompt_tokens")));
+                continue;
             }
-            line.push('}');
-            Ok(line)
-        })
-        .collect()
+            (_, None) => {
+                out.skipped
+                    .push((r.request_id.clone(), missing("output_tokens")));
+                continue;
+            }
+        };
+        // Timestamps from the first exported row, so the file starts at 0.
+        let first = *first.get_or_insert(r.arrival_time_us);
+        let us = r.arrival_time_us - first;
+        let ts = if us % 1000 == 0 {
+            (us / 1000).to_string()
+        } else {
+            let frac = format!("{:03}", us % 1000);
+            format!("{}.{}", us / 1000, frac.trim_end_matches('0'))
+        };
+        let mut line = format!(
+            "{{\"timestamp\": {ts}, \"input_length\": {input}, \"output_length\": {output}"
+        );
+        if let Some(h) = &r.prefix_hashes {
+            line.push_str(", \"hash_ids\": [");
+            for (i, id) in h.iter().enumerate() {
+                if i > 0 {
+                    line.push_str(", ");
+                }
+                line.push_str(&id.to_string());
+            }
+            line.push(']');
+        }
+        line.push('}');
+        out.lines.push(line);
+    }
+    if out.lines.is_empty() {
+        if let Some((id, why)) = out.skipped.first() {
+            return Err(Error::Invalid(format!(
+                "none of the {} rows can be exported; first: request {id}: {why}",
+                out.skipped.len()
+            )));
+        }
+    }
+    Ok(out)
 }
 
-/// Writes `records` as Mooncake JSONL to `path` (see [`export_mooncake_lines`]); returns the
-/// number of lines. The file appears under its name only when complete.
-pub fn export_mooncake(records: &[TraceRecord], path: &Path) -> Result<usize> {
-    let lines = export_mooncake_lines(records)?;
+/// Writes `records` as Mooncake JSONL to `path` (see [`export_mooncake_lines`]); returns what
+/// was written and skipped. The file appears under its name only when complete.
+pub fn export_mooncake(records: &[TraceRecord], path: &Path) -> Result<MooncakeExport> {
+    let mut export = export_mooncake_lines(records)?;
+    let lines = &export.lines;
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
     let write = || -> std::io::Result<()> {
         let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        for l in &lines {
+        for l in lines {
             w.write_all(l.as_bytes())?;
             w.write_all(b"\n")?;
         }
@@ -132,7 +160,8 @@ pub fn export_mooncake(records: &[TraceRecord], path: &Path) -> Result<usize> {
         let _ = std::fs::remove_file(&tmp);
         Error::io(path, e)
     })?;
-    Ok(lines.len())
+    export.written = export.lines.len();
+    Ok(export)
 }
 
 #[cfg(test)]
@@ -188,7 +217,7 @@ mod tests {
         write_trace_file(&parquet, &imported.records, &imported.meta).unwrap();
         let t = read_traces(&[parquet.to_str().unwrap()]).unwrap();
         let out1 = dir.path().join("out1.jsonl");
-        assert_eq!(export_mooncake(&t.records, &out1).unwrap(), 3);
+        assert_eq!(export_mooncake(&t.records, &out1).unwrap().written, 3);
         // The source itself comes back byte for byte (it starts at 0).
         assert_eq!(
             std::fs::read_to_string(&out1).unwrap(),
@@ -205,6 +234,41 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("output_tokens"));
+    }
+
+    /// One row without `prompt_tokens` (a cancelled capture with no readable prompt) failed
+    /// the whole export; replay skips such a row with a note, and so does export now.
+    #[test]
+    fn rows_without_lengths_are_skipped_and_counted_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src.jsonl");
+        std::fs::write(
+            &src,
+            "{\"timestamp\": 0, \"input_length\": 6, \"output_length\": 3}\n\
+             {\"timestamp\": 7, \"input_length\": 5, \"output_length\": 2}\n\
+             {\"timestamp\": 9, \"input_length\": 4, \"output_length\": 1}\n\
+             {\"timestamp\": 11, \"input_length\": 3, \"output_length\": 1}\n",
+        )
+        .unwrap();
+        let mut rows = import_all(std::slice::from_ref(&src), &ImportOptions::default(), "t")
+            .unwrap()
+            .records;
+        rows[1].prompt_tokens = None;
+        rows[2].prompt_tokens = None;
+        rows[3].output_tokens = None;
+        let out = dir.path().join("out.jsonl");
+        let e = export_mooncake(&rows, &out).unwrap();
+        assert_eq!(e.written, 1);
+        assert_eq!(e.skipped.len(), 3);
+        assert!(e.skipped[0].1.contains("prompt_tokens"), "{:?}", e.skipped);
+        assert!(e.skipped[2].1.contains("output_tokens"), "{:?}", e.skipped);
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "{\"timestamp\": 0, \"input_length\": 6, \"output_length\": 3}\n"
+        );
+        // Nothing exportable is still an error, naming why.
+        let e = export_mooncake(&rows[1..3], &out).unwrap_err().to_string();
+        assert!(e.contains("prompt_tokens"), "{e}");
     }
 
     #[test]
@@ -233,7 +297,7 @@ mod tests {
             .sum();
         assert_eq!(blocks as i64, expected);
         // Export reproduces the source's records (same fields, same order, same values).
-        let lines = export_mooncake_lines(&imported.records).unwrap();
+        let lines = export_mooncake_lines(&imported.records).unwrap().lines;
         let source = std::fs::read_to_string(&p).unwrap();
         let parse = |l: &str| serde_json::from_str::<Value>(l).unwrap();
         let src: Vec<Value> = source

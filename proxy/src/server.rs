@@ -40,6 +40,7 @@ use trace_format::{FileMeta, Outcome, Producer, TraceRecord, WriterConfig};
 
 use crate::config::{ProxyConfig, RecordBodies};
 use crate::error::{ProxyError, Result};
+use crate::limits::{BodyTimeout, ConnPhase, Guarded, GuardedIo, TimedBody};
 use crate::metrics::Metrics;
 use crate::prompts::PromptQueue;
 use crate::record::{BoxError, ObservedBody, Recording, UpstreamBody};
@@ -48,7 +49,7 @@ use crate::sink::{self, Sink, WriterThread};
 use crate::tls;
 use crate::upstream::LeanUpstream;
 
-type UpBody = Either<Full<Bytes>, Incoming>;
+type UpBody = Either<Full<Bytes>, TimedBody<Incoming>>;
 type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, UpBody>;
 
 /// Header values that are credentials: never recorded, logged or used as a label.
@@ -360,10 +361,12 @@ async fn run(
     builder.http1().timer(TokioTimer::new());
     builder.http2().timer(TokioTimer::new());
 
+    let mut backoff = AcceptBackoff::new("proxy");
     let drain = loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((sock, _)) => {
+                    backoff.ok();
                     let _ = sock.set_nodelay(true);
                     let (b, s, g, h, guard) = (
                         builder.clone(),
@@ -387,10 +390,7 @@ async fn run(
                         }
                     }
                 }
-                Err(e) => {
-                    eprintln!("llmreplay capture: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+                Err(e) => backoff.failed(&e, &shared.metrics).await,
             },
             d = &mut stop => break d.unwrap_or(Duration::ZERO),
         }
@@ -439,7 +439,18 @@ async fn serve_conn<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = service_fn(move |req| handle(shared.clone(), req));
+    let phase = ConnPhase::new();
+    let io = GuardedIo::new(io, phase.clone(), shared.cfg.client, shared.metrics.clone());
+    let svc = service_fn(move |req| {
+        // The head is read: the connection serves this request until its response body is
+        // done (no client-side read deadline meanwhile; see crate::limits).
+        let active = phase.start();
+        let shared = shared.clone();
+        async move {
+            let r = handle(shared, req).await?;
+            Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active))))
+        }
+    });
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut asked = *graceful.borrow();
@@ -500,6 +511,63 @@ impl Body for ProxyBody {
             ProxyBody::Stream(b) => b.size_hint(),
             ProxyBody::Full(b) => b.size_hint(),
         }
+    }
+}
+
+/// 408 for a request body that came too slowly; the connection is not kept (the rest of
+/// the body was never read).
+fn body_timeout_response(message: &str) -> Response<ProxyBody> {
+    let mut r = error_response(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        message,
+    );
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// Backs off failed accepts (EMFILE and ENFILE above all: retrying at once spins while the
+/// descriptors stay gone), counts every one, and logs at most one line per 5 s.
+struct AcceptBackoff {
+    listener: &'static str,
+    delay: Duration,
+    unreported: u64,
+    last_report: Option<Instant>,
+}
+
+impl AcceptBackoff {
+    fn new(listener: &'static str) -> Self {
+        AcceptBackoff {
+            listener,
+            delay: Duration::ZERO,
+            unreported: 0,
+            last_report: None,
+        }
+    }
+
+    fn ok(&mut self) {
+        self.delay = Duration::ZERO;
+    }
+
+    async fn failed(&mut self, e: &std::io::Error, metrics: &Metrics) {
+        metrics.accept_errors.fetch_add(1, Relaxed);
+        self.unreported += 1;
+        let now = Instant::now();
+        if self
+            .last_report
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(5))
+        {
+            eprintln!(
+                "llmreplay capture: accept failed on the {} listener: {e} ({} failure(s) since \
+                 the last report; backing off; all counted in llmreplay_capture_accept_errors_total)",
+                self.listener, self.unreported
+            );
+            self.unreported = 0;
+            self.last_report = Some(now);
+        }
+        self.delay = (self.delay * 2).clamp(Duration::from_millis(5), Duration::from_millis(100));
+        tokio::time::sleep(self.delay).await;
     }
 }
 
@@ -678,10 +746,16 @@ async fn send_upstream(
 async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
     shared.metrics.passthrough.fetch_add(1, Relaxed);
     let (parts, body) = req.into_parts();
+    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
+    let too_slow = body.fired();
     let Some(up) = upstream_request(&shared, &parts, Either::Right(body), None) else {
         return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
     };
-    match send_upstream(&shared, up).await {
+    let sent = send_upstream(&shared, up).await;
+    if too_slow.load(Relaxed) {
+        return body_timeout_response("request body too slow");
+    }
+    match sent {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -710,12 +784,21 @@ async fn handle_generation(
     }
     let mut recording = Recording::new(shared.clone(), t0, rec, sampled(n, shared.cfg.sample_rate));
     let (parts, body) = req.into_parts();
+    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
     let body = match Limited::new(body, shared.cfg.max_request_body)
         .collect()
         .await
     {
         Ok(b) => b.to_bytes(),
         Err(e) => {
+            if let Some(t) = e.downcast_ref::<BodyTimeout>() {
+                // Nothing was forwarded: the client hears 408, the row says the proxy's
+                // client timeout ended it.
+                let msg = t.to_string();
+                recording.rec.status = Some(408);
+                recording.finish(Outcome::Timeout, Some(msg.clone()), Instant::now());
+                return body_timeout_response(&msg);
+            }
             let too_large = e
                 .downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some();
@@ -785,7 +868,14 @@ async fn handle_generation(
             if sse && strip.any() {
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
-            let observed = ObservedBody::new(body, sse, strip, recording, shared.cfg.idle_timeout);
+            let observed = ObservedBody::new(
+                body,
+                sse,
+                strip,
+                recording,
+                shared.cfg.idle_timeout,
+                shared.cfg.max_sse_event,
+            );
             Response::from_parts(parts, ProxyBody::Observed(Box::new(observed)))
         }
         Err((outcome, status, msg)) => {
@@ -796,19 +886,36 @@ async fn handle_generation(
 }
 
 async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = AcceptBackoff::new("admin");
     loop {
         tokio::select! {
             r = listener.accept() => {
-                let Ok((sock, _)) = r else { continue };
+                let sock = match r {
+                    Ok((sock, _)) => sock,
+                    Err(e) => {
+                        backoff.failed(&e, &shared.metrics).await;
+                        continue;
+                    }
+                };
+                backoff.ok();
                 let s = shared.clone();
+                let mut stop = stop.clone();
                 tokio::spawn(async move {
+                    let phase = ConnPhase::new();
+                    let io = GuardedIo::new(sock, phase.clone(), s.cfg.client, s.metrics.clone());
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let s = s.clone();
-                        async move { Ok::<_, Infallible>(admin_response(&s, req.uri().path())) }
+                        let active = phase.start();
+                        let r = admin_response(&s, req.uri().path());
+                        async move { Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active)))) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(sock), svc)
-                        .await;
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .serve_connection(TokioIo::new(io), svc);
+                    // Ends with the proxy too, not only with the client.
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
                 });
             }
             r = stop.changed() => {

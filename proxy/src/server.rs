@@ -141,6 +141,9 @@ pub(crate) struct Shared {
     /// Set when the drain timeout passed and connections are being cut.
     pub(crate) hard_stop: AtomicBool,
     draining: AtomicBool,
+    /// When the proxy listener last failed an accept (µs since the epoch; 0: never):
+    /// `/healthz` answers 503 for 2 s after one.
+    accept_failed_us: std::sync::atomic::AtomicI64,
     /// Notified when the last recorded request in flight finishes.
     pub(crate) idle: Notify,
 }
@@ -310,6 +313,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         session_header,
         hard_stop: AtomicBool::new(false),
         draining: AtomicBool::new(false),
+        accept_failed_us: std::sync::atomic::AtomicI64::new(0),
         idle: Notify::new(),
         cfg,
     });
@@ -358,7 +362,13 @@ async fn run(
     let (conn_guard, mut conns_done) = mpsc::channel::<()>(1);
     let admin_task = admin.map(|l| tokio::spawn(serve_admin(l, shared.clone(), hard_rx.clone())));
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
+    // hyper's own header timeout (30 s from when it starts waiting for a head, keep-alive
+    // idle included) would override --client-keepalive-timeout and
+    // --client-header-timeout: crate::limits enforces those.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None);
     builder.http2().timer(TokioTimer::new());
 
     let mut backoff = AcceptBackoff::new("proxy");
@@ -390,7 +400,10 @@ async fn run(
                         }
                     }
                 }
-                Err(e) => backoff.failed(&e, &shared.metrics).await,
+                Err(e) => {
+                    shared.accept_failed_us.store(now_us(), Relaxed);
+                    backoff.failed(&e, &shared.metrics).await
+                }
             },
             d = &mut stop => break d.unwrap_or(Duration::ZERO),
         }
@@ -887,14 +900,38 @@ async fn handle_generation(
 
 async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut backoff = AcceptBackoff::new("admin");
+    // One descriptor kept in reserve: when the proxy's connections have taken all the others,
+    // it is given up to accept one admin connection, so /metrics and /healthz still answer
+    // (the classic spare-descriptor trick).
+    let mut reserve = spare_fd();
     loop {
         tokio::select! {
             r = listener.accept() => {
                 let sock = match r {
-                    Ok((sock, _)) => sock,
+                    Ok((sock, _)) => {
+                        if reserve.is_none() {
+                            reserve = spare_fd();
+                        }
+                        sock
+                    }
                     Err(e) => {
-                        backoff.failed(&e, &shared.metrics).await;
-                        continue;
+                        let spare = if fd_exhausted(&e) { reserve.take().or_else(spare_fd) } else { None };
+                        let rescued = match spare {
+                            Some(f) => {
+                                drop(f);
+                                tokio::time::timeout(Duration::from_millis(50), listener.accept())
+                                    .await
+                                    .ok()
+                            }
+                            None => None,
+                        };
+                        match rescued {
+                            Some(Ok((sock, _))) => sock,
+                            _ => {
+                                backoff.failed(&e, &shared.metrics).await;
+                                continue;
+                            }
+                        }
                     }
                 };
                 backoff.ok();
@@ -927,7 +964,27 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
     }
 }
 
+/// A descriptor to hold in reserve (see [`serve_admin`]).
+fn spare_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// The process (EMFILE) or the system (ENFILE) is out of descriptors.
+fn fd_exhausted(e: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        // EMFILE, ENFILE (the same numbers on Linux, the BSDs and macOS).
+        matches!(e.raw_os_error(), Some(24 | 23))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = e;
+        false
+    }
+}
+
 fn admin_response(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
+    let saturated = now_us() - shared.accept_failed_us.load(Relaxed) < 2_000_000;
     let (status, ctype, body) = match path {
         "/metrics" => (
             StatusCode::OK,
@@ -938,6 +995,12 @@ fn admin_response(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
             "draining\n".into(),
+        ),
+        "/healthz" if saturated => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "saturated: the proxy listener failed to accept in the last 2 s (out of descriptors?)\n"
+                .into(),
         ),
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),

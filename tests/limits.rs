@@ -7,6 +7,8 @@
 //! Every test takes `SERIAL`: they measure time and memory of child processes on a machine
 //! with two cores.
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -726,5 +728,64 @@ fn accept_errors_are_backed_off_counted_and_logged_rarely() {
         "{lines} 'accept failed' lines for {errors} failed accepts in {recovered_after:?}"
     );
     cap.stop();
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The client timeouts never touch the response direction: a stream whose first token takes
+/// longer than every client timeout and that lasts several times longer still reaches the
+/// client whole, and the keep-alive connection then serves a second request.
+#[test]
+fn a_stream_longer_than_every_client_timeout_is_not_cut() {
+    use support::scripted::{Script, ScriptedServer};
+    let _g = serial();
+    let out = tmpdir("long-stream");
+    let up = ScriptedServer::start(Script {
+        ttft: Duration::from_millis(1000),
+        itl: Duration::from_millis(200),
+        chunks: 8,
+        tokens_per_chunk: 1,
+        prompt_tokens: 3,
+    });
+    let cap = Capture::start(&up.url(), &out, CLIENT_LIMITS, None);
+    let mut s = TcpStream::connect(cap.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for round in 0..2 {
+        let body = br#"{"model":"m","prompt":"a b c","stream":true,"max_tokens":8}"#;
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        s.write_all(body).unwrap();
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        let mut b = [0u8; 8192];
+        // The proxy's chunked response ends with the last-chunk marker after [DONE].
+        while !(got.windows(12).any(|w| w == b"data: [DONE]") && got.ends_with(b"0\r\n\r\n")) {
+            match s.read(&mut b) {
+                Ok(0) => panic!(
+                    "round {round}: closed after {:?}: {}",
+                    t0.elapsed(),
+                    String::from_utf8_lossy(&got)
+                ),
+                Ok(n) => got.extend_from_slice(&b[..n]),
+                Err(e) => panic!("round {round}: {e} after {:?}", t0.elapsed()),
+            }
+        }
+        assert!(
+            t0.elapsed() >= Duration::from_millis(2000),
+            "round {round}: {:?}",
+            t0.elapsed()
+        );
+        assert!(got.starts_with(b"HTTP/1.1 200"), "round {round}");
+    }
+    cap.stop();
+    let recs = records(&out);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r.outcome, trace_format::Outcome::Ok, "{r:?}");
+        assert_eq!(r.chunk_times_us.len(), 8, "{r:?}");
+    }
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -109,6 +109,32 @@ pub struct CaptureArgs {
     /// Longest silence within a response body (then the stream is cut).
     #[arg(long, value_parser = parse_duration, default_value = "600s")]
     idle_timeout: Duration,
+    /// A new client connection (proxy or admin port) that sends no byte of a request for
+    /// this long is closed; nothing is recorded.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    client_first_byte_timeout: Duration,
+    /// A request head must be complete this long after its first byte, else the connection
+    /// is closed (nothing was forwarded; nothing is recorded).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    client_header_timeout: Duration,
+    /// A keep-alive client connection idle this long between requests is closed (nginx's
+    /// default; longer than common client pools keep idle connections).
+    #[arg(long, value_parser = parse_duration, default_value = "75s")]
+    client_keepalive_timeout: Duration,
+    /// Longest gap between two reads of a request body, and the allowance for the whole
+    /// body on top of --client-body-min-rate; then 408 (a generation request's row:
+    /// status 408, outcome timeout). Responses are never cut by the client timeouts.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    client_body_timeout: Duration,
+    /// Bytes/s a request body must average: each this many bytes received extend its
+    /// deadline (--client-body-timeout after the head) by 1 s; 0: only gaps count.
+    #[arg(long, default_value_t = 1024)]
+    client_body_min_rate: u64,
+    /// Most KiB of one SSE event held to observe it (and strip injected usage); a larger
+    /// event is forwarded as it arrives, unobserved, and counted in
+    /// llmreplay_capture_sse_oversized_events_total.
+    #[arg(long, default_value_t = 1024)]
+    max_event_kb: usize,
     /// Records queued for the writer before new ones are dropped (and counted).
     #[arg(long, default_value_t = 16384)]
     queue_capacity: usize,
@@ -180,8 +206,27 @@ impl CaptureArgs {
         if self.block_size == 0 {
             bail!("--block-size must be > 0");
         }
-        if self.max_file_mb == 0 || self.max_request_body_mb == 0 || self.queue_capacity == 0 {
-            bail!("--max-file-mb, --max-request-body-mb and --queue-capacity must be > 0");
+        if self.max_file_mb == 0
+            || self.max_request_body_mb == 0
+            || self.queue_capacity == 0
+            || self.max_event_kb == 0
+        {
+            bail!(
+                "--max-file-mb, --max-request-body-mb, --max-event-kb and --queue-capacity must be > 0"
+            );
+        }
+        for (flag, d) in [
+            (
+                "--client-first-byte-timeout",
+                self.client_first_byte_timeout,
+            ),
+            ("--client-header-timeout", self.client_header_timeout),
+            ("--client-keepalive-timeout", self.client_keepalive_timeout),
+            ("--client-body-timeout", self.client_body_timeout),
+        ] {
+            if d.is_zero() {
+                bail!("{flag} must be > 0");
+            }
         }
         if self.spool_dir.is_some() && !trace_format::store::is_url(&self.out) {
             bail!("--spool-dir goes with an object-store --out (s3://...)");
@@ -219,6 +264,14 @@ impl CaptureArgs {
         c.upstream_pool_idle_timeout = self.pool_idle_timeout;
         c.idle_timeout = self.idle_timeout;
         c.max_request_body = self.max_request_body_mb * 1024 * 1024;
+        c.client = proxy::ClientLimits {
+            first_byte: self.client_first_byte_timeout,
+            header: self.client_header_timeout,
+            keepalive: self.client_keepalive_timeout,
+            body: self.client_body_timeout,
+            body_min_rate: self.client_body_min_rate,
+        };
+        c.max_sse_event = self.max_event_kb * 1024;
         c.max_file_bytes = self.max_file_mb * 1024 * 1024;
         c.max_file_age = self.max_file_age;
         c.flush_interval = self.flush_interval;

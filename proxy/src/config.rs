@@ -41,6 +41,42 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// Timeouts on what a client sends, on the proxy and the admin listener. None of them touches
+/// the response direction: a generation may stream for as long as the upstream keeps sending
+/// (that side has `upstream_timeout` and `idle_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// A new connection that sends no byte for this long is closed (nothing recorded).
+    pub first_byte: Duration,
+    /// A request head must be complete this long after its first byte, else the
+    /// connection is closed (nothing was forwarded, nothing recorded).
+    pub header: Duration,
+    /// A keep-alive connection idle this long between requests is closed.
+    pub keepalive: Duration,
+    /// Longest gap between two reads of a request body, and the allowance for a whole body
+    /// on top of `body_min_rate`; then 408.
+    pub body: Duration,
+    /// Bytes/s a request body must keep up: each this many bytes received extend its
+    /// deadline (`body` after the head) by one second; 0: only the gap counts.
+    pub body_min_rate: u64,
+}
+
+impl Default for ClientLimits {
+    /// 30 s to the first byte, 30 s for a head, 75 s idle between requests (nginx's
+    /// keep-alive default: longer than the idle time of common client pools, so a client
+    /// rarely writes into a connection the proxy is closing), 30 s body gaps with at least
+    /// 1 KiB/s on average.
+    fn default() -> Self {
+        ClientLimits {
+            first_byte: Duration::from_secs(30),
+            header: Duration::from_secs(30),
+            keepalive: Duration::from_secs(75),
+            body: Duration::from_secs(30),
+            body_min_rate: 1024,
+        }
+    }
+}
+
 /// Everything the capture proxy needs; see [`ProxyConfig::new`] for the defaults.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -87,6 +123,12 @@ pub struct ProxyConfig {
     pub idle_timeout: Duration,
     /// Largest generation request body read (larger ones get 413).
     pub max_request_body: usize,
+    /// Client side of every listener (proxy and admin): how long each phase of a request
+    /// may take before the connection is closed (or, mid-body, answered 408).
+    pub client: ClientLimits,
+    /// Most bytes of one SSE event held to observe it; a larger event is forwarded as it
+    /// arrives, unobserved and unstripped, and counted.
+    pub max_sse_event: usize,
     /// Rotate trace files at this estimated size.
     pub max_file_bytes: u64,
     /// Rotate trace files at this age.
@@ -126,6 +168,8 @@ impl ProxyConfig {
             upstream_pool_idle_timeout: Duration::from_secs(4),
             idle_timeout: Duration::from_secs(600),
             max_request_body: 64 * 1024 * 1024,
+            client: ClientLimits::default(),
+            max_sse_event: trace_format::sse::DEFAULT_MAX_EVENT,
             max_file_bytes: 256 * 1024 * 1024,
             max_file_age: Duration::from_secs(3600),
             rotate_on_hour: false,

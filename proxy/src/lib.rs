@@ -20,6 +20,7 @@
 pub mod config;
 pub mod error;
 pub mod jsonscan;
+mod limits;
 pub mod metrics;
 pub mod observe;
 pub mod prefix;
@@ -31,7 +32,7 @@ mod sink;
 mod tls;
 mod upstream;
 
-pub use config::{ProxyConfig, RecordBodies, TlsFiles, UsageMode};
+pub use config::{ClientLimits, ProxyConfig, RecordBodies, TlsFiles, UsageMode};
 pub use error::{ProxyError, Result};
 pub use metrics::Metrics;
 pub use observe::{StreamObserver, Strip};

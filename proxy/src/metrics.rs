@@ -101,6 +101,18 @@ pub struct Metrics {
     pub request_bytes: AtomicU64,
     /// Response body bytes sent to clients for recorded requests.
     pub response_bytes: AtomicU64,
+    /// Connections closed because no request began within the first-byte timeout.
+    pub client_first_byte_timeouts: AtomicU64,
+    /// Connections closed because a request head was not complete within its timeout.
+    pub client_header_timeouts: AtomicU64,
+    /// Keep-alive connections closed after idling past their timeout.
+    pub client_keepalive_timeouts: AtomicU64,
+    /// Requests answered 408 because their body came too slowly.
+    pub client_body_timeouts: AtomicU64,
+    /// Failed accepts (e.g. EMFILE: out of descriptors), each followed by a back-off.
+    pub accept_errors: AtomicU64,
+    /// SSE events larger than the bound, forwarded unobserved.
+    pub sse_oversized_events: AtomicU64,
     /// Time to first chunk.
     pub ttft: Histogram,
     /// Gaps between consecutive chunks of successful streams.
@@ -126,6 +138,12 @@ impl Default for Metrics {
             record_errors: AtomicU64::new(0),
             request_bytes: AtomicU64::new(0),
             response_bytes: AtomicU64::new(0),
+            client_first_byte_timeouts: AtomicU64::new(0),
+            client_header_timeouts: AtomicU64::new(0),
+            client_keepalive_timeouts: AtomicU64::new(0),
+            client_body_timeouts: AtomicU64::new(0),
+            accept_errors: AtomicU64::new(0),
+            sse_oversized_events: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2el: Histogram::new(E2E_BUCKETS),
@@ -166,7 +184,7 @@ impl Metrics {
                 self.requests(*o)
             );
         }
-        let counters: [(&str, &str, &AtomicU64); 6] = [
+        let counters: [(&str, &str, &AtomicU64); 9] = [
             (
                 "passthrough_requests_total",
                 "Requests forwarded without a record (not a generation endpoint).",
@@ -197,11 +215,41 @@ impl Metrics {
                 "Response body bytes sent to clients for recorded requests.",
                 &self.response_bytes,
             ),
+            (
+                "client_body_timeouts_total",
+                "Requests answered 408 because their body came too slowly.",
+                &self.client_body_timeouts,
+            ),
+            (
+                "accept_errors_total",
+                "Failed accepts on the proxy and admin listeners (e.g. out of descriptors), each backed off.",
+                &self.accept_errors,
+            ),
+            (
+                "sse_oversized_events_total",
+                "SSE events over the size bound, forwarded as they arrived without being observed or stripped.",
+                &self.sse_oversized_events,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(
                 s,
                 "# HELP {p}_{name} {help}\n# TYPE {p}_{name} counter\n{p}_{name} {}",
+                v.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP {p}_client_timeouts_total Client connections closed by a client-side timeout, by phase.\n# TYPE {p}_client_timeouts_total counter"
+        );
+        for (phase, v) in [
+            ("first_byte", &self.client_first_byte_timeouts),
+            ("header", &self.client_header_timeouts),
+            ("keepalive", &self.client_keepalive_timeouts),
+        ] {
+            let _ = writeln!(
+                s,
+                "{p}_client_timeouts_total{{phase=\"{phase}\"}} {}",
                 v.load(Relaxed)
             );
         }

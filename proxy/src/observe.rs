@@ -24,11 +24,18 @@
 //! While stripping, an event is forwarded when its terminating blank line has arrived: bytes
 //! of an unfinished event are held (an SSE client cannot act on them before that anyway).
 //! vLLM, SGLang and OpenAI write whole events per frame, so nothing is held in practice.
+//!
+//! # Memory
+//! At most `max_event` bytes of one event are held (by the stripping path and by the
+//! parser): an event that grows past that is forwarded as it arrives, untouched, neither
+//! classified nor stripped, and counted ([`StreamObserver::oversized_events`]). One client's
+//! stream cannot make the proxy hold more than that, however long its server writes
+//! without a blank line.
 
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use trace_format::sse::{classify, SseParser, StreamEvent, Usage};
+use trace_format::sse::{classify, SseParser, StreamEvent, Usage, DEFAULT_MAX_EVENT};
 
 use crate::jsonscan::member_removal_range;
 
@@ -55,6 +62,14 @@ pub struct StreamObserver {
     strip: Strip,
     /// Bytes of an unfinished raw event from earlier frames (stripping only).
     pending: BytesMut,
+    /// Most bytes of one event held.
+    max_event: usize,
+    /// Inside an event that outgrew `max_event`: forwarding it untouched to its end
+    /// (stripping only).
+    passing: bool,
+    /// Events forwarded unobserved for their size (stripping only; the parser counts its
+    /// own otherwise).
+    oversized: u64,
     /// The current raw line has content (stripping only).
     line_has_content: bool,
     /// The previous frame ended in CR: a leading LF in the next one belongs to it.
@@ -102,8 +117,16 @@ impl StreamObserver {
     /// An observer that strips what `strip` says; `chunk_capacity` pre-sizes the chunk vector
     /// (e.g. from `max_tokens`) so it rarely grows on the per-chunk path.
     pub fn new(strip: Strip, chunk_capacity: usize) -> Self {
+        Self::with_max_event(strip, chunk_capacity, DEFAULT_MAX_EVENT)
+    }
+
+    /// [`StreamObserver::new`] holding at most `max_event` bytes of one event.
+    pub fn with_max_event(strip: Strip, chunk_capacity: usize, max_event: usize) -> Self {
+        let max_event = max_event.max(1);
         StreamObserver {
             strip,
+            parser: SseParser::with_max_event(max_event),
+            max_event,
             chunk_times_us: Vec::with_capacity(chunk_capacity),
             cumulative_tokens: Vec::new(),
             line_has_content: false,
@@ -166,7 +189,27 @@ impl StreamObserver {
 
     /// True when the stream ended inside an event.
     pub fn has_partial(&self) -> bool {
-        self.parser.has_partial() || !self.pending.is_empty()
+        self.parser.has_partial() || !self.pending.is_empty() || self.passing
+    }
+
+    /// Events too large to observe, forwarded untouched as they arrived.
+    pub fn oversized_events(&self) -> u64 {
+        if self.strip.any() {
+            self.oversized
+        } else {
+            self.parser.oversized_events()
+        }
+    }
+
+    /// Forwards `bytes` of an event passed through unobserved (the parser still sees them,
+    /// to stay in step; it holds none of an oversized event).
+    fn pass(&mut self, bytes: Bytes, out: &mut VecDeque<Bytes>) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.parser.feed(&bytes, |_| {});
+        self.bytes_out += bytes.len() as u64;
+        out.push_back(bytes);
     }
 
     fn observe_stripping(&mut self, t_us: i64, frame: Bytes, out: &mut VecDeque<Bytes>) {
@@ -216,6 +259,16 @@ impl StreamObserver {
                 continue;
             }
             // An empty line: the raw event ends here.
+            if self.passing {
+                // The end of an oversized event: forwarded as the rest of it was.
+                self.passing = false;
+                self.pass(frame.slice(event_start..end), out);
+                event_start = end;
+                if self.cr_pending {
+                    self.cr_event_end = Some(false);
+                }
+                continue;
+            }
             let raw = if self.pending.is_empty() {
                 frame.slice(event_start..end)
             } else {
@@ -244,12 +297,30 @@ impl StreamObserver {
             }
         }
         if event_start < buf.len() {
-            self.pending.extend_from_slice(&buf[event_start..]);
+            let rest = buf.len() - event_start;
+            if !self.passing && self.pending.len() + rest > self.max_event {
+                // Too large to hold: from here on it goes out as it arrives.
+                self.passing = true;
+                self.oversized += 1;
+                let held = std::mem::take(&mut self.pending).freeze();
+                self.pass(held, out);
+            }
+            if self.passing {
+                self.pass(frame.slice(event_start..), out);
+            } else {
+                self.pending.extend_from_slice(&buf[event_start..]);
+            }
         }
     }
 
     /// Classifies one complete raw event (recording what it says) and decides its fate.
     fn decide(&mut self, t_us: i64, raw: &[u8]) -> Action {
+        if raw.len() > self.max_event {
+            // Arrived whole in one frame, but over the bound all the same: not observed.
+            self.parser.feed(raw, |_| {});
+            self.oversized += 1;
+            return Action::Forward;
+        }
         let mut kind = None;
         let keep = self.output_text.is_some();
         let mut data = Vec::new();
@@ -393,6 +464,54 @@ data: [DONE]\n\n";
             );
             assert_eq!(o.cumulative_tokens, vec![1, 2]);
             assert_eq!(o.usage.and_then(|u| u.completion_tokens), Some(2));
+            assert!(o.done);
+        }
+    }
+
+    /// An event over the bound goes out as it arrives (byte-exact, unstripped), nothing of
+    /// it is held, and the events around it are still stripped.
+    #[test]
+    fn an_oversized_event_is_forwarded_as_it_arrives() {
+        let strip = Strip {
+            usage_events: true,
+            chunk_usage: true,
+        };
+        let big = format!(
+            "data: {{\"choices\":[{{\"text\":\"{}\"}}],\"usage\":{{\"completion_tokens\":9}}}}\n\n",
+            "x".repeat(3000)
+        );
+        let mut stream = VLLM_USAGE[..VLLM_USAGE.len() - 14].to_vec();
+        stream.extend_from_slice(big.as_bytes());
+        stream.extend_from_slice(b"data: [DONE]\n\n");
+        let mut want = VLLM_PLAIN[..VLLM_PLAIN.len() - 14].to_vec();
+        want.extend_from_slice(big.as_bytes());
+        want.extend_from_slice(b"data: [DONE]\n\n");
+        for piece in [1usize, 5, 64, 1000, stream.len()] {
+            let mut o = StreamObserver::with_max_event(strip, 8, 512);
+            let mut q = VecDeque::new();
+            let mut out = Vec::new();
+            for (n, p) in stream.chunks(piece).enumerate() {
+                o.observe(n as i64, Bytes::copy_from_slice(p), &mut q);
+                assert!(
+                    o.pending.len() <= 512,
+                    "piece {piece}: held {}",
+                    o.pending.len()
+                );
+                out.extend(q.drain(..).flat_map(|b| b.to_vec()));
+            }
+            o.finish(&mut q);
+            out.extend(q.drain(..).flat_map(|b| b.to_vec()));
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&want),
+                "piece {piece}"
+            );
+            assert_eq!(o.oversized_events(), 1, "piece {piece}");
+            assert_eq!(
+                o.chunk_times_us.len(),
+                2,
+                "the oversized chunk is not observed"
+            );
             assert!(o.done);
         }
     }

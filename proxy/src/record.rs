@@ -219,13 +219,14 @@ impl ObservedBody {
         strip: Strip,
         rec: Recording,
         idle_timeout: Duration,
+        max_event: usize,
     ) -> Self {
         let cap = rec
             .rec
             .max_tokens
             .map_or(256, |m| m.clamp(1, 8192) as usize + 2);
         let mode = if sse {
-            let mut o = StreamObserver::new(strip, cap);
+            let mut o = StreamObserver::with_max_event(strip, cap, max_event);
             if rec.sampled() {
                 o.keep_output_text();
             }
@@ -267,6 +268,14 @@ impl ObservedBody {
         let ok_status = (200..300).contains(&status);
         let (outcome, error) = match &mut self.mode {
             Mode::Sse(o) => {
+                let oversized = o.oversized_events();
+                if oversized > 0 {
+                    self.rec
+                        .shared
+                        .metrics
+                        .sse_oversized_events
+                        .fetch_add(oversized, Relaxed);
+                }
                 let r = &mut self.rec.rec;
                 r.response_bytes = o.bytes_out as i64;
                 r.chunk_times_us = std::mem::take(&mut o.chunk_times_us);

@@ -40,6 +40,7 @@ use trace_format::{FileMeta, Outcome, Producer, TraceRecord, WriterConfig};
 
 use crate::config::{ProxyConfig, RecordBodies};
 use crate::error::{ProxyError, Result};
+use crate::limits::{BodyTimeout, ConnPhase, Guarded, GuardedIo, TimedBody};
 use crate::metrics::Metrics;
 use crate::prompts::PromptQueue;
 use crate::record::{BoxError, ObservedBody, Recording, UpstreamBody};
@@ -48,7 +49,7 @@ use crate::sink::{self, Sink, WriterThread};
 use crate::tls;
 use crate::upstream::LeanUpstream;
 
-type UpBody = Either<Full<Bytes>, Incoming>;
+type UpBody = Either<Full<Bytes>, TimedBody<Incoming>>;
 type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, UpBody>;
 
 /// Header values that are credentials: never recorded, logged or used as a label.
@@ -140,6 +141,9 @@ pub(crate) struct Shared {
     /// Set when the drain timeout passed and connections are being cut.
     pub(crate) hard_stop: AtomicBool,
     draining: AtomicBool,
+    /// When the proxy listener last failed an accept (µs since the epoch; 0: never):
+    /// `/healthz` answers 503 for 2 s after one.
+    accept_failed_us: std::sync::atomic::AtomicI64,
     /// Notified when the last recorded request in flight finishes.
     pub(crate) idle: Notify,
 }
@@ -310,6 +314,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         session_header,
         hard_stop: AtomicBool::new(false),
         draining: AtomicBool::new(false),
+        accept_failed_us: std::sync::atomic::AtomicI64::new(0),
         idle: Notify::new(),
         cfg,
     });
@@ -358,13 +363,21 @@ async fn run(
     let (conn_guard, mut conns_done) = mpsc::channel::<()>(1);
     let admin_task = admin.map(|l| tokio::spawn(serve_admin(l, shared.clone(), hard_rx.clone())));
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
+    // hyper's own header timeout (30 s from when it starts waiting for a head, keep-alive
+    // idle included) would override --client-keepalive-timeout and
+    // --client-header-timeout: crate::limits enforces those.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None);
     builder.http2().timer(TokioTimer::new());
 
+    let mut backoff = AcceptBackoff::new("proxy");
     let drain = loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((sock, _)) => {
+                    backoff.ok();
                     let _ = sock.set_nodelay(true);
                     let (b, s, g, h, guard) = (
                         builder.clone(),
@@ -389,8 +402,8 @@ async fn run(
                     }
                 }
                 Err(e) => {
-                    eprintln!("llmreplay capture: accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    shared.accept_failed_us.store(now_us(), Relaxed);
+                    backoff.failed(&e, &shared.metrics).await
                 }
             },
             d = &mut stop => break d.unwrap_or(Duration::ZERO),
@@ -440,7 +453,18 @@ async fn serve_conn<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = service_fn(move |req| handle(shared.clone(), req));
+    let phase = ConnPhase::new();
+    let io = GuardedIo::new(io, phase.clone(), shared.cfg.client, shared.metrics.clone());
+    let svc = service_fn(move |req| {
+        // The head is read: the connection serves this request until its response body is
+        // done (no client-side read deadline meanwhile; see crate::limits).
+        let active = phase.start();
+        let shared = shared.clone();
+        async move {
+            let r = handle(shared, req).await?;
+            Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active))))
+        }
+    });
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut asked = *graceful.borrow();
@@ -501,6 +525,63 @@ impl Body for ProxyBody {
             ProxyBody::Stream(b) => b.size_hint(),
             ProxyBody::Full(b) => b.size_hint(),
         }
+    }
+}
+
+/// 408 for a request body that came too slowly; the connection is not kept (the rest of
+/// the body was never read).
+fn body_timeout_response(message: &str) -> Response<ProxyBody> {
+    let mut r = error_response(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        message,
+    );
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// Backs off failed accepts (EMFILE and ENFILE above all: retrying at once spins while the
+/// descriptors stay gone), counts every one, and logs at most one line per 5 s.
+struct AcceptBackoff {
+    listener: &'static str,
+    delay: Duration,
+    unreported: u64,
+    last_report: Option<Instant>,
+}
+
+impl AcceptBackoff {
+    fn new(listener: &'static str) -> Self {
+        AcceptBackoff {
+            listener,
+            delay: Duration::ZERO,
+            unreported: 0,
+            last_report: None,
+        }
+    }
+
+    fn ok(&mut self) {
+        self.delay = Duration::ZERO;
+    }
+
+    async fn failed(&mut self, e: &std::io::Error, metrics: &Metrics) {
+        metrics.accept_errors.fetch_add(1, Relaxed);
+        self.unreported += 1;
+        let now = Instant::now();
+        if self
+            .last_report
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(5))
+        {
+            eprintln!(
+                "llmreplay capture: accept failed on the {} listener: {e} ({} failure(s) since \
+                 the last report; backing off; all counted in llmreplay_capture_accept_errors_total)",
+                self.listener, self.unreported
+            );
+            self.unreported = 0;
+            self.last_report = Some(now);
+        }
+        self.delay = (self.delay * 2).clamp(Duration::from_millis(5), Duration::from_millis(100));
+        tokio::time::sleep(self.delay).await;
     }
 }
 
@@ -696,10 +777,16 @@ async fn send_upstream(
 async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
     shared.metrics.passthrough.fetch_add(1, Relaxed);
     let (parts, body) = req.into_parts();
+    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
+    let too_slow = body.fired();
     let Some(up) = upstream_request(&shared, &parts, Either::Right(body), None) else {
         return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
     };
-    match send_upstream(&shared, up).await {
+    let sent = send_upstream(&shared, up).await;
+    if too_slow.load(Relaxed) {
+        return body_timeout_response("request body too slow");
+    }
+    match sent {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -728,12 +815,21 @@ async fn handle_generation(
     }
     let mut recording = Recording::new(shared.clone(), t0, rec, sampled(n, shared.cfg.sample_rate));
     let (parts, body) = req.into_parts();
+    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
     let body = match Limited::new(body, shared.cfg.max_request_body)
         .collect()
         .await
     {
         Ok(b) => b.to_bytes(),
         Err(e) => {
+            if let Some(t) = e.downcast_ref::<BodyTimeout>() {
+                // Nothing was forwarded: the client hears 408, the row says the proxy's
+                // client timeout ended it.
+                let msg = t.to_string();
+                recording.rec.status = Some(408);
+                recording.finish(Outcome::Timeout, Some(msg.clone()), Instant::now());
+                return body_timeout_response(&msg);
+            }
             let too_large = e
                 .downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some();
@@ -816,7 +912,14 @@ async fn handle_generation(
             if sse && strip.any() {
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
-            let observed = ObservedBody::new(body, sse, strip, recording, shared.cfg.idle_timeout);
+            let observed = ObservedBody::new(
+                body,
+                sse,
+                strip,
+                recording,
+                shared.cfg.idle_timeout,
+                shared.cfg.max_sse_event,
+            );
             Response::from_parts(parts, ProxyBody::Observed(Box::new(observed)))
         }
         Err((outcome, status, msg)) => {
@@ -827,19 +930,60 @@ async fn handle_generation(
 }
 
 async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = AcceptBackoff::new("admin");
+    // One descriptor kept in reserve: when the proxy's connections have taken all the others,
+    // it is given up to accept one admin connection, so /metrics and /healthz still answer
+    // (the classic spare-descriptor trick).
+    let mut reserve = spare_fd();
     loop {
         tokio::select! {
             r = listener.accept() => {
-                let Ok((sock, _)) = r else { continue };
+                let sock = match r {
+                    Ok((sock, _)) => {
+                        if reserve.is_none() {
+                            reserve = spare_fd();
+                        }
+                        sock
+                    }
+                    Err(e) => {
+                        let spare = if fd_exhausted(&e) { reserve.take().or_else(spare_fd) } else { None };
+                        let rescued = match spare {
+                            Some(f) => {
+                                drop(f);
+                                tokio::time::timeout(Duration::from_millis(50), listener.accept())
+                                    .await
+                                    .ok()
+                            }
+                            None => None,
+                        };
+                        match rescued {
+                            Some(Ok((sock, _))) => sock,
+                            _ => {
+                                backoff.failed(&e, &shared.metrics).await;
+                                continue;
+                            }
+                        }
+                    }
+                };
+                backoff.ok();
                 let s = shared.clone();
+                let mut stop = stop.clone();
                 tokio::spawn(async move {
+                    let phase = ConnPhase::new();
+                    let io = GuardedIo::new(sock, phase.clone(), s.cfg.client, s.metrics.clone());
                     let svc = service_fn(move |req: Request<Incoming>| {
-                        let s = s.clone();
-                        async move { Ok::<_, Infallible>(admin_response(&s, req.uri().path())) }
+                        let active = phase.start();
+                        let r = admin_response(&s, req.uri().path());
+                        async move { Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active)))) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(sock), svc)
-                        .await;
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .serve_connection(TokioIo::new(io), svc);
+                    // Ends with the proxy too, not only with the client.
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
                 });
             }
             r = stop.changed() => {
@@ -851,7 +995,27 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
     }
 }
 
+/// A descriptor to hold in reserve (see [`serve_admin`]).
+fn spare_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// The process (EMFILE) or the system (ENFILE) is out of descriptors.
+fn fd_exhausted(e: &std::io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        // EMFILE, ENFILE (the same numbers on Linux, the BSDs and macOS).
+        matches!(e.raw_os_error(), Some(24 | 23))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = e;
+        false
+    }
+}
+
 fn admin_response(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
+    let saturated = now_us() - shared.accept_failed_us.load(Relaxed) < 2_000_000;
     let (status, ctype, body) = match path {
         "/metrics" => (
             StatusCode::OK,
@@ -862,6 +1026,12 @@ fn admin_response(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
             "draining\n".into(),
+        ),
+        "/healthz" if saturated => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "saturated: the proxy listener failed to accept in the last 2 s (out of descriptors?)\n"
+                .into(),
         ),
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),

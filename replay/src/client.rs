@@ -24,6 +24,10 @@ use crate::prompt::BuiltRequest;
 
 /// Largest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;
+/// Bytes of an error body (or of a non-SSE answer to a streamed request) kept for the
+/// error text; the rest is read and discarded as it arrives, so a huge error body costs no
+/// memory and the connection stays reusable.
+const ERROR_TEXT_KEPT: usize = 1024;
 
 /// A head's `content-type` starts with `text/event-stream`.
 fn is_sse(r: &httparse::Response<'_, '_>) -> Result<bool, String> {
@@ -442,17 +446,27 @@ async fn read_response(
     let ok_status = (200..300).contains(&status);
 
     if !ok_status || !stream || !head.extra {
-        // Read the whole body (an error text, a JSON response, or a non-SSE answer to a
-        // streamed request).
+        // Read the body to its end: a JSON response whole (its usage is at the end); of an
+        // error text, or a non-SSE answer to a streamed request, only the first KiB.
+        let keep = if ok_status && !stream {
+            usize::MAX
+        } else {
+            ERROR_TEXT_KEPT
+        };
         let mut buf = Vec::new();
+        let mut total = 0i64;
         let read = with_deadline(
             timer,
-            conn.read_body(head.framing, t_head, |d, _| buf.extend_from_slice(d)),
+            conn.read_body(head.framing, t_head, |d, _| {
+                total += d.len() as i64;
+                let room = keep - buf.len();
+                buf.extend_from_slice(&d[..d.len().min(room)]);
+            }),
         )
         .await;
         let end = Instant::now();
         ex.end = end;
-        ex.response_bytes = buf.len() as i64;
+        ex.response_bytes = total;
         let reusable = match read {
             None if ends.by_cancel => {
                 ex.outcome = Outcome::ClientCancelled;
@@ -473,7 +487,7 @@ async fn read_response(
         };
         if !ok_status {
             ex.outcome = Outcome::HttpError;
-            let text = String::from_utf8_lossy(&buf[..buf.len().min(1024)]).into_owned();
+            let text = String::from_utf8_lossy(&buf).into_owned();
             ex.error = Some(format!("HTTP {status}: {text}"));
             return (ex, reusable);
         }

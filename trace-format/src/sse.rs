@@ -16,8 +16,16 @@
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 
+/// Default bound on the bytes of one event a parser holds ([`SseParser::with_max_event`]).
+pub const DEFAULT_MAX_EVENT: usize = 1024 * 1024;
+
 /// Incremental SSE parser; reuse one per response.
-#[derive(Debug, Default)]
+///
+/// It holds at most `max_event` bytes of one event (its line in progress and its data): an
+/// event larger than that is skipped to its terminating blank line without being held or
+/// reported, and counted ([`SseParser::oversized_events`]), so memory follows the bound,
+/// not the server.
+#[derive(Debug)]
 pub struct SseParser {
     /// Bytes of the line in progress.
     line: Vec<u8>,
@@ -29,12 +37,57 @@ pub struct SseParser {
     skip_lf: bool,
     /// Total bytes fed.
     bytes: u64,
+    /// Most bytes of one event held.
+    max_event: usize,
+    /// Inside an oversized event: skipping to its blank line.
+    skipping: bool,
+    /// While skipping: the current line has content (so its end is not a blank line).
+    skip_line_content: bool,
+    /// Events skipped for their size.
+    oversized: u64,
+}
+
+impl Default for SseParser {
+    fn default() -> Self {
+        Self::with_max_event(DEFAULT_MAX_EVENT)
+    }
 }
 
 impl SseParser {
-    /// A new parser.
+    /// A new parser holding at most [`DEFAULT_MAX_EVENT`] bytes of an event.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A new parser holding at most `max_event` bytes of one event.
+    pub fn with_max_event(max_event: usize) -> Self {
+        SseParser {
+            line: Vec::new(),
+            data: Vec::new(),
+            has_data: false,
+            skip_lf: false,
+            bytes: 0,
+            max_event: max_event.max(1),
+            skipping: false,
+            skip_line_content: false,
+            oversized: 0,
+        }
+    }
+
+    /// Events skipped because they were larger than the bound.
+    pub fn oversized_events(&self) -> u64 {
+        self.oversized
+    }
+
+    /// The event in progress outgrew the bound: drop what is held (and its memory) and skip
+    /// to its end.
+    fn start_skipping(&mut self, line_has_content: bool) {
+        self.skipping = true;
+        self.skip_line_content = line_has_content;
+        self.oversized += 1;
+        self.line = Vec::new();
+        self.data = Vec::new();
+        self.has_data = false;
     }
 
     /// Feeds bytes; `on_event` gets the data of every event completed by them.
@@ -49,7 +102,13 @@ impl SseParser {
         while !bytes.is_empty() {
             match memchr::memchr2(b'\n', b'\r', bytes) {
                 None => {
-                    self.line.extend_from_slice(bytes);
+                    if self.skipping {
+                        self.skip_line_content = true;
+                    } else if self.line.len() + self.data.len() + bytes.len() > self.max_event {
+                        self.start_skipping(true);
+                    } else {
+                        self.line.extend_from_slice(bytes);
+                    }
                     return;
                 }
                 Some(i) => {
@@ -65,6 +124,21 @@ impl SseParser {
                     } else {
                         1
                     };
+                    if self.skipping {
+                        // A blank line ends the skipped event.
+                        let blank = i == 0 && !self.skip_line_content;
+                        self.skip_line_content = false;
+                        if blank {
+                            self.skipping = false;
+                        }
+                        bytes = &bytes[i + end_len..];
+                        continue;
+                    }
+                    if self.line.len() + self.data.len() + i > self.max_event {
+                        self.start_skipping(false);
+                        bytes = &bytes[i + end_len..];
+                        continue;
+                    }
                     if self.line.is_empty() {
                         self.process_line_slice(&bytes[..i], &mut on_event);
                     } else {
@@ -110,7 +184,7 @@ impl SseParser {
 
     /// True when bytes of an unfinished event are pending: the stream ended mid-event.
     pub fn has_partial(&self) -> bool {
-        self.has_data || !self.line.is_empty()
+        self.has_data || !self.line.is_empty() || self.skipping
     }
 
     /// Total bytes fed so far.
@@ -451,6 +525,31 @@ mod tests {
         assert_eq!(events(&[b"data: x\r\n\r\ndata: y\r\r"]), vec!["x", "y"]);
         assert_eq!(events(&[b"data: x\r", b"\n\r", b"\n"]), vec!["x"]);
         assert_eq!(events(&[b"data:nospace\n\n"]), vec!["nospace"]);
+    }
+
+    /// An event over the bound is skipped to its blank line, whatever the pieces, and the
+    /// parser holds no more than the bound meanwhile; the events around it are intact.
+    #[test]
+    fn an_oversized_event_is_skipped_and_counted() {
+        let big = format!("data: {}\n\n", "x".repeat(5000));
+        let stream = format!(
+            "data: a\n\n{big}data: b\n\n: c\ndata: {}\ndata: yyyyyyyyyyyy\n\ndata: [DONE]\n\n",
+            "z".repeat(90)
+        );
+        for piece in [1usize, 7, 100, 4096, stream.len()] {
+            let mut p = SseParser::with_max_event(100);
+            let mut out = Vec::new();
+            for part in stream.as_bytes().chunks(piece) {
+                p.feed(part, |d| out.push(String::from_utf8_lossy(d).into_owned()));
+                assert!(
+                    p.line.capacity() + p.data.capacity() <= 2 * 256,
+                    "piece {piece}"
+                );
+            }
+            assert_eq!(out, vec!["a", "b", "[DONE]"], "piece {piece}");
+            assert_eq!(p.oversized_events(), 2, "piece {piece}");
+            assert!(!p.has_partial());
+        }
     }
 
     #[test]

@@ -515,6 +515,8 @@ pub struct CloseReport {
     pub journals_left: Vec<DeferredJournal>,
     /// The final counters.
     pub stats: WriterStats,
+    /// Messages about journals finished or set aside by the last try (for the log).
+    pub notices: Vec<String>,
 }
 
 /// Bytes of journal lines kept before they are handed to the OS regardless of the interval.
@@ -786,12 +788,15 @@ impl TraceWriter {
     /// journals not finished yet once more, and says what it finished and what it left.
     pub fn finish(mut self) -> CloseReport {
         let _ = self.rotate();
+        // What is still unfinished is in `journals_left`: no "retried later" notice.
+        self.notices.clear();
         self.retry_deferred(true);
         self.stats.journals_pending = self.deferred.len();
         CloseReport {
             files: std::mem::take(&mut self.finished),
             journals_left: std::mem::take(&mut self.deferred),
             stats: self.stats.clone(),
+            notices: std::mem::take(&mut self.notices),
         }
     }
 

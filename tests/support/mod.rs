@@ -1,4 +1,5 @@
 //! Helpers shared by the end-to-end tests.
 pub mod capture;
+pub mod disk;
 pub mod misbehaving;
 pub mod scripted;

@@ -1672,13 +1672,20 @@ pub(crate) mod tests {
         assert_eq!(read_journal(&left).unwrap().records.len(), 5);
 
         // Opening on the still-full disk: no error, the journal is kept and deferred.
-        let (w, report) = TraceWriter::open(cfg.clone()).expect("open on a full disk");
+        let (mut w, report) = TraceWriter::open(cfg.clone()).expect("open on a full disk");
         assert_eq!(report.deferred.len(), 1, "{report:?}");
         assert_eq!(report.deferred[0].journal, left);
         assert!(left.exists());
         assert_eq!(w.stats().journals_pending, 1);
-        // Space again: the writer finishes it.
+        w.tick().unwrap();
+        assert!(left.exists(), "not retried before its backoff");
+        // Space again: a tick after the backoff (1 s) finishes it, while the writer runs.
         fs_.free();
+        std::thread::sleep(RETRY_FIRST + Duration::from_millis(50));
+        w.tick().unwrap();
+        assert!(!left.exists());
+        assert_eq!(w.stats().journals_pending, 0);
+        assert_eq!(w.take_notices().len(), 1);
         let r = w.finish();
         assert!(r.journals_left.is_empty(), "{r:?}");
         assert!(!left.exists());

@@ -282,10 +282,33 @@ impl CaptureArgs {
     }
 }
 
+/// Exit status of a capture that served, drained and stopped, but whose trace is
+/// incomplete: rows were dropped (writer queue full, or the trace directory could not take
+/// them) or journals are left for the next start to finish. The summary says which.
+pub const EXIT_TRACE_INCOMPLETE: u8 = 3;
+
+/// The trace of a capture that stopped is incomplete (exit [`EXIT_TRACE_INCOMPLETE`]).
+#[derive(Debug)]
+pub struct IncompleteTrace(pub String);
+
+impl std::fmt::Display for IncompleteTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the trace is incomplete: {}", self.0)
+    }
+}
+
+impl std::error::Error for IncompleteTrace {}
+
 /// Runs the capture proxy until SIGTERM or SIGINT, then drains for up to `--drain-timeout`,
-/// finishes the trace files and returns (exit 0). A second signal during the drain exits at
-/// once (status 130); the journal it leaves is recovered by the next capture into that
-/// directory.
+/// finishes the trace files, prints a summary and returns. Exit status: 0 when every
+/// recorded row is in a finished file; [`EXIT_TRACE_INCOMPLETE`] (3) when rows were dropped
+/// or journals are left for the next start (a full disk: capture kept serving, see the
+/// summary); 130 on a second signal during the drain, which exits at once (the journal it
+/// leaves is recovered by the next capture into that directory); 1 when it could not start.
+///
+/// Nothing in `--out` keeps capture from starting: journals a previous run left are finished
+/// (on a still-full disk they are kept and retried while serving), damaged ones are
+/// recovered line by line and set aside as `<name>.damaged-<utc>`.
 pub fn run_capture(args: CaptureArgs) -> Result<()> {
     let drain = args.drain_timeout;
     let threads = args.threads;
@@ -308,20 +331,13 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
     }
     let rt = rt.enable_all().build().context("tokio runtime")?;
     let (dest2, out2) = (dest.clone(), out.clone());
-    rt.block_on(async move {
+    let incomplete = rt.block_on(async move {
         let (dest, out) = (dest2, out2);
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let handle = proxy::start(cfg).await.context("starting the capture proxy")?;
-        let rec = handle.recovered();
-        if !rec.files.is_empty() {
-            eprintln!(
-                "llmreplay capture: recovered {} records from a previous run into {} file(s)",
-                rec.records,
-                rec.files.len()
-            );
-        }
+        log_recovery(handle.recovered());
         eprintln!(
             "llmreplay capture listening on {}{}, writing to {}",
             handle.url(tls),
@@ -346,26 +362,59 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
             _ = term.recv() => std::process::exit(130),
             _ = int.recv() => std::process::exit(130),
         };
+        let dropped = report.records_dropped;
+        let queue_full = report.records_dropped_queue_full;
         eprintln!(
-            "llmreplay capture: {} records written, {} dropped (queue full){}; files: {}",
+            "llmreplay capture: {} records written, {dropped} dropped ({queue_full} writer queue \
+             full, {} the trace directory could not take; {} write errors){}; files: {}",
             report.records_written,
-            report.records_dropped,
+            dropped - queue_full.min(dropped),
+            report.record_errors,
             if report.drained {
                 ""
             } else {
                 "; some in-flight requests were cut at the drain timeout"
             },
-            report
-                .files
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            if report.files.is_empty() {
+                "none".to_string()
+            } else {
+                report
+                    .files
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
         );
-        Ok::<_, anyhow::Error>(())
+        let left_rows: usize = report.journals_left.iter().map(|d| d.records).sum();
+        if !report.journals_left.is_empty() {
+            eprintln!(
+                "llmreplay capture: {} journal(s) holding {left_rows} records could not be \
+                 finished and are kept in {} for the next start to finish: {}",
+                report.journals_left.len(),
+                out.display(),
+                report
+                    .journals_left
+                    .iter()
+                    .map(|d| d.journal.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let incomplete = (dropped > 0 || !report.journals_left.is_empty()).then(|| {
+            format!(
+                "{dropped} rows dropped, {} journal(s) with {left_rows} rows left for the next start",
+                report.journals_left.len()
+            )
+        });
+        Ok::<_, anyhow::Error>(incomplete)
     })?;
+    let fail_incomplete = |incomplete: Option<String>| match incomplete {
+        Some(why) => Err(anyhow::Error::new(IncompleteTrace(why))),
+        None => Ok(()),
+    };
     let Some(uploader) = uploader else {
-        return Ok(());
+        return fail_incomplete(incomplete);
     };
     let up = uploader.finish(drain);
     eprintln!(
@@ -385,5 +434,53 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
             up.last_error.unwrap_or_default()
         );
     }
-    Ok(())
+    fail_incomplete(incomplete)
+}
+
+/// Says what the start found in --out: journals finished, set aside or kept for later.
+fn log_recovery(rec: &trace_format::writer::RecoveryReport) {
+    if !rec.files.is_empty() {
+        eprintln!(
+            "llmreplay capture: recovered {} records from a previous run into {} file(s){}",
+            rec.records,
+            rec.files.len(),
+            if rec.torn_lines > 0 {
+                format!(
+                    " ({} torn final line(s) dropped: the crash's loss window)",
+                    rec.torn_lines
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !rec.damaged_lines.is_empty() {
+        eprintln!(
+            "llmreplay capture: {} damaged journal line(s) ({}); every intact record was \
+             recovered and the journal(s) set aside, kept byte for byte: {}",
+            rec.damaged_lines.len(),
+            rec.damaged_lines
+                .iter()
+                .map(|(p, l)| format!("{}:{l}", p.display()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            rec.set_aside
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for d in &rec.deferred {
+        eprintln!(
+            "llmreplay capture: journal {} ({} records) from a previous run could not be \
+             finished yet: {}; it is kept and retried while capture runs",
+            d.journal.display(),
+            d.records,
+            d.reason
+        );
+    }
+    for e in &rec.errors {
+        eprintln!("llmreplay capture: cleaning up --out: {e}");
+    }
 }

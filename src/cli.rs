@@ -26,6 +26,11 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a transparent streaming proxy in front of one upstream and record its traffic as a trace.
+    ///
+    /// Exit status after SIGTERM/SIGINT: 0 when every recorded row is in a finished file; 3
+    /// when the trace is incomplete (rows dropped, or journals kept for the next start: a
+    /// full disk, see the summary); 130 on a second signal during the drain; 1 when it could
+    /// not start. Nothing left in --out keeps it from starting.
     Capture(crate::capture_cmd::CaptureArgs),
     /// Convert public traces (Azure, BurstGPT, Mooncake, Qwen Bailian, ShareGPT) into a trace.
     Import(crate::import_cmd::ImportArgs),

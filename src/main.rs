@@ -28,6 +28,10 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            // A capture that served and stopped cleanly but could not finish its trace.
+            if e.downcast_ref::<capture_cmd::IncompleteTrace>().is_some() {
+                return ExitCode::from(capture_cmd::EXIT_TRACE_INCOMPLETE);
+            }
             ExitCode::FAILURE
         }
     }

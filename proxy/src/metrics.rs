@@ -91,12 +91,29 @@ pub struct Metrics {
     pub passthrough: AtomicU64,
     /// Recorded requests not yet finished.
     pub in_flight: AtomicI64,
-    /// Records the writer appended.
+    /// Records handed to the OS in a journal (they reach a Parquet file at rotation, or by
+    /// recovery when the directory could not take the Parquet file then).
     pub records_written: AtomicU64,
-    /// Records dropped because the writer's queue was full.
+    /// Records that will never reach a trace file, whatever the reason: the writer's queue
+    /// was full, or the trace directory could not take them (full disk, I/O error). Exact.
     pub records_dropped: AtomicU64,
-    /// Records the writer failed to append.
+    /// The part of `records_dropped` whose writer queue was full (for the summary).
+    pub records_dropped_queue_full: AtomicU64,
+    /// Failed writes to the trace directory (journal lines, new journals, Parquet files,
+    /// retries of journals not finished). The rows they cost are in `records_dropped`.
     pub record_errors: AtomicU64,
+    /// 1 while the last write of records to the trace directory failed, else 0.
+    pub trace_write_failing: AtomicU64,
+    /// Journals the directory could not take the Parquet file of yet: kept, retried.
+    pub journals_pending: AtomicU64,
+    /// Records finished from journals (a previous run's at start, deferred ones later).
+    pub records_recovered: AtomicU64,
+    /// Damaged journal lines found by recovery (their journal is set aside).
+    pub journal_lines_damaged: AtomicU64,
+    /// Torn final journal lines dropped by recovery (the crash loss window).
+    pub journal_lines_torn: AtomicU64,
+    /// Journals with damaged lines renamed aside (`<name>.damaged-<utc>`, never deleted).
+    pub journal_files_set_aside: AtomicU64,
     /// Request body bytes of recorded requests.
     pub request_bytes: AtomicU64,
     /// Response body bytes sent to clients for recorded requests.
@@ -135,7 +152,14 @@ impl Default for Metrics {
             in_flight: AtomicI64::new(0),
             records_written: AtomicU64::new(0),
             records_dropped: AtomicU64::new(0),
+            records_dropped_queue_full: AtomicU64::new(0),
             record_errors: AtomicU64::new(0),
+            trace_write_failing: AtomicU64::new(0),
+            journals_pending: AtomicU64::new(0),
+            records_recovered: AtomicU64::new(0),
+            journal_lines_damaged: AtomicU64::new(0),
+            journal_lines_torn: AtomicU64::new(0),
+            journal_files_set_aside: AtomicU64::new(0),
             request_bytes: AtomicU64::new(0),
             response_bytes: AtomicU64::new(0),
             client_first_byte_timeouts: AtomicU64::new(0),
@@ -184,7 +208,7 @@ impl Metrics {
                 self.requests(*o)
             );
         }
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 13] = [
             (
                 "passthrough_requests_total",
                 "Requests forwarded without a record (not a generation endpoint).",
@@ -192,18 +216,38 @@ impl Metrics {
             ),
             (
                 "records_written_total",
-                "Records appended to the trace.",
+                "Records handed to the OS in a trace journal.",
                 &self.records_written,
             ),
             (
                 "records_dropped_total",
-                "Records dropped because the writer queue was full.",
+                "Records that will never reach a trace file (writer queue full, or the trace directory could not take them).",
                 &self.records_dropped,
             ),
             (
                 "record_errors_total",
-                "Records the writer failed to append.",
+                "Failed writes to the trace directory (the rows they cost are in records_dropped_total).",
                 &self.record_errors,
+            ),
+            (
+                "records_recovered_total",
+                "Records finished from journals left by a previous run or deferred by a full disk.",
+                &self.records_recovered,
+            ),
+            (
+                "journal_lines_damaged_total",
+                "Damaged journal lines found by recovery (the journal is set aside).",
+                &self.journal_lines_damaged,
+            ),
+            (
+                "journal_lines_torn_total",
+                "Torn final journal lines dropped by recovery (a crash's loss window).",
+                &self.journal_lines_torn,
+            ),
+            (
+                "journal_files_set_aside_total",
+                "Journals with damaged lines renamed aside to <name>.damaged-<utc> (never deleted).",
+                &self.journal_files_set_aside,
             ),
             (
                 "request_bytes_total",
@@ -235,6 +279,25 @@ impl Metrics {
             let _ = writeln!(
                 s,
                 "# HELP {p}_{name} {help}\n# TYPE {p}_{name} counter\n{p}_{name} {}",
+                v.load(Relaxed)
+            );
+        }
+        let gauges: [(&str, &str, &AtomicU64); 2] = [
+            (
+                "trace_write_failing",
+                "1 while the last write of records to the trace directory failed (rows are being dropped).",
+                &self.trace_write_failing,
+            ),
+            (
+                "journals_pending",
+                "Journals not finished into Parquet yet (the directory could not take them); kept and retried.",
+                &self.journals_pending,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(
+                s,
+                "# HELP {p}_{name} {help}\n# TYPE {p}_{name} gauge\n{p}_{name} {}",
                 v.load(Relaxed)
             );
         }
@@ -322,5 +385,26 @@ mod tests {
         assert!(
             s.contains("gen_ai_client_token_usage_bucket{gen_ai_token_type=\"output\",le=\"1\"} 0")
         );
+    }
+
+    #[test]
+    fn renders_the_trace_directory_counters_and_gauges() {
+        let m = Metrics::default();
+        m.records_dropped.store(7, Relaxed);
+        m.trace_write_failing.store(1, Relaxed);
+        m.journal_lines_damaged.store(2, Relaxed);
+        let s = m.render();
+        for line in [
+            "llmreplay_capture_records_dropped_total 7",
+            "# TYPE llmreplay_capture_trace_write_failing gauge",
+            "llmreplay_capture_trace_write_failing 1",
+            "llmreplay_capture_journals_pending 0",
+            "llmreplay_capture_journal_lines_damaged_total 2",
+            "llmreplay_capture_journal_lines_torn_total 0",
+            "llmreplay_capture_journal_files_set_aside_total 0",
+            "llmreplay_capture_records_recovered_total 0",
+        ] {
+            assert!(s.lines().any(|l| l == line), "no {line:?} in\n{s}");
+        }
     }
 }

@@ -153,10 +153,19 @@ pub(crate) struct Shared {
 pub struct ShutdownReport {
     /// Trace files finished by the writer, in order.
     pub files: Vec<PathBuf>,
-    /// Records written.
+    /// Records written (handed to the OS in a journal; see `journals_left` for those that
+    /// could not be finished into Parquet).
     pub records_written: u64,
-    /// Records dropped because the writer's queue was full.
+    /// Records that never reach a file: the writer's queue was full, or the trace
+    /// directory could not take them.
     pub records_dropped: u64,
+    /// The part of `records_dropped` whose writer queue was full.
+    pub records_dropped_queue_full: u64,
+    /// Failed writes to the trace directory.
+    pub record_errors: u64,
+    /// Journals whose Parquet files could not be written (a full disk): kept for the next
+    /// start, which finishes them.
+    pub journals_left: Vec<trace_format::writer::DeferredJournal>,
     /// Whether every connection finished within the drain timeout.
     pub drained: bool,
 }
@@ -210,7 +219,8 @@ impl ProxyHandle {
 }
 
 /// Binds the listener (and the admin listener), opens the trace writer (recovering journals a
-/// crash left in `cfg.out`), and serves on the current tokio runtime until
+/// crash left in `cfg.out`: what cannot be finished on a full disk is kept and retried,
+/// damaged journals are set aside, neither stops the start), and serves on the current tokio runtime until
 /// [`ProxyHandle::shutdown`].
 pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let upstream = Upstream::parse(&cfg.upstream)?;
@@ -432,13 +442,17 @@ async fn run(
     if let Some(t) = admin_task {
         let _ = t.await;
     }
-    let files = tokio::task::spawn_blocking(move || writer.close())
+    let closed = tokio::task::spawn_blocking(move || writer.close())
         .await
         .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
+    let m = &shared.metrics;
     Ok(ShutdownReport {
-        files,
-        records_written: shared.metrics.records_written.load(Relaxed),
-        records_dropped: shared.metrics.records_dropped.load(Relaxed),
+        files: closed.files,
+        records_written: m.records_written.load(Relaxed),
+        records_dropped: m.records_dropped.load(Relaxed),
+        records_dropped_queue_full: m.records_dropped_queue_full.load(Relaxed),
+        record_errors: m.record_errors.load(Relaxed),
+        journals_left: closed.journals_left,
         drained,
     })
 }

@@ -4,21 +4,26 @@
 //! A full queue drops the record (counted in `records_dropped_total` and logged) instead of
 //! waiting.
 //!
+//! The trace directory never stops the traffic: the writer deals with a full disk itself
+//! (see `trace_format::writer`), this thread mirrors its counters into [`Metrics`] (rows
+//! that never reach a file are in `records_dropped_total`, exactly) and logs its errors
+//! rate-limited: the first at once, then a summary with a count at most every
+//! [`LOG_EVERY`], and once when writes succeed again.
+//!
 //! A row arrives with the tokenization of its prompt still running on the blocking pool
 //! ([`PendingPrompt`]); the writer thread waits for it (bounded) and fills in
 //! `prefix_hashes`, and `prompt_tokens` (source `tokenizer`) when the upstream reported none.
 //! When the upstream sent no usage, it also counts the generated text with the tokenizer
 //! (`output_tokens`, source `tokenizer`), off the request path.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use trace_format::tokenize::Tokenizer;
-use trace_format::writer::RecoveryReport;
+use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
 use crate::error::{ProxyError, Result};
@@ -31,6 +36,9 @@ pub(crate) type PendingPrompt = Receiver<Option<PromptBlocks>>;
 /// Longest time a queued record waits for the writer thread: the queue's default 16 Ki
 /// records then absorb over 300k records/s.
 const DRAIN_EVERY: Duration = Duration::from_millis(50);
+
+/// Shortest time between two log lines about the trace directory.
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Longest wait of the writer thread for one prompt's tokenization.
 const PROMPT_WAIT: Duration = Duration::from_secs(10);
@@ -104,7 +112,7 @@ pub(crate) struct Sink {
 #[derive(Debug)]
 pub(crate) struct WriterThread {
     tx: SyncSender<Msg>,
-    handle: JoinHandle<Result<Vec<PathBuf>>>,
+    handle: JoinHandle<CloseReport>,
 }
 
 /// Opens the writer (recovering journals a crash left in the directory) and starts its
@@ -140,28 +148,24 @@ fn run(
     keep_hashes: bool,
     tokenizer: &Tokenizer,
     metrics: &Metrics,
-) -> Result<Vec<PathBuf>> {
+) -> CloseReport {
     let tick = tick.max(Duration::from_millis(1));
-    let mut last_tick = std::time::Instant::now();
-    let append = |writer: &mut TraceWriter, q: Box<Queued>| match writer.append(resolve(
-        *q,
-        keep_hashes,
-        tokenizer,
-    )) {
-        Ok(()) => {
-            metrics.records_written.fetch_add(1, Relaxed);
-        }
-        Err(e) => {
-            let n = metrics.record_errors.fetch_add(1, Relaxed);
-            if n.is_power_of_two() || n == 0 {
-                eprintln!(
-                    "llmreplay capture: trace write failed ({} so far): {e}",
-                    n + 1
-                );
-            }
-        }
+    let mut last_tick = Instant::now();
+    let mut mirror = Mirror::default();
+    let mut log = ErrorLog::default();
+    // A record is either written or counted by the writer (`stats`), so the result of an
+    // append needs no handling here.
+    let append = |writer: &mut TraceWriter, q: Box<Queued>| {
+        let _ = writer.append(resolve(*q, keep_hashes, tokenizer));
     };
     loop {
+        mirror.sync(writer.stats(), metrics);
+        for n in writer.take_notices() {
+            eprintln!("llmreplay capture: {n}");
+        }
+        if let Some(line) = log.observe(writer.stats(), metrics, Instant::now()) {
+            eprintln!("{line}");
+        }
         // The thread wakes on its own clock (or at close), not once per record: a send never
         // wakes it, and every record queued is handed to the OS by the tick that follows,
         // within the loss window.
@@ -175,16 +179,121 @@ fn run(
                     while let Ok(Msg::Record(q)) = rx.try_recv() {
                         append(&mut writer, q);
                     }
-                    return Ok(writer.close()?);
+                    let mut notices = writer.take_notices();
+                    let report = writer.finish();
+                    mirror.sync(&report.stats, metrics);
+                    notices.extend(report.notices.iter().cloned());
+                    notices.extend(report_notices(&report));
+                    for n in notices {
+                        eprintln!("llmreplay capture: {n}");
+                    }
+                    return report;
                 }
                 Err(TryRecvError::Empty) => break,
             }
         }
         if last_tick.elapsed() >= tick {
-            last_tick = std::time::Instant::now();
-            if let Err(e) = writer.tick() {
-                eprintln!("llmreplay capture: trace flush failed: {e}");
+            last_tick = Instant::now();
+            // Errors are counted in the writer's stats and logged by `log`.
+            let _ = writer.tick();
+        }
+    }
+}
+
+/// Log lines for what closing left unfinished.
+fn report_notices(r: &CloseReport) -> Vec<String> {
+    r.journals_left
+        .iter()
+        .map(|d| {
+            format!(
+                "{} ({} records) could not be finished ({}); kept for the next start",
+                d.journal.display(),
+                d.records,
+                d.reason
+            )
+        })
+        .collect()
+}
+
+/// Mirrors the writer's counters into the metrics (by differences, since the queue also
+/// counts drops).
+#[derive(Default)]
+struct Mirror {
+    last: WriterStats,
+}
+
+impl Mirror {
+    fn sync(&mut self, st: &WriterStats, m: &Metrics) {
+        let add = |a: &std::sync::atomic::AtomicU64, new: u64, old: u64| {
+            if new > old {
+                a.fetch_add(new - old, Relaxed);
             }
+        };
+        let l = &self.last;
+        add(&m.records_written, st.written, l.written);
+        add(&m.records_dropped, st.dropped, l.dropped);
+        add(&m.record_errors, st.errors, l.errors);
+        add(
+            &m.records_recovered,
+            st.recovered_records,
+            l.recovered_records,
+        );
+        add(&m.journal_lines_damaged, st.damaged_lines, l.damaged_lines);
+        add(&m.journal_lines_torn, st.torn_lines, l.torn_lines);
+        add(&m.journal_files_set_aside, st.set_aside, l.set_aside);
+        m.trace_write_failing.store(u64::from(st.failing), Relaxed);
+        m.journals_pending
+            .store(st.journals_pending as u64, Relaxed);
+        if self.last != *st {
+            self.last = st.clone();
+        }
+    }
+}
+
+/// Rate-limited log of the writer's errors: the first at once, then at most one line per
+/// [`LOG_EVERY`] with the count since the previous line, and one when writes succeed again.
+#[derive(Default)]
+struct ErrorLog {
+    last_line: Option<Instant>,
+    errors_logged: u64,
+    /// An error was logged and no "succeed again" since.
+    reported_failing: bool,
+}
+
+impl ErrorLog {
+    /// The line to log now, if any.
+    fn observe(&mut self, st: &WriterStats, m: &Metrics, now: Instant) -> Option<String> {
+        let unlogged = st.errors.saturating_sub(self.errors_logged);
+        let may = self.last_line.is_none_or(|t| now - t >= LOG_EVERY);
+        if !may {
+            return None;
+        }
+        let dropped = m.records_dropped.load(Relaxed);
+        let last = st.last_error.as_deref().unwrap_or("unknown error");
+        if unlogged > 0 {
+            let line = if self.last_line.is_none() {
+                format!(
+                    "llmreplay capture: trace write failed: {last}. Capture keeps serving; rows that cannot be written are dropped and counted in records_dropped_total ({dropped} so far); further errors are summarized every {}s",
+                    LOG_EVERY.as_secs()
+                )
+            } else {
+                format!(
+                    "llmreplay capture: {unlogged} more trace write error(s); last: {last}; {dropped} rows dropped so far, {} journal(s) waiting to be finished",
+                    st.journals_pending
+                )
+            };
+            self.errors_logged = st.errors;
+            self.last_line = Some(now);
+            self.reported_failing = true;
+            Some(line)
+        } else if self.reported_failing && !st.failing {
+            self.reported_failing = false;
+            self.last_line = Some(now);
+            Some(format!(
+                "llmreplay capture: trace writes succeed again; {dropped} rows dropped so far"
+            ))
+        } else {
+            None
         }
     }
 }
@@ -205,7 +314,12 @@ impl Sink {
         }))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                let n = self.metrics.records_dropped.fetch_add(1, Relaxed) + 1;
+                self.metrics.records_dropped.fetch_add(1, Relaxed);
+                let n = self
+                    .metrics
+                    .records_dropped_queue_full
+                    .fetch_add(1, Relaxed)
+                    + 1;
                 if n.is_power_of_two() || n % 1000 == 0 {
                     eprintln!(
                         "llmreplay capture: trace writer queue full, {n} records dropped so far"
@@ -217,13 +331,57 @@ impl Sink {
 }
 
 impl WriterThread {
-    /// Finishes the files (after everything queued before this call) and returns them.
-    pub(crate) fn close(self) -> Result<Vec<PathBuf>> {
+    /// Finishes the files (after everything queued before this call) and says what it
+    /// finished and what it left.
+    pub(crate) fn close(self) -> Result<CloseReport> {
         let _ = self.tx.send(Msg::Close);
         drop(self.tx);
         self.handle.thread().unpark();
         self.handle
             .join()
-            .map_err(|_| ProxyError::WriterThread("panicked".into()))?
+            .map_err(|_| ProxyError::WriterThread("panicked".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A disk failing on every tick (every 25 ms) for a minute: the first error at once,
+    /// then one summary line per 10 s with the count, and one line when writes succeed.
+    #[test]
+    fn writer_errors_are_logged_first_then_summarized_every_10s() {
+        let m = Metrics::default();
+        let mut log = ErrorLog::default();
+        let mut st = WriterStats::default();
+        let t0 = Instant::now();
+        let mut lines = Vec::new();
+        for i in 0..2400u32 {
+            st.errors += 1;
+            st.failing = true;
+            st.last_error = Some("No space left on device".into());
+            let now = t0 + Duration::from_millis(25) * i;
+            lines.extend(log.observe(&st, &m, now));
+        }
+        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert!(lines[0].contains("trace write failed: No space left on device"));
+        // About 10 s of errors at 40 a second, counted.
+        assert!(
+            lines[1].contains("399 more trace write error(s)")
+                || lines[1].contains("400 more trace write error(s)"),
+            "{}",
+            lines[1]
+        );
+        st.failing = false;
+        // The errors since the last line are summarized first, then the recovery is said.
+        let later = t0 + Duration::from_secs(61);
+        let rest = log.observe(&st, &m, later).expect("the last errors");
+        assert!(rest.contains("more trace write error(s)"), "{rest}");
+        let later = later + LOG_EVERY;
+        let back = log
+            .observe(&st, &m, later)
+            .expect("a line when writes succeed");
+        assert!(back.contains("succeed again"), "{back}");
+        assert_eq!(log.observe(&st, &m, later + LOG_EVERY), None);
     }
 }

@@ -37,9 +37,38 @@ impl CaptureProc {
         out: &Path,
         extra: &[&str],
     ) -> CaptureProc {
+        Self::spawn_full(bin, listen, None, upstream, out, extra)
+    }
+
+    /// [`CaptureProc::spawn_bin`] with the admin listener (/metrics) on `admin`.
+    pub fn spawn_admin(
+        bin: &str,
+        listen: SocketAddr,
+        admin: SocketAddr,
+        upstream: &str,
+        out: &Path,
+        extra: &[&str],
+    ) -> CaptureProc {
+        Self::spawn_full(bin, listen, Some(admin), upstream, out, extra)
+    }
+
+    fn spawn_full(
+        bin: &str,
+        listen: SocketAddr,
+        admin: Option<SocketAddr>,
+        upstream: &str,
+        out: &Path,
+        extra: &[&str],
+    ) -> CaptureProc {
         use std::io::BufRead;
+        let admin = match admin {
+            Some(a) => vec!["--admin".to_string(), a.to_string()],
+            None => vec!["--no-admin".to_string()],
+        };
         let mut child = std::process::Command::new(bin)
-            .args(["capture", "--no-admin", "--listen", &listen.to_string()])
+            .arg("capture")
+            .args(admin)
+            .args(["--listen", &listen.to_string()])
             .args(["--upstream", upstream])
             .arg("--out")
             .arg(out)
@@ -87,6 +116,14 @@ impl CaptureProc {
         }
     }
 
+    /// The stderr lines read so far (and any waiting now).
+    pub fn log(&mut self) -> &[String] {
+        while let Ok(l) = self.lines.try_recv() {
+            self.log.push(l);
+        }
+        &self.log
+    }
+
     /// SIGTERM, then the exit status (bounded wait).
     pub fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         // SAFETY: sending a signal to our own child.
@@ -110,6 +147,16 @@ impl CaptureProc {
         while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
             self.log.push(l);
         }
-        (status, self.log)
+        (status, std::mem::take(&mut self.log))
+    }
+}
+
+impl Drop for CaptureProc {
+    /// A test that fails part way leaves no capture process behind.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }

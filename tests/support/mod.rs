@@ -1,5 +1,6 @@
 //! Helpers shared by the end-to-end tests.
 pub mod capture;
+pub mod disk;
 pub mod fault_upstream;
 pub mod misbehaving;
 pub mod scripted;

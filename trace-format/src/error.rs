@@ -67,6 +67,10 @@ pub enum Error {
     /// An invalid argument.
     #[error("{0}")]
     Invalid(String),
+    /// A trace writer closed without every record in a finished file (records dropped
+    /// because the directory could not take them, or journals left for the next start).
+    #[error("trace incomplete: {0}")]
+    Incomplete(String),
 }
 
 /// Result with this crate's [`Error`].

@@ -22,10 +22,24 @@
 //! `.parquet` file. A power loss can lose more (journals are not fsync'd; finished Parquet
 //! files are). A directory must be owned by one writer at a time: recovery takes over every
 //! journal it finds there.
+//!
+//! # A directory that cannot take writes (full disk)
+//!
+//! The writer never fails its owner for its directory: every error is counted in
+//! [`WriterStats`] and writing resumes by itself when the directory takes writes again.
+//! - A journal hand-over that fails part way keeps the whole lines that made it and cuts the
+//!   file back to them, so a journal never holds a torn line before good ones; the records
+//!   of the other lines are dropped, counted exactly in [`WriterStats::dropped`]. While
+//!   the directory fails, the hand-over is tried once per `flush_interval`.
+//! - A Parquet file that cannot be written leaves its journal (no record is lost): it is
+//!   retried by [`TraceWriter::tick`] (after 1 s, doubling up to 30 s, and at once when a
+//!   journal write succeeds again), and otherwise finished by the next `open`.
+//! - Recovery never refuses to open: journals it cannot finish are kept and retried, and
+//!   damaged journals are set aside (see [`recover_dir`]).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -435,37 +449,156 @@ pub struct RecoveryReport {
     pub records: usize,
     /// Torn final lines (a record cut short by the crash) that were dropped.
     pub torn_lines: usize,
+    /// Lines that were neither a record nor a torn final line (damage: a write cut short in
+    /// the middle of a journal, bad bytes), as (journal, 1-based line). A record glued to
+    /// the damaged part of its line is still recovered.
+    pub damaged_lines: Vec<(PathBuf, usize)>,
+    /// Journals with damaged lines, renamed aside to `<name>.damaged-<utc>` (kept byte for
+    /// byte, never deleted) after their intact records were finished: their new paths.
+    pub set_aside: Vec<PathBuf>,
+    /// Journals that could not be finished (the directory is full, the file unreadable):
+    /// kept under their names. A [`TraceWriter`] retries them while it runs.
+    pub deferred: Vec<DeferredJournal>,
+    /// Other files that could not be cleaned up (stale temp files, finished journals).
+    pub errors: Vec<String>,
 }
+
+/// A journal whose Parquet file could not be written yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeferredJournal {
+    /// The journal, kept under its name.
+    pub journal: PathBuf,
+    /// Records in it, if it could be read.
+    pub records: usize,
+    /// Why it is not finished.
+    pub reason: String,
+}
+
+/// What a [`TraceWriter`] did to its directory so far: the counters a capture proxy exports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Records handed to the OS in a journal. They reach a Parquet file at rotation, or (after
+    /// a crash, or when the directory could not take the Parquet file) by recovery.
+    pub written: u64,
+    /// Records that will never reach a file: the directory could not take their journal
+    /// line (full disk, I/O error). Exact: every record given to
+    /// [`append`](TraceWriter::append) ends up in `written` or here.
+    pub dropped: u64,
+    /// Failed writes to the directory (journal lines, new journals, Parquet files, retries).
+    pub errors: u64,
+    /// The last of those errors.
+    pub last_error: Option<String>,
+    /// Whether the last write of records (a journal line, a new journal or a Parquet file)
+    /// failed; cleared by the next one that succeeds.
+    pub failing: bool,
+    /// Journals waiting to be finished into Parquet (retried, see [`TraceWriter::tick`]).
+    pub journals_pending: usize,
+    /// Records those journals hold.
+    pub records_pending: usize,
+    /// Records finished from journals by recovery (at open and by later retries).
+    pub recovered_records: u64,
+    /// Damaged journal lines found by recovery.
+    pub damaged_lines: u64,
+    /// Journals set aside (renamed `<name>.damaged-<utc>`) by recovery.
+    pub set_aside: u64,
+    /// Torn final journal lines dropped by recovery (the crash window).
+    pub torn_lines: u64,
+}
+
+/// What [`TraceWriter::finish`] left.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CloseReport {
+    /// Every file this writer finished, in order.
+    pub files: Vec<PathBuf>,
+    /// Journals kept for the next [`TraceWriter::open`] to finish (the directory could not
+    /// take their Parquet files), with the records they hold.
+    pub journals_left: Vec<DeferredJournal>,
+    /// The final counters.
+    pub stats: WriterStats,
+    /// Messages about journals finished or set aside by the last try (for the log).
+    pub notices: Vec<String>,
+}
+
+/// Bytes of journal lines kept before they are handed to the OS regardless of the interval.
+const JOURNAL_BUF: usize = 64 * 1024;
+/// First wait before a journal that could not be finished is tried again (doubling).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest wait between two tries of a journal that could not be finished.
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The file currently being written: its journal and the records kept in memory.
 struct Segment {
     journal_path: PathBuf,
     parquet_path: PathBuf,
-    journal: BufWriter<File>,
+    file: File,
+    /// Length of the whole lines handed to the OS: the journal's valid length.
+    committed_len: u64,
+    /// Whether bytes past `committed_len` may be in the file (a truncation failed).
+    tail_dirty: bool,
+    /// Lines not handed to the OS yet; they hold the last `buf_records` of `records`.
+    buf: Vec<u8>,
+    buf_records: usize,
     records: Vec<TraceRecord>,
     bytes: u64,
     opened: Instant,
     /// UTC hours since the epoch when the segment was started (its name's stamp).
     hour: i64,
     last_flush: Instant,
-    dirty: bool,
 }
 
 impl Segment {
-    fn flush(&mut self) -> Result<()> {
-        if self.dirty {
-            self.journal
-                .flush()
-                .map_err(|e| Error::io(&self.journal_path, e))?;
-            self.dirty = false;
-        }
+    /// Hands the buffered lines to the OS, at the journal's valid length. When the write
+    /// fails part way (ENOSPC), the whole lines that made it are kept, the rest of the file
+    /// is cut off (so a journal never holds a torn line before a good one) and the records
+    /// of the lines that did not make it are dropped: counted in `stats.dropped`.
+    fn flush(&mut self, stats: &mut WriterStats) -> Result<()> {
         self.last_flush = Instant::now();
-        Ok(())
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let mut written = 0;
+        let mut failure = self.file.seek(SeekFrom::Start(self.committed_len)).err();
+        while failure.is_none() && written < self.buf.len() {
+            match self.file.write(&self.buf[written..]) {
+                Ok(0) => failure = Some(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => failure = Some(e),
+            }
+        }
+        let (keep, kept_records) = match failure {
+            None => (self.buf.len(), self.buf_records),
+            Some(_) => {
+                let keep = memchr::memrchr(b'\n', &self.buf[..written]).map_or(0, |i| i + 1);
+                (keep, memchr::memchr_iter(b'\n', &self.buf[..keep]).count())
+            }
+        };
+        self.committed_len += keep as u64;
+        if failure.is_some() || self.tail_dirty {
+            self.tail_dirty = self.file.set_len(self.committed_len).is_err();
+        }
+        let lost = self.buf_records - kept_records;
+        let cut = self.records.len() - lost;
+        let lost_bytes: u64 = self.records[cut..]
+            .iter()
+            .map(|r| r.approx_bytes() as u64)
+            .sum();
+        self.records.truncate(cut);
+        self.bytes = self.bytes.saturating_sub(lost_bytes);
+        stats.written += kept_records as u64;
+        stats.dropped += lost as u64;
+        self.buf.clear();
+        self.buf_records = 0;
+        match failure {
+            None => Ok(()),
+            Some(e) => Err(Error::io(&self.journal_path, e)),
+        }
     }
 }
 
 /// A rotating, crash-safe trace writer (synchronous; give it its own thread). See the
-/// module documentation for the journal and the loss window.
+/// module documentation for the journal, the loss window and a directory that cannot take
+/// writes.
 ///
 /// Dropping it without [`close`](TraceWriter::close) hands buffered records to the OS and
 /// leaves the journal for the next [`open`](TraceWriter::open) to recover.
@@ -475,6 +608,12 @@ pub struct TraceWriter {
     finished: Vec<PathBuf>,
     seq: u64,
     line: Vec<u8>,
+    stats: WriterStats,
+    /// Journals not finished yet (recovery or a rotation could not write their Parquet).
+    deferred: Vec<DeferredJournal>,
+    retry_at: Instant,
+    retry_wait: Duration,
+    notices: Vec<String>,
 }
 
 impl std::fmt::Debug for TraceWriter {
@@ -484,13 +623,18 @@ impl std::fmt::Debug for TraceWriter {
             .field("prefix", &self.cfg.prefix)
             .field("current", &self.current.as_ref().map(|s| &s.journal_path))
             .field("finished", &self.finished)
+            .field("stats", &self.stats)
             .finish()
     }
 }
 
 impl TraceWriter {
-    /// Creates `cfg.dir` if needed, recovers journals left there by a previous crash (see
+    /// Creates `cfg.dir` if needed, recovers journals left there by a previous run (see
     /// [`recover_dir`]), and returns a writer with no file open yet.
+    ///
+    /// Only a directory that cannot be created or listed is an error: what recovery cannot
+    /// finish (a full disk) is in [`RecoveryReport::deferred`], kept, and retried by the
+    /// writer while it runs; damaged journals are set aside.
     pub fn open(cfg: WriterConfig) -> Result<(TraceWriter, RecoveryReport)> {
         cfg.validate()?;
         let mut builder = fs::DirBuilder::new();
@@ -504,63 +648,104 @@ impl TraceWriter {
             .create(&cfg.dir)
             .map_err(|e| Error::io(&cfg.dir, e))?;
         let report = recover_dir(&cfg.dir, &cfg.meta)?;
-        let writer = TraceWriter {
+        let mut writer = TraceWriter {
             cfg,
             current: None,
             finished: Vec::new(),
             seq: 0,
             line: Vec::with_capacity(4096),
+            stats: WriterStats::default(),
+            deferred: Vec::new(),
+            retry_at: Instant::now() + RETRY_FIRST,
+            retry_wait: RETRY_FIRST,
+            notices: Vec::new(),
         };
+        writer.absorb(&report, false);
         Ok((writer, report))
     }
 
-    /// Appends one record (to the journal buffer and to memory), flushing the buffer to the
+    /// Appends one record (to the journal buffer and to memory), handing the buffer to the
     /// OS if `flush_interval` has passed and rotating if the size limit is reached.
     ///
-    /// An error from the rotation comes after the record was kept (in memory and in the
-    /// journal): do not append it again. The rotation is retried by the next `append`,
-    /// `tick` or `close`, and the journal is recovered by the next `open` if it never succeeds.
+    /// An error says a write to the directory failed during this call; the writer has dealt
+    /// with it, so never append the record again: records whose lines could not be written
+    /// are counted in [`WriterStats::dropped`], a Parquet file that could not be written
+    /// stays as its journal (retried by [`tick`](TraceWriter::tick), else finished by the
+    /// next `open`). Writing resumes by itself once the directory takes writes again.
     pub fn append(&mut self, rec: TraceRecord) -> Result<()> {
+        let mut result = Ok(());
         if self.hour_changed() {
-            self.rotate()?;
+            keep_first(&mut result, self.rotate());
         }
         if self.current.is_none() {
-            self.current = Some(self.start_segment()?);
+            match self.start_segment() {
+                Ok(seg) => self.current = Some(seg),
+                Err(e) => {
+                    self.stats.dropped += 1;
+                    self.note_error(&e);
+                    return Err(e);
+                }
+            }
         }
         let Some(seg) = self.current.as_mut() else {
             return Err(Error::Invalid("no current trace file".into()));
         };
         self.line.clear();
-        serde_json::to_writer(&mut self.line, &rec)
-            .map_err(|e| Error::format(&seg.journal_path, e))?;
+        if let Err(e) = serde_json::to_writer(&mut self.line, &rec) {
+            self.stats.dropped += 1;
+            return Err(Error::format(&seg.journal_path, e));
+        }
         self.line.push(b'\n');
-        seg.journal
-            .write_all(&self.line)
-            .map_err(|e| Error::io(&seg.journal_path, e))?;
-        seg.dirty = true;
+        seg.buf.extend_from_slice(&self.line);
+        seg.buf_records += 1;
         seg.bytes += rec.approx_bytes() as u64;
         seg.records.push(rec);
-        if seg.last_flush.elapsed() >= self.cfg.flush_interval {
-            seg.flush()?;
+        // While the directory fails, it is tried once per interval only.
+        let due = seg.last_flush.elapsed() >= self.cfg.flush_interval
+            || (!self.stats.failing && seg.buf.len() >= JOURNAL_BUF);
+        if due {
+            keep_first(&mut result, self.flush_current());
         }
-        if seg.bytes >= self.cfg.max_file_bytes {
-            self.rotate()?;
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|s| s.bytes >= self.cfg.max_file_bytes)
+        {
+            keep_first(&mut result, self.rotate());
         }
-        Ok(())
+        result
     }
 
-    /// Hands buffered records to the OS and rotates the file if it is older than
-    /// `max_file_age`. Call it at least every `flush_interval`.
+    /// Hands buffered records to the OS, rotates the file if it is older than
+    /// `max_file_age`, and retries journals that could not be finished (after 1 s, doubling
+    /// up to 30 s; at once when the directory takes writes again). Call it at least every
+    /// `flush_interval`. Errors: as for [`append`](TraceWriter::append).
     pub fn tick(&mut self) -> Result<()> {
+        let mut result = Ok(());
         let hour_changed = self.hour_changed();
-        let Some(seg) = self.current.as_mut() else {
-            return Ok(());
-        };
-        seg.flush()?;
-        if seg.opened.elapsed() >= self.cfg.max_file_age || hour_changed {
-            self.rotate()?;
+        if self.current.is_some() {
+            keep_first(&mut result, self.flush_current());
+            let old = self
+                .current
+                .as_ref()
+                .is_some_and(|s| s.opened.elapsed() >= self.cfg.max_file_age);
+            if old || hour_changed {
+                keep_first(&mut result, self.rotate());
+            }
         }
-        Ok(())
+        self.retry_deferred(false);
+        result
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> &WriterStats {
+        &self.stats
+    }
+
+    /// Takes the messages about journals finished, deferred or set aside since the last
+    /// call (rare events, for the owner's log).
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
     }
 
     /// With `rotate_on_hour`: whether the current file was started in an earlier UTC hour.
@@ -577,33 +762,187 @@ impl TraceWriter {
         &self.finished
     }
 
-    /// Finishes the current file and returns every file this writer finished, in order.
-    pub fn close(mut self) -> Result<Vec<PathBuf>> {
-        self.rotate()?;
-        Ok(std::mem::take(&mut self.finished))
+    /// Finishes the current file, tries the journals not finished yet once more, and
+    /// returns every file this writer finished. Any shortfall is an error
+    /// ([`Error::Incomplete`]): records were dropped, or journals are left for the next
+    /// `open`. [`finish`](TraceWriter::finish) reports the same without failing.
+    pub fn close(self) -> Result<Vec<PathBuf>> {
+        let dir = self.cfg.dir.clone();
+        let r = self.finish();
+        if r.stats.dropped > 0 || !r.journals_left.is_empty() {
+            return Err(Error::Incomplete(format!(
+                "{}: {} records dropped, {} journal(s) left for the next start{}",
+                dir.display(),
+                r.stats.dropped,
+                r.journals_left.len(),
+                r.stats
+                    .last_error
+                    .map_or(String::new(), |e| format!(" (last error: {e})"))
+            )));
+        }
+        Ok(r.files)
     }
 
-    /// Writes the current segment's records to Parquet and deletes its journal. On error the
-    /// segment stays current (in memory and in its journal) so nothing is lost.
-    fn rotate(&mut self) -> Result<()> {
+    /// Finishes the current file (records whose lines cannot be written are dropped and
+    /// counted; a Parquet file that cannot be written stays as its journal), tries the
+    /// journals not finished yet once more, and says what it finished and what it left.
+    pub fn finish(mut self) -> CloseReport {
+        let _ = self.rotate();
+        // What is still unfinished is in `journals_left`: no "retried later" notice.
+        self.notices.clear();
+        self.retry_deferred(true);
+        self.stats.journals_pending = self.deferred.len();
+        CloseReport {
+            files: std::mem::take(&mut self.finished),
+            journals_left: std::mem::take(&mut self.deferred),
+            stats: self.stats.clone(),
+            notices: std::mem::take(&mut self.notices),
+        }
+    }
+
+    fn note_error(&mut self, e: &Error) {
+        self.stats.errors += 1;
+        self.stats.last_error = Some(e.to_string());
+        self.stats.failing = true;
+    }
+
+    /// A write of records succeeded: the directory takes writes again, so the journals
+    /// waiting are tried at the next tick.
+    fn note_ok(&mut self) {
+        if self.stats.failing {
+            self.stats.failing = false;
+            self.retry_at = Instant::now();
+        }
+    }
+
+    fn flush_current(&mut self) -> Result<()> {
         let Some(seg) = self.current.as_mut() else {
             return Ok(());
         };
-        seg.flush()?;
-        write_trace_file(&seg.parquet_path, &seg.records, &self.cfg.meta)?;
-        let Some(seg) = self.current.take() else {
+        let had = !seg.buf.is_empty();
+        match seg.flush(&mut self.stats) {
+            Ok(()) => {
+                if had {
+                    self.note_ok();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.note_error(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Ends the current segment: writes its records to Parquet and deletes its journal. A
+    /// Parquet file that cannot be written leaves the journal (deferred: retried later, or
+    /// finished by the next `open`) and the next record starts a new segment, so memory
+    /// stays bounded by one file's records.
+    fn rotate(&mut self) -> Result<()> {
+        if self.current.is_none() {
             return Ok(());
+        }
+        let mut result = self.flush_current();
+        let Some(seg) = self.current.take() else {
+            return result;
         };
         let Segment {
             journal_path,
             parquet_path,
-            journal,
+            file,
+            records,
             ..
         } = seg;
-        drop(journal);
-        fs::remove_file(&journal_path).map_err(|e| Error::io(&journal_path, e))?;
-        self.finished.push(parquet_path);
-        Ok(())
+        drop(file);
+        if records.is_empty() {
+            // Nothing reached the journal: an empty file (or its removal fails and the next
+            // open removes it).
+            let _ = fs::remove_file(&journal_path);
+            return result;
+        }
+        match write_trace_file(&parquet_path, &records, &self.cfg.meta) {
+            Ok(()) => {
+                self.note_ok();
+                if let Err(e) = fs::remove_file(&journal_path) {
+                    // The next open finds the Parquet file and removes the journal.
+                    let e = Error::io(&journal_path, e);
+                    self.stats.errors += 1;
+                    self.stats.last_error = Some(e.to_string());
+                }
+                self.finished.push(parquet_path);
+            }
+            Err(e) => {
+                self.note_error(&e);
+                self.notices.push(format!(
+                    "{} could not be written ({e}); its {} records stay in {}, retried while \
+                     running and by the next start",
+                    parquet_path.display(),
+                    records.len(),
+                    journal_path.display()
+                ));
+                self.deferred.push(DeferredJournal {
+                    journal: journal_path,
+                    records: records.len(),
+                    reason: e.to_string(),
+                });
+                self.stats.journals_pending = self.deferred.len();
+                self.stats.records_pending = self.deferred.iter().map(|d| d.records).sum();
+                keep_first(&mut result, Err(e));
+            }
+        }
+        result
+    }
+
+    /// Tries the journals not finished yet: when due (backoff), or always with `force`.
+    fn retry_deferred(&mut self, force: bool) {
+        if self.deferred.is_empty() || (!force && Instant::now() < self.retry_at) {
+            return;
+        }
+        let meta = recovered_meta(&self.cfg.meta);
+        let mut report = RecoveryReport::default();
+        for d in std::mem::take(&mut self.deferred) {
+            recover_journal(&d.journal, &meta, &mut report);
+        }
+        let progress = !report.files.is_empty();
+        self.absorb(&report, true);
+        if progress || self.deferred.is_empty() {
+            self.retry_wait = RETRY_FIRST;
+        } else {
+            self.retry_wait = (self.retry_wait * 2).min(RETRY_MAX);
+        }
+        self.retry_at = Instant::now() + self.retry_wait;
+    }
+
+    /// Counts what a recovery did; with `later`, also notes it for the log (at open the
+    /// owner reports the [`RecoveryReport`] itself).
+    fn absorb(&mut self, report: &RecoveryReport, later: bool) {
+        let s = &mut self.stats;
+        s.recovered_records += report.records as u64;
+        s.damaged_lines += report.damaged_lines.len() as u64;
+        s.set_aside += report.set_aside.len() as u64;
+        s.torn_lines += report.torn_lines as u64;
+        if later {
+            s.errors += (report.deferred.len() + report.errors.len()) as u64;
+            if let Some(d) = report.deferred.last() {
+                s.last_error = Some(format!("{}: {}", d.journal.display(), d.reason));
+            }
+            for f in &report.files {
+                self.notices
+                    .push(format!("finished {} from its journal", f.display()));
+            }
+            for p in &report.set_aside {
+                self.notices.push(format!(
+                    "journal with damaged lines set aside as {} (its intact records are \
+                     finished)",
+                    p.display()
+                ));
+            }
+            self.notices.extend(report.errors.iter().cloned());
+            self.finished.extend(report.files.iter().cloned());
+        }
+        self.deferred.extend(report.deferred.iter().cloned());
+        self.stats.journals_pending = self.deferred.len();
+        self.stats.records_pending = self.deferred.iter().map(|d| d.records).sum();
     }
 
     /// Creates the next journal, with a name no file in the directory has yet.
@@ -629,15 +968,34 @@ impl TraceWriter {
             return Ok(Segment {
                 journal_path,
                 parquet_path,
-                journal: BufWriter::with_capacity(64 * 1024, file),
+                file,
+                committed_len: 0,
+                tail_dirty: false,
+                buf: Vec::with_capacity(JOURNAL_BUF),
+                buf_records: 0,
                 records: Vec::new(),
                 bytes: 0,
                 opened: now,
                 hour: utc_hour(wall),
                 last_flush: now,
-                dirty: false,
             });
         }
+    }
+}
+
+impl Drop for TraceWriter {
+    /// Hands buffered records to the OS; the journal stays for the next `open`.
+    fn drop(&mut self) {
+        if let Some(seg) = self.current.as_mut() {
+            let _ = seg.flush(&mut self.stats);
+        }
+    }
+}
+
+/// Keeps the first error of several steps.
+fn keep_first(result: &mut Result<()>, r: Result<()>) {
+    if let (Ok(()), Err(e)) = (&*result, r) {
+        *result = Err(e);
     }
 }
 
@@ -646,19 +1004,43 @@ fn utc_hour(t: chrono::DateTime<chrono::Utc>) -> i64 {
     t.timestamp().div_euclid(3600)
 }
 
-/// Finishes what a crashed [`TraceWriter`] left in `dir`: every `*.journal` becomes its
-/// `.parquet` (written with `meta` plus the extra key `recovered=journal`) and is deleted,
-/// and stale `*.parquet.tmp` files are removed.
+/// `meta` plus `recovered=journal`: the metadata of a file finished from its journal.
+fn recovered_meta(meta: &FileMeta) -> FileMeta {
+    let mut meta = meta.clone();
+    meta.extra
+        .insert("recovered".to_string(), "journal".to_string());
+    meta
+}
+
+/// Finishes what a previous [`TraceWriter`] left in `dir` (a crash, or a directory that
+/// could not take the Parquet file): every `*.journal` becomes its `.parquet` (written with
+/// `meta` plus the extra key `recovered=journal`) and is deleted, and stale `*.parquet.tmp`
+/// files are removed.
 ///
-/// A torn final line (no newline, not valid JSON: the record being written when the process
-/// died) is dropped and counted in [`RecoveryReport::torn_lines`]. Any other bad line is an
-/// [`Error::BadRow`] naming the journal and line, and that journal is left in place. A
-/// journal whose `.parquet` already exists (the crash came between the rename and the
+/// Nothing found there is an error (only a directory that cannot be listed is), and nothing
+/// is deleted that was not finished:
+/// - a torn final line (no newline, not valid JSON: the record being written when the
+///   process died) is dropped and counted in [`RecoveryReport::torn_lines`];
+/// - any other bad line is damage: the intact records (also those after it, and a record
+///   glued to the damaged part of its line) are finished, and the journal is renamed aside,
+///   byte for byte, to `<name>.damaged-<utc>` ([`RecoveryReport::damaged_lines`],
+///   [`RecoveryReport::set_aside`]);
+/// - a journal that cannot be read or whose Parquet file cannot be written (a full disk)
+///   is kept under its name and reported in [`RecoveryReport::deferred`].
+///
+/// A journal whose `.parquet` already exists (the crash came between the rename and the
 /// deletion) is simply deleted; its file is still reported.
 pub fn recover_dir(dir: &Path, meta: &FileMeta) -> Result<RecoveryReport> {
+    let mut report = RecoveryReport::default();
     let mut journals = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        let path = match entry {
+            Ok(e) => e.path(),
+            Err(e) => {
+                report.errors.push(format!("{}: {e}", dir.display()));
+                continue;
+            }
+        };
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -667,7 +1049,7 @@ pub fn recover_dir(dir: &Path, meta: &FileMeta) -> Result<RecoveryReport> {
             match fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(&path, e)),
+                Err(e) => report.errors.push(format!("{}: {e}", path.display())),
             }
         } else if path.extension().is_some_and(|e| e == JOURNAL_EXT) && path.is_file() {
             journals.push(path);
@@ -675,32 +1057,110 @@ pub fn recover_dir(dir: &Path, meta: &FileMeta) -> Result<RecoveryReport> {
     }
     journals.sort();
 
-    let mut meta = meta.clone();
-    meta.extra
-        .insert("recovered".to_string(), "journal".to_string());
-    let mut report = RecoveryReport::default();
+    let meta = recovered_meta(meta);
     for journal in journals {
-        let (records, torn) = read_journal(&journal)?;
-        report.torn_lines += torn;
-        let parquet = journal.with_extension("parquet");
-        if !records.is_empty() {
-            if !parquet.exists() {
-                write_trace_file(&parquet, &records, &meta)?;
-            }
-            report.records += records.len();
-            report.files.push(parquet);
-        }
-        fs::remove_file(&journal).map_err(|e| Error::io(&journal, e))?;
+        recover_journal(&journal, &meta, &mut report);
     }
-    sync_dir(dir)?;
+    if let Err(e) = sync_dir(dir) {
+        report.errors.push(e.to_string());
+    }
     Ok(report)
 }
 
-/// Parses a journal; returns its records and the number of torn final lines (0 or 1).
-fn read_journal(path: &Path) -> Result<(Vec<TraceRecord>, usize)> {
+/// Finishes one journal into its Parquet file (see [`recover_dir`]); whatever it cannot do
+/// goes into `report`.
+fn recover_journal(journal: &Path, meta: &FileMeta, report: &mut RecoveryReport) {
+    let contents = match read_journal(journal) {
+        Ok(c) => c,
+        Err(e) => {
+            report.deferred.push(DeferredJournal {
+                journal: journal.to_path_buf(),
+                records: 0,
+                reason: e.to_string(),
+            });
+            return;
+        }
+    };
+    let parquet = journal.with_extension("parquet");
+    if !contents.records.is_empty() {
+        if !parquet.exists() {
+            if let Err(e) = write_trace_file(&parquet, &contents.records, meta) {
+                report.deferred.push(DeferredJournal {
+                    journal: journal.to_path_buf(),
+                    records: contents.records.len(),
+                    reason: e.to_string(),
+                });
+                return;
+            }
+        }
+        report.records += contents.records.len();
+        report.files.push(parquet);
+    }
+    report.torn_lines += contents.torn_lines;
+    if contents.damaged_lines.is_empty() {
+        match fs::remove_file(journal) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => report.errors.push(format!("{}: {e}", journal.display())),
+        }
+        return;
+    }
+    report.damaged_lines.extend(
+        contents
+            .damaged_lines
+            .iter()
+            .map(|&l| (journal.to_path_buf(), l)),
+    );
+    match set_aside(journal) {
+        Ok(p) => report.set_aside.push(p),
+        // Left under its name: the next recovery finds the Parquet file and tries again.
+        Err(e) => report.errors.push(format!(
+            "{}: could not be set aside: {e}",
+            journal.display()
+        )),
+    }
+}
+
+/// Renames `path` to `<name>.damaged-<utc>` (plus `-N` if taken); returns the new path.
+fn set_aside(path: &Path) -> io::Result<PathBuf> {
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    for n in 0..1000 {
+        let suffix = if n == 0 {
+            String::new()
+        } else {
+            format!("-{n}")
+        };
+        let to = path.with_file_name(format!("{name}.damaged-{stamp}{suffix}"));
+        if to.exists() {
+            continue;
+        }
+        fs::rename(path, &to)?;
+        return Ok(to);
+    }
+    Err(io::Error::from(io::ErrorKind::AlreadyExists))
+}
+
+/// What a journal holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JournalContents {
+    /// Every record that could be read, in order.
+    pub records: Vec<TraceRecord>,
+    /// Torn final lines (0 or 1).
+    pub torn_lines: usize,
+    /// 1-based numbers of the damaged lines.
+    pub damaged_lines: Vec<usize>,
+}
+
+/// The start of every journal line: `request_id` is the record's first field.
+const RECORD_START: &[u8] = br#"{"request_id":"#;
+
+/// Reads a journal: every intact record, also after damage. A line that is not a record is
+/// damaged, unless it is the unterminated last one (torn); a record glued to the damaged
+/// part of its line (a write cut short, then the next record) is still read.
+pub fn read_journal(path: &Path) -> Result<JournalContents> {
     let data = fs::read(path).map_err(|e| Error::io(path, e))?;
-    let mut records = Vec::new();
-    let mut torn = 0;
+    let mut out = JournalContents::default();
     let mut start = 0;
     let mut line_no = 0;
     while start < data.len() {
@@ -713,19 +1173,23 @@ fn read_journal(path: &Path) -> Result<(Vec<TraceRecord>, usize)> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_slice::<TraceRecord>(line) {
-            Ok(r) => records.push(r),
-            Err(_) if !terminated => torn += 1,
-            Err(e) => {
-                return Err(Error::BadRow {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    message: format!("corrupt journal line: {e}"),
-                })
+        if let Ok(r) = serde_json::from_slice::<TraceRecord>(line) {
+            out.records.push(r);
+            continue;
+        }
+        let glued = memchr::memmem::find_iter(line, RECORD_START)
+            .filter(|&i| i > 0)
+            .find_map(|i| serde_json::from_slice::<TraceRecord>(&line[i..]).ok());
+        match glued {
+            Some(r) => {
+                out.records.push(r);
+                out.damaged_lines.push(line_no);
             }
+            None if !terminated => out.torn_lines += 1,
+            None => out.damaged_lines.push(line_no),
         }
     }
-    Ok((records, torn))
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -993,8 +1457,11 @@ pub(crate) mod tests {
         assert!(w.close().unwrap().is_empty());
     }
 
+    /// A damaged line in the middle no longer stops recovery (it used to be an error that
+    /// kept capture from starting): the records around it are finished, the journal is set
+    /// aside under a new name and the report names the file and the line.
     #[test]
-    fn corrupt_journal_line_in_the_middle_is_an_error_naming_file_and_line() {
+    fn corrupt_journal_line_in_the_middle_is_set_aside_naming_file_and_line() {
         let dir = tempfile::tempdir().unwrap();
         let journal = dir.path().join("cap-x.journal");
         let mut data = serde_json::to_vec(&full_record(0)).unwrap();
@@ -1002,12 +1469,229 @@ pub(crate) mod tests {
         data.extend_from_slice(&serde_json::to_vec(&full_record(1)).unwrap());
         data.push(b'\n');
         fs::write(&journal, &data).unwrap();
-        let err = recover_dir(dir.path(), &test_meta()).unwrap_err();
+        let report = recover_dir(dir.path(), &test_meta()).unwrap();
+        assert_eq!(report.records, 2);
+        assert_eq!(report.damaged_lines, vec![(journal.clone(), 2)]);
+        assert_eq!(report.set_aside.len(), 1);
+        let aside = &report.set_aside[0];
         assert!(
-            matches!(&err, Error::BadRow { path, line: 2, .. } if path == &journal),
-            "{err}"
+            aside.to_string_lossy().contains("cap-x.journal.damaged-"),
+            "{aside:?}"
         );
-        assert!(journal.exists(), "the journal is kept for inspection");
+        assert!(!journal.exists());
+        assert_eq!(
+            fs::read(aside).unwrap(),
+            data,
+            "the journal is kept for inspection"
+        );
+        let t = read_traces(&[dir.path().join("cap-x.parquet").to_str().unwrap()]).unwrap();
+        assert_eq!(t.records, vec![full_record(0), full_record(1)]);
+    }
+
+    /// The journal the issue found: a record over 64 KiB cut by ENOSPC with the next record
+    /// glued to its torn part, and a damaged line in the middle. Every intact record is
+    /// recovered (also the glued one and those after the damage), the journal is set aside
+    /// under a new name, byte for byte, and nothing is deleted.
+    #[test]
+    fn damaged_and_torn_big_lines_are_set_aside_and_every_intact_line_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("cap-20240101T000000Z-000000.journal");
+        let line = |r: &TraceRecord| {
+            let mut v = serde_json::to_vec(r).unwrap();
+            v.push(b'\n');
+            v
+        };
+        let mut big = full_record(10);
+        big.body = Some("x".repeat(100 * 1024));
+        let mut torn = serde_json::to_vec(&big).unwrap();
+        assert!(torn.len() > 64 * 1024);
+        torn.truncate(75_000);
+        let mut data = Vec::new();
+        data.extend(line(&full_record(0)));
+        data.extend(line(&full_record(1)));
+        data.extend_from_slice(b"{not json\n");
+        data.extend(line(&full_record(2)));
+        data.extend_from_slice(&torn); // cut by ENOSPC, no newline ...
+        data.extend(line(&full_record(3))); // ... and the next record written after it
+        data.extend(line(&full_record(4)));
+        fs::write(&journal, &data).unwrap();
+
+        let report = recover_dir(dir.path(), &test_meta()).expect("recovery never refuses");
+        assert_eq!(report.records, 5);
+        assert_eq!(report.torn_lines, 0);
+        assert_eq!(
+            report.damaged_lines,
+            vec![(journal.clone(), 3), (journal.clone(), 5)]
+        );
+        assert_eq!(report.set_aside.len(), 1);
+        assert!(report.deferred.is_empty() && report.errors.is_empty());
+        let parquet = dir.path().join("cap-20240101T000000Z-000000.parquet");
+        assert_eq!(report.files, vec![parquet.clone()]);
+        let t = read_traces(&[parquet.to_str().unwrap()]).unwrap();
+        let want: Vec<_> = (0..5).map(full_record).collect();
+        assert_eq!(t.records, want);
+        let names = list(dir.path());
+        assert_eq!(names.len(), 2, "{names:?}");
+        let aside = names
+            .iter()
+            .find(|n| n.starts_with("cap-20240101T000000Z-000000.journal.damaged-"))
+            .unwrap_or_else(|| panic!("journal not set aside: {names:?}"));
+        assert_eq!(
+            fs::read(dir.path().join(aside)).unwrap(),
+            data,
+            "kept byte for byte"
+        );
+        // A second recovery finds nothing more to do and touches nothing.
+        let again = recover_dir(dir.path(), &test_meta()).unwrap();
+        assert_eq!(again.records, 0);
+        assert_eq!(list(dir.path()), names);
+    }
+
+    /// A small tmpfs mounted on a fresh temp dir, unmounted on drop: a disk that really
+    /// fills. `None` (after a loud SKIP) when not root; CI runs as root.
+    pub(crate) struct Tmpfs {
+        pub(crate) dir: tempfile::TempDir,
+    }
+
+    impl Tmpfs {
+        pub(crate) fn mount(size: &str) -> Option<Tmpfs> {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                eprintln!("SKIP: not root, cannot mount a tmpfs to fill a disk (CI runs as root)");
+                return None;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let st = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir.path())
+                .status()
+                .expect("run mount");
+            assert!(st.success(), "mount -t tmpfs failed as root: {st:?}");
+            Some(Tmpfs { dir })
+        }
+
+        pub(crate) fn path(&self) -> &Path {
+            self.dir.path()
+        }
+
+        /// Fills the file system with `fill` until it is full.
+        pub(crate) fn fill(&self) {
+            let mut f = File::create(self.path().join("fill")).unwrap();
+            let block = vec![0u8; 4096];
+            loop {
+                match f.write(&block) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                    Err(e) => panic!("filling the tmpfs: {e}"),
+                }
+            }
+        }
+
+        pub(crate) fn free(&self) {
+            fs::remove_file(self.path().join("fill")).unwrap();
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+
+    fn big_record(i: i64) -> TraceRecord {
+        let mut r = full_record(i);
+        r.body = Some("y".repeat(3000));
+        r
+    }
+
+    /// On a full disk: every record is either in the journal or counted as dropped, the
+    /// journal never holds a torn line, writing resumes once there is space, a Parquet file
+    /// that cannot be written leaves its journal, and opening on the still-full disk works,
+    /// keeps that journal and finishes it once there is space again.
+    #[test]
+    fn full_disk_drops_exactly_keeps_journals_whole_and_resumes() {
+        let Some(fs_) = Tmpfs::mount("256k") else {
+            return;
+        };
+        let out = fs_.path().join("cap");
+        let mut cfg = WriterConfig::new(&out, "cap", test_meta());
+        cfg.flush_interval = Duration::ZERO; // every append is handed to the OS
+        let (mut w, _) = TraceWriter::open(cfg.clone()).unwrap();
+        for i in 0..3 {
+            w.append(big_record(i)).unwrap();
+        }
+        assert_eq!(w.stats().written, 3);
+        fs_.fill();
+        let mut failed = 0;
+        for i in 3..40 {
+            failed += usize::from(w.append(big_record(i)).is_err());
+        }
+        let st = w.stats().clone();
+        assert!(st.failing && failed > 0 && st.errors > 0, "{st:?}");
+        assert_eq!(st.written + st.dropped, 40, "{st:?}");
+        assert!(st.dropped >= 30, "{st:?}");
+        let journal = out.join(&list(&out)[0]);
+        let on_disk = read_journal(&journal).unwrap();
+        assert_eq!(on_disk.torn_lines, 0);
+        assert!(on_disk.damaged_lines.is_empty());
+        let kept: Vec<_> = on_disk
+            .records
+            .iter()
+            .map(|r| r.request_id.clone())
+            .collect();
+        let want: Vec<_> = (0..st.written as i64).map(|i| format!("req-{i}")).collect();
+        assert_eq!(kept, want, "the journal holds exactly the records written");
+
+        // Space again: the next records are written.
+        fs_.free();
+        w.append(big_record(100)).unwrap();
+        w.append(big_record(101)).unwrap();
+        assert!(!w.stats().failing);
+        assert_eq!(w.stats().written, st.written + 2);
+        let r = w.finish();
+        assert!(r.journals_left.is_empty(), "{r:?}");
+        assert_eq!(r.stats.dropped, st.dropped);
+        let t = read_traces(&[out.to_str().unwrap()]).unwrap();
+        assert_eq!(t.records.len() as u64, st.written + 2);
+
+        // Journal written, then the disk fills: the Parquet file cannot be written, the
+        // journal stays whole and is reported; nothing is dropped.
+        let (mut w, _) = TraceWriter::open(cfg.clone()).unwrap();
+        for i in 200..205 {
+            w.append(big_record(i)).unwrap();
+        }
+        fs_.fill();
+        let r = w.finish();
+        assert_eq!(r.stats.dropped, 0);
+        assert_eq!(r.journals_left.len(), 1, "{r:?}");
+        assert_eq!(r.journals_left[0].records, 5);
+        let left = r.journals_left[0].journal.clone();
+        assert_eq!(read_journal(&left).unwrap().records.len(), 5);
+
+        // Opening on the still-full disk: no error, the journal is kept and deferred.
+        let (mut w, report) = TraceWriter::open(cfg.clone()).expect("open on a full disk");
+        assert_eq!(report.deferred.len(), 1, "{report:?}");
+        assert_eq!(report.deferred[0].journal, left);
+        assert!(left.exists());
+        assert_eq!(w.stats().journals_pending, 1);
+        w.tick().unwrap();
+        assert!(left.exists(), "not retried before its backoff");
+        // Space again: a tick after the backoff (1 s) finishes it, while the writer runs.
+        fs_.free();
+        std::thread::sleep(RETRY_FIRST + Duration::from_millis(50));
+        w.tick().unwrap();
+        assert!(!left.exists());
+        assert_eq!(w.stats().journals_pending, 0);
+        assert_eq!(w.take_notices().len(), 1);
+        let r = w.finish();
+        assert!(r.journals_left.is_empty(), "{r:?}");
+        assert!(!left.exists());
+        assert_eq!(r.stats.recovered_records, 5);
+        let t = read_traces(&[out.to_str().unwrap()]).unwrap();
+        assert_eq!(t.records.len() as u64, st.written + 2 + 5);
     }
 
     #[test]
@@ -1024,8 +1708,8 @@ pub(crate) mod tests {
         w.tick().unwrap();
         // The journal on disk already holds every record, before any close.
         let journal = dir.path().join(&list(dir.path())[0]);
-        let (on_disk, torn) = read_journal(&journal).unwrap();
-        assert_eq!((on_disk, torn), (records.clone(), 0));
+        let on_disk = read_journal(&journal).unwrap();
+        assert_eq!((on_disk.records, on_disk.torn_lines), (records.clone(), 0));
         // kill -9: no destructor, no close.
         std::mem::forget(w);
         let report = recover_dir(dir.path(), &test_meta()).unwrap();
@@ -1046,7 +1730,7 @@ pub(crate) mod tests {
         assert_eq!(fs::metadata(&journal).unwrap().len(), 0, "still buffered");
         std::thread::sleep(Duration::from_millis(120));
         w.append(full_record(1)).unwrap();
-        assert_eq!(read_journal(&journal).unwrap().0.len(), 2);
+        assert_eq!(read_journal(&journal).unwrap().records.len(), 2);
         std::mem::forget(w);
     }
 

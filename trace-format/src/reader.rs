@@ -179,9 +179,51 @@ enum Source {
     Object(ObjectLocation, object_store::path::Path),
 }
 
+/// Reads one trace file held in memory (`name` is what errors and [`TraceFile::path`] call
+/// it): its metadata and its records in file order, with every check [`read_traces`] makes.
+/// Damaged bytes are an error naming `name`, never a panic.
+pub fn read_trace_bytes(data: bytes::Bytes, name: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
+    read_parquet(data, name)
+}
+
 /// Reads one file (named `path` in errors and in [`TraceFile::path`]; an object's URL for
 /// an object): its metadata (version checked) and its records in file order.
+///
+/// Damaged bytes are [`Error::Format`] naming the file, never a panic. The `parquet` crate
+/// panics on some damaged pages inside its own decoders (a definition-level run longer than
+/// the page, a dictionary index into an empty dictionary, a truncated delta-encoded string;
+/// the files under `tests/fuzz-regressions/parquet/` are such pages), before any array
+/// reaches us, so no check of ours can come first. The decode of one file therefore runs
+/// under [`std::panic::catch_unwind`] as the last line of defense, and a panic in it becomes
+/// an error naming the file (the panic's message is kept in it, and kept off stderr by
+/// [`guard::install_quiet_hook`]). That is sound here: the decode owns everything it touches
+/// (the reader, the buffers it allocates, the records it builds), all dropped on the unwind,
+/// so nothing half-updated is observed afterwards. Arrays the decoder does return are
+/// validated in full (`ArrayData::validate_full`: offsets, lengths, bitmaps, UTF-8) before
+/// any value is read from them. This relies on unwinding: a build with `panic = "abort"`
+/// would lose the conversion.
 fn read_parquet<R: ChunkReader + 'static>(
+    file: R,
+    path: &Path,
+) -> Result<(TraceFile, Vec<TraceRecord>)> {
+    guard::install_quiet_hook();
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        guard::quietly(|| decode_parquet(file, path))
+    }));
+    match decoded {
+        Ok(r) => r,
+        Err(payload) => {
+            let why = guard::take_message().unwrap_or_else(|| guard::payload_message(&payload));
+            Err(Error::format(
+                path,
+                format!("damaged Parquet file: the decoder failed ({why})"),
+            ))
+        }
+    }
+}
+
+/// [`read_parquet`] without the panic guard.
+fn decode_parquet<R: ChunkReader + 'static>(
     file: R,
     path: &Path,
 ) -> Result<(TraceFile, Vec<TraceRecord>)> {
@@ -209,6 +251,7 @@ fn read_parquet<R: ChunkReader + 'static>(
     let mut records = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| Error::format(path, e))?;
+        validate(&batch, path)?;
         let first_row = records.len();
         records.extend(convert(&batch, path, first_row)?);
     }
@@ -220,6 +263,90 @@ fn read_parquet<R: ChunkReader + 'static>(
         tool_version,
     };
     Ok((file, records))
+}
+
+/// Checks every array of a decoded batch in full (buffer lengths, offsets, validity bitmaps,
+/// UTF-8) so that reading a value from a damaged one is an error here, not a panic or an
+/// out-of-bounds read later.
+fn validate(batch: &RecordBatch, path: &Path) -> Result<()> {
+    for (field, column) in batch.schema_ref().fields().iter().zip(batch.columns()) {
+        if column.len() != batch.num_rows() {
+            return Err(Error::format(
+                path,
+                format!(
+                    "damaged Parquet file: column {} has {} values for {} rows",
+                    field.name(),
+                    column.len(),
+                    batch.num_rows()
+                ),
+            ));
+        }
+        column.to_data().validate_full().map_err(|e| {
+            Error::format(
+                path,
+                format!("damaged Parquet file: column {}: {e}", field.name()),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The panic guard of [`read_parquet`]: a process-wide panic hook, installed once, that keeps
+/// panics raised inside [`quietly`] on this thread off stderr and keeps their message for the
+/// error; every other panic goes to the hook that was installed before.
+mod guard {
+    use std::any::Any;
+    use std::cell::{Cell, RefCell};
+    use std::sync::Once;
+
+    thread_local! {
+        static QUIET: Cell<bool> = const { Cell::new(false) };
+        static MESSAGE: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn install_quiet_hook() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                if QUIET.with(Cell::get) {
+                    let at = info
+                        .location()
+                        .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                        .unwrap_or_default();
+                    let msg = format!("{}{at}", payload_message(info.payload()));
+                    MESSAGE.with(|m| *m.borrow_mut() = Some(msg));
+                } else {
+                    previous(info);
+                }
+            }));
+        });
+    }
+
+    /// Runs `f` with this thread's panics kept quiet (restored on return and on unwind).
+    pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> T {
+        struct Reset(bool);
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                QUIET.with(|q| q.set(self.0));
+            }
+        }
+        let _reset = Reset(QUIET.with(|q| q.replace(true)));
+        MESSAGE.with(|m| m.borrow_mut().take());
+        f()
+    }
+
+    /// The message of the last quiet panic on this thread.
+    pub(super) fn take_message() -> Option<String> {
+        MESSAGE.with(|m| m.borrow_mut().take())
+    }
+
+    pub(super) fn payload_message(p: &(dyn Any + Send)) -> String {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into())
+    }
 }
 
 fn check_required(schema: &Schema, path: &Path) -> Result<()> {

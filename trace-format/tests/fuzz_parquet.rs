@@ -245,7 +245,10 @@ fn mutated_trace_files_are_values_or_errors_never_panics() {
                 Outcome2::Error(e) => {
                     errors += 1;
                     guarded += u64::from(e.contains("the decoder failed"));
-                    assert!(e.contains("damaged.parquet"), "{label}: error without the file: {e}");
+                    assert!(
+                        e.contains("damaged.parquet"),
+                        "{label}: error without the file: {e}"
+                    );
                 }
                 Outcome2::Panic(msg) => {
                     if let Ok(dir) = std::env::var("LLMREPLAY_FUZZ_SAVE") {
@@ -264,7 +267,12 @@ fn mutated_trace_files_are_values_or_errors_never_panics() {
          the parquet crate, caught by the reader's guard), {} panics escaped",
         panics.len()
     );
-    assert!(panics.is_empty(), "{} panics:\n{}", panics.len(), panics.join("\n"));
+    assert!(
+        panics.is_empty(),
+        "{} panics:\n{}",
+        panics.len(),
+        panics.join("\n")
+    );
 }
 
 /// Every input that once crashed the reader (found by the sweep above; the file name says

@@ -9,8 +9,10 @@
 #   trace-format  tests/fuzz_inputs.rs    SSE parser, importers, journal recovery, redactor
 #   trace-format  tests/fuzz_parquet.rs   Parquet reader on damaged data pages
 #
-# usage: bench/fuzz.sh                       (defaults: 20000 cases, 4 Parquet seeds)
-#        LLMREPLAY_FUZZ_CASES=100000 LLMREPLAY_FUZZ_SEEDS=10 bench/fuzz.sh
+# usage: bench/fuzz.sh [framing] [jsonscan] [observer] [inputs] [parquet]     (default: all)
+#        defaults: LLMREPLAY_FUZZ_CASES=20000, LLMREPLAY_FUZZ_SEEDS=4 (Parquet sweeps, each
+#        LLMREPLAY_FUZZ_CASES damaged files per writer setting, five settings)
+#        e.g. LLMREPLAY_FUZZ_CASES=100000 LLMREPLAY_FUZZ_SEEDS=10 bench/fuzz.sh parquet
 # A failing proptest case is written to the test's proptest-regressions file (commit it); a
 # Parquet input that panics is saved under target/fuzz-crashes/parquet/ (copy it into
 # trace-format/tests/fuzz-regressions/parquet/).
@@ -33,10 +35,17 @@ run() { # package test [env...]
     grep -h "fuzz:" "target/fuzz-$test.log" || true
     echo "$pkg $test $*: ok, $LLMREPLAY_FUZZ_CASES cases per property, $((SECONDS - t0)) s"
 }
-run wire fuzz_framing
-run proxy fuzz_jsonscan
-run proxy observer_props
-run trace-format fuzz_inputs
-for seed in $(seq 1 "$SEEDS"); do
-    run trace-format fuzz_parquet LLMREPLAY_FUZZ_SEED="$seed"
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(framing jsonscan observer inputs parquet)
+for part in "${parts[@]}"; do
+    case $part in
+        framing) run wire fuzz_framing ;;
+        jsonscan) run proxy fuzz_jsonscan ;;
+        observer) run proxy observer_props ;;
+        inputs) run trace-format fuzz_inputs ;;
+        parquet) for seed in $(seq 1 "$SEEDS"); do
+            run trace-format fuzz_parquet LLMREPLAY_FUZZ_SEED="$seed"
+        done ;;
+        *) echo "unknown part $part (framing jsonscan observer inputs parquet)" >&2; exit 2 ;;
+    esac
 done

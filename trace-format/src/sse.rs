@@ -357,7 +357,10 @@ mod tests {
         let whole = events(&[b"data: a\r\ndata: b\r\n\r\n"]);
         assert_eq!(whole, vec!["a\nb"]);
         assert_eq!(events(&[b"data: a\r", b"", b"\ndata: b\r\n\r\n"]), whole);
-        assert_eq!(events(&[b"data: a\r", b"", b"", b"\n", b"data: b\r\n\r\n"]), whole);
+        assert_eq!(
+            events(&[b"data: a\r", b"", b"", b"\n", b"data: b\r\n\r\n"]),
+            whole
+        );
     }
 
     #[test]

@@ -240,6 +240,12 @@ fn mutated_trace_files_are_values_or_errors_never_panics() {
         for case in 0..per_setting {
             let m = mutate(&mut rng, &file, &ranges);
             runs += 1;
+            if let Ok(dir) = std::env::var("LLMREPLAY_FUZZ_SAVE") {
+                // Kept before the read: an input that aborts the process (an allocation
+                // failure is no panic) is left here.
+                let _ = std::fs::create_dir_all(&dir);
+                let _ = std::fs::write(Path::new(&dir).join("last-input.parquet"), &m);
+            }
             match read(&m, name) {
                 Outcome2::Read => {}
                 Outcome2::Error(e) => {

@@ -495,7 +495,7 @@ struct DemoArgs {
 
 /// The command line as typed, quoted where needed, for provenance.
 pub(crate) fn command_line() -> String {
-    redact_secrets(std::env::args())
+    trace_format::redact::redact_args(std::env::args())
         .into_iter()
         .map(|a| {
             if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "\"'$`\\".contains(c)) {
@@ -506,57 +506,6 @@ pub(crate) fn command_line() -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// The arguments with every secret they carry replaced by `***`: the value of `--api-key`,
-/// and the value of a `--header` whose name is a credential (`authorization`, `cookie`, or a
-/// name with `key`, `token`, `secret`, `password` or `auth` in it). The command line is
-/// written into the console, the JSON result, the Parquet metadata and the report.
-fn redact_secrets(args: impl IntoIterator<Item = String>) -> Vec<String> {
-    fn header(kv: &str) -> String {
-        match kv.split_once(':') {
-            Some((k, _)) if secret_header(k) => format!("{k}:***"),
-            _ => kv.to_string(),
-        }
-    }
-    let mut out = Vec::new();
-    let mut pending: Option<fn(&str) -> String> = None;
-    for a in args {
-        if let Some(f) = pending.take() {
-            out.push(f(&a));
-            continue;
-        }
-        if a == "--api-key" {
-            pending = Some(|_| "***".into());
-            out.push(a);
-        } else if a.starts_with("--api-key=") {
-            out.push("--api-key=***".into());
-        } else if a == "--header" {
-            pending = Some(header);
-            out.push(a);
-        } else if let Some(kv) = a.strip_prefix("--header=") {
-            out.push(format!("--header={}", header(kv)));
-        } else {
-            out.push(a);
-        }
-    }
-    out
-}
-
-/// A header name whose value is a credential.
-fn secret_header(name: &str) -> bool {
-    let n = name.trim().to_ascii_lowercase();
-    n == "cookie"
-        || [
-            "authorization",
-            "key",
-            "token",
-            "secret",
-            "password",
-            "auth",
-        ]
-        .iter()
-        .any(|w| n.contains(w))
 }
 
 fn now_us() -> i64 {
@@ -1148,37 +1097,6 @@ fn run_demo(a: DemoArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Keys given on the command line never reach what is written (console, JSON, Parquet
-    /// metadata, report); other values stay as given.
-    #[test]
-    fn the_command_line_keeps_no_secret() {
-        let args = [
-            "llmreplay",
-            "replay",
-            "t.parquet",
-            "--api-key",
-            "sk-live-1",
-            "--api-key=sk-live-2",
-            "--header",
-            "X-Api-Key:sk-live-3",
-            "--header=Authorization: Bearer sk-live-4",
-            "--header",
-            "x-tenant:blue",
-            "--header",
-            "Cookie:s=sk-live-5",
-            "--target",
-            "http://h:8000",
-        ]
-        .map(String::from);
-        let out = redact_secrets(args).join(" ");
-        assert!(!out.contains("sk-live"), "{out}");
-        assert_eq!(
-            out,
-            "llmreplay replay t.parquet --api-key *** --api-key=*** --header X-Api-Key:*** \
-             --header=Authorization:*** --header x-tenant:blue --header Cookie:*** --target http://h:8000"
-        );
-    }
 
     /// Sim flags configure the in-process sim: with a --target they are an error, not
     /// silently ignored; the demo runs the profile it is given, `tiny` without one.

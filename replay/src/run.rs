@@ -583,7 +583,11 @@ async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
     rec.max_tokens = item.req.max_tokens;
     rec.status = ex.status;
     rec.outcome = ex.outcome;
-    rec.error = ex.error;
+    // Redacted here, not only by the writer: the error also goes to the JSON result
+    // (--save-detailed) and the console. An upstream may echo the key in a 401.
+    rec.error = ex
+        .error
+        .map(|e| trace_format::redact::redact_text(&e).into_owned());
     rec.ttft_us = ex.ttft_us;
     rec.e2el_us = ex.e2el_us;
     rec.chunk_times_us = ex.chunk_times_us;

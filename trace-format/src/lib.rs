@@ -8,6 +8,7 @@ pub mod error;
 pub mod import;
 pub mod inspect;
 pub mod reader;
+pub mod redact;
 pub mod schema;
 pub mod sse;
 pub mod stats;

@@ -9,7 +9,7 @@
 //! the file and row.
 
 use std::collections::HashSet;
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -23,7 +23,6 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Schema, TimeUnit};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::file::reader::ChunkReader;
 
 use crate::error::{Error, Result};
 use crate::schema::{col, meta, Outcome, TokenSource, TraceRecord};
@@ -108,8 +107,9 @@ pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
     for source in sources {
         let (file, records) = match source {
             Source::Local(path) => {
-                let f = File::open(&path).map_err(|e| Error::io(&path, e))?;
-                read_parquet(f, &path)?
+                // Read whole: the page check below and the decoder both read it.
+                let data = fs::read(&path).map_err(|e| Error::io(&path, e))?;
+                read_parquet(bytes::Bytes::from(data), &path)?
             }
             Source::Object(loc, key) => {
                 let bytes = loc.get(&key)?;
@@ -179,12 +179,49 @@ enum Source {
     Object(ObjectLocation, object_store::path::Path),
 }
 
+/// Reads one trace file held in memory (`name` is what errors and [`TraceFile::path`] call
+/// it): its metadata and its records in file order, with every check [`read_traces`] makes.
+/// Damaged bytes are an error naming `name`, never a panic.
+pub fn read_trace_bytes(data: bytes::Bytes, name: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
+    read_parquet(data, name)
+}
+
 /// Reads one file (named `path` in errors and in [`TraceFile::path`]; an object's URL for
 /// an object): its metadata (version checked) and its records in file order.
-fn read_parquet<R: ChunkReader + 'static>(
-    file: R,
-    path: &Path,
-) -> Result<(TraceFile, Vec<TraceRecord>)> {
+///
+/// Damaged bytes are [`Error::Format`] naming the file, never a panic. The `parquet` crate
+/// panics on some damaged pages inside its own decoders (a definition-level run longer than
+/// the page, a dictionary index into an empty dictionary, a truncated delta-encoded string;
+/// the files under `tests/fuzz-regressions/parquet/` are such pages), before any array
+/// reaches us, so no check of ours can come first. The decode of one file therefore runs
+/// under [`std::panic::catch_unwind`] as the last line of defense, and a panic in it becomes
+/// an error naming the file (the panic's message is kept in it, and kept off stderr by
+/// [`guard::install_quiet_hook`]). That is sound here: the decode owns everything it touches
+/// (the reader, the buffers it allocates, the records it builds), all dropped on the unwind,
+/// so nothing half-updated is observed afterwards. Arrays the decoder does return are
+/// validated in full (`ArrayData::validate_full`: offsets, lengths, bitmaps, UTF-8) before
+/// any value is read from them. This relies on unwinding: a build with `panic = "abort"`
+/// would lose the conversion.
+fn read_parquet(file: bytes::Bytes, path: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
+    guard::install_quiet_hook();
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        guard::quietly(|| decode_parquet(file, path))
+    }));
+    match decoded {
+        Ok(r) => r,
+        Err(payload) => {
+            let why = guard::take_message().unwrap_or_else(|| guard::payload_message(&payload));
+            Err(Error::format(
+                path,
+                format!("damaged Parquet file: the decoder failed ({why})"),
+            ))
+        }
+    }
+}
+
+/// [`read_parquet`] without the panic guard.
+fn decode_parquet(file: bytes::Bytes, path: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
+    check_delta_pages(&file, path)?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| Error::format(path, format!("not a readable Parquet file: {e}")))?;
     let kv = builder
@@ -209,6 +246,7 @@ fn read_parquet<R: ChunkReader + 'static>(
     let mut records = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| Error::format(path, e))?;
+        validate(&batch, path)?;
         let first_row = records.len();
         records.extend(convert(&batch, path, first_row)?);
     }
@@ -220,6 +258,202 @@ fn read_parquet<R: ChunkReader + 'static>(
         tool_version,
     };
     Ok((file, records))
+}
+
+/// Refuses a data page whose `DELTA_*` header claims more values than the page holds.
+///
+/// The parquet crate allocates what that header claims before decoding (found by
+/// `tests/fuzz_parquet.rs`: one damaged byte asked for 137 GB), and a failed allocation
+/// aborts the process: no panic, so the guard of [`read_parquet`] cannot catch it. Every page
+/// is read (and decompressed) once more for this; only `DELTA_*` pages are looked into. The
+/// first header of a page is checked (the lengths of `DELTA_LENGTH_BYTE_ARRAY`, the prefix
+/// lengths of `DELTA_BYTE_ARRAY`); the suffix header of `DELTA_BYTE_ARRAY` comes after a
+/// whole encoded block and is not.
+fn check_delta_pages(data: &bytes::Bytes, path: &Path) -> Result<()> {
+    use parquet::basic::Encoding;
+    use parquet::column::page::Page;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let damaged = |why: String| Error::format(path, format!("damaged Parquet file: {why}"));
+    let reader = SerializedFileReader::new(data.clone())
+        .map_err(|e| Error::format(path, format!("not a readable Parquet file: {e}")))?;
+    for g in 0..reader.num_row_groups() {
+        let rg = reader
+            .get_row_group(g)
+            .map_err(|e| Error::format(path, e))?;
+        for c in 0..rg.num_columns() {
+            let descr = rg.metadata().column(c).column_descr_ptr();
+            let mut pages = rg
+                .get_column_page_reader(c)
+                .map_err(|e| Error::format(path, e))?;
+            while let Some(page) = pages.get_next_page().map_err(|e| Error::format(path, e))? {
+                let (buf, num_values, encoding, values_at) = match &page {
+                    Page::DataPage {
+                        buf,
+                        num_values,
+                        encoding,
+                        def_level_encoding,
+                        rep_level_encoding,
+                        ..
+                    } => {
+                        // Levels of a v1 page: each RLE run set prefixed by its 4-byte length.
+                        let mut at = 0usize;
+                        for (max, enc) in [
+                            (descr.max_rep_level(), rep_level_encoding),
+                            (descr.max_def_level(), def_level_encoding),
+                        ] {
+                            if max > 0 {
+                                if *enc != Encoding::RLE {
+                                    at = usize::MAX;
+                                    break;
+                                }
+                                let len = buf
+                                    .get(at..at + 4)
+                                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                                    .ok_or_else(|| damaged("truncated levels".into()))?;
+                                at = at.saturating_add(4).saturating_add(len as usize);
+                            }
+                        }
+                        (buf, *num_values, *encoding, at)
+                    }
+                    Page::DataPageV2 {
+                        buf,
+                        num_values,
+                        encoding,
+                        def_levels_byte_len,
+                        rep_levels_byte_len,
+                        ..
+                    } => (
+                        buf,
+                        *num_values,
+                        *encoding,
+                        (*def_levels_byte_len as usize)
+                            .saturating_add(*rep_levels_byte_len as usize),
+                    ),
+                    _ => continue,
+                };
+                if !matches!(
+                    encoding,
+                    Encoding::DELTA_BINARY_PACKED
+                        | Encoding::DELTA_LENGTH_BYTE_ARRAY
+                        | Encoding::DELTA_BYTE_ARRAY
+                ) || values_at == usize::MAX
+                {
+                    continue;
+                }
+                let values = buf
+                    .get(values_at..)
+                    .ok_or_else(|| damaged("levels longer than the page".into()))?;
+                // Header: block size, miniblocks per block, total value count, first value.
+                let mut at = 0;
+                let mut varint = || -> Option<u64> {
+                    let mut v = 0u64;
+                    for shift in (0..64).step_by(7) {
+                        let b = *values.get(at)?;
+                        at += 1;
+                        v |= u64::from(b & 0x7f) << shift;
+                        if b & 0x80 == 0 {
+                            return Some(v);
+                        }
+                    }
+                    None
+                };
+                let count = varint()
+                    .and(varint())
+                    .and(varint())
+                    .ok_or_else(|| damaged("truncated delta header".into()))?;
+                if count > u64::from(num_values) {
+                    return Err(damaged(format!(
+                        "a {encoding} page of {num_values} values claims {count}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks every array of a decoded batch in full (buffer lengths, offsets, validity bitmaps,
+/// UTF-8) so that reading a value from a damaged one is an error here, not a panic or an
+/// out-of-bounds read later.
+fn validate(batch: &RecordBatch, path: &Path) -> Result<()> {
+    for (field, column) in batch.schema_ref().fields().iter().zip(batch.columns()) {
+        if column.len() != batch.num_rows() {
+            return Err(Error::format(
+                path,
+                format!(
+                    "damaged Parquet file: column {} has {} values for {} rows",
+                    field.name(),
+                    column.len(),
+                    batch.num_rows()
+                ),
+            ));
+        }
+        column.to_data().validate_full().map_err(|e| {
+            Error::format(
+                path,
+                format!("damaged Parquet file: column {}: {e}", field.name()),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The panic guard of [`read_parquet`]: a process-wide panic hook, installed once, that keeps
+/// panics raised inside [`quietly`] on this thread off stderr and keeps their message for the
+/// error; every other panic goes to the hook that was installed before.
+mod guard {
+    use std::any::Any;
+    use std::cell::{Cell, RefCell};
+    use std::sync::Once;
+
+    thread_local! {
+        static QUIET: Cell<bool> = const { Cell::new(false) };
+        static MESSAGE: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn install_quiet_hook() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                if QUIET.with(Cell::get) {
+                    let at = info
+                        .location()
+                        .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                        .unwrap_or_default();
+                    let msg = format!("{}{at}", payload_message(info.payload()));
+                    MESSAGE.with(|m| *m.borrow_mut() = Some(msg));
+                } else {
+                    previous(info);
+                }
+            }));
+        });
+    }
+
+    /// Runs `f` with this thread's panics kept quiet (restored on return and on unwind).
+    pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> T {
+        struct Reset(bool);
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                QUIET.with(|q| q.set(self.0));
+            }
+        }
+        let _reset = Reset(QUIET.with(|q| q.replace(true)));
+        MESSAGE.with(|m| m.borrow_mut().take());
+        f()
+    }
+
+    /// The message of the last quiet panic on this thread.
+    pub(super) fn take_message() -> Option<String> {
+        MESSAGE.with(|m| m.borrow_mut().take())
+    }
+
+    pub(super) fn payload_message(p: &(dyn Any + Send)) -> String {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into())
+    }
 }
 
 fn check_required(schema: &Schema, path: &Path) -> Result<()> {
@@ -567,6 +801,7 @@ impl Lists<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::sync::Arc;
 
     use arrow_array::{Int64Array, TimestampNanosecondArray};

@@ -93,6 +93,11 @@ impl SseParser {
     /// Feeds bytes; `on_event` gets the data of every event completed by them.
     pub fn feed(&mut self, mut bytes: &[u8], mut on_event: impl FnMut(&[u8])) {
         self.bytes += bytes.len() as u64;
+        // An empty read says nothing about the CR-LF pairing: a CR that ended the previous
+        // piece still pairs with an LF that starts the next one.
+        if bytes.is_empty() {
+            return;
+        }
         if self.skip_lf {
             self.skip_lf = false;
             if let Some(rest) = bytes.strip_prefix(b"\n") {
@@ -518,6 +523,19 @@ mod tests {
         }
         let bytewise: Vec<&[u8]> = stream.chunks(1).collect();
         assert_eq!(events(&bytewise), whole);
+    }
+
+    /// Found by `tests/fuzz_inputs.rs`: an empty piece between the CR and the LF of one CRLF
+    /// dropped the pairing, so the LF read as a blank line and ended the event early.
+    #[test]
+    fn an_empty_piece_between_cr_and_lf_keeps_them_one_line_end() {
+        let whole = events(&[b"data: a\r\ndata: b\r\n\r\n"]);
+        assert_eq!(whole, vec!["a\nb"]);
+        assert_eq!(events(&[b"data: a\r", b"", b"\ndata: b\r\n\r\n"]), whole);
+        assert_eq!(
+            events(&[b"data: a\r", b"", b"", b"\n", b"data: b\r\n\r\n"]),
+            whole
+        );
     }
 
     #[test]

@@ -55,6 +55,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result};
+use crate::redact;
 use crate::schema::{self, meta, Producer, TraceRecord, SCHEMA_MAJOR};
 
 /// Rows per Arrow batch handed to the Parquet writer (bounds the extra memory of a write).
@@ -97,9 +98,10 @@ impl FileMeta {
     }
 
     /// The Parquet key-value pairs: schema and tool versions, producer, command, source,
-    /// block size and the extra keys.
+    /// block size and the extra keys, each value through [`redact::redact_text`].
     pub fn to_kv(&self) -> Vec<KeyValue> {
-        let kv = |k: &str, v: String| KeyValue::new(k.to_string(), v);
+        let kv =
+            |k: &str, v: String| KeyValue::new(k.to_string(), redact::redact_text(&v).into_owned());
         let mut out = vec![
             kv(meta::SCHEMA_VERSION, schema::SCHEMA_VERSION.to_string()),
             kv(meta::PRODUCER, self.producer.as_str().to_string()),
@@ -176,7 +178,8 @@ pub(crate) fn check_version(version: &str, path: &Path) -> Result<()> {
 }
 
 /// Builds one Arrow batch of [`schema::schema()`] from records: the one place that maps
-/// record fields to columns.
+/// record fields to columns, and so where every Parquet file's text columns go through the
+/// redaction pass ([`redact::redact_record`]'s rules; borrowed when nothing is redacted).
 pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let n = records.len();
     let str_bytes =
@@ -227,7 +230,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         request_id.append_value(&r.request_id);
         session_id.append_option(r.session_id.as_deref());
         arrival.append_value(r.arrival_time_us);
-        endpoint.append_value(&r.endpoint);
+        endpoint.append_value(redact::redact_text(&r.endpoint));
         model.append_option(r.model.as_deref());
         stream.append_value(r.stream);
         prompt_tokens.append_option(r.prompt_tokens);
@@ -237,7 +240,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         output_src.append_option(r.output_tokens_source.map(|s| s.as_str()));
         status.append_option(r.status.map(i32::from));
         outcome.append_value(r.outcome.as_str());
-        error.append_option(r.error.as_deref());
+        error.append_option(r.error.as_deref().map(redact::redact_text));
         ttft.append_option(r.ttft_us);
         e2el.append_option(r.e2el_us);
         chunk_times.values().append_slice(&r.chunk_times_us);
@@ -249,7 +252,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
             }
             None => chunk_tokens.append_null(),
         }
-        body.append_option(r.body.as_deref());
+        body.append_option(r.body.as_deref().map(redact::redact_json));
         match &r.prefix_hashes {
             Some(v) => {
                 prefix_hashes.values().append_slice(v);
@@ -264,7 +267,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         queue.append_option(r.queue_us);
         new_connection.append_option(r.new_connection);
         connect.append_option(r.connect_us);
-        target.append_option(r.target.as_deref());
+        target.append_option(r.target.as_deref().map(redact::redact_text));
         run_id.append_option(r.run_id.as_deref());
     }
 
@@ -672,7 +675,8 @@ impl TraceWriter {
     /// are counted in [`WriterStats::dropped`], a Parquet file that could not be written
     /// stays as its journal (retried by [`tick`](TraceWriter::tick), else finished by the
     /// next `open`). Writing resumes by itself once the directory takes writes again.
-    pub fn append(&mut self, rec: TraceRecord) -> Result<()> {
+    pub fn append(&mut self, mut rec: TraceRecord) -> Result<()> {
+        redact::redact_record(&mut rec);
         let mut result = Ok(());
         if self.hour_changed() {
             keep_first(&mut result, self.rotate());

@@ -319,6 +319,73 @@ pub fn write_trace_file(path: &Path, records: &[TraceRecord], meta: &FileMeta) -
     result
 }
 
+/// Writes the Parquet trace file at `path` from the live `journal` of a segment (every line
+/// whole: the writer cuts a failed write back to its last whole line), `BATCH_ROWS` rows at a
+/// time, so only one batch is in memory; `expected` records must be there. Same temporary
+/// name, fsync and rename as [`write_trace_file`].
+fn write_trace_file_from_journal(
+    path: &Path,
+    journal: &Path,
+    expected: usize,
+    meta: &FileMeta,
+) -> Result<()> {
+    use std::io::BufRead;
+    let tmp = tmp_path(path);
+    let result = (|| {
+        let file = create_private(&tmp, false)?;
+        let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
+            .map_err(|e| Error::format(path, e))?;
+        let mut lines = io::BufReader::new(File::open(journal).map_err(|e| Error::io(journal, e))?);
+        let (mut batch, mut line, mut seen) = (Vec::with_capacity(BATCH_ROWS), Vec::new(), 0);
+        loop {
+            line.clear();
+            let n = lines
+                .read_until(b'\n', &mut line)
+                .map_err(|e| Error::io(journal, e))?;
+            if n > 0 && !line.iter().all(u8::is_ascii_whitespace) {
+                let rec: TraceRecord = serde_json::from_slice(&line)
+                    .map_err(|e| Error::format(journal, format!("line {}: {e}", seen + 1)))?;
+                batch.push(rec);
+                seen += 1;
+            }
+            if batch.len() == BATCH_ROWS || (n == 0 && !batch.is_empty()) {
+                writer
+                    .write(&records_to_batch(&batch)?)
+                    .map_err(|e| Error::format(path, e))?;
+                batch.clear();
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        if seen != expected {
+            return Err(Error::Invalid(format!(
+                "{}: {seen} records where {expected} were written",
+                journal.display()
+            )));
+        }
+        let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
+        file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        drop(file);
+        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        sync_parent(path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The Parquet writer properties of a trace file.
+fn props(meta: &FileMeta) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .set_key_value_metadata(Some(meta.to_kv()))
+        .build()
+}
+
 fn write_tmp_then_rename(
     tmp: &Path,
     path: &Path,
@@ -326,13 +393,7 @@ fn write_tmp_then_rename(
     meta: &FileMeta,
 ) -> Result<()> {
     let file = create_private(tmp, false)?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
-        .set_key_value_metadata(Some(meta.to_kv()))
-        .build();
-    let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props))
+    let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
         .map_err(|e| Error::format(path, e))?;
     for chunk in records.chunks(BATCH_ROWS) {
         let batch = records_to_batch(chunk)?;
@@ -538,10 +599,14 @@ struct Segment {
     committed_len: u64,
     /// Whether bytes past `committed_len` may be in the file (a truncation failed).
     tail_dirty: bool,
-    /// Lines not handed to the OS yet; they hold the last `buf_records` of `records`.
+    /// Lines not handed to the OS yet: `buf_records` records, of these approximate sizes.
     buf: Vec<u8>,
     buf_records: usize,
-    records: Vec<TraceRecord>,
+    buf_sizes: Vec<u64>,
+    /// Records in the segment (in the journal, or in `buf`). Their rows are not kept in
+    /// memory: the Parquet file is written from the journal when the segment ends, so
+    /// memory stays bounded whatever the file's size or age.
+    records: usize,
     bytes: u64,
     opened: Instant,
     /// UTC hours since the epoch when the segment was started (its name's stamp).
@@ -581,12 +646,9 @@ impl Segment {
             self.tail_dirty = self.file.set_len(self.committed_len).is_err();
         }
         let lost = self.buf_records - kept_records;
-        let cut = self.records.len() - lost;
-        let lost_bytes: u64 = self.records[cut..]
-            .iter()
-            .map(|r| r.approx_bytes() as u64)
-            .sum();
-        self.records.truncate(cut);
+        let lost_bytes: u64 = self.buf_sizes[kept_records..].iter().sum();
+        self.records -= lost;
+        self.buf_sizes.clear();
         self.bytes = self.bytes.saturating_sub(lost_bytes);
         stats.written += kept_records as u64;
         stats.dropped += lost as u64;
@@ -702,8 +764,10 @@ impl TraceWriter {
         self.line.push(b'\n');
         seg.buf.extend_from_slice(&self.line);
         seg.buf_records += 1;
-        seg.bytes += rec.approx_bytes() as u64;
-        seg.records.push(rec);
+        let size = rec.approx_bytes() as u64;
+        seg.bytes += size;
+        seg.buf_sizes.push(size);
+        seg.records += 1;
         // While the directory fails, it is tried once per interval only.
         let due = seg.last_flush.elapsed() >= self.cfg.flush_interval
             || (!self.stats.failing && seg.buf.len() >= JOURNAL_BUF);
@@ -858,13 +922,13 @@ impl TraceWriter {
             ..
         } = seg;
         drop(file);
-        if records.is_empty() {
+        if records == 0 {
             // Nothing reached the journal: an empty file (or its removal fails and the next
             // open removes it).
             let _ = fs::remove_file(&journal_path);
             return result;
         }
-        match write_trace_file(&parquet_path, &records, &self.cfg.meta) {
+        match write_trace_file_from_journal(&parquet_path, &journal_path, records, &self.cfg.meta) {
             Ok(()) => {
                 self.note_ok();
                 if let Err(e) = fs::remove_file(&journal_path) {
@@ -881,12 +945,12 @@ impl TraceWriter {
                     "{} could not be written ({e}); its {} records stay in {}, retried while \
                      running and by the next start",
                     parquet_path.display(),
-                    records.len(),
+                    records,
                     journal_path.display()
                 ));
                 self.deferred.push(DeferredJournal {
                     journal: journal_path,
-                    records: records.len(),
+                    records,
                     reason: e.to_string(),
                 });
                 self.stats.journals_pending = self.deferred.len();
@@ -977,7 +1041,8 @@ impl TraceWriter {
                 tail_dirty: false,
                 buf: Vec::with_capacity(JOURNAL_BUF),
                 buf_records: 0,
-                records: Vec::new(),
+                buf_sizes: Vec::new(),
+                records: 0,
                 bytes: 0,
                 opened: now,
                 hour: utc_hour(wall),

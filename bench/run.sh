@@ -3,12 +3,12 @@
 # and client cost. Everything runs on 127.0.0.1 with bounded request counts and stops by
 # itself; the figures go to bench/out/<timestamp>/summary.md (copy them into bench/README.md).
 #
-# usage: bench/run.sh [accuracy] [schedule] [proxy] [shards] [cost]     (default: all)
+# usage: bench/run.sh [accuracy] [schedule] [proxy] [burst] [shards] [cost]     (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule proxy shards cost)
+[ ${#parts[@]} -eq 0 ] && parts=(accuracy schedule proxy burst shards cost)
 OUT=bench/out/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 python3 -m pip install -q numpy pyarrow >/dev/null
@@ -152,9 +152,10 @@ cpu_ticks() { local t=0 p; for p in $1 $(pgrep -P "$1" || true); do t=$(( t + $(
 # The same load direct, through `llmreplay capture`, and through nginx (proxy_buffering off)
 # when nginx is installed (the script tries Debian's package); each path gets a fresh
 # ground-truth server so its chunk log belongs to that path alone.
-proxy_path() { # proxy_path N PATH
-  local n=$1 path=$2 tag="proxy-$1-$2"
+proxy_path() { # proxy_path N PATH [burst]
+  local n=$1 path=$2 mode=${3:-poisson} tag="proxy-$1-$2"
   local reqs=$(( 2 * n ))
+  [ "$mode" = burst ] && { tag="burst-$1-$2"; reqs=$n; }
   start_gt "$OUT/$tag-gt.jsonl" 50 10 1
   local target="http://127.0.0.1:$GT_PORT" ppid=""
   case "$path" in
@@ -191,6 +192,28 @@ NGINX
       nginx -c "$PWD/$OUT/$tag-nginx/nginx.conf" -p "$PWD/$OUT/$tag-nginx" -g 'daemon off;' 2>/dev/null &
       ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
   esac
+  if [ "$mode" = burst ]; then
+    # A connection burst (clients reconnecting after a deploy): N requests at t=0, each on a
+    # connection opened at that instant through a cold proxy; the kernel's listen-queue
+    # overflows are counted around it, and capture's rows against the requests.
+    "$BIN" synth -o "$OUT/$tag.parquet" --num-prompts "$reqs" --input-len 16 --output-len 100 --request-rate inf --seed 1 2>/dev/null
+    local o0; o0=$(nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/{print $2}' || true)
+    "$BIN" replay "$OUT/$tag.parquet" --target "$path=$target" --request-rate inf --max-concurrency "$n" --no-preconnect \
+      --results "$OUT/$tag-results.parquet" --save-result "$OUT/$tag.json" -q > "$OUT/$tag.txt" 2>&1
+    local o1; o1=$(nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/{print $2}' || true)
+    [ -n "$ppid" ] && { kill -TERM "$ppid"; wait "$ppid" || true; }
+    stop_gt
+    local rows=-
+    [ -d "$OUT/$tag-trace" ] && rows=$(python3 -c "import pyarrow.dataset as d,sys; print(d.dataset(sys.argv[1], format='parquet').count_rows())" "$OUT/$tag-trace" 2>/dev/null || echo '?')
+    python3 - "$OUT/$tag.json" "$n" "$path" "$(( ${o1:-0} - ${o0:-0} ))" "$rows" >> "$OUT/burst.txt" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"{sys.argv[2]:>5} {sys.argv[3]:<9} TTFT p50 {r['median_ttft_ms']:8.1f} p99 {r['p99_ttft_ms']:8.1f} ms  "
+      f"ok {r['completed']}/{r['num_prompts']}  listen overflows {sys.argv[4]}  rows recorded {sys.argv[5]}")
+PY
+    echo "burst: $n connections via $path done"
+    return
+  fi
   # Poisson arrivals at N req/s: each response lasts ~1.04 s, so about N streams are in
   # flight, without every stream starting (and every chunk falling due) at the same instant.
   "$BIN" synth -o "$OUT/$tag.parquet" --num-prompts "$reqs" --input-len 16 --output-len 100 --request-rate "$n" --seed 1 2>/dev/null
@@ -217,6 +240,19 @@ proxy_bench() {
     proxy_path "$n" capture1
     if command -v nginx >/dev/null 2>&1; then proxy_path "$n" nginx; else echo "nginx not installed: skipped"; fi
   done
+}
+
+# Connection bursts (issue 17): 100, 500 and 1,000 connections opened at t=0, direct, through
+# capture and through nginx; bench/out/<run>/burst.txt has TTFT, listen overflows and rows.
+burst_bench() {
+  command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
+  for n in 100 500 1000; do
+    for path in direct capture nginx; do
+      if [ "$path" = nginx ] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
+      proxy_path "$n" "$path" burst
+    done
+  done
+  cat "$OUT/burst.txt"
 }
 
 # Four `replay --shard K/4` processes sharing one absolute --start-at against one
@@ -248,8 +284,9 @@ for p in "${parts[@]}"; do
       floor_kinds ;;
     schedule) for r in 500 1000 2000 5000; do schedule "$r"; done ;;
     proxy) proxy_bench ;;
+    burst) burst_bench ;;
     shards) shards ;;
-    *) echo "unknown part $p (accuracy, schedule, proxy, shards, cost)" >&2; exit 2 ;;
+    *) echo "unknown part $p (accuracy, schedule, proxy, burst, shards, cost)" >&2; exit 2 ;;
   esac
 done
 python3 bench/summarize.py "$OUT" | tee "$OUT/summary.md"

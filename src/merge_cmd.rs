@@ -302,6 +302,7 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
         run_id: format!("merged-{}", by_run.len()),
         started_at_us: start_us,
         plan_len: records.len(),
+        bodies_replayed: records.iter().filter(|r| r.body.is_some()).count(),
         skipped: Vec::new(),
         trace_span: Duration::from_micros(last_offset.max(0) as u64),
         wall: Duration::from_secs_f64(metrics.duration_s),

@@ -46,6 +46,8 @@ pub struct Plan {
     pub trace_rows: usize,
     /// Selected rows that could not become a request: (request id, why).
     pub skipped: Vec<(String, String)>,
+    /// Requests that send their row's recorded body (the others' prompts are synthesized).
+    pub bodies: usize,
 }
 
 impl Plan {
@@ -255,7 +257,12 @@ pub fn build_plan(
             last_of.insert(sid, k);
         }
     }
+    let bodies = chosen
+        .iter()
+        .filter(|&&i| records[i].body.is_some())
+        .count();
     Ok(Plan {
+        bodies,
         trace_span: Duration::from_micros(
             (arrivals_us[arrivals_us.len() - 1] - arrivals_us[0]).max(0) as u64,
         ),

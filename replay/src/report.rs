@@ -251,6 +251,21 @@ pub fn prompt_lengths(cfg: &ReplayConfig) -> String {
     }
 }
 
+/// What the run's prompts were: how they were synthesized, or that the rows' recorded bodies
+/// were sent (all, or how many).
+pub fn prompt_note(cfg: &ReplayConfig, run: &RunOutput) -> String {
+    let (b, n) = (run.bodies_replayed, run.plan_len);
+    match b {
+        0 => prompt_lengths(cfg),
+        _ if b >= n => format!("none: all {n} requests sent their recorded bodies"),
+        _ => format!(
+            "{} for {} requests; {b} sent their recorded bodies",
+            prompt_lengths(cfg),
+            n - b
+        ),
+    }
+}
+
 /// The JSON result: vLLM's key names for what vLLM reports, ours under `llmreplay`.
 pub fn result_json(i: &ResultInputs) -> Value {
     let (cfg, run, m) = (i.cfg, i.run, i.metrics);
@@ -405,7 +420,8 @@ pub fn result_json(i: &ResultInputs) -> Value {
             "sample_ratio": cfg.selection.sample_ratio, "max_requests": cfg.selection.max_requests,
             "session_mode": format!("{:?}", cfg.session_mode).to_lowercase(),
             "seed": cfg.seed, "prompt_salt": cfg.request.prompt_salt,
-            "synthesized_prompts": prompt_lengths(cfg),
+            "synthesized_prompts": prompt_note(cfg, run),
+            "recorded_bodies_replayed": run.bodies_replayed,
         }),
     );
     ours.insert(
@@ -570,7 +586,7 @@ pub fn console_report(i: &ResultInputs) -> String {
             line(&mut out, "Burstiness factor:", burstiness);
         }
     }
-    line(&mut out, "Synthesized prompts:", prompt_lengths(cfg));
+    line(&mut out, "Synthesized prompts:", prompt_note(cfg, run));
     line(
         &mut out,
         "Maximum request concurrency:",
@@ -1025,6 +1041,26 @@ mod tests {
     }
 
     #[test]
+    fn the_prompt_line_says_when_recorded_bodies_were_sent() {
+        let cfg = ReplayConfig::new(vec![]);
+        let mut run = run_output(0.1);
+        run.plan_len = 10;
+        assert!(prompt_note(&cfg, &run).starts_with("word filler"));
+        run.bodies_replayed = 10;
+        assert_eq!(
+            prompt_note(&cfg, &run),
+            "none: all 10 requests sent their recorded bodies"
+        );
+        run.bodies_replayed = 4;
+        let mixed = prompt_note(&cfg, &run);
+        assert!(
+            mixed.starts_with("word filler")
+                && mixed.ends_with("for 6 requests; 4 sent their recorded bodies"),
+            "{mixed}"
+        );
+    }
+
+    #[test]
     fn lateness_is_judged_against_what_it_could_change() {
         // The README's first example: 8 req/s, every send 1.24 ms late. The allowance is 10%
         // of the 125 ms gap: the load it changed is not worth a warning.
@@ -1071,6 +1107,7 @@ mod tests {
             started_at_us: 0,
             records: Vec::new(),
             plan_len: 0,
+            bodies_replayed: 0,
             skipped: Vec::new(),
             trace_span: std::time::Duration::ZERO,
             wall: std::time::Duration::from_secs(1),

@@ -60,6 +60,8 @@ pub struct RunOutput {
     pub records: Vec<TraceRecord>,
     /// The plan that was replayed.
     pub plan_len: usize,
+    /// Of which sent their row's recorded body (the others' prompts were synthesized).
+    pub bodies_replayed: usize,
     /// Selected rows that could not become a request: (request id, why).
     pub skipped: Vec<(String, String)>,
     /// Trace time span of the selection.
@@ -267,6 +269,7 @@ pub fn run_target(
         .collect();
     let trace_span = plan.trace_span;
     let skipped = plan.skipped.clone();
+    let bodies_replayed = plan.bodies;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let lead = Duration::from_millis(20);
     let (start, started_at_us) = match cfg.start_at_us {
@@ -422,6 +425,7 @@ pub fn run_target(
         started_at_us: shared.started_at_us,
         records: records_out,
         plan_len: total,
+        bodies_replayed,
         skipped,
         trace_span,
         wall,

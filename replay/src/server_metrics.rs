@@ -375,6 +375,7 @@ mod tests {
             started_at_us: 0,
             records: Vec::new(),
             plan_len: 0,
+            bodies_replayed: 0,
             skipped: Vec::new(),
             trace_span: std::time::Duration::ZERO,
             wall: std::time::Duration::from_secs(1),

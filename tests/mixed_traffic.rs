@@ -239,6 +239,16 @@ fn row_table(rows: &BTreeMap<String, TraceRecord>) -> String {
         .collect()
 }
 
+/// The rows of the trace files at `path` (a file or a directory), by session id.
+fn rows_by_session(path: &Path) -> BTreeMap<String, TraceRecord> {
+    trace_format::read_traces(&[path.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+        .records
+        .into_iter()
+        .map(|r| (r.session_id.clone().unwrap_or_default(), r))
+        .collect()
+}
+
 /// Panics with every problem found, and the context to read them by.
 #[track_caller]
 fn report(test: &str, problems: &[String], context: &str) {
@@ -1201,12 +1211,7 @@ fn capture_counts_output_tokens_with_its_tokenizer_when_the_upstream_sends_no_us
     }
     let (status, log) = cap.terminate();
     assert!(status.success(), "capture exited {status:?}: {log:#?}");
-    let rows: BTreeMap<String, TraceRecord> = trace_format::read_traces(&[out.to_str().unwrap()])
-        .expect("read capture's trace files")
-        .records
-        .into_iter()
-        .map(|r| (r.session_id.clone().unwrap_or_default(), r))
-        .collect();
+    let rows = rows_by_session(&out);
     let _ = std::fs::remove_dir_all(&out);
     for (marker, _, stream) in sent {
         match rows.get(marker) {
@@ -1413,13 +1418,7 @@ fn capture_then_replay_against_the_sim_agree_with_what_the_sim_did() {
     let captured_tokens = sim.generated_tokens() - before;
     let (status, log) = cap.terminate();
     assert!(status.success(), "capture exited {status:?}: {log:#?}");
-    let captured: BTreeMap<String, TraceRecord> =
-        trace_format::read_traces(&[out.to_str().unwrap()])
-            .expect("read capture's trace files")
-            .records
-            .into_iter()
-            .map(|r| (r.session_id.clone().unwrap_or_default(), r))
-            .collect();
+    let captured = rows_by_session(&out);
 
     // Replay the capture against the same sim.
     let dir = tmpdir("loop-replay");
@@ -1457,13 +1456,7 @@ fn capture_then_replay_against_the_sim_agree_with_what_the_sim_did() {
     assert!(exit.is_some_and(|s| s.success()), "{context}");
     std::thread::sleep(Duration::from_millis(300));
     let replayed_tokens = sim.generated_tokens() - before;
-    let replayed: BTreeMap<String, TraceRecord> =
-        trace_format::read_traces(&[results.to_str().unwrap()])
-            .expect("read the replay's rows")
-            .records
-            .into_iter()
-            .map(|r| (r.session_id.clone().unwrap_or_default(), r))
-            .collect();
+    let replayed = rows_by_session(&results);
     let result: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,6 +1,7 @@
 //! `llmreplay inspect`: the figures an infrastructure team needs before benchmarking, read off
 //! its own traffic: arrival rate and concurrency (requests in flight), prompt and output
-//! lengths, outcomes, streaming share, sessions, endpoints and models.
+//! lengths, outcomes, streaming share, sessions, endpoints and models, and how much of its
+//! prompt a prefix cache could serve ([`crate::prefix_cache`]).
 //!
 //! [`summarize`] computes a [`TraceSummary`]; it prints as a console block (`Display`) and
 //! serializes to JSON (`serde::Serialize`).
@@ -11,6 +12,7 @@ use std::fmt;
 use chrono::{DateTime, SecondsFormat};
 use serde::Serialize;
 
+use crate::prefix_cache::{PrefixCacheSim, PrefixCacheSummary};
 use crate::reader::Trace;
 use crate::schema::Outcome;
 use crate::stats::percentile;
@@ -53,6 +55,10 @@ pub struct TraceSummary {
     pub endpoints: BTreeMap<String, usize>,
     /// Requests per model ([`UNKNOWN_MODEL`] for requests without one).
     pub models: BTreeMap<String, usize>,
+    /// The theoretical prefix-cache hit rate (absent when no row has prefix hashes, or the
+    /// files' block sizes are unknown or differ).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCacheSummary>,
 }
 
 /// Arrival rate over 1-second buckets starting at the first arrival.
@@ -124,8 +130,14 @@ pub fn rfc3339(us: i64) -> String {
         .unwrap_or_else(|| format!("{us} µs since the epoch (out of range)"))
 }
 
-/// Computes the summary of a trace (its records need not be sorted).
+/// Computes the summary of a trace (its records need not be sorted), with the prefix-cache hit
+/// rate of an unbounded cache only.
 pub fn summarize(trace: &Trace) -> TraceSummary {
+    summarize_with(trace, &[])
+}
+
+/// [`summarize`], with the prefix-cache hit rate also for LRU caches of `cache_blocks` blocks.
+pub fn summarize_with(trace: &Trace, cache_blocks: &[u64]) -> TraceSummary {
     let recs = &trace.records;
     let rows = recs.len();
 
@@ -181,7 +193,32 @@ pub fn summarize(trace: &Trace) -> TraceSummary {
         sessions: sessions.len(),
         endpoints,
         models,
+        prefix_cache: prefix_cache(trace, cache_blocks),
     }
+}
+
+/// The cache simulation over the rows with prefix hashes, in arrival order.
+fn prefix_cache(trace: &Trace, sizes: &[u64]) -> Option<PrefixCacheSummary> {
+    let mut blocks = trace.files.iter().map(|f| f.meta.block_size);
+    let block_size = blocks.next()??;
+    if blocks.any(|b| b != Some(block_size)) {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..trace.records.len())
+        .filter(|&i| {
+            trace.records[i]
+                .prefix_hashes
+                .as_ref()
+                .is_some_and(|h| !h.is_empty())
+        })
+        .collect();
+    order.sort_by_key(|&i| trace.records[i].arrival_time_us);
+    let mut sim = PrefixCacheSim::new(block_size, sizes);
+    for i in order {
+        let r = &trace.records[i];
+        sim.observe(r.prefix_hashes.as_deref().unwrap_or(&[]), r.prompt_tokens);
+    }
+    sim.finish()
 }
 
 /// Arrivals per 1-second bucket from sorted arrival times.
@@ -334,7 +371,30 @@ impl fmt::Display for TraceSummary {
         writeln!(f, ")")?;
         write!(f, "{:<14} {} (", "models", self.models.len())?;
         counts(f, &self.models, true)?;
-        writeln!(f, ")")
+        writeln!(f, ")")?;
+        if let Some(p) = &self.prefix_cache {
+            write!(f, "{:<14} ", "prefix cache")?;
+            for (i, c) in p.caches.iter().enumerate() {
+                let size = c
+                    .cache_blocks
+                    .map_or("unbounded".to_string(), |n| format!("LRU {n} blocks"));
+                let sep = if i == 0 { "" } else { "; " };
+                write!(
+                    f,
+                    "{sep}{size}: {:.1}% of prompt tokens",
+                    c.token_hit_rate * 100.0
+                )?;
+            }
+            writeln!(f)?;
+            writeln!(
+                f,
+                "{:<14} (theoretical, in arrival order: {} of {} rows with {}-token block hashes, \
+                 {} distinct of {} blocks; a replay's default prompt salt keeps this reuse within \
+                 the run, not from earlier runs)",
+                "", p.rows_with_hashes, self.rows, p.block_size, p.distinct_blocks, p.blocks
+            )?;
+        }
+        Ok(())
     }
 }
 

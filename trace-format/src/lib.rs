@@ -7,6 +7,7 @@ pub mod arrivals;
 pub mod error;
 pub mod import;
 pub mod inspect;
+pub mod prefix_cache;
 pub mod reader;
 pub mod redact;
 pub mod schema;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod cpu;
 pub mod document;
 pub mod error;
+pub mod fidelity;
 pub mod html;
 pub mod metrics;
 pub mod pacer;

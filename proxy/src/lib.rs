@@ -28,6 +28,7 @@ mod prompts;
 mod record;
 pub mod request;
 mod server;
+pub mod sessions;
 mod sink;
 mod tls;
 mod upstream;

@@ -1,0 +1,414 @@
+//! Conversations linked at capture, from hashes only.
+//!
+//! Production chat traffic rarely names its conversation, but every turn of one carries the
+//! turns before it: a chat request whose messages are an earlier request's messages plus that
+//! request's answer (plus the new user message) continues that request's conversation. So each
+//! chat prompt is reduced to the chained hash after each of its messages ([`chat_chain`]:
+//! role and text of message 1, then of message 2 on top of it, …), and each finished request
+//! leaves one key behind: its chain continued by the answer it got as an `assistant` message
+//! ([`answer_key`]). A later request whose chain passes through such a key is that request's
+//! child; the longest match wins (a conversation that shares a system prompt or a first
+//! question with others still links to its own last turn, because the answers differ).
+//!
+//! When identical prompts got identical answers in two conversations (the same first question
+//! answered the same way), the key is ambiguous; the child goes to the most recently finished
+//! candidate that no other turn has continued yet, then to the most recent one.
+//!
+//! No text is kept: 64-bit FNV-1a hashes of the role and the text of each message, so linking
+//! works under `--record-bodies hashes`. Content given as parts counts its `text` parts in
+//! order; other parts (images, audio) and tool calls do not enter the hash. Completions
+//! (`prompt` strings) are not linked: a completion prompt has no message boundaries to hash
+//! at; a session header (`--session-header`) names them.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde_json::{Map, Value};
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+/// The chain hash of one more message on top of `parent`.
+fn step(parent: u64, role: &str, text: &str) -> u64 {
+    let h = fnv(FNV_OFFSET, &parent.to_le_bytes());
+    let h = fnv(h, role.as_bytes());
+    let h = fnv(h, &[0x1f]);
+    // Clients resend the answer they displayed: surrounding whitespace is not significant.
+    let h = fnv(h, text.trim().as_bytes());
+    fnv(h, &[0x1e])
+}
+
+fn content_text(content: &Value, out: &mut String) {
+    match content {
+        Value::String(s) => out.push_str(s),
+        Value::Array(parts) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    out.push_str(t);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The chained hash after each message of a chat request (`messages`); None when the body has
+/// no messages (a completion, an embedding).
+pub fn chat_chain(body: &Map<String, Value>) -> Option<Vec<u64>> {
+    let messages = body.get("messages")?.as_array()?;
+    if messages.is_empty() {
+        return None;
+    }
+    let mut h = 0u64;
+    let mut text = String::new();
+    let mut chain = Vec::with_capacity(messages.len());
+    for m in messages {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        text.clear();
+        if let Some(c) = m.get("content") {
+            content_text(c, &mut text);
+        }
+        h = step(h, role, &text);
+        chain.push(h);
+    }
+    Some(chain)
+}
+
+/// The key a finished chat request leaves: its chain continued by its answer.
+pub fn answer_key(chain: &[u64], answer: &str) -> Option<u64> {
+    chain.last().map(|&h| step(h, "assistant", answer))
+}
+
+/// What linking says about one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// The conversation: the parent's, else a new one named after this request (or the
+    /// request's own session header).
+    pub session_id: String,
+    /// The request this one continues.
+    pub parent_request_id: Option<String>,
+    /// This request's arrival minus the end of its parent's response, µs (≥ 0).
+    pub think_time_us: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+struct Candidate {
+    request_id: String,
+    session_id: String,
+    end_us: i64,
+    continued: bool,
+}
+
+/// Links requests into conversations. Requests are given in the order they finish: a turn's
+/// parent finished before the turn was sent, so it is always seen first.
+#[derive(Debug)]
+pub struct Linker {
+    index: HashMap<u64, Vec<Candidate>>,
+    order: VecDeque<u64>,
+    max_keys: usize,
+}
+
+/// Answer keys kept by default: the oldest is forgotten beyond this, so a conversation idle
+/// for longer than this many other turns starts a new session. About 150 bytes each.
+pub const DEFAULT_MAX_KEYS: usize = 200_000;
+
+impl Linker {
+    /// A linker that remembers the answers of the last `max_keys` finished chat requests.
+    pub fn new(max_keys: usize) -> Linker {
+        Linker {
+            index: HashMap::new(),
+            order: VecDeque::new(),
+            max_keys: max_keys.max(1),
+        }
+    }
+
+    /// Links one finished request and remembers its answer for its children.
+    /// `chain`: [`chat_chain`] of its body (None: not a chat request, never linked);
+    /// `answer`: the generated text (None: failed or unknown, so nothing can continue it);
+    /// `header_session`: the session its request header named, which wins.
+    pub fn observe(
+        &mut self,
+        request_id: &str,
+        arrival_us: i64,
+        end_us: i64,
+        chain: Option<&[u64]>,
+        answer: Option<&str>,
+        header_session: Option<&str>,
+    ) -> Link {
+        let parent = chain.and_then(|c| self.parent_of(c, arrival_us));
+        let session_id = match (header_session, &parent) {
+            (Some(s), _) => s.to_string(),
+            (None, Some(p)) => p.session_id.clone(),
+            (None, None) => format!("conv-{request_id}"),
+        };
+        if let (Some(c), Some(a)) = (chain, answer) {
+            if let Some(key) = answer_key(c, a) {
+                self.remember(
+                    key,
+                    Candidate {
+                        request_id: request_id.to_string(),
+                        session_id: session_id.clone(),
+                        end_us,
+                        continued: false,
+                    },
+                );
+            }
+        }
+        Link {
+            session_id,
+            think_time_us: parent
+                .as_ref()
+                .map(|p| arrival_us.saturating_sub(p.end_us).max(0)),
+            parent_request_id: parent.map(|p| p.request_id),
+        }
+    }
+
+    /// The parent of a request with this chain: the longest prefix of it that ends at a
+    /// remembered answer (the chain's last message is the new one, so it never is).
+    fn parent_of(&mut self, chain: &[u64], arrival_us: i64) -> Option<Candidate> {
+        let upto = chain.len().saturating_sub(1);
+        for &h in chain[..upto].iter().rev() {
+            let Some(cands) = self.index.get_mut(&h) else {
+                continue;
+            };
+            let ended = |c: &Candidate| c.end_us <= arrival_us;
+            let best = (0..cands.len())
+                .filter(|&i| ended(&cands[i]) && !cands[i].continued)
+                .max_by_key(|&i| cands[i].end_us)
+                .or_else(|| {
+                    (0..cands.len())
+                        .filter(|&i| ended(&cands[i]))
+                        .max_by_key(|&i| cands[i].end_us)
+                })
+                .or_else(|| (0..cands.len()).max_by_key(|&i| cands[i].end_us))?;
+            cands[best].continued = true;
+            return Some(cands[best].clone());
+        }
+        None
+    }
+
+    fn remember(&mut self, key: u64, c: Candidate) {
+        self.index.entry(key).or_default().push(c);
+        self.order.push_back(key);
+        while self.order.len() > self.max_keys {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(v) = self.index.get_mut(&old) {
+                if !v.is_empty() {
+                    v.remove(0);
+                }
+                if v.is_empty() {
+                    self.index.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    use serde_json::json;
+
+    fn body(messages: &[(&str, String)]) -> Map<String, Value> {
+        let m: Vec<Value> = messages
+            .iter()
+            .map(|(r, t)| json!({"role": r, "content": t}))
+            .collect();
+        json!({"model": "m", "messages": m})
+            .as_object()
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn a_turn_links_to_the_request_whose_answer_it_carries() {
+        let mut l = Linker::new(100);
+        let t1 = body(&[("system", "be brief".into()), ("user", "hi".into())]);
+        let a = l.observe(
+            "r1",
+            0,
+            1_000,
+            chat_chain(&t1).as_deref(),
+            Some("hello!"),
+            None,
+        );
+        assert_eq!(a.session_id, "conv-r1");
+        assert_eq!(a.parent_request_id, None);
+        // The client resends the answer (with a trailing newline) and asks again.
+        let t2 = body(&[
+            ("system", "be brief".into()),
+            ("user", "hi".into()),
+            ("assistant", "hello!\n".into()),
+            ("user", "how are you?".into()),
+        ]);
+        let b = l.observe(
+            "r2",
+            3_500,
+            4_000,
+            chat_chain(&t2).as_deref(),
+            Some("fine"),
+            None,
+        );
+        assert_eq!(b.session_id, "conv-r1");
+        assert_eq!(b.parent_request_id.as_deref(), Some("r1"));
+        assert_eq!(b.think_time_us, Some(2_500));
+        // A different answer in the history is another conversation.
+        let t3 = body(&[
+            ("system", "be brief".into()),
+            ("user", "hi".into()),
+            ("assistant", "hey".into()),
+            ("user", "how are you?".into()),
+        ]);
+        let c = l.observe("r3", 5_000, 6_000, chat_chain(&t3).as_deref(), None, None);
+        assert_eq!(
+            (c.session_id.as_str(), c.parent_request_id),
+            ("conv-r3", None)
+        );
+        // Content as parts hashes as the same text.
+        let parts = json!({"messages": [
+            {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": "hello!"},
+            {"role": "user", "content": [{"type": "text", "text": "how are you?"}, {"type": "image_url", "image_url": {"url": "x"}}]}
+        ]});
+        assert_eq!(chat_chain(parts.as_object().unwrap()), chat_chain(&t2));
+        // Completions are not chat.
+        assert_eq!(
+            chat_chain(json!({"prompt": "x"}).as_object().unwrap()),
+            None
+        );
+    }
+
+    #[test]
+    fn a_header_session_wins_and_old_answers_are_forgotten() {
+        let mut l = Linker::new(1);
+        let t1 = body(&[("user", "q1".into())]);
+        let t2 = body(&[("user", "q2".into())]);
+        let a = l.observe("a", 0, 10, chat_chain(&t1).as_deref(), Some("x"), Some("H"));
+        assert_eq!(a.session_id, "H");
+        l.observe("b", 0, 10, chat_chain(&t2).as_deref(), Some("y"), None);
+        let t1b = body(&[
+            ("user", "q1".into()),
+            ("assistant", "x".into()),
+            ("user", "more".into()),
+        ]);
+        let c = l.observe("c", 20, 30, chat_chain(&t1b).as_deref(), None, None);
+        assert_eq!(c.parent_request_id, None, "a's answer was evicted by b's");
+    }
+
+    /// The figure, on the linker alone: 200 interleaved conversations of 2–10 turns,
+    /// some sharing a system prompt, some with identical first turns (answered identically, as
+    /// a deterministic model would). `tests/sessions.rs` sends the same shape through capture.
+    #[test]
+    fn synthetic_multi_turn_workload_links_at_least_98_percent() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let systems = ["You are a helpful assistant.", "Answer in French.", ""];
+        struct Conv {
+            msgs: Vec<(&'static str, String)>,
+            turns: usize,
+            done: usize,
+            last: Option<String>,
+            next_at: i64,
+        }
+        let mut convs: Vec<Conv> = (0..200)
+            .map(|i| {
+                let sys = systems[i % 3];
+                let mut msgs = Vec::new();
+                if !sys.is_empty() {
+                    msgs.push(("system", sys.to_string()));
+                }
+                Conv {
+                    msgs,
+                    turns: rng.gen_range(2..=10),
+                    done: 0,
+                    last: None,
+                    next_at: rng.gen_range(0..5_000_000),
+                }
+            })
+            .collect();
+        // Requests in flight: (end, conv, request id, chain, answer, arrival).
+        let mut l = Linker::new(DEFAULT_MAX_KEYS);
+        let mut now = 0i64;
+        let (mut links, mut right) = (0usize, 0usize);
+        let mut in_flight: Vec<(i64, usize, String, Vec<u64>, String, i64)> = Vec::new();
+        let mut seq = 0;
+        loop {
+            // Send every turn that is due.
+            let mut due: Vec<usize> = (0..convs.len())
+                .filter(|&c| {
+                    convs[c].done < convs[c].turns
+                        && convs[c].next_at <= now
+                        && convs[c].next_at >= 0
+                })
+                .collect();
+            due.shuffle(&mut rng);
+            for c in due {
+                let conv = &mut convs[c];
+                // Every 10th conversation opens with the same question as others.
+                let q = if conv.done == 0 && c % 10 == 0 {
+                    "What is the capital of France?".to_string()
+                } else {
+                    format!(
+                        "question {} of conversation {c}: {}",
+                        conv.done,
+                        rng.gen::<u32>()
+                    )
+                };
+                conv.msgs.push(("user", q.clone()));
+                // A deterministic model: the answer depends on the prompt only.
+                let chain = chat_chain(&body(&conv.msgs)).unwrap();
+                let answer = format!("answer {:x}", chain.last().unwrap());
+                let id = format!("req-{seq}");
+                seq += 1;
+                let end = now + rng.gen_range(50_000..2_000_000);
+                in_flight.push((end, c, id, chain, answer, now));
+                conv.next_at = -1; // waiting for the answer
+            }
+            // Finish what ends next.
+            in_flight.sort_by_key(|x| -x.0);
+            let Some((end, c, id, chain, answer, arrival)) = in_flight.pop() else {
+                if convs.iter().all(|c| c.done >= c.turns) {
+                    break;
+                }
+                now = convs
+                    .iter()
+                    .filter(|c| c.next_at >= 0)
+                    .map(|c| c.next_at)
+                    .min()
+                    .unwrap();
+                continue;
+            };
+            now = end;
+            let link = l.observe(&id, arrival, end, Some(&chain), Some(&answer), None);
+            let conv = &mut convs[c];
+            if conv.done > 0 {
+                links += 1;
+                right += usize::from(link.parent_request_id == conv.last);
+            } else {
+                assert_eq!(link.parent_request_id, None, "a first turn has no parent");
+            }
+            conv.done += 1;
+            conv.last = Some(id);
+            conv.msgs.push(("assistant", answer));
+            conv.next_at = end + rng.gen_range(100_000..3_000_000);
+        }
+        assert!(links > 800, "{links} links");
+        let share = right as f64 / links as f64;
+        eprintln!("session linking: {right} of {links} parent links right ({share:.4})");
+        assert!(
+            share >= 0.98,
+            "{right} of {links} parent links right ({share:.4})"
+        );
+    }
+}

@@ -52,6 +52,8 @@ enum Command {
     Report(crate::report_cmd::ReportArgs),
     /// Merge the --results of shard runs (replay --shard K/N) into one Parquet file and one JSON result.
     Merge(crate::merge_cmd::MergeArgs),
+    /// A/A fidelity: a capture beside its replay against the same upstream — schedule, load, outcomes and latencies, and which part drifts.
+    Fidelity(crate::fidelity_cmd::FidelityArgs),
 }
 
 /// A duration: `250ms`, `30s`, `5m`, `1h`, or plain seconds (`1.5`).
@@ -463,6 +465,10 @@ struct InspectArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Also give the prefix-cache hit rate of LRU caches of these sizes, in blocks of the
+    /// trace's block size (the unbounded cache is always given).
+    #[arg(long, value_delimiter = ',')]
+    cache_blocks: Vec<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -536,6 +542,15 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Report(a) => crate::report_cmd::run_report(a),
         Command::Merge(a) => crate::merge_cmd::run_merge(a, &command_line()),
+        Command::Fidelity(a) => {
+            if crate::fidelity_cmd::run_fidelity(a)? {
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+                eprintln!("the replay does not reproduce the captured load or schedule");
+                std::process::exit(i32::from(crate::fidelity_cmd::EXIT_DRIFT));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -983,7 +998,7 @@ fn run_synth(a: SynthArgs) -> Result<()> {
 fn run_inspect(a: InspectArgs) -> Result<()> {
     use std::io::Write;
     let trace = trace_format::read_traces(&a.traces).context("reading the trace")?;
-    let summary = trace_format::inspect::summarize(&trace);
+    let summary = trace_format::inspect::summarize_with(&trace, &a.cache_blocks);
     let mut out = std::io::stdout().lock();
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;

@@ -3,6 +3,7 @@
 
 mod capture_cmd;
 mod cli;
+mod fidelity_cmd;
 mod import_cmd;
 mod merge_cmd;
 mod report_cmd;

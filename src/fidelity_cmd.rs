@@ -1,0 +1,47 @@
+//! `llmreplay fidelity`: does a replay reproduce the capture it was made from?
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+/// Exit status when `--fail-on-drift` finds the load or the schedule not reproduced.
+pub const EXIT_DRIFT: u8 = 5;
+
+#[derive(Args, Debug)]
+pub struct FidelityArgs {
+    /// The captured trace (files, directories or globs, like replay's input).
+    #[arg(long, required = true, num_args = 1..)]
+    pub captured: Vec<String>,
+    /// The replay's result rows (`replay --results`), replayed against the same upstream.
+    #[arg(long, required = true, num_args = 1..)]
+    pub replayed: Vec<String>,
+    /// The replay's --speedup (captured offsets are divided by it).
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Also write the assessment as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Exit with status 5 when the load (requests, tokens, outcomes) or the schedule does not
+    /// reproduce; latencies are reported, not enforced.
+    #[arg(long)]
+    pub fail_on_drift: bool,
+}
+
+/// Runs the assessment; Ok(true) when --fail-on-drift applies.
+pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
+    let captured = trace_format::read_traces(&a.captured).context("reading the captured trace")?;
+    let replayed =
+        trace_format::read_traces(&a.replayed).context("reading the replay's results")?;
+    let f = replay::fidelity::assess(
+        &captured.records,
+        &replayed.records,
+        replay::fidelity::Options { speedup: a.speedup },
+    );
+    print!("{f}");
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&f)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(a.fail_on_drift && !(f.load_reproduced && f.schedule_reproduced))
+}

@@ -22,6 +22,9 @@ pub struct FidelityArgs {
     /// Also write the assessment as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also write an HTML page with the captured and replayed distributions overlaid.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
     /// Exit with status 5 when the load (requests, tokens, outcomes) or the schedule does not
     /// reproduce; latencies are reported, not enforced.
     #[arg(long)]
@@ -41,6 +44,10 @@ pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
     print!("{f}");
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&f)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.html {
+        std::fs::write(p, f.render_html("llmreplay A/A fidelity"))
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(a.fail_on_drift && !(f.load_reproduced && f.schedule_reproduced))

@@ -137,6 +137,12 @@ pub struct LatencyFidelity {
     pub ks: f64,
     /// Within [`RATIO_TOL`] and [`KS_TOL`].
     pub reproduced: bool,
+    /// The captured values, ms, ascending (for the HTML overlay; not serialized).
+    #[serde(skip)]
+    pub captured_ms: Vec<f64>,
+    /// The replayed values, ms, ascending.
+    #[serde(skip)]
+    pub replayed_ms: Vec<f64>,
 }
 
 /// The instant a replayed request's bytes left, µs from the replay's schedule zero.
@@ -195,6 +201,8 @@ fn latency(metric: &'static str, mut cap: Vec<f64>, mut rep: Vec<f64>) -> Latenc
         quantiles,
         ks,
         reproduced,
+        captured_ms: cap,
+        replayed_ms: rep,
     }
 }
 
@@ -552,6 +560,62 @@ fn signed_pct(new: f64, old: f64) -> String {
     format!("{:+.1}%", (new / old - 1.0) * 100.0)
 }
 
+impl Fidelity {
+    /// A self-contained HTML page: the console text, and per class and metric the captured
+    /// and replayed distributions overlaid (CDFs: captured solid, replayed dashed).
+    pub fn render_html(&self, title: &str) -> String {
+        use crate::svg::{cdf, esc, Chart, Line, PALETTE};
+        let mut body = String::new();
+        for (i, c) in self.classes.iter().enumerate() {
+            for l in &c.latencies {
+                if l.captured_ms.is_empty() && l.replayed_ms.is_empty() {
+                    continue;
+                }
+                let color = PALETTE[i % PALETTE.len()].to_string();
+                let line = |name: &str, v: &[f64], dashed: bool| Line {
+                    name: format!("{name} ({} values)", v.len()),
+                    points: cdf(v, 400),
+                    color: color.clone(),
+                    dashed,
+                    markers: false,
+                };
+                let all = l
+                    .captured_ms
+                    .iter()
+                    .chain(&l.replayed_ms)
+                    .filter(|v| **v > 0.0);
+                let (lo, hi) = all.fold((f64::INFINITY, 0f64), |(a, b), v| (a.min(*v), b.max(*v)));
+                let chart = Chart {
+                    title: format!(
+                        "{} — {}: KS {:.2}{}",
+                        class_name(c),
+                        l.metric.to_uppercase(),
+                        l.ks,
+                        if l.reproduced { "" } else { " (drifts)" }
+                    ),
+                    x_label: format!("{} (ms)", l.metric.to_uppercase()),
+                    y_label: "fraction of requests ≤ x".into(),
+                    lines: vec![
+                        line("captured", &l.captured_ms, false),
+                        line("replayed", &l.replayed_ms, true),
+                    ],
+                    log_x: hi / lo.max(1e-9) > 30.0,
+                    y_from_zero: true,
+                    ..Default::default()
+                };
+                body.push_str(&format!("<div class=\"chart\">{}</div>", chart.render()));
+            }
+        }
+        format!(
+            "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
+             <style>{css}</style></head><body><h1>{t}</h1><pre style=\"white-space:pre-wrap\">{text}</pre><div class=\"plots\">{body}</div></body></html>\n",
+            t = esc(title),
+            css = crate::html::CSS,
+            text = esc(&self.to_string()),
+        )
+    }
+}
+
 impl fmt::Display for Fidelity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{:=^78}", " A/A fidelity ")?;
@@ -682,6 +746,10 @@ mod tests {
         let ttft = &f.classes[0].latencies[0];
         assert_eq!((ttft.metric, ttft.ks), ("ttft", 0.0));
         assert!(ttft.quantiles.iter().all(|q| (q.3 - 1.0).abs() < 1e-12));
+        let html = f.render_html("A/A <test>");
+        assert!(html.contains("<title>A/A &lt;test&gt;</title>"));
+        assert_eq!(html.matches("<svg").count(), 4, "TTFT, TPOT, ITL, E2EL");
+        assert!(html.contains("captured (40 values)") && html.contains("replayed (40 values)"));
     }
 
     #[test]

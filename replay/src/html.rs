@@ -11,7 +11,8 @@ use crate::capacity::{self, fmt_num};
 use crate::document::{level_rows, levels_why, ReportData};
 use crate::svg::{cdf, esc, Chart, Line, Rule, PALETTE};
 
-const CSS: &str = "body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1320px;color:#222;padding:0 16px}\
+/// The report's style sheet (also used by `llmreplay fidelity --html`).
+pub const CSS: &str = "body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1320px;color:#222;padding:0 16px}\
 h1{font-size:24px}h2{font-size:19px;margin-top:32px;border-bottom:1px solid #ddd}h3{font-size:16px}\
 table{border-collapse:collapse;font-size:12px;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}\
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.answer{font-size:15px;background:#f6f9ff;border-left:4px solid #0072B2;padding:8px 12px;margin:6px 0}\

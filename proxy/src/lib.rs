@@ -17,8 +17,12 @@
 //! Start one with [`start`] and stop it with [`ProxyHandle::shutdown`].
 #![deny(missing_docs)]
 
+mod accept;
+mod admin;
 pub mod config;
 pub mod error;
+mod forward;
+mod handler;
 pub mod jsonscan;
 mod limits;
 pub mod metrics;
@@ -29,6 +33,7 @@ mod record;
 pub mod request;
 mod server;
 mod sink;
+mod state;
 mod tls;
 mod upstream;
 

@@ -17,8 +17,12 @@
 //! Start one with [`start`] and stop it with [`ProxyHandle::shutdown`].
 #![deny(missing_docs)]
 
+mod accept;
+mod admin;
 pub mod config;
 pub mod error;
+mod forward;
+mod handler;
 pub mod jsonscan;
 mod limits;
 pub mod metrics;
@@ -30,6 +34,7 @@ pub mod request;
 mod server;
 pub mod sessions;
 mod sink;
+mod state;
 mod tls;
 mod upstream;
 

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -18,13 +18,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::sync::Notify;
 use tokio::time::Sleep;
 use trace_format::sse::{error_message, response_usage};
 use trace_format::{Outcome, TokenSource, TraceRecord};
 
+use crate::metrics::Metrics;
 use crate::observe::{StreamObserver, Strip};
-use crate::server::Shared;
-use crate::sink::{OutputText, PendingPrompt};
+use crate::sink::{OutputText, PendingPrompt, Sink};
 use crate::upstream::LeanBody;
 
 /// Error type of response bodies.
@@ -38,9 +39,20 @@ pub(crate) fn us_since(t0: Instant, t: Instant) -> i64 {
     t.saturating_duration_since(t0).as_micros() as i64
 }
 
+/// Where finished rows go, shared by every [`Recording`]: the metrics, the writer's queue,
+/// and the shutdown state that names a cut request's error.
+pub(crate) struct Recorder {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) sink: Sink,
+    /// Set when the drain timeout passed and connections are being cut.
+    pub(crate) hard_stop: AtomicBool,
+    /// Notified when the last recorded request in flight finishes.
+    pub(crate) idle: Notify,
+}
+
 /// The row of one recorded request, finished exactly once.
 pub(crate) struct Recording {
-    shared: Arc<Shared>,
+    recorder: Arc<Recorder>,
     /// When the request headers were read.
     pub(crate) t0: Instant,
     /// The row being built.
@@ -55,10 +67,15 @@ pub(crate) struct Recording {
 
 impl Recording {
     /// Starts a record (counts it in flight).
-    pub(crate) fn new(shared: Arc<Shared>, t0: Instant, rec: TraceRecord, sampled: bool) -> Self {
-        shared.metrics.in_flight.fetch_add(1, Relaxed);
+    pub(crate) fn new(
+        recorder: Arc<Recorder>,
+        t0: Instant,
+        rec: TraceRecord,
+        sampled: bool,
+    ) -> Self {
+        recorder.metrics.in_flight.fetch_add(1, Relaxed);
         Recording {
-            shared,
+            recorder,
             t0,
             rec,
             prompt: None,
@@ -101,7 +118,7 @@ impl Recording {
                         .then(|| us_since(self.t0, end))
                 });
         }
-        let m = &self.shared.metrics;
+        let m = &self.recorder.metrics;
         m.count_outcome(outcome);
         m.request_bytes.fetch_add(r.request_bytes as u64, Relaxed);
         m.response_bytes.fetch_add(r.response_bytes as u64, Relaxed);
@@ -125,18 +142,18 @@ impl Recording {
         }
         if self.sampled {
             let rec = std::mem::replace(r, TraceRecord::new(String::new(), 0, String::new()));
-            self.shared
+            self.recorder
                 .sink
                 .send(rec, self.prompt.take(), self.output.take());
         }
         if m.in_flight.fetch_sub(1, Relaxed) == 1 {
-            self.shared.idle.notify_waiters();
+            self.recorder.idle.notify_waiters();
         }
     }
 
     /// Outcome and error for a request cut short by the client (or by a forced shutdown).
     fn cancelled(&self) -> (Outcome, String) {
-        if self.shared.hard_stop.load(Relaxed) {
+        if self.recorder.hard_stop.load(Relaxed) {
             (
                 Outcome::ClientCancelled,
                 "cut by the proxy's shutdown after the drain timeout".into(),
@@ -271,7 +288,7 @@ impl ObservedBody {
                 let oversized = o.oversized_events();
                 if oversized > 0 {
                     self.rec
-                        .shared
+                        .recorder
                         .metrics
                         .sse_oversized_events
                         .fetch_add(oversized, Relaxed);

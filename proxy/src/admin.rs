@@ -1,0 +1,42 @@
+//! The admin endpoints: `/metrics` (Prometheus text) and `/healthz` (503 while draining or
+//! for 2 s after the proxy listener failed an accept). The admin listener's accept loop is
+//! in [`crate::server`].
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+use crate::state::Shared;
+
+/// The answer to an admin request for `path` at `now_us` (µs since the epoch).
+pub(crate) fn admin_response(shared: &Shared, path: &str, now_us: i64) -> Response<Full<Bytes>> {
+    let saturated = now_us - shared.accept_failed_us.load(Relaxed) < 2_000_000;
+    let (status, ctype, body) = match path {
+        "/metrics" => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            shared.metrics.render(),
+        ),
+        "/healthz" if shared.draining.load(Relaxed) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "draining\n".into(),
+        ),
+        "/healthz" if saturated => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "saturated: the proxy listener failed to accept in the last 2 s (out of descriptors?)\n"
+                .into(),
+        ),
+        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r
+}

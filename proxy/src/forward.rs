@@ -1,0 +1,251 @@
+//! The route to the one upstream: its parsed base URL, the pooled clients (the lean
+//! HTTP/1.1 path of [`crate::upstream`] for generation requests to a plain-http HTTP/1.1
+//! upstream, hyper-util's client for everything else), the rewrite of a client's request
+//! into the upstream's (the request's own authority is never used for routing), and
+//! sending it with the header timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use trace_format::Outcome;
+
+use crate::config::ProxyConfig;
+use crate::error::{ProxyError, Result};
+use crate::limits::TimedBody;
+use crate::record::UpstreamBody;
+use crate::tls;
+use crate::upstream::LeanUpstream;
+
+/// The body of a request to the upstream: a generation request's, read whole, or a
+/// pass-through request's, streamed under the client's body timeout.
+pub(crate) type UpBody = Either<Full<Bytes>, TimedBody<Incoming>>;
+type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, UpBody>;
+
+/// Why a request got no response head from the upstream: the row's outcome, the status to
+/// answer the client with, and the error text.
+pub(crate) type Failure = (Outcome, StatusCode, String);
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The parsed upstream base URL.
+#[derive(Debug)]
+pub(crate) struct Upstream {
+    scheme: http::uri::Scheme,
+    pub(crate) authority: http::uri::Authority,
+    base_path: String,
+}
+
+impl Upstream {
+    /// Parses `--upstream`: `http://` or `https://`, a host, no credentials, no query.
+    pub(crate) fn parse(url: &str) -> Result<Upstream> {
+        let bad = |why: &str| ProxyError::Config(format!("--upstream {url:?}: {why}"));
+        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| bad("needs http:// or https://"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(bad("only http and https are supported"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| bad("needs a host"))?;
+        if authority.as_str().contains('@') {
+            return Err(bad("credentials in the URL are not supported"));
+        }
+        if uri.query().is_some() {
+            return Err(bad("a query string is not supported"));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_string();
+        Ok(Upstream {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+
+    fn uri(&self, path_and_query: &str) -> Option<Uri> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{path_and_query}", self.base_path))
+            .build()
+            .ok()
+    }
+}
+
+/// The upstream and the clients that reach it.
+pub(crate) struct Forward {
+    upstream: Upstream,
+    client: UpClient,
+    /// Generation requests to a plain-http HTTP/1.1 upstream go this way (see
+    /// [`crate::upstream`]); everything else through `client`.
+    lean: Option<Arc<LeanUpstream>>,
+    /// How long to wait for the upstream's response head.
+    timeout: Duration,
+}
+
+impl Forward {
+    /// The clients for `upstream` with the timeouts, CA and protocol of `cfg`.
+    pub(crate) fn new(upstream: Upstream, cfg: &ProxyConfig) -> Result<Forward> {
+        let client = build_client(cfg)?;
+        let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
+            .then(|| LeanUpstream::new(&upstream.authority, cfg))
+            .flatten()
+            .map(Arc::new);
+        Ok(Forward {
+            upstream,
+            client,
+            lean,
+            timeout: cfg.upstream_timeout,
+        })
+    }
+
+    /// The upstream's authority (host and port).
+    pub(crate) fn authority(&self) -> &http::uri::Authority {
+        &self.upstream.authority
+    }
+
+    /// The request for the upstream: the client's method, path and query under the
+    /// upstream's base path, HTTP/1.1, its headers minus hop-by-hop ones and `Host`, and
+    /// `content-length` when the body was read whole. `None` for a path that makes no URI.
+    pub(crate) fn request(
+        &self,
+        parts: &http::request::Parts,
+        body: UpBody,
+        body_len: Option<usize>,
+    ) -> Option<Request<UpBody>> {
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let uri = self.upstream.uri(&pq)?;
+        let mut req = Request::new(body);
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        let h = req.headers_mut();
+        *h = parts.headers.clone();
+        strip_hop_by_hop(h);
+        h.remove(header::HOST);
+        if let Some(n) = body_len {
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        Some(req)
+    }
+
+    fn header_timeout(&self) -> Failure {
+        (
+            Outcome::Timeout,
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "no response headers from the upstream within {:?}",
+                self.timeout
+            ),
+        )
+    }
+
+    /// Sends a generation request (`req`, whose body is `body`) to the upstream with the
+    /// header timeout, by the lean path when there is one.
+    pub(crate) async fn send_generation(
+        &self,
+        req: Request<UpBody>,
+        body: &[u8],
+    ) -> std::result::Result<(http::response::Parts, UpstreamBody), Failure> {
+        let Some(lean) = &self.lean else {
+            let resp = self.send(req).await?;
+            let (parts, body) = resp.into_parts();
+            return Ok((parts, UpstreamBody::Hyper(body)));
+        };
+        let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let bytes = lean.encode_request(req.method(), pq, req.headers(), body);
+        match tokio::time::timeout(self.timeout, lean.send(&bytes)).await {
+            Ok(Ok((parts, body))) => Ok((parts, UpstreamBody::Lean(body))),
+            Ok(Err(e)) => Err((
+                Outcome::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                e.to_string(),
+            )),
+            Err(_) => Err(self.header_timeout()),
+        }
+    }
+
+    /// Sends to the upstream through hyper-util's client with the header timeout.
+    pub(crate) async fn send(
+        &self,
+        req: Request<UpBody>,
+    ) -> std::result::Result<Response<Incoming>, Failure> {
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => {
+                let mut msg = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg.push_str(": ");
+                    msg.push_str(&s.to_string());
+                    src = s.source();
+                }
+                Err((Outcome::UpstreamError, StatusCode::BAD_GATEWAY, msg))
+            }
+            Err(_) => Err(self.header_timeout()),
+        }
+    }
+}
+
+fn build_client(cfg: &ProxyConfig) -> Result<UpClient> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
+    let tls = tls::client_config(cfg.upstream_ca.as_deref())?;
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(cfg.upstream_pool_idle_timeout)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .http2_only(cfg.upstream_h2)
+        .build(connector))
+}
+
+/// Removes hop-by-hop headers, including those named by `Connection`.
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(*n);
+    }
+}

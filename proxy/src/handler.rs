@@ -1,0 +1,326 @@
+//! The request handler: what the proxy does with each request once its head is read.
+//!
+//! CONNECT, and absolute-form requests for another host, are refused (this is not an open
+//! proxy). Generation requests (POST `…/completions`) are read whole (they are small), may
+//! get `stream_options` injected, are sent by
+//! [`Forward::send_generation`](crate::forward::Forward::send_generation) and recorded: a
+//! [`Recording`] per request, and the response body an [`ObservedBody`]. Everything else
+//! streams through untouched.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Incoming;
+use trace_format::{Outcome, TraceRecord};
+
+use crate::config::RecordBodies;
+use crate::forward::strip_hop_by_hop;
+use crate::limits::{BodyTimeout, TimedBody};
+use crate::record::{BoxError, ObservedBody, Recording};
+use crate::request::{inject_usage, RequestInfo};
+use crate::state::Shared;
+
+/// The response body type of the proxy.
+pub(crate) enum ProxyBody {
+    Observed(Box<ObservedBody>),
+    Stream(Incoming),
+    Full(Full<Bytes>),
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Observed(b) => Pin::new(b.as_mut()).poll_frame(cx),
+            ProxyBody::Stream(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
+            ProxyBody::Full(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Observed(b) => b.is_end_stream(),
+            ProxyBody::Stream(b) => b.is_end_stream(),
+            ProxyBody::Full(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Observed(b) => b.size_hint(),
+            ProxyBody::Stream(b) => b.size_hint(),
+            ProxyBody::Full(b) => b.size_hint(),
+        }
+    }
+}
+
+/// 408 for a request body that came too slowly; the connection is not kept (the rest of
+/// the body was never read).
+fn body_timeout_response(message: &str) -> Response<ProxyBody> {
+    let mut r = error_response(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        message,
+    );
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": kind, "code": status.as_u16()}
+    })
+    .to_string();
+    let mut r = Response::new(ProxyBody::Full(Full::new(Bytes::from(body))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Whether reading a request body failed because it ended early (the client went away), as
+/// opposed to bytes that break its framing (hyper's decoder reports those as `InvalidInput`
+/// or `InvalidData`).
+fn body_cut_short(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut src = Some(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return !matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
+            );
+        }
+        src = s.source();
+    }
+    true
+}
+
+fn is_generation(method: &Method, path: &str) -> bool {
+    method == Method::POST && path.trim_end_matches('/').ends_with("/completions")
+}
+
+/// splitmix64: a cheap deterministic sampling draw per request number.
+fn sampled(n: u64, rate: f64) -> bool {
+    if rate >= 1.0 {
+        return true;
+    }
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z as f64 / u64::MAX as f64) < rate
+}
+
+/// Answers `req`, whose head was read at `t0` (`arrival`: the same instant in µs since the
+/// epoch).
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    t0: Instant,
+    arrival: i64,
+) -> std::result::Result<Response<ProxyBody>, Infallible> {
+    if req.method() == Method::CONNECT {
+        return Ok(error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "CONNECT is not supported: this is a reverse proxy to one upstream",
+        ));
+    }
+    if req.version() != Version::HTTP_2 {
+        if let Some(a) = req.uri().authority() {
+            if !shared
+                .local_authorities
+                .iter()
+                .any(|l| l.eq_ignore_ascii_case(a.as_str()))
+            {
+                return Ok(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "absolute-form request for another host: this is not an open proxy",
+                ));
+            }
+        }
+    }
+    let path = req.uri().path().to_string();
+    if is_generation(req.method(), &path) {
+        Ok(handle_generation(shared, req, t0, arrival, path).await)
+    } else {
+        Ok(passthrough(shared, req).await)
+    }
+}
+
+async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
+    shared.metrics.passthrough.fetch_add(1, Relaxed);
+    let (parts, body) = req.into_parts();
+    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
+    let too_slow = body.fired();
+    let Some(up) = shared.forward.request(&parts, Either::Right(body), None) else {
+        return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
+    };
+    let sent = shared.forward.send(up).await;
+    if too_slow.load(Relaxed) {
+        return body_timeout_response("request body too slow");
+    }
+    match sent {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.version = Version::HTTP_11;
+            Response::from_parts(parts, ProxyBody::Stream(body))
+        }
+        Err((_, status, msg)) => error_response(status, "upstream_error", &msg),
+    }
+}
+
+async fn handle_generation(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    t0: Instant,
+    arrival: i64,
+    path: String,
+) -> Response<ProxyBody> {
+    let n = shared.next_id.fetch_add(1, Relaxed);
+    let mut rec = TraceRecord::new(format!("{}-{n:08x}", shared.id_prefix), arrival, path);
+    if let Some(h) = &shared.session_header {
+        rec.session_id = req
+            .headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+    }
+    let mut recording = Recording::new(
+        shared.recorder.clone(),
+        t0,
+        rec,
+        sampled(n, shared.cfg.sample_rate),
+    );
+    let (parts, body) = req.into_parts();
+    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
+    let body = match Limited::new(body, shared.cfg.max_request_body)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            if let Some(t) = e.downcast_ref::<BodyTimeout>() {
+                // Nothing was forwarded: the client hears 408, the row says the proxy's
+                // client timeout ended it.
+                let msg = t.to_string();
+                recording.rec.status = Some(408);
+                recording.finish(Outcome::Timeout, Some(msg.clone()), Instant::now());
+                return body_timeout_response(&msg);
+            }
+            let too_large = e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            if too_large {
+                let msg = format!("request body over {} bytes", shared.cfg.max_request_body);
+                recording.rec.status = Some(413);
+                recording.finish(Outcome::HttpError, Some(msg.clone()), Instant::now());
+                return error_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    &msg,
+                );
+            }
+            if body_cut_short(&*e) {
+                recording.finish(
+                    Outcome::ClientCancelled,
+                    Some(format!("reading the request body: {e}")),
+                    Instant::now(),
+                );
+            } else {
+                // A body that breaks its own framing (a bad chunk): the client's error,
+                // answered 400, and recorded as what the client got.
+                let mut msg = format!("malformed request body: {e}");
+                let mut src = e.source();
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                recording.rec.status = Some(400);
+                recording.finish(Outcome::HttpError, Some(msg), Instant::now());
+            }
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad body");
+        }
+    };
+    let mut info = RequestInfo::parse(&body);
+    {
+        let r = &mut recording.rec;
+        r.request_bytes = body.len() as i64;
+        r.model = info.model.clone();
+        r.stream = info.stream;
+        r.max_tokens = info.max_tokens;
+        if shared.cfg.record_bodies == RecordBodies::Full {
+            r.body = Some(String::from_utf8_lossy(&body).into_owned());
+        }
+    }
+    let (up_body, strip) = match inject_usage(&body, &info, shared.cfg.usage) {
+        Some((b, s)) => (Bytes::from(b), s),
+        None => (body, Default::default()),
+    };
+    // Tokenizing the prompt (prefix hashes, and prompt_tokens when the upstream reports no
+    // usage) can take milliseconds: it runs on the blocking pool (batched, see
+    // [`crate::prompts`]) while the request is forwarded, and the writer thread joins it
+    // before writing the row.
+    if recording.sampled() {
+        if let Some(obj) = info.json.take() {
+            recording.prompt = Some(shared.prompts.submit(obj));
+        }
+    }
+    drop(info);
+    let len = up_body.len();
+    let Some(up) =
+        shared
+            .forward
+            .request(&parts, Either::Left(Full::new(up_body.clone())), Some(len))
+    else {
+        recording.finish(Outcome::HttpError, Some("bad path".into()), Instant::now());
+        return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
+    };
+    match shared.forward.send_generation(up, &up_body).await {
+        Ok((mut parts, body)) => {
+            recording.rec.status = Some(parts.status.as_u16());
+            strip_hop_by_hop(&mut parts.headers);
+            parts.version = Version::HTTP_11;
+            let sse = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+            if sse && strip.any() {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            let observed = ObservedBody::new(
+                body,
+                sse,
+                strip,
+                recording,
+                shared.cfg.idle_timeout,
+                shared.cfg.max_sse_event,
+            );
+            Response::from_parts(parts, ProxyBody::Observed(Box::new(observed)))
+        }
+        Err((outcome, status, msg)) => {
+            recording.finish(outcome, Some(msg.clone()), Instant::now());
+            error_response(status, "upstream_error", &msg)
+        }
+    }
+}

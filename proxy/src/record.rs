@@ -19,8 +19,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
-use trace_format::sse::{error_message, response_usage};
 use trace_format::{Outcome, TokenSource, TraceRecord};
+use wire::sse::{error_message, response_usage};
 
 use crate::observe::{StreamObserver, Strip};
 use crate::server::Shared;

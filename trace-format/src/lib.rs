@@ -1,20 +1,16 @@
-//! The llmreplay trace format: the schema (defined once), the Parquet writer and reader,
-//! trace summaries, and the OpenAI/SSE stream parser capture and replay both read responses
-//! with.
+//! The llmreplay trace format: the schema (defined once), the Parquet writer (with its
+//! crash-safe journal) and reader, trace summaries (`inspect`, `stats`), redaction and
+//! arrival processes. Local files only: object stores are the `store` crate's, importers of
+//! public formats the `import` crate's, tokenizers the `tokenize` crate's.
 #![deny(missing_docs)]
 
 pub mod arrivals;
 pub mod error;
-pub mod import;
 pub mod inspect;
 pub mod reader;
 pub mod redact;
 pub mod schema;
-pub mod sse;
 pub mod stats;
-pub mod store;
-pub mod tokenize;
-pub mod vllm_metrics;
 pub mod writer;
 
 pub use error::{Error, Result};

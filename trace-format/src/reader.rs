@@ -26,7 +26,6 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result};
 use crate::schema::{col, meta, Outcome, TokenSource, TraceRecord};
-use crate::store::{self, ObjectLocation};
 use crate::writer::FileMeta;
 
 /// Columns a file must have to be a trace.
@@ -62,29 +61,61 @@ pub struct Trace {
     pub files: Vec<TraceFile>,
 }
 
-/// Reads traces from inputs that are files, directories (every `*.parquet` below them,
-/// recursively, sorted by path) or glob patterns, locally or in an object store
-/// (`s3://bucket/prefix`, see [`crate::store`]: every `*.parquet` below the prefix, Hive
-/// partitions included). A file named twice is read once.
+/// Reads traces from local inputs that are files, directories (every `*.parquet` below them,
+/// recursively, sorted by path) or glob patterns. A file named twice is read once. (The
+/// `store` crate's `read_traces` also reads object-store URLs, through [`read_traces_with`].)
 ///
 /// Errors: an input matching nothing → [`Error::NoFiles`]; a file of another major schema
 /// version → [`Error::UnsupportedVersion`]; a Parquet file without llmreplay metadata or
 /// without a required column → [`Error::NotATrace`]; an unreadable or corrupt file →
 /// [`Error::Format`] naming it.
 pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
+    read_traces_with(inputs, &LocalOnly)
+}
+
+/// Trace files somewhere other than the local file system (an object store): the inputs
+/// it claims are listed and fetched through it instead of read from disk.
+pub trait RemoteFiles {
+    /// Whether `input` names a location of this source rather than a local path.
+    fn claims(&self, input: &str) -> bool;
+    /// The trace files `input` names, sorted, each with its name (a URL, unique per file).
+    fn list(&self, input: &str) -> Result<Vec<RemoteFile>>;
+}
+
+/// One trace file of a [`RemoteFiles`] source.
+pub struct RemoteFile {
+    /// What errors and [`TraceFile::path`] call it (its URL).
+    pub name: String,
+    /// Fetches its whole content.
+    pub fetch: Box<dyn FnOnce() -> Result<bytes::Bytes>>,
+}
+
+/// No source besides the local file system.
+struct LocalOnly;
+
+impl RemoteFiles for LocalOnly {
+    fn claims(&self, _input: &str) -> bool {
+        false
+    }
+    fn list(&self, _input: &str) -> Result<Vec<RemoteFile>> {
+        Ok(Vec::new())
+    }
+}
+
+/// [`read_traces`], with the inputs `remote` claims listed and fetched through it.
+pub fn read_traces_with<S: AsRef<str>>(inputs: &[S], remote: &dyn RemoteFiles) -> Result<Trace> {
     let mut seen = HashSet::new();
     let mut sources = Vec::new();
     for input in inputs {
         let input = input.as_ref();
-        if store::is_url(input) {
-            let loc = ObjectLocation::parse(input)?;
-            let found = loc.list_parquet()?;
+        if remote.claims(input) {
+            let found = remote.list(input)?;
             if found.is_empty() {
                 return Err(Error::NoFiles(input.to_string()));
             }
-            for key in found {
-                if seen.insert(PathBuf::from(loc.object_url(&key))) {
-                    sources.push(Source::Object(loc.clone(), key));
+            for file in found {
+                if seen.insert(PathBuf::from(&file.name)) {
+                    sources.push(Source::Remote(file));
                 }
             }
             continue;
@@ -111,9 +142,9 @@ pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
                 let data = fs::read(&path).map_err(|e| Error::io(&path, e))?;
                 read_parquet(bytes::Bytes::from(data), &path)?
             }
-            Source::Object(loc, key) => {
-                let bytes = loc.get(&key)?;
-                read_parquet(bytes, Path::new(&loc.object_url(&key)))?
+            Source::Remote(file) => {
+                let bytes = (file.fetch)()?;
+                read_parquet(bytes, Path::new(&file.name))?
             }
         };
         trace.files.push(file);
@@ -176,7 +207,7 @@ fn walk_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 /// Where one trace file is read from.
 enum Source {
     Local(PathBuf),
-    Object(ObjectLocation, object_store::path::Path),
+    Remote(RemoteFile),
 }
 
 /// Reads one trace file held in memory (`name` is what errors and [`TraceFile::path`] call

@@ -9,12 +9,19 @@
 //! Captures land in Hive-style partitions, `PREFIX/date=YYYY-MM-DD/hour=HH/FILE.parquet`
 //! (UTC, the hour the file was started), so DuckDB, Spark or Trino read a month of captures
 //! as one table with `date` and `hour` columns. A capture writes and journals locally in a
-//! spool directory as always (the crash-safety of [`crate::writer`] is unchanged) and a
+//! spool directory as always (the crash-safety of [`trace_format::writer`] is unchanged) and a
 //! [`SpoolUploader`] moves each finished file to the store, deleting the local copy only once
 //! the upload succeeded: a store that is down delays files, it never loses them.
 //!
-//! The API is synchronous, like the rest of this crate: the async store runs on one small
-//! runtime of this module's own, so callers need no runtime (and may be inside one).
+//! [`read_traces`] and [`write_trace`] are the trace reader and writer of `trace-format` for
+//! inputs and outputs that may be URLs; [`write_bytes`] writes any other output (a result
+//! document) to a path or a URL alike.
+//!
+//! The API is synchronous, like `trace-format`'s: the async store runs on one small
+//! runtime of this crate's own, so callers need no runtime (and may be inside one). Errors
+//! are `trace-format`'s [`Error`] (its `Store` variant for the store's own failures), so a
+//! trace read from a URL fails the way one read from a path does.
+#![deny(missing_docs)]
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -34,7 +41,9 @@ use object_store::{
     ClientConfigKey, ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
 };
 
-use crate::error::{Error, Result};
+use trace_format::reader::{RemoteFile, RemoteFiles};
+pub use trace_format::{Error, Result};
+use trace_format::{FileMeta, Trace, TraceRecord};
 
 /// URL schemes read as object-store locations; anything else is a local path.
 pub const SCHEMES: &[&str] = &[
@@ -308,16 +317,43 @@ fn url_of(dest: &Path) -> Option<&str> {
     dest.to_str().filter(|s| is_url(s))
 }
 
-/// Writes a trace file (see [`crate::write_trace_file`]) to `dest`: a local path, or an
-/// object URL (written to a private temporary file first, then uploaded). Returns where it
+/// Reads traces (see [`trace_format::read_traces`]) from inputs that are local files,
+/// directories and globs or object-store locations (`s3://bucket/prefix`: every `*.parquet`
+/// below the prefix, Hive partitions included; an object; or a glob of keys).
+pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
+    trace_format::reader::read_traces_with(inputs, &ObjectStores)
+}
+
+/// The object stores as a source of trace files for [`trace_format::reader`].
+struct ObjectStores;
+
+impl RemoteFiles for ObjectStores {
+    fn claims(&self, input: &str) -> bool {
+        is_url(input)
+    }
+
+    fn list(&self, input: &str) -> Result<Vec<RemoteFile>> {
+        let loc = ObjectLocation::parse(input)?;
+        let found = loc.list_parquet()?;
+        Ok(found
+            .into_iter()
+            .map(|key| {
+                let loc = loc.clone();
+                RemoteFile {
+                    name: loc.object_url(&key),
+                    fetch: Box::new(move || loc.get(&key)),
+                }
+            })
+            .collect())
+    }
+}
+
+/// Writes a trace file (see [`trace_format::write_trace_file`]) to `dest`: a local path, or
+/// an object URL (written to a private temporary file first, then uploaded). Returns where it
 /// went, for messages.
-pub fn write_trace(
-    dest: &Path,
-    records: &[crate::TraceRecord],
-    meta: &crate::FileMeta,
-) -> Result<String> {
+pub fn write_trace(dest: &Path, records: &[TraceRecord], meta: &FileMeta) -> Result<String> {
     let Some(url) = url_of(dest) else {
-        crate::write_trace_file(dest, records, meta)?;
+        trace_format::write_trace_file(dest, records, meta)?;
         return Ok(dest.display().to_string());
     };
     let loc = ObjectLocation::parse(url)?;
@@ -326,8 +362,8 @@ pub fn write_trace(
         std::process::id(),
         UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let result =
-        crate::write_trace_file(&tmp, records, meta).and_then(|()| loc.put_file(&loc.path, &tmp));
+    let result = trace_format::write_trace_file(&tmp, records, meta)
+        .and_then(|()| loc.put_file(&loc.path, &tmp));
     let _ = std::fs::remove_file(&tmp);
     result
 }

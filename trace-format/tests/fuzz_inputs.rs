@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
+use trace_format::journal::recover_dir;
 use trace_format::redact::{redact_json, redact_text};
-use trace_format::writer::recover_dir;
 use trace_format::{FileMeta, Producer};
 
 fn config(default: u32) -> ProptestConfig {

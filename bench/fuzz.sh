@@ -4,12 +4,15 @@
 # on stable) and the Parquet mutation sweep with several seeds. Runs niced; stops by itself.
 #
 #   wire          tests/fuzz_framing.rs   response framing, chunked decoder
+#   wire          tests/fuzz_sse.rs       SSE parser, response classifiers
 #   proxy         tests/fuzz_jsonscan.rs  JSON member scanner
 #   proxy         tests/observer_props.rs SSE observer (usage stripping)
-#   trace-format  tests/fuzz_inputs.rs    SSE parser, importers, journal recovery, redactor
+#   import        tests/fuzz_import.rs    importers
+#   trace-format  tests/fuzz_inputs.rs    journal recovery, redactor
 #   trace-format  tests/fuzz_parquet.rs   Parquet reader on damaged data pages
 #
-# usage: bench/fuzz.sh [framing] [jsonscan] [observer] [inputs] [parquet]     (default: all)
+# usage: bench/fuzz.sh [framing] [sse] [jsonscan] [observer] [import] [inputs] [parquet]
+#        (default: all)
 #        defaults: LLMREPLAY_FUZZ_CASES=20000, LLMREPLAY_FUZZ_SEEDS=4 (Parquet sweeps, each
 #        LLMREPLAY_FUZZ_CASES damaged files per writer setting, five settings)
 #        e.g. LLMREPLAY_FUZZ_CASES=100000 LLMREPLAY_FUZZ_SEEDS=10 bench/fuzz.sh parquet
@@ -21,7 +24,7 @@ cd "$(dirname "$0")/.."
 export LLMREPLAY_FUZZ_CASES=${LLMREPLAY_FUZZ_CASES:-20000}
 SEEDS=${LLMREPLAY_FUZZ_SEEDS:-4}
 export LLMREPLAY_FUZZ_SAVE=$PWD/target/fuzz-crashes/parquet
-nice -n 10 cargo test --release -p wire -p proxy -p trace-format --no-run 2>&1 | tail -1
+nice -n 10 cargo test --release -p wire -p proxy -p import -p trace-format --no-run 2>&1 | tail -1
 
 run() { # package test [env...]
     local pkg=$1 test=$2 t0=$SECONDS
@@ -36,16 +39,18 @@ run() { # package test [env...]
     echo "$pkg $test $*: ok, $LLMREPLAY_FUZZ_CASES cases per property, $((SECONDS - t0)) s"
 }
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(framing jsonscan observer inputs parquet)
+[ ${#parts[@]} -eq 0 ] && parts=(framing sse jsonscan observer import inputs parquet)
 for part in "${parts[@]}"; do
     case $part in
         framing) run wire fuzz_framing ;;
+        sse) run wire fuzz_sse ;;
         jsonscan) run proxy fuzz_jsonscan ;;
         observer) run proxy observer_props ;;
+        import) run import fuzz_import ;;
         inputs) run trace-format fuzz_inputs ;;
         parquet) for seed in $(seq 1 "$SEEDS"); do
             run trace-format fuzz_parquet LLMREPLAY_FUZZ_SEED="$seed"
         done ;;
-        *) echo "unknown part $part (framing jsonscan observer inputs parquet)" >&2; exit 2 ;;
+        *) echo "unknown part $part (framing sse jsonscan observer import inputs parquet)" >&2; exit 2 ;;
     esac
 done

@@ -167,11 +167,11 @@ pub struct CaptureArgs {
 impl CaptureArgs {
     /// Validates the flags into the proxy's configuration.
     /// The object store --out names, if it names one.
-    fn store(&self) -> Result<Option<trace_format::store::ObjectLocation>> {
-        if !trace_format::store::is_url(&self.out) {
+    fn store(&self) -> Result<Option<store::ObjectLocation>> {
+        if !store::is_url(&self.out) {
             return Ok(None);
         }
-        let loc = trace_format::store::ObjectLocation::parse(&self.out)
+        let loc = store::ObjectLocation::parse(&self.out)
             .with_context(|| format!("--out {}", self.out))?;
         Ok(Some(loc))
     }
@@ -179,7 +179,7 @@ impl CaptureArgs {
     /// The local directory the proxy writes into: --out, or the spool directory of an
     /// object-store --out.
     fn local_dir(&self) -> PathBuf {
-        if !trace_format::store::is_url(&self.out) {
+        if !store::is_url(&self.out) {
             return PathBuf::from(&self.out);
         }
         if let Some(d) = &self.spool_dir {
@@ -228,10 +228,10 @@ impl CaptureArgs {
                 bail!("{flag} must be > 0");
             }
         }
-        if self.spool_dir.is_some() && !trace_format::store::is_url(&self.out) {
+        if self.spool_dir.is_some() && !store::is_url(&self.out) {
             bail!("--spool-dir goes with an object-store --out (s3://...)");
         }
-        let to_store = trace_format::store::is_url(&self.out);
+        let to_store = store::is_url(&self.out);
         let dir = self.local_dir();
         let mut c = proxy::ProxyConfig::new(self.listen, self.upstream, dir);
         c.rotate_on_hour = to_store;
@@ -321,9 +321,8 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
     let cfg = args.config()?;
     let out = cfg.out.clone();
     // Uploads finished files (and any a previous run left in the spool) as they appear.
-    let uploader = store.map(|loc| {
-        trace_format::store::SpoolUploader::spawn(loc, out.clone(), Duration::from_secs(2))
-    });
+    let uploader =
+        store.map(|loc| store::SpoolUploader::spawn(loc, out.clone(), Duration::from_secs(2)));
     let uploading = uploader.is_some();
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = threads {

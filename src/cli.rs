@@ -773,7 +773,7 @@ fn per_target_path(path: &Path, name: &str, many: bool) -> PathBuf {
 }
 
 fn run_replay(a: ReplayArgs) -> Result<()> {
-    let trace = trace_format::read_traces(&a.traces).context("reading the trace")?;
+    let trace = store::read_traces(&a.traces).context("reading the trace")?;
     let block_size = trace
         .files
         .iter()
@@ -876,7 +876,7 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         if let Some(p) = &a.save_result {
             let p = per_target_path(p, &run.target.name, many);
             let json = replay::report::result_json(&inputs);
-            let at = trace_format::store::write_bytes(&p, serde_json::to_vec_pretty(&json)?)
+            let at = store::write_bytes(&p, serde_json::to_vec_pretty(&json)?)
                 .with_context(|| format!("writing {}", p.display()))?;
             eprintln!("result written to {at}");
         }
@@ -932,7 +932,7 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
                     .insert(format!("target.{}.version", run.target.name), v.to_string());
             }
         }
-        let at = trace_format::store::write_trace(p, &rows, &meta)
+        let at = store::write_trace(p, &rows, &meta)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("{} result rows written to {at}", rows.len());
     }
@@ -989,7 +989,7 @@ fn run_synth(a: SynthArgs) -> Result<()> {
     };
     let rows = replay::synth::synth(&spec)?;
     let meta = FileMeta::new(Producer::Synth, command_line());
-    let at = trace_format::store::write_trace(&a.output, &rows, &meta)
+    let at = store::write_trace(&a.output, &rows, &meta)
         .with_context(|| format!("writing {}", a.output.display()))?;
     eprintln!("{} synthetic requests written to {at}", rows.len());
     Ok(())
@@ -997,7 +997,7 @@ fn run_synth(a: SynthArgs) -> Result<()> {
 
 fn run_inspect(a: InspectArgs) -> Result<()> {
     use std::io::Write;
-    let trace = trace_format::read_traces(&a.traces).context("reading the trace")?;
+    let trace = store::read_traces(&a.traces).context("reading the trace")?;
     let summary = trace_format::inspect::summarize_with(&trace, &a.cache_blocks);
     let mut out = std::io::stdout().lock();
     if a.json {
@@ -1052,7 +1052,7 @@ fn run_demo(a: DemoArgs) -> Result<()> {
         a.output_len
     );
     // The levels are a request-rate sweep: the same mechanism as `replay --sweep`.
-    let trace = trace_format::read_traces(&[trace_path.display().to_string()])
+    let trace = store::read_traces(&[trace_path.display().to_string()])
         .context("reading the demo trace back")?;
     let mut cfg = ReplayConfig::new(vec![Target {
         name: "sim".into(),

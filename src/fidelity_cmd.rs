@@ -33,9 +33,8 @@ pub struct FidelityArgs {
 
 /// Runs the assessment; Ok(true) when --fail-on-drift applies.
 pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
-    let captured = trace_format::read_traces(&a.captured).context("reading the captured trace")?;
-    let replayed =
-        trace_format::read_traces(&a.replayed).context("reading the replay's results")?;
+    let captured = store::read_traces(&a.captured).context("reading the captured trace")?;
+    let replayed = store::read_traces(&a.replayed).context("reading the replay's results")?;
     let f = replay::fidelity::assess(
         &captured.records,
         &replayed.records,

@@ -1,14 +1,14 @@
 //! `llmreplay import` (public trace formats → our Parquet trace) and `llmreplay export` (our
 //! trace → Mooncake JSONL for NVIDIA AIPerf and SGLang's bench_serving): flags and wiring; the
-//! work is in `trace_format::import`.
+//! work is in the `import` crate.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use trace_format::import::{self, Format, ImportOptions};
-use trace_format::tokenize::Tokenizer;
+use import::{self, Format, ImportOptions};
+use tokenize::Tokenizer;
 
 use crate::cli::parse_rate;
 
@@ -163,7 +163,7 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
         }
     }
     let rows = imported.records.len();
-    let at = trace_format::store::write_trace(&a.output, &imported.records, &imported.meta)
+    let at = store::write_trace(&a.output, &imported.records, &imported.meta)
         .with_context(|| format!("writing {}", a.output.display()))?;
     imported.records.clear();
     eprintln!(
@@ -197,7 +197,7 @@ fn skipped_note(skipped: &[(String, String)], rows: usize) -> String {
 
 /// Runs `llmreplay export`.
 pub fn run_export(a: ExportArgs) -> Result<()> {
-    let trace = trace_format::read_traces(&a.traces).context("reading the trace")?;
+    let trace = store::read_traces(&a.traces).context("reading the trace")?;
     match a.format {
         ExportFormat::Mooncake => {
             let sizes: std::collections::BTreeSet<u32> = trace

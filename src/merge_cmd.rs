@@ -186,7 +186,7 @@ fn output_paths(p: &Path) -> (PathBuf, PathBuf) {
 
 /// Runs `llmreplay merge`.
 pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
-    let mut trace = trace_format::read_traces(&a.inputs).context("reading the shard results")?;
+    let mut trace = store::read_traces(&a.inputs).context("reading the shard results")?;
     // The identity of the replayed trace when the shards agree on it, else of these rows.
     let rows_identity = replay::report::trace_identity(&trace);
     let records = std::mem::take(&mut trace.records);
@@ -360,9 +360,9 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
     }
     meta.extra
         .insert("merged_runs".into(), by_run.len().to_string());
-    let pq_at = trace_format::store::write_trace(&pq, &run.records, &meta)
+    let pq_at = store::write_trace(&pq, &run.records, &meta)
         .with_context(|| format!("writing {}", pq.display()))?;
-    let js_at = trace_format::store::write_bytes(&js, serde_json::to_vec_pretty(&json)?)
+    let js_at = store::write_bytes(&js, serde_json::to_vec_pretty(&json)?)
         .with_context(|| format!("writing {}", js.display()))?;
     println!(
         "merged {} rows of {} runs: p99 TTFT {:.3} ms, dispatch lag {}",

@@ -239,7 +239,7 @@ pub fn run_sweep(
     }
     println!("  ({})", replay::capacity::rules_text(a.slo_percentile));
     if let Some(p) = out.save_result {
-        trace_format::store::write_bytes(p, serde_json::to_vec_pretty(&doc)?)
+        store::write_bytes(p, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!(
             "sweep result written to {} (report: llmreplay report {} -o report.html)",
@@ -290,8 +290,7 @@ pub fn write_reports(result: &Path, dir: &Path) -> Result<()> {
         ("report.md", replay::document::markdown(&data)),
     ] {
         let p = dir.join(name);
-        trace_format::store::write_bytes(&p, text.into())
-            .with_context(|| format!("writing {}", p.display()))?;
+        store::write_bytes(&p, text.into()).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("report written to {}", p.display());
     }
     Ok(())
@@ -340,7 +339,7 @@ pub fn run_compare(a: CompareArgs) -> Result<bool> {
     if let Some(p) = &a.json {
         let answers: Vec<_> = series.iter().map(|s| s.answer()).collect();
         let v = serde_json::json!({"files": a.files, "tables": tables, "capacity": answers, "regressions": regs, "notes": replay::compare::notes(&series), "noise_rule": replay::compare::noise_rule()});
-        trace_format::store::write_bytes(p, serde_json::to_vec_pretty(&v)?)
+        store::write_bytes(p, serde_json::to_vec_pretty(&v)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("comparison written to {}", p.display());
     }
@@ -410,14 +409,14 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
     let records = if a.results.is_empty() {
         Vec::new()
     } else {
-        trace_format::read_traces(&a.results)
+        store::read_traces(&a.results)
             .context("reading --results")?
             .records
     };
     let arrivals = if a.trace.is_empty() {
         None
     } else {
-        let t = trace_format::read_traces(&a.trace).context("reading --trace")?;
+        let t = store::read_traces(&a.trace).context("reading --trace")?;
         Some(results::arrival_profile(&t.records))
     };
     let data = replay::document::build(
@@ -440,7 +439,7 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
         ReportFormat::Html => replay::html::render(&data),
         ReportFormat::Md => replay::document::markdown(&data),
     };
-    trace_format::store::write_bytes(&a.output, text.into())
+    store::write_bytes(&a.output, text.into())
         .with_context(|| format!("writing {}", a.output.display()))?;
     for ans in &data.answers {
         println!("{}", ans.sentence);
@@ -452,8 +451,7 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
     if let Some(p) = &a.alerts {
         let series = &data.series;
         let yaml = replay::alerts::rules_yaml(series, &data.answers)?;
-        trace_format::store::write_bytes(p, yaml.into())
-            .with_context(|| format!("writing {}", p.display()))?;
+        store::write_bytes(p, yaml.into()).with_context(|| format!("writing {}", p.display()))?;
         eprintln!(
             "alerting rules written to {} (check: promtool check rules {})",
             p.display(),

@@ -24,8 +24,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use proxy::{ProxyConfig, UsageMode};
-use trace_format::sse::{classify, SseParser, StreamEvent};
 use trace_format::{Outcome, TraceRecord};
+use wire::sse::{classify, SseParser, StreamEvent};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 static DIRS: AtomicUsize = AtomicUsize::new(0);

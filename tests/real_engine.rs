@@ -41,9 +41,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
-use trace_format::sse::{classify, SseParser, StreamEvent};
-use trace_format::tokenize::Tokenizer;
+use tokenize::Tokenizer;
 use trace_format::{Outcome, TokenSource, TraceRecord};
+use wire::sse::{classify, SseParser, StreamEvent};
 
 /// The tests share one server and measure time: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -141,7 +141,7 @@ fn engine(test: &str) -> Option<Engine> {
 }
 
 fn gemma_tokenizer() -> (PathBuf, Tokenizer) {
-    let path = trace_format::tokenize::test_tokenizer_json("gemma3").expect(
+    let path = tokenize::test_tokenizer_json("gemma3").expect(
         "LLMREPLAY_REAL_ENGINE is set but the gemma3 tokenizer.json is missing \
          (bash scripts/fetch-tokenizers.sh)",
     );
@@ -265,7 +265,7 @@ async fn completion(c: &TestClient, url: &str, body: &Value, id: &str) -> Seen {
         raw.extend_from_slice(&d);
     }
     if !stream {
-        let u = trace_format::sse::response_usage(&raw).expect("usage in the response");
+        let u = wire::sse::response_usage(&raw).expect("usage in the response");
         seen.prompt_tokens = u.prompt_tokens;
         seen.completion_tokens = u.completion_tokens;
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use trace_format::tokenize::Tokenizer;
+use tokenize::Tokenizer;
 
 /// How much of each request body is kept in the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -169,7 +169,7 @@ impl ProxyConfig {
             idle_timeout: Duration::from_secs(600),
             max_request_body: 64 * 1024 * 1024,
             client: ClientLimits::default(),
-            max_sse_event: trace_format::sse::DEFAULT_MAX_EVENT,
+            max_sse_event: wire::sse::DEFAULT_MAX_EVENT,
             max_file_bytes: 256 * 1024 * 1024,
             max_file_age: Duration::from_secs(3600),
             rotate_on_hour: false,

@@ -43,4 +43,4 @@ pub use error::{ProxyError, Result};
 pub use metrics::Metrics;
 pub use observe::{StreamObserver, Strip};
 pub use server::{start, ProxyHandle, ShutdownReport, SECRET_HEADERS};
-pub use trace_format::tokenize::Tokenizer;
+pub use tokenize::Tokenizer;

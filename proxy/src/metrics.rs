@@ -13,9 +13,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use trace_format::Outcome;
 
-use trace_format::vllm_metrics::{
-    ITL_BUCKETS, REQUEST_LATENCY_BUCKETS as E2E_BUCKETS, TTFT_BUCKETS,
-};
+use wire::vllm_metrics::{ITL_BUCKETS, REQUEST_LATENCY_BUCKETS as E2E_BUCKETS, TTFT_BUCKETS};
 
 /// OpenTelemetry GenAI advice for `gen_ai.client.operation.duration`.
 pub const OTEL_DURATION_BUCKETS: &[f64] = &[

@@ -10,7 +10,7 @@
 //!
 //! # Stripping (only when the proxy injected usage)
 //! Events are framed on raw bytes (blank-line terminated; CRLF, LF or CR). Each complete event
-//! is classified with [`trace_format::sse::classify`]:
+//! is classified with [`wire::sse::classify`]:
 //! - a usage-only event (`choices` empty, `usage` set) is dropped whole when
 //!   [`Strip::usage_events`] (we injected `stream_options.include_usage`): vLLM's and OpenAI's
 //!   final `{"choices":[],"usage":{...}}` event, so `data: [DONE]` follows the last chunk as
@@ -35,7 +35,7 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use trace_format::sse::{classify, SseParser, StreamEvent, Usage, DEFAULT_MAX_EVENT};
+use wire::sse::{classify, SseParser, StreamEvent, Usage, DEFAULT_MAX_EVENT};
 
 use crate::jsonscan::member_removal_range;
 
@@ -390,7 +390,7 @@ fn note_event(
             if output {
                 chunk_times_us.push(t_us);
                 if let Some(text) = output_text.as_mut() {
-                    trace_format::sse::append_output_text(data, text);
+                    wire::sse::append_output_text(data, text);
                     if text.len() > OUTPUT_TEXT_CAP {
                         *output_text = None;
                     }

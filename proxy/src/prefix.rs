@@ -15,7 +15,7 @@
 //! it on the request path: see [`prompt_blocks`] and the record sink.
 
 use serde_json::{Map, Value};
-use trace_format::tokenize::Tokenizer;
+use tokenize::Tokenizer;
 
 /// What tokenizing one prompt gives the trace row.
 #[derive(Debug, Clone, PartialEq, Eq)]

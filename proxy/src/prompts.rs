@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use trace_format::tokenize::Tokenizer;
+use tokenize::Tokenizer;
 
 use crate::prefix::{prompt_blocks, PromptBlocks};
 use crate::sink::PendingPrompt;

@@ -20,8 +20,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
-use trace_format::sse::{error_message, response_usage};
 use trace_format::{Outcome, TokenSource, TraceRecord};
+use wire::sse::{error_message, response_usage};
 
 use crate::metrics::Metrics;
 use crate::observe::{StreamObserver, Strip};

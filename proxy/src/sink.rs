@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use trace_format::tokenize::Tokenizer;
+use tokenize::Tokenizer;
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
@@ -56,7 +56,7 @@ impl OutputText {
     fn text(self) -> Option<String> {
         match self {
             OutputText::Text(t) => Some(t),
-            OutputText::Body(b) => trace_format::sse::response_text(&b),
+            OutputText::Body(b) => wire::sse::response_text(&b),
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::config::SloMetric;
 use crate::error::ReplayError;
 use crate::results::Series;
 
-use trace_format::vllm_metrics::{
+use wire::vllm_metrics::{
     self as vllm, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS as E2E_BUCKETS, TTFT_BUCKETS,
 };
 

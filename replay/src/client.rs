@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use trace_format::sse::{classify, response_usage, SseParser, StreamEvent};
 use trace_format::Outcome;
+use wire::sse::{classify, response_usage, SseParser, StreamEvent};
 use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
 
 use crate::config::RequestOptions;
@@ -504,12 +504,12 @@ async fn read_response(
                 ex.prompt_tokens = u.prompt_tokens;
                 ex.completion_tokens = u.completion_tokens;
                 if want_text && u.completion_tokens.is_none() {
-                    ex.output_text = trace_format::sse::response_text(&buf);
+                    ex.output_text = wire::sse::response_text(&buf);
                 }
             }
             None => {
                 if want_text {
-                    ex.output_text = trace_format::sse::response_text(&buf);
+                    ex.output_text = wire::sse::response_text(&buf);
                 }
                 if serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_err() {
                     ex.outcome = Outcome::UpstreamError;
@@ -543,7 +543,7 @@ async fn read_response(
                     if output {
                         chunks.push(t);
                         if let Some(text) = text.as_mut() {
-                            trace_format::sse::append_output_text(ev, text);
+                            wire::sse::append_output_text(ev, text);
                         }
                     }
                     if let Some(u) = u {

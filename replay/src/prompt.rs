@@ -38,7 +38,7 @@ use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
-use trace_format::tokenize::Tokenizer;
+use tokenize::Tokenizer;
 use trace_format::TraceRecord;
 
 use crate::config::{EndpointKind, OutputLen, RequestOptions};
@@ -507,7 +507,7 @@ impl PromptTokenizer {
 
     /// Builds the word pool of `tok`.
     pub fn new(tok: Arc<Tokenizer>) -> Result<PromptTokenizer, String> {
-        let err = |e: trace_format::Error| e.to_string();
+        let err = |e: tokenize::Error| e.to_string();
         let mut seen_ids = std::collections::HashSet::new();
         let mut seen_words = std::collections::HashSet::new();
         let mut pool = Vec::new();
@@ -716,10 +716,7 @@ impl PromptTokenizer {
 /// Tokenizes every ordered pair of pool words (a de Bruijn sequence of order 2) and returns
 /// the index of a word involved in the first merge or split, or `None` when the sequence
 /// tokenizes word by word.
-fn first_merging_pair(
-    tok: &Tokenizer,
-    pool: &[String],
-) -> Result<Option<usize>, trace_format::Error> {
+fn first_merging_pair(tok: &Tokenizer, pool: &[String]) -> Result<Option<usize>, tokenize::Error> {
     let k = pool.len();
     // de Bruijn B(k, 2) from Lyndon words of length 1 and 2: a, (a b) for b > a ...
     let mut seq = Vec::with_capacity(k * k + 1);
@@ -1099,7 +1096,7 @@ mod tests {
 
     #[test]
     fn synthesized_prompts_have_exact_length_with_a_tokenizer_json() {
-        let Some(p) = trace_format::tokenize::test_tokenizer_json("qwen3") else {
+        let Some(p) = tokenize::test_tokenizer_json("qwen3") else {
             return;
         };
         let pt = Arc::new(PromptTokenizer::load(p.to_str().unwrap()).unwrap());
@@ -1169,7 +1166,7 @@ mod tests {
         let pt = PromptTokenizer::load("cl100k_base").unwrap();
         shared_prefix_case(&pt, 16);
         shared_prefix_case(&pt, 512);
-        if let Some(p) = trace_format::tokenize::test_tokenizer_json("qwen3") {
+        if let Some(p) = tokenize::test_tokenizer_json("qwen3") {
             let pt = PromptTokenizer::load(p.to_str().unwrap()).unwrap();
             shared_prefix_case(&pt, 16);
             shared_prefix_case(&pt, 512);
@@ -1285,7 +1282,7 @@ mod tests {
     #[ignore]
     fn synthesis_throughput() {
         let mut specs = vec!["cl100k_base".to_string()];
-        if let Some(p) = trace_format::tokenize::test_tokenizer_json("qwen3") {
+        if let Some(p) = tokenize::test_tokenizer_json("qwen3") {
             specs.push(p.to_string_lossy().into_owned());
         }
         for spec in specs {

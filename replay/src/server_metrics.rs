@@ -98,9 +98,9 @@ pub async fn sample(
 /// vLLM histograms scraped before and after a run, so the server's own view of the run
 /// (its TTFT, queue time and E2E latency) can be read beside the client's.
 pub const HISTOGRAMS: &[(&str, &str)] = &[
-    ("ttft_ms", trace_format::vllm_metrics::TTFT),
-    ("queue_time_ms", trace_format::vllm_metrics::QUEUE_TIME),
-    ("e2el_ms", trace_format::vllm_metrics::E2E),
+    ("ttft_ms", wire::vllm_metrics::TTFT),
+    ("queue_time_ms", wire::vllm_metrics::QUEUE_TIME),
+    ("e2el_ms", wire::vllm_metrics::E2E),
 ];
 
 /// A Prometheus histogram at one moment: cumulative counts per upper bound (all label sets

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use trace_format::vllm_metrics as names;
-pub use trace_format::vllm_metrics::{ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS};
+use wire::vllm_metrics as names;
+pub use wire::vllm_metrics::{ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS};
 
 /// Why a request finished, as in OpenAI's `finish_reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use trace_format::schema::{Outcome, Producer, TokenSource, TraceRecord};
-use trace_format::writer::{FileMeta, TraceWriter, WriterConfig};
+use trace_format::{FileMeta, TraceWriter, WriterConfig};
 
 /// A small deterministic generator (xorshift), so runs are comparable.
 struct Rng(u64);

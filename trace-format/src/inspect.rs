@@ -401,9 +401,9 @@ impl fmt::Display for TraceSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::file_meta::FileMeta;
     use crate::reader::TraceFile;
     use crate::schema::{Producer, TraceRecord};
-    use crate::writer::FileMeta;
 
     const T0: i64 = 1_700_000_000_000_000; // 2023-11-14T22:13:20Z
 

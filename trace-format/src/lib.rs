@@ -1,24 +1,31 @@
-//! The llmreplay trace format: the schema (defined once), the Parquet writer and reader,
-//! trace summaries, and the OpenAI/SSE stream parser capture and replay both read responses
-//! with.
+//! The llmreplay trace format: the schema (defined once), the Parquet writer (with its
+//! crash-safe journal) and reader, trace summaries (`inspect`, `stats`), redaction and
+//! arrival processes.
+//!
+//! One way down: [`schema`] and [`file_meta`] (what a file holds) ← [`encode`] (records into
+//! durable Parquet files) ← [`journal`] (a writer's journal and its recovery) ← [`writer`]
+//! (the rotating [`TraceWriter`]); [`reader`] reads what [`encode`] wrote. Local files only: object stores are the `store` crate's, importers of
+//! public formats the `import` crate's, tokenizers the `tokenize` crate's.
 #![deny(missing_docs)]
 
 pub mod arrivals;
+pub mod encode;
 pub mod error;
-pub mod import;
+pub mod file_meta;
 pub mod inspect;
+pub mod journal;
 pub mod prefix_cache;
 pub mod reader;
 pub mod redact;
 pub mod schema;
-pub mod sse;
 pub mod stats;
-pub mod store;
-pub mod tokenize;
-pub mod vllm_metrics;
+#[cfg(test)]
+mod test_records;
 pub mod writer;
 
+pub use encode::write_trace_file;
 pub use error::{Error, Result};
+pub use file_meta::FileMeta;
 pub use reader::{read_traces, Trace, TraceFile};
 pub use schema::{Outcome, Producer, TokenSource, TraceRecord, SCHEMA_VERSION};
-pub use writer::{write_trace_file, FileMeta, TraceWriter, WriterConfig};
+pub use writer::{TraceWriter, WriterConfig};

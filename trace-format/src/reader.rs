@@ -12,32 +12,19 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::{
-    Int16Type, Int32Type, Int64Type, Int8Type, TimestampMicrosecondType, TimestampMillisecondType,
-    TimestampNanosecondType, TimestampSecondType, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
-};
-use arrow_array::{
-    Array, BooleanArray, GenericListArray, LargeStringArray, PrimitiveArray, RecordBatch,
-    StringArray, StringViewArray,
-};
-use arrow_schema::{DataType, Schema, TimeUnit};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result};
-use crate::schema::{col, meta, Outcome, TokenSource, TraceRecord};
-use crate::store::{self, ObjectLocation};
-use crate::writer::FileMeta;
+use crate::file_meta::FileMeta;
+use crate::schema::{meta, TraceRecord};
 
-/// Columns a file must have to be a trace.
-const REQUIRED: [&str; 5] = [
-    col::REQUEST_ID,
-    col::ARRIVAL_TIME,
-    col::ENDPOINT,
-    col::STREAM,
-    col::OUTCOME,
-];
+mod columns;
+mod guard;
+mod pages;
 
+pub use columns::batch_to_records;
+use columns::{check_required, convert};
+use pages::{check_delta_pages, validate};
 /// One file of a [`Trace`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceFile {
@@ -62,29 +49,61 @@ pub struct Trace {
     pub files: Vec<TraceFile>,
 }
 
-/// Reads traces from inputs that are files, directories (every `*.parquet` below them,
-/// recursively, sorted by path) or glob patterns, locally or in an object store
-/// (`s3://bucket/prefix`, see [`crate::store`]: every `*.parquet` below the prefix, Hive
-/// partitions included). A file named twice is read once.
+/// Reads traces from local inputs that are files, directories (every `*.parquet` below them,
+/// recursively, sorted by path) or glob patterns. A file named twice is read once. (The
+/// `store` crate's `read_traces` also reads object-store URLs, through [`read_traces_with`].)
 ///
 /// Errors: an input matching nothing → [`Error::NoFiles`]; a file of another major schema
 /// version → [`Error::UnsupportedVersion`]; a Parquet file without llmreplay metadata or
 /// without a required column → [`Error::NotATrace`]; an unreadable or corrupt file →
 /// [`Error::Format`] naming it.
 pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
+    read_traces_with(inputs, &LocalOnly)
+}
+
+/// Trace files somewhere other than the local file system (an object store): the inputs
+/// it claims are listed and fetched through it instead of read from disk.
+pub trait RemoteFiles {
+    /// Whether `input` names a location of this source rather than a local path.
+    fn claims(&self, input: &str) -> bool;
+    /// The trace files `input` names, sorted, each with its name (a URL, unique per file).
+    fn list(&self, input: &str) -> Result<Vec<RemoteFile>>;
+}
+
+/// One trace file of a [`RemoteFiles`] source.
+pub struct RemoteFile {
+    /// What errors and [`TraceFile::path`] call it (its URL).
+    pub name: String,
+    /// Fetches its whole content.
+    pub fetch: Box<dyn FnOnce() -> Result<bytes::Bytes>>,
+}
+
+/// No source besides the local file system.
+struct LocalOnly;
+
+impl RemoteFiles for LocalOnly {
+    fn claims(&self, _input: &str) -> bool {
+        false
+    }
+    fn list(&self, _input: &str) -> Result<Vec<RemoteFile>> {
+        Ok(Vec::new())
+    }
+}
+
+/// [`read_traces`], with the inputs `remote` claims listed and fetched through it.
+pub fn read_traces_with<S: AsRef<str>>(inputs: &[S], remote: &dyn RemoteFiles) -> Result<Trace> {
     let mut seen = HashSet::new();
     let mut sources = Vec::new();
     for input in inputs {
         let input = input.as_ref();
-        if store::is_url(input) {
-            let loc = ObjectLocation::parse(input)?;
-            let found = loc.list_parquet()?;
+        if remote.claims(input) {
+            let found = remote.list(input)?;
             if found.is_empty() {
                 return Err(Error::NoFiles(input.to_string()));
             }
-            for key in found {
-                if seen.insert(PathBuf::from(loc.object_url(&key))) {
-                    sources.push(Source::Object(loc.clone(), key));
+            for file in found {
+                if seen.insert(PathBuf::from(&file.name)) {
+                    sources.push(Source::Remote(file));
                 }
             }
             continue;
@@ -111,9 +130,9 @@ pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
                 let data = fs::read(&path).map_err(|e| Error::io(&path, e))?;
                 read_parquet(bytes::Bytes::from(data), &path)?
             }
-            Source::Object(loc, key) => {
-                let bytes = loc.get(&key)?;
-                read_parquet(bytes, Path::new(&loc.object_url(&key)))?
+            Source::Remote(file) => {
+                let bytes = (file.fetch)()?;
+                read_parquet(bytes, Path::new(&file.name))?
             }
         };
         trace.files.push(file);
@@ -176,7 +195,7 @@ fn walk_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 /// Where one trace file is read from.
 enum Source {
     Local(PathBuf),
-    Object(ObjectLocation, object_store::path::Path),
+    Remote(RemoteFile),
 }
 
 /// Reads one trace file held in memory (`name` is what errors and [`TraceFile::path`] call
@@ -260,560 +279,23 @@ fn decode_parquet(file: bytes::Bytes, path: &Path) -> Result<(TraceFile, Vec<Tra
     Ok((file, records))
 }
 
-/// Refuses a data page whose `DELTA_*` header claims more values than the page holds.
-///
-/// The parquet crate allocates what that header claims before decoding (found by
-/// `tests/fuzz_parquet.rs`: one damaged byte asked for 137 GB), and a failed allocation
-/// aborts the process: no panic, so the guard of [`read_parquet`] cannot catch it. Every page
-/// is read (and decompressed) once more for this; only `DELTA_*` pages are looked into. The
-/// first header of a page is checked (the lengths of `DELTA_LENGTH_BYTE_ARRAY`, the prefix
-/// lengths of `DELTA_BYTE_ARRAY`); the suffix header of `DELTA_BYTE_ARRAY` comes after a
-/// whole encoded block and is not.
-fn check_delta_pages(data: &bytes::Bytes, path: &Path) -> Result<()> {
-    use parquet::basic::Encoding;
-    use parquet::column::page::Page;
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    let damaged = |why: String| Error::format(path, format!("damaged Parquet file: {why}"));
-    let reader = SerializedFileReader::new(data.clone())
-        .map_err(|e| Error::format(path, format!("not a readable Parquet file: {e}")))?;
-    for g in 0..reader.num_row_groups() {
-        let rg = reader
-            .get_row_group(g)
-            .map_err(|e| Error::format(path, e))?;
-        for c in 0..rg.num_columns() {
-            let descr = rg.metadata().column(c).column_descr_ptr();
-            let mut pages = rg
-                .get_column_page_reader(c)
-                .map_err(|e| Error::format(path, e))?;
-            while let Some(page) = pages.get_next_page().map_err(|e| Error::format(path, e))? {
-                let (buf, num_values, encoding, values_at) = match &page {
-                    Page::DataPage {
-                        buf,
-                        num_values,
-                        encoding,
-                        def_level_encoding,
-                        rep_level_encoding,
-                        ..
-                    } => {
-                        // Levels of a v1 page: each RLE run set prefixed by its 4-byte length.
-                        let mut at = 0usize;
-                        for (max, enc) in [
-                            (descr.max_rep_level(), rep_level_encoding),
-                            (descr.max_def_level(), def_level_encoding),
-                        ] {
-                            if max > 0 {
-                                if *enc != Encoding::RLE {
-                                    at = usize::MAX;
-                                    break;
-                                }
-                                let len = buf
-                                    .get(at..at + 4)
-                                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                                    .ok_or_else(|| damaged("truncated levels".into()))?;
-                                at = at.saturating_add(4).saturating_add(len as usize);
-                            }
-                        }
-                        (buf, *num_values, *encoding, at)
-                    }
-                    Page::DataPageV2 {
-                        buf,
-                        num_values,
-                        encoding,
-                        def_levels_byte_len,
-                        rep_levels_byte_len,
-                        ..
-                    } => (
-                        buf,
-                        *num_values,
-                        *encoding,
-                        (*def_levels_byte_len as usize)
-                            .saturating_add(*rep_levels_byte_len as usize),
-                    ),
-                    _ => continue,
-                };
-                if !matches!(
-                    encoding,
-                    Encoding::DELTA_BINARY_PACKED
-                        | Encoding::DELTA_LENGTH_BYTE_ARRAY
-                        | Encoding::DELTA_BYTE_ARRAY
-                ) || values_at == usize::MAX
-                {
-                    continue;
-                }
-                let values = buf
-                    .get(values_at..)
-                    .ok_or_else(|| damaged("levels longer than the page".into()))?;
-                // Header: block size, miniblocks per block, total value count, first value.
-                let mut at = 0;
-                let mut varint = || -> Option<u64> {
-                    let mut v = 0u64;
-                    for shift in (0..64).step_by(7) {
-                        let b = *values.get(at)?;
-                        at += 1;
-                        v |= u64::from(b & 0x7f) << shift;
-                        if b & 0x80 == 0 {
-                            return Some(v);
-                        }
-                    }
-                    None
-                };
-                let count = varint()
-                    .and(varint())
-                    .and(varint())
-                    .ok_or_else(|| damaged("truncated delta header".into()))?;
-                if count > u64::from(num_values) {
-                    return Err(damaged(format!(
-                        "a {encoding} page of {num_values} values claims {count}"
-                    )));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Checks every array of a decoded batch in full (buffer lengths, offsets, validity bitmaps,
-/// UTF-8) so that reading a value from a damaged one is an error here, not a panic or an
-/// out-of-bounds read later.
-fn validate(batch: &RecordBatch, path: &Path) -> Result<()> {
-    for (field, column) in batch.schema_ref().fields().iter().zip(batch.columns()) {
-        if column.len() != batch.num_rows() {
-            return Err(Error::format(
-                path,
-                format!(
-                    "damaged Parquet file: column {} has {} values for {} rows",
-                    field.name(),
-                    column.len(),
-                    batch.num_rows()
-                ),
-            ));
-        }
-        column.to_data().validate_full().map_err(|e| {
-            Error::format(
-                path,
-                format!("damaged Parquet file: column {}: {e}", field.name()),
-            )
-        })?;
-    }
-    Ok(())
-}
-
-/// The panic guard of [`read_parquet`]: a process-wide panic hook, installed once, that keeps
-/// panics raised inside [`quietly`] on this thread off stderr and keeps their message for the
-/// error; every other panic goes to the hook that was installed before.
-mod guard {
-    use std::any::Any;
-    use std::cell::{Cell, RefCell};
-    use std::sync::Once;
-
-    thread_local! {
-        static QUIET: Cell<bool> = const { Cell::new(false) };
-        static MESSAGE: RefCell<Option<String>> = const { RefCell::new(None) };
-    }
-
-    pub(super) fn install_quiet_hook() {
-        static ONCE: Once = Once::new();
-        ONCE.call_once(|| {
-            let previous = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                if QUIET.with(Cell::get) {
-                    let at = info
-                        .location()
-                        .map(|l| format!(" at {}:{}", l.file(), l.line()))
-                        .unwrap_or_default();
-                    let msg = format!("{}{at}", payload_message(info.payload()));
-                    MESSAGE.with(|m| *m.borrow_mut() = Some(msg));
-                } else {
-                    previous(info);
-                }
-            }));
-        });
-    }
-
-    /// Runs `f` with this thread's panics kept quiet (restored on return and on unwind).
-    pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> T {
-        struct Reset(bool);
-        impl Drop for Reset {
-            fn drop(&mut self) {
-                QUIET.with(|q| q.set(self.0));
-            }
-        }
-        let _reset = Reset(QUIET.with(|q| q.replace(true)));
-        MESSAGE.with(|m| m.borrow_mut().take());
-        f()
-    }
-
-    /// The message of the last quiet panic on this thread.
-    pub(super) fn take_message() -> Option<String> {
-        MESSAGE.with(|m| m.borrow_mut().take())
-    }
-
-    pub(super) fn payload_message(p: &(dyn Any + Send)) -> String {
-        p.downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".into())
-    }
-}
-
-fn check_required(schema: &Schema, path: &Path) -> Result<()> {
-    for name in REQUIRED {
-        if schema.field_with_name(name).is_err() {
-            return Err(Error::NotATrace {
-                path: path.to_path_buf(),
-                reason: format!("required column {name} is missing"),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Converts one Arrow batch of a trace file to records. Columns are found by name; missing
-/// optional columns read as null (lists as empty, byte counts as 0).
-pub fn batch_to_records(batch: &RecordBatch, path: &Path) -> Result<Vec<TraceRecord>> {
-    convert(batch, path, 0)
-}
-
-fn convert(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<TraceRecord>> {
-    let cx = Cx {
-        batch,
-        path,
-        first_row,
-    };
-    check_required(batch.schema_ref(), path)?;
-    let request_id = cx.strs(col::REQUEST_ID)?;
-    let session_id = cx.strs(col::SESSION_ID)?;
-    let arrival = cx.times(col::ARRIVAL_TIME)?;
-    let endpoint = cx.strs(col::ENDPOINT)?;
-    let model = cx.strs(col::MODEL)?;
-    let stream = cx.bools(col::STREAM)?;
-    let prompt_tokens = cx.ints(col::PROMPT_TOKENS)?;
-    let output_tokens = cx.ints(col::OUTPUT_TOKENS)?;
-    let max_tokens = cx.ints(col::MAX_TOKENS)?;
-    let prompt_src = cx.strs(col::PROMPT_TOKENS_SOURCE)?;
-    let output_src = cx.strs(col::OUTPUT_TOKENS_SOURCE)?;
-    let status = cx.ints(col::STATUS)?;
-    let outcome = cx.strs(col::OUTCOME)?;
-    let error = cx.strs(col::ERROR)?;
-    let ttft = cx.ints(col::TTFT_US)?;
-    let e2el = cx.ints(col::E2EL_US)?;
-    let chunk_times = cx.lists(col::CHUNK_TIMES_US)?;
-    let chunk_tokens = cx.lists(col::CHUNK_TOKENS)?;
-    let body = cx.strs(col::BODY)?;
-    let prefix_hashes = cx.lists(col::PREFIX_HASHES)?;
-    let request_bytes = cx.ints(col::REQUEST_BYTES)?;
-    let response_bytes = cx.ints(col::RESPONSE_BYTES)?;
-    let scheduled = cx.ints(col::SCHEDULED_OFFSET_US)?;
-    let dispatch_lag = cx.ints(col::DISPATCH_LAG_US)?;
-    let queue = cx.ints(col::QUEUE_US)?;
-    let new_connection = cx.bools(col::NEW_CONNECTION)?;
-    let connect = cx.ints(col::CONNECT_US)?;
-    let target = cx.strs(col::TARGET)?;
-    let run_id = cx.strs(col::RUN_ID)?;
-
-    let mut out = Vec::with_capacity(batch.num_rows());
-    for i in 0..batch.num_rows() {
-        let s = |c: &Strs<'_>| c.get(i).map(str::to_string);
-        let required_str = |c: &Strs<'_>, name: &str| {
-            c.get(i)
-                .map(str::to_string)
-                .ok_or_else(|| cx.bad(i, name, "null in a required column"))
-        };
-        let i64_of = |c: &Ints<'_>, name: &str| -> Result<Option<i64>> {
-            c.get(i)
-                .map(|v| i64::try_from(v).map_err(|_| cx.bad(i, name, "value out of range")))
-                .transpose()
-        };
-        let source = |c: &Strs<'_>, name: &str| -> Result<Option<TokenSource>> {
-            c.get(i)
-                .map(|v| v.parse::<TokenSource>().map_err(|e| cx.bad(i, name, &e)))
-                .transpose()
-        };
-        let outcome_str = outcome
-            .get(i)
-            .ok_or_else(|| cx.bad(i, col::OUTCOME, "null in a required column"))?;
-        let rec = TraceRecord {
-            request_id: required_str(&request_id, col::REQUEST_ID)?,
-            session_id: s(&session_id),
-            arrival_time_us: arrival
-                .get(i)
-                .ok_or_else(|| cx.bad(i, col::ARRIVAL_TIME, "null in a required column"))?,
-            endpoint: required_str(&endpoint, col::ENDPOINT)?,
-            model: s(&model),
-            stream: bool_at(stream, i)
-                .ok_or_else(|| cx.bad(i, col::STREAM, "null in a required column"))?,
-            prompt_tokens: i64_of(&prompt_tokens, col::PROMPT_TOKENS)?,
-            output_tokens: i64_of(&output_tokens, col::OUTPUT_TOKENS)?,
-            max_tokens: i64_of(&max_tokens, col::MAX_TOKENS)?,
-            prompt_tokens_source: source(&prompt_src, col::PROMPT_TOKENS_SOURCE)?,
-            output_tokens_source: source(&output_src, col::OUTPUT_TOKENS_SOURCE)?,
-            status: status
-                .get(i)
-                .map(|v| u16::try_from(v).map_err(|_| cx.bad(i, col::STATUS, "not an HTTP status")))
-                .transpose()?,
-            outcome: outcome_str
-                .parse::<Outcome>()
-                .map_err(|e| cx.bad(i, col::OUTCOME, &e))?,
-            error: s(&error),
-            ttft_us: i64_of(&ttft, col::TTFT_US)?,
-            e2el_us: i64_of(&e2el, col::E2EL_US)?,
-            chunk_times_us: chunk_times
-                .get::<i64>(i, &cx, col::CHUNK_TIMES_US)?
-                .unwrap_or_default(),
-            chunk_tokens: chunk_tokens.get::<i32>(i, &cx, col::CHUNK_TOKENS)?,
-            body: s(&body),
-            prefix_hashes: prefix_hashes.get::<u64>(i, &cx, col::PREFIX_HASHES)?,
-            request_bytes: i64_of(&request_bytes, col::REQUEST_BYTES)?.unwrap_or(0),
-            response_bytes: i64_of(&response_bytes, col::RESPONSE_BYTES)?.unwrap_or(0),
-            scheduled_offset_us: i64_of(&scheduled, col::SCHEDULED_OFFSET_US)?,
-            dispatch_lag_us: i64_of(&dispatch_lag, col::DISPATCH_LAG_US)?,
-            queue_us: i64_of(&queue, col::QUEUE_US)?,
-            new_connection: bool_at(new_connection, i),
-            connect_us: i64_of(&connect, col::CONNECT_US)?,
-            target: s(&target),
-            run_id: s(&run_id),
-        };
-        out.push(rec);
-    }
-    Ok(out)
-}
-
-/// Conversion context: the batch, its file, and the file row of its first row.
-struct Cx<'a> {
-    batch: &'a RecordBatch,
-    path: &'a Path,
-    first_row: usize,
-}
-
-impl<'a> Cx<'a> {
-    fn column(&self, name: &str) -> Option<&'a dyn Array> {
-        let idx = self.batch.schema_ref().index_of(name).ok()?;
-        Some(self.batch.column(idx).as_ref())
-    }
-
-    fn wrong_type(&self, name: &str, found: &DataType, expected: &str) -> Error {
-        Error::NotATrace {
-            path: self.path.to_path_buf(),
-            reason: format!("column {name} has type {found}, expected {expected}"),
-        }
-    }
-
-    fn bad(&self, row: usize, name: &str, message: &str) -> Error {
-        Error::Format {
-            path: self.path.to_path_buf(),
-            message: format!("row {}, column {name}: {message}", self.first_row + row),
-        }
-    }
-
-    fn strs(&self, name: &str) -> Result<Strs<'a>> {
-        let Some(a) = self.column(name) else {
-            return Ok(Strs::Missing);
-        };
-        match a.data_type() {
-            DataType::Utf8 => Ok(Strs::Utf8(a.as_string::<i32>())),
-            DataType::LargeUtf8 => Ok(Strs::Large(a.as_string::<i64>())),
-            DataType::Utf8View => Ok(Strs::View(a.as_string_view())),
-            dt => Err(self.wrong_type(name, dt, "a string")),
-        }
-    }
-
-    fn bools(&self, name: &str) -> Result<Option<&'a BooleanArray>> {
-        let Some(a) = self.column(name) else {
-            return Ok(None);
-        };
-        a.as_boolean_opt()
-            .map(Some)
-            .ok_or_else(|| self.wrong_type(name, a.data_type(), "a boolean"))
-    }
-
-    fn ints(&self, name: &str) -> Result<Ints<'a>> {
-        let Some(a) = self.column(name) else {
-            return Ok(Ints::Missing);
-        };
-        Ints::of(a).ok_or_else(|| self.wrong_type(name, a.data_type(), "an integer"))
-    }
-
-    fn times(&self, name: &str) -> Result<Times<'a>> {
-        let Some(a) = self.column(name) else {
-            return Ok(Times::Missing);
-        };
-        Ok(match a.data_type() {
-            DataType::Timestamp(TimeUnit::Second, _) => {
-                Times::Second(a.as_primitive::<TimestampSecondType>())
-            }
-            DataType::Timestamp(TimeUnit::Millisecond, _) => {
-                Times::Milli(a.as_primitive::<TimestampMillisecondType>())
-            }
-            DataType::Timestamp(TimeUnit::Microsecond, _) => {
-                Times::Micro(a.as_primitive::<TimestampMicrosecondType>())
-            }
-            DataType::Timestamp(TimeUnit::Nanosecond, _) => {
-                Times::Nano(a.as_primitive::<TimestampNanosecondType>())
-            }
-            dt => return Err(self.wrong_type(name, dt, "a timestamp")),
-        })
-    }
-
-    fn lists(&self, name: &str) -> Result<Lists<'a>> {
-        let Some(a) = self.column(name) else {
-            return Ok(Lists::Missing);
-        };
-        let expected = "a list of integers";
-        match a.data_type() {
-            DataType::List(_) => {
-                let list = a.as_list::<i32>();
-                let values = Ints::of(list.values().as_ref())
-                    .ok_or_else(|| self.wrong_type(name, a.data_type(), expected))?;
-                Ok(Lists::List(list, values))
-            }
-            DataType::LargeList(_) => {
-                let list = a.as_list::<i64>();
-                let values = Ints::of(list.values().as_ref())
-                    .ok_or_else(|| self.wrong_type(name, a.data_type(), expected))?;
-                Ok(Lists::Large(list, values))
-            }
-            dt => Err(self.wrong_type(name, dt, expected)),
-        }
-    }
-}
-
-fn bool_at(a: Option<&BooleanArray>, i: usize) -> Option<bool> {
-    a.filter(|a| a.is_valid(i)).map(|a| a.value(i))
-}
-
-/// A string column of any Arrow string type, or a missing one (all null).
-enum Strs<'a> {
-    Missing,
-    Utf8(&'a StringArray),
-    Large(&'a LargeStringArray),
-    View(&'a StringViewArray),
-}
-
-impl<'a> Strs<'a> {
-    fn get(&self, i: usize) -> Option<&'a str> {
-        match self {
-            Strs::Missing => None,
-            Strs::Utf8(a) => a.is_valid(i).then(|| a.value(i)),
-            Strs::Large(a) => a.is_valid(i).then(|| a.value(i)),
-            Strs::View(a) => a.is_valid(i).then(|| a.value(i)),
-        }
-    }
-}
-
-/// A timestamp column of any unit, read as µs since the epoch.
-enum Times<'a> {
-    Missing,
-    Second(&'a PrimitiveArray<TimestampSecondType>),
-    Milli(&'a PrimitiveArray<TimestampMillisecondType>),
-    Micro(&'a PrimitiveArray<TimestampMicrosecondType>),
-    Nano(&'a PrimitiveArray<TimestampNanosecondType>),
-}
-
-impl Times<'_> {
-    fn get(&self, i: usize) -> Option<i64> {
-        match self {
-            Times::Missing => None,
-            Times::Second(a) => a.is_valid(i).then(|| a.value(i).saturating_mul(1_000_000)),
-            Times::Milli(a) => a.is_valid(i).then(|| a.value(i).saturating_mul(1_000)),
-            Times::Micro(a) => a.is_valid(i).then(|| a.value(i)),
-            Times::Nano(a) => a.is_valid(i).then(|| a.value(i).div_euclid(1_000)),
-        }
-    }
-}
-
-macro_rules! ints_enum {
-    ($($v:ident($t:ty)),* $(,)?) => {
-        /// An integer column of any width and signedness, or a missing one (all null).
-        enum Ints<'a> {
-            Missing,
-            $($v(&'a PrimitiveArray<$t>),)*
-        }
-
-        impl<'a> Ints<'a> {
-            fn of(a: &'a dyn Array) -> Option<Self> {
-                $(if let Some(p) = a.as_primitive_opt::<$t>() {
-                    return Some(Ints::$v(p));
-                })*
-                None
-            }
-
-            /// The value at `i` (null → None), widened so every integer type fits.
-            fn get(&self, i: usize) -> Option<i128> {
-                match self {
-                    Ints::Missing => None,
-                    $(Ints::$v(a) => a.is_valid(i).then(|| i128::from(a.value(i))),)*
-                }
-            }
-        }
-    };
-}
-
-ints_enum!(
-    I8(Int8Type),
-    I16(Int16Type),
-    I32(Int32Type),
-    I64(Int64Type),
-    U8(UInt8Type),
-    U16(UInt16Type),
-    U32(UInt32Type),
-    U64(UInt64Type),
-);
-
-/// A list-of-integers column, or a missing one (all null).
-enum Lists<'a> {
-    Missing,
-    List(&'a GenericListArray<i32>, Ints<'a>),
-    Large(&'a GenericListArray<i64>, Ints<'a>),
-}
-
-impl Lists<'_> {
-    /// The list at row `i` converted to `T` (null → None); a null or out-of-range item is
-    /// an error.
-    fn get<T: TryFrom<i128>>(&self, i: usize, cx: &Cx<'_>, name: &str) -> Result<Option<Vec<T>>> {
-        let (range, values) = match self {
-            Lists::Missing => return Ok(None),
-            Lists::List(l, v) => {
-                if l.is_null(i) {
-                    return Ok(None);
-                }
-                let o = l.value_offsets();
-                (o[i] as usize..o[i + 1] as usize, v)
-            }
-            Lists::Large(l, v) => {
-                if l.is_null(i) {
-                    return Ok(None);
-                }
-                let o = l.value_offsets();
-                (o[i] as usize..o[i + 1] as usize, v)
-            }
-        };
-        range
-            .map(|j| {
-                let v = values
-                    .get(j)
-                    .ok_or_else(|| cx.bad(i, name, "null list item"))?;
-                T::try_from(v).map_err(|_| cx.bad(i, name, &format!("list item {v} out of range")))
-            })
-            .collect::<Result<Vec<T>>>()
-            .map(Some)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::fs::File;
     use std::sync::Arc;
 
-    use arrow_array::{Int64Array, TimestampNanosecondArray};
-    use arrow_schema::Field;
+    use arrow_array::{
+        BooleanArray, Int64Array, RecordBatch, StringArray, TimestampNanosecondArray,
+    };
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
     use parquet::file::properties::WriterProperties;
 
     use super::*;
-    use crate::schema::Producer;
-    use crate::writer::tests::{full_record, test_meta};
-    use crate::writer::{records_to_batch, write_trace_file};
+    use crate::encode::{records_to_batch, write_trace_file};
+    use crate::schema::{col, Outcome, Producer};
+    use crate::test_records::{full_record, test_meta};
 
     /// Writes a Parquet file with the given batch and metadata, bypassing our writer.
     fn write_raw(path: &Path, batch: &RecordBatch, kv: Vec<KeyValue>) {

@@ -21,9 +21,9 @@ use parquet::file::properties::{WriterProperties, WriterVersion};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use trace_format::encode::records_to_batch;
 use trace_format::reader::read_trace_bytes;
 use trace_format::schema::{Outcome, TokenSource};
-use trace_format::writer::records_to_batch;
 use trace_format::{FileMeta, Producer, TraceRecord};
 
 fn cases(default: u64) -> u64 {

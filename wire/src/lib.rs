@@ -1,5 +1,6 @@
-//! The wire under capture and replay: one HTTP/1.1 client connection layer and the kernel
-//! receive stamps of socket reads.
+//! The wire under capture, replay and the sim: one HTTP/1.1 client connection layer, the
+//! kernel receive stamps of socket reads, the OpenAI/SSE stream parser and vLLM's metric
+//! names and histogram bounds.
 //!
 //! - [`framing`]: how a response body is delimited (RFC 9112 §6.3) and whether its
 //!   connection may be reused; an in-place chunked decoder.
@@ -14,6 +15,10 @@
 //! - [`rxstamp`]: `SO_TIMESTAMPNS` receive stamps and the clock pair that converts them.
 //! - [`listen`]: listening sockets with a listen queue that survives connection bursts, and
 //!   the descriptor limit raised for them.
+//! - [`sse`]: the one OpenAI/SSE stream parser and response classifiers capture, replay
+//!   and the tests read responses with.
+//! - [`vllm_metrics`]: vLLM's Prometheus latency histogram names and bounds, shared by the
+//!   sim (which exports them), capture and replay's alert rules.
 #![deny(missing_docs)]
 
 mod conn;
@@ -21,6 +26,8 @@ pub mod framing;
 pub mod listen;
 mod pool;
 pub mod rxstamp;
+pub mod sse;
+pub mod vllm_metrics;
 
 pub use conn::{BodyReader, Conn, Head, Io, ReadError, Stamped, WriteError};
 pub use framing::{Framing, ResponseFraming};

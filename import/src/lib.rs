@@ -21,24 +21,30 @@
 //! `/v1/chat/completions` for chat sources (BurstGPT conversation logs, Qwen, ShareGPT).
 //! Token counts carry `prompt_tokens_source = output_tokens_source = recorded` (ShareGPT:
 //! `tokenizer`).
+//!
+//! The line-based importers share one per-row skeleton (`rows`): read a line, decode it
+//! (a CSV record under its header, or a JSON object), map the format's fields, build the
+//! record; a row that cannot be read is an error naming its file and line.
+#![deny(missing_docs)]
 
 pub mod azure;
 pub mod burstgpt;
 pub mod mooncake;
 pub mod qwen;
+mod rows;
 pub mod sharegpt;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
-use crate::schema::{Producer, TokenSource, TraceRecord};
-use crate::tokenize::Tokenizer;
-use crate::writer::FileMeta;
+use tokenize::Tokenizer;
+use trace_format::{Error, FileMeta, Outcome, Producer, Result, TraceRecord};
+
+use crate::rows::split_csv_line;
 
 pub use mooncake::{export_mooncake, export_mooncake_lines, MooncakeExport};
 
@@ -185,10 +191,7 @@ impl SourceStats {
         self.rows = records.len();
         self.prompt_tokens = records.iter().filter_map(|r| r.prompt_tokens).sum();
         self.output_tokens = records.iter().filter_map(|r| r.output_tokens).sum();
-        self.failures = records
-            .iter()
-            .filter(|r| r.outcome != crate::Outcome::Ok)
-            .count();
+        self.failures = records.iter().filter(|r| r.outcome != Outcome::Ok).count();
         self.first_arrival_us = records.iter().map(|r| r.arrival_time_us).min();
         self.last_arrival_us = records.iter().map(|r| r.arrival_time_us).max();
     }
@@ -323,7 +326,7 @@ fn with_model(mut records: Vec<TraceRecord>, opts: &ImportOptions) -> Vec<TraceR
 }
 
 /// Imports one object named by URL (`s3://`, `gs://`, `az://`, `https://`, … as
-/// [`crate::store`] reads them): streamed into a private temporary file under its own name,
+/// the `store` crate reads them): streamed into a private temporary file under its own name,
 /// imported from there, and removed; the source is recorded as the URL.
 fn import_url(
     url: &str,
@@ -338,7 +341,7 @@ fn import_url(
         }
     }
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let loc = crate::store::ObjectLocation::parse(url)?;
+    let loc = store::ObjectLocation::parse(url)?;
     let name = Path::new(url)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -386,7 +389,7 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
         } else {
             stems[i].clone()
         };
-        let (rows, stats) = match path.to_str().filter(|s| crate::store::is_url(s)) {
+        let (rows, stats) = match path.to_str().filter(|s| store::is_url(s)) {
             Some(url) => import_url(url, opts, &prefix)?,
             None => import_file(path, opts, &prefix)?,
         };
@@ -428,231 +431,6 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
     })
 }
 
-// ---- helpers shared by the importers ----
-
-/// A new imported row: id `<prefix>:<line>`, recorded token counts, `stream = true`.
-pub(crate) fn row(
-    prefix: &str,
-    line: usize,
-    arrival_us: i64,
-    endpoint: &str,
-    prompt: i64,
-    output: i64,
-) -> TraceRecord {
-    let mut r = TraceRecord::new(format!("{prefix}:{line}"), arrival_us, endpoint);
-    r.stream = true;
-    r.prompt_tokens = Some(prompt);
-    r.output_tokens = Some(output);
-    r.prompt_tokens_source = Some(TokenSource::Recorded);
-    r.output_tokens_source = Some(TokenSource::Recorded);
-    r
-}
-
-/// Calls `f(line_no, line)` for every non-blank line of `path` (1-based numbers; a UTF-8
-/// BOM and a trailing `\r` are removed).
-pub(crate) fn for_each_line(
-    path: &Path,
-    mut f: impl FnMut(usize, &str) -> Result<()>,
-) -> Result<()> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut buf = String::new();
-    let mut line_no = 0;
-    loop {
-        buf.clear();
-        let n = reader.read_line(&mut buf).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                bad(path, line_no + 1, "not UTF-8 text")
-            } else {
-                Error::io(path, e)
-            }
-        })?;
-        if n == 0 {
-            return Ok(());
-        }
-        line_no += 1;
-        let mut line = buf.trim_end_matches(['\n', '\r']);
-        if line_no == 1 {
-            line = line.trim_start_matches('\u{feff}');
-        }
-        if line.trim().is_empty() {
-            continue;
-        }
-        f(line_no, line)?;
-    }
-}
-
-/// [`Error::BadRow`] for `path:line`.
-/// A non-negative integer field of a JSON-lines row (`input_length`, `output_length`).
-pub(crate) fn json_count(
-    obj: &serde_json::Map<String, serde_json::Value>,
-    name: &str,
-    path: &Path,
-    line: usize,
-) -> Result<i64> {
-    obj.get(name)
-        .and_then(serde_json::Value::as_i64)
-        .filter(|n| *n >= 0)
-        .ok_or_else(|| {
-            bad(
-                path,
-                line,
-                format!("{name} missing or not a non-negative integer"),
-            )
-        })
-}
-
-/// The `hash_ids` of a JSON-lines row (Mooncake, Qwen Bailian): absent or null is None.
-pub(crate) fn json_hash_ids(
-    obj: &serde_json::Map<String, serde_json::Value>,
-    path: &Path,
-    line: usize,
-) -> Result<Option<Vec<u64>>> {
-    match obj.get("hash_ids") {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::Array(ids)) => ids
-            .iter()
-            .map(|h| {
-                h.as_u64().ok_or_else(|| {
-                    bad(
-                        path,
-                        line,
-                        format!("hash id {h} is not a non-negative integer"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<u64>>>()
-            .map(Some),
-        Some(other) => Err(bad(path, line, format!("hash_ids {other} is not an array"))),
-    }
-}
-
-pub(crate) fn bad(path: &Path, line: usize, message: impl Into<String>) -> Error {
-    Error::BadRow {
-        path: path.to_path_buf(),
-        line,
-        message: message.into(),
-    }
-}
-
-/// Splits one CSV line (RFC 4180 quoting: `"a,b"`, `""` for a quote; no line breaks inside
-/// fields). `None` for an unterminated quote.
-pub(crate) fn split_csv_line(line: &str) -> Option<Vec<String>> {
-    let mut out = Vec::new();
-    let mut field = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    let mut at_start = true;
-    while let Some(c) = chars.next() {
-        if quoted {
-            if c == '"' {
-                if chars.peek() == Some(&'"') {
-                    field.push('"');
-                    chars.next();
-                } else {
-                    quoted = false;
-                }
-            } else {
-                field.push(c);
-            }
-        } else if c == '"' && at_start {
-            quoted = true;
-            at_start = false;
-        } else if c == ',' {
-            out.push(std::mem::take(&mut field));
-            at_start = true;
-        } else {
-            field.push(c);
-            at_start = false;
-        }
-    }
-    if quoted {
-        return None;
-    }
-    out.push(field);
-    Some(out)
-}
-
-/// A CSV file's header: column index by (trimmed, case-insensitive) name.
-pub(crate) struct CsvHeader {
-    names: Vec<String>,
-}
-
-impl CsvHeader {
-    pub(crate) fn parse(path: &Path, line: &str) -> Result<CsvHeader> {
-        let names = split_csv_line(line)
-            .ok_or_else(|| bad(path, 1, "unterminated quote in the header"))?
-            .into_iter()
-            .map(|n| n.trim().to_ascii_lowercase())
-            .collect();
-        Ok(CsvHeader { names })
-    }
-
-    pub(crate) fn find(&self, name: &str) -> Option<usize> {
-        self.names
-            .iter()
-            .position(|n| n == &name.to_ascii_lowercase())
-    }
-
-    pub(crate) fn require(&self, path: &Path, name: &str) -> Result<usize> {
-        self.find(name).ok_or_else(|| {
-            bad(
-                path,
-                1,
-                format!(
-                    "no column {name:?} in the header ({})",
-                    self.names.join(",")
-                ),
-            )
-        })
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.names.len()
-    }
-}
-
-/// Parses a non-negative integer field.
-pub(crate) fn parse_count(path: &Path, line: usize, name: &str, v: &str) -> Result<i64> {
-    let t = v.trim();
-    // Some exports write integral counts as floats ("12.0").
-    let t = t.strip_suffix(".0").unwrap_or(t);
-    t.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
-        bad(
-            path,
-            line,
-            format!("{name} {v:?} is not a non-negative integer"),
-        )
-    })
-}
-
-/// Parses a decimal number of seconds (`12`, `12.5`, `1.25e2`) into µs, exactly for up to
-/// six fractional digits (more are rounded to the nearest µs).
-pub(crate) fn seconds_to_us(v: &str) -> Option<i64> {
-    let t = v.trim();
-    if t.is_empty() || t.contains(['e', 'E']) || t.starts_with('-') {
-        let x: f64 = t.parse().ok()?;
-        return (x.is_finite() && x >= 0.0).then(|| (x * 1e6).round() as i64);
-    }
-    let (int, frac) = t.split_once('.').unwrap_or((t, ""));
-    if int.is_empty() && frac.is_empty() {
-        return None;
-    }
-    if !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let secs: i64 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let mut us: i64 = 0;
-    let digits = frac.as_bytes();
-    for i in 0..6 {
-        us = us * 10 + digits.get(i).map_or(0, |d| i64::from(d - b'0'));
-    }
-    if digits.len() > 6 && digits[6] >= b'5' {
-        us += 1;
-    }
-    secs.checked_mul(1_000_000)?.checked_add(us)
-}
-
 /// Where tests find `../shared/data` (the public trace samples): `$LLMREPLAY_SHARED_DATA`, else
 /// the first `shared/data` directory holding `file` in an ancestor of this crate. `None`
 /// with a loud message when absent.
@@ -679,28 +457,6 @@ pub fn test_shared_data(file: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn csv_lines_split_with_quotes() {
-        assert_eq!(split_csv_line("a,b,,c").unwrap(), vec!["a", "b", "", "c"]);
-        assert_eq!(
-            split_csv_line(r#""x,y",2,"say ""hi""""#).unwrap(),
-            vec!["x,y", "2", r#"say "hi""#]
-        );
-        assert!(split_csv_line(r#""open,1"#).is_none());
-    }
-
-    #[test]
-    fn seconds_parse_exactly() {
-        assert_eq!(seconds_to_us("12"), Some(12_000_000));
-        assert_eq!(seconds_to_us("0.000001"), Some(1));
-        assert_eq!(seconds_to_us("5.25"), Some(5_250_000));
-        assert_eq!(seconds_to_us("1.0000005"), Some(1_000_001));
-        assert_eq!(seconds_to_us("1.5e1"), Some(15_000_000));
-        assert_eq!(seconds_to_us("x"), None);
-        assert_eq!(seconds_to_us("-1"), None);
-        assert_eq!(seconds_to_us(""), None);
-    }
 
     #[test]
     fn formats_parse_and_detect() {

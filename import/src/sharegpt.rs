@@ -7,7 +7,7 @@
 //! (`messages: [{role: user, content}]`, `max_tokens` = completion tokens, streamed), so a
 //! replay sends the text itself. Token counts are the content's by the chosen tokenizer
 //! (`prompt_tokens_source = tokenizer`). The source has no timestamps: arrivals follow the
-//! gamma process of `--request-rate`/`--burstiness`/`--seed` ([`crate::arrivals`]), from the
+//! gamma process of `--request-rate`/`--burstiness`/`--seed` ([`trace_format::arrivals`]), from the
 //! Unix epoch. Conversations with fewer than two messages hold no request; they are listed in
 //! the import's `skipped` report, never dropped silently. A message without a string
 //! `value` is an error naming the conversation.
@@ -16,9 +16,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{bad, ImportOptions};
-use crate::error::{Error, Result};
-use crate::schema::{TokenSource, TraceRecord};
+use trace_format::{Error, Result, TokenSource, TraceRecord};
+
+use crate::rows::bad;
+use crate::ImportOptions;
 
 /// Endpoint of imported rows.
 pub const ENDPOINT: &str = "/v1/chat/completions";
@@ -73,11 +74,12 @@ pub fn import(
                 .ok_or_else(|| invalid(i, &id, &format!("message {k} has no string \"value\"")))
         };
         let (prompt, completion) = (text(0)?, text(1)?);
-        let p = tok.count(prompt)? as i64;
-        let o = tok.count(completion)? as i64;
+        let count = |text: &str| tok.count(text).map_err(|e| Error::Invalid(e.to_string()));
+        let p = count(prompt)? as i64;
+        let o = count(completion)? as i64;
         pending.push((i, id, prompt, p, o));
     }
-    let offsets = crate::arrivals::gamma_offsets(
+    let offsets = trace_format::arrivals::gamma_offsets(
         pending.len(),
         opts.request_rate,
         opts.burstiness,
@@ -118,8 +120,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::import::{import as import_all, Format};
-    use crate::tokenize::Tokenizer;
+    use crate::{import as import_all, Format};
+    use tokenize::Tokenizer;
 
     #[test]
     fn conversations_become_requests_with_counted_tokens_and_gamma_arrivals() {
@@ -161,7 +163,7 @@ mod tests {
         );
         assert_eq!(r[1].prompt_tokens, Some(4));
         assert_eq!(r[0].arrival_time_us, 0);
-        let offs = crate::arrivals::gamma_offsets(2, 10.0, 1.0, 3).unwrap();
+        let offs = trace_format::arrivals::gamma_offsets(2, 10.0, 1.0, 3).unwrap();
         assert_eq!(r[1].arrival_time_us, offs[1].as_micros() as i64);
         let body: Value = serde_json::from_str(r[0].body.as_deref().unwrap()).unwrap();
         assert_eq!(body["messages"][0]["content"], "hello world");

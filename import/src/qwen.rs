@@ -14,9 +14,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{bad, for_each_line, json_count, json_hash_ids, row, seconds_to_us};
-use crate::error::Result;
-use crate::schema::TraceRecord;
+use trace_format::{Result, TraceRecord};
+
+use crate::rows::{jsonl_records, seconds_to_us};
 
 /// Tokens per hash id.
 pub const BLOCK_SIZE: u32 = 16;
@@ -34,40 +34,19 @@ fn id_of(v: Option<&Value>) -> Option<String> {
 
 /// Reads a Qwen Bailian JSONL trace.
 pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
-    let mut out = Vec::new();
     let mut parents: Vec<(Option<String>, Option<String>)> = Vec::new();
-    for_each_line(path, |line_no, line| {
-        let v: Value =
-            serde_json::from_str(line).map_err(|e| bad(path, line_no, format!("not JSON: {e}")))?;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad(path, line_no, "not a JSON object"))?;
-        let ts = obj
-            .get("timestamp")
-            .ok_or_else(|| bad(path, line_no, "no timestamp"))?;
+    let mut out = jsonl_records(path, |row| {
+        let ts = row.timestamp()?;
         let arrival = seconds_to_us(&ts.to_string()).ok_or_else(|| {
-            bad(
-                path,
-                line_no,
-                format!("timestamp {ts} is not a non-negative number of seconds"),
-            )
+            row.at.bad(format!(
+                "timestamp {ts} is not a non-negative number of seconds"
+            ))
         })?;
-        let count = |name: &str| json_count(obj, name, path, line_no);
-        let mut r = row(
-            id_prefix,
-            line_no,
-            arrival,
-            ENDPOINT,
-            count("input_length")?,
-            count("output_length")?,
-        );
-        r.prefix_hashes = json_hash_ids(obj, path, line_no)?;
-        let chat =
-            id_of(obj.get("chat_id")).ok_or_else(|| bad(path, line_no, "chat_id missing"))?;
-        let parent = id_of(obj.get("parent_chat_id")).filter(|p| !p.starts_with('-'));
+        let r = row.record(id_prefix, arrival, ENDPOINT)?;
+        let chat = id_of(row.obj.get("chat_id")).ok_or_else(|| row.at.bad("chat_id missing"))?;
+        let parent = id_of(row.obj.get("parent_chat_id")).filter(|p| !p.starts_with('-'));
         parents.push((Some(chat), parent));
-        out.push(r);
-        Ok(())
+        Ok(r)
     })?;
     // Sessions: follow parent links to the first turn (iteratively; cycles stop).
     let index: HashMap<&str, usize> = parents
@@ -105,7 +84,7 @@ pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::{import as import_all, ImportOptions};
+    use crate::{import as import_all, ImportOptions};
 
     #[test]
     fn sessions_follow_parent_links_and_times_are_exact() {

@@ -17,11 +17,17 @@
 //!
 //! Tokenizing is not cheap (µs per hundred tokens); callers do it once per request, never per
 //! streamed chunk.
+//!
+//! A crate of its own so that only what counts tokens (capture, replay's prompts, the
+//! importers) builds the `tokenizers` and `tiktoken-rs` crates.
+#![deny(missing_docs)]
 
 use std::fmt;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+pub mod error;
+
+pub use error::{Error, Result};
 
 /// Names accepted by [`Tokenizer::load`] besides a file path.
 pub const BUILTIN: &[&str] = &["words", "cl100k_base", "o200k_base"];

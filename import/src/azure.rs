@@ -9,47 +9,33 @@
 
 use std::path::Path;
 
-use super::{bad, for_each_line, parse_count, row, split_csv_line, CsvHeader};
-use crate::error::Result;
-use crate::schema::TraceRecord;
+use trace_format::{Result, TraceRecord};
+
+use crate::rows::csv_records;
 
 /// Endpoint of imported rows.
 pub const ENDPOINT: &str = "/v1/completions";
 
 /// Reads an Azure trace CSV.
 pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
-    let mut header: Option<(CsvHeader, [usize; 3])> = None;
-    let mut out = Vec::new();
-    for_each_line(path, |line_no, line| {
-        let Some((h, [ts, ctx, gen])) = &header else {
-            let h = CsvHeader::parse(path, line)?;
-            let cols = [
-                h.require(path, "TIMESTAMP")?,
-                h.require(path, "ContextTokens")?,
-                h.require(path, "GeneratedTokens")?,
-            ];
-            header = Some((h, cols));
-            return Ok(());
-        };
-        let f = split_csv_line(line).ok_or_else(|| bad(path, line_no, "unterminated quote"))?;
-        if f.len() != h.len() {
-            return Err(bad(
-                path,
-                line_no,
-                format!("{} fields, the header has {}", f.len(), h.len()),
-            ));
-        }
-        let arrival = parse_timestamp(&f[*ts])
-            .map_err(|e| bad(path, line_no, format!("TIMESTAMP {:?}: {e}", f[*ts])))?;
-        let prompt = parse_count(path, line_no, "ContextTokens", &f[*ctx])?;
-        let output = parse_count(path, line_no, "GeneratedTokens", &f[*gen])?;
-        out.push(row(id_prefix, line_no, arrival, ENDPOINT, prompt, output));
-        Ok(())
-    })?;
-    if header.is_none() {
-        return Err(bad(path, 1, "empty file: no header"));
-    }
-    Ok(out)
+    csv_records(
+        path,
+        |h| {
+            Ok([
+                h.require("TIMESTAMP")?,
+                h.require("ContextTokens")?,
+                h.require("GeneratedTokens")?,
+            ])
+        },
+        |row, &[ts, ctx, gen]| {
+            let f = &row.fields;
+            let arrival = parse_timestamp(&f[ts])
+                .map_err(|e| row.at.bad(format!("TIMESTAMP {:?}: {e}", f[ts])))?;
+            let prompt = row.count("ContextTokens", ctx)?;
+            let output = row.count("GeneratedTokens", gen)?;
+            Ok(row.at.record(id_prefix, arrival, ENDPOINT, prompt, output))
+        },
+    )
 }
 
 /// Parses `YYYY-MM-DD HH:MM:SS[.fraction][Z|±HH:MM]` (a `T` separator is accepted too) into
@@ -145,7 +131,7 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::{import_file, test_shared_data, Format, ImportOptions};
+    use crate::{import_file, test_shared_data, Format, ImportOptions};
 
     #[test]
     fn timestamps_of_both_releases_parse() {

@@ -13,9 +13,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{bad, for_each_line, json_count, json_hash_ids, row};
-use crate::error::{Error, Result};
-use crate::schema::TraceRecord;
+use trace_format::{Error, Result, TraceRecord};
+
+use crate::rows::jsonl_records;
 
 /// Tokens per hash id.
 pub const BLOCK_SIZE: u32 = 512;
@@ -24,37 +24,14 @@ pub const ENDPOINT: &str = "/v1/completions";
 
 /// Reads a Mooncake JSONL trace.
 pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
-    let mut out = Vec::new();
-    for_each_line(path, |line_no, line| {
-        let v: Value =
-            serde_json::from_str(line).map_err(|e| bad(path, line_no, format!("not JSON: {e}")))?;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad(path, line_no, "not a JSON object"))?;
-        let ts = obj
-            .get("timestamp")
-            .ok_or_else(|| bad(path, line_no, "no timestamp"))?;
+    jsonl_records(path, |row| {
+        let ts = row.timestamp()?;
         let arrival = ms_to_us(ts).ok_or_else(|| {
-            bad(
-                path,
-                line_no,
-                format!("timestamp {ts} is not a non-negative number of ms"),
-            )
+            row.at
+                .bad(format!("timestamp {ts} is not a non-negative number of ms"))
         })?;
-        let count = |name: &str| json_count(obj, name, path, line_no);
-        let mut r = row(
-            id_prefix,
-            line_no,
-            arrival,
-            ENDPOINT,
-            count("input_length")?,
-            count("output_length")?,
-        );
-        r.prefix_hashes = json_hash_ids(obj, path, line_no)?;
-        out.push(r);
-        Ok(())
-    })?;
-    Ok(out)
+        row.record(id_prefix, arrival, ENDPOINT)
+    })
 }
 
 /// A JSON number of milliseconds as µs (integers exactly; floats to the nearest µs).
@@ -167,8 +144,8 @@ pub fn export_mooncake(records: &[TraceRecord], path: &Path) -> Result<MooncakeE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::{import as import_all, test_shared_data, Format, ImportOptions};
-    use crate::{read_traces, write_trace_file};
+    use crate::{import as import_all, test_shared_data, Format, ImportOptions};
+    use trace_format::{read_traces, write_trace_file};
 
     #[test]
     fn rows_hashes_and_bad_lines() {

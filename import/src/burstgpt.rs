@@ -13,9 +13,9 @@
 
 use std::path::Path;
 
-use super::{bad, for_each_line, parse_count, row, seconds_to_us, split_csv_line, CsvHeader};
-use crate::error::Result;
-use crate::schema::{Outcome, TraceRecord};
+use trace_format::{Outcome, Result, TraceRecord};
+
+use crate::rows::{csv_records, seconds_to_us};
 
 /// The error text of a failed (0 response tokens) row.
 pub const FAILED: &str = "BurstGPT: 0 response tokens (failed request)";
@@ -32,91 +32,67 @@ struct Cols {
 
 /// Reads a BurstGPT CSV.
 pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
-    let mut header: Option<(CsvHeader, Cols)> = None;
-    let mut out = Vec::new();
-    for_each_line(path, |line_no, line| {
-        let Some((h, c)) = &header else {
-            let h = CsvHeader::parse(path, line)?;
-            let c = Cols {
-                ts: h.require(path, "Timestamp")?,
-                model: h.require(path, "Model")?,
-                req: h.require(path, "Request tokens")?,
-                resp: h.require(path, "Response tokens")?,
+    csv_records(
+        path,
+        |h| {
+            Ok(Cols {
+                ts: h.require("Timestamp")?,
+                model: h.require("Model")?,
+                req: h.require("Request tokens")?,
+                resp: h.require("Response tokens")?,
                 total: h.find("Total tokens"),
                 log_type: h.find("Log Type"),
                 session: h.find("Session ID"),
-            };
-            header = Some((h, c));
-            return Ok(());
-        };
-        let f = split_csv_line(line).ok_or_else(|| bad(path, line_no, "unterminated quote"))?;
-        if f.len() != h.len() {
-            return Err(bad(
-                path,
-                line_no,
-                format!("{} fields, the header has {}", f.len(), h.len()),
-            ));
-        }
-        let arrival = seconds_to_us(&f[c.ts]).ok_or_else(|| {
-            bad(
-                path,
-                line_no,
-                format!(
+            })
+        },
+        |row, c| {
+            let (f, at) = (&row.fields, row.at);
+            let arrival = seconds_to_us(&f[c.ts]).ok_or_else(|| {
+                at.bad(format!(
                     "Timestamp {:?} is not a non-negative number of seconds",
                     f[c.ts]
-                ),
-            )
-        })?;
-        let req = parse_count(path, line_no, "Request tokens", &f[c.req])?;
-        let resp = parse_count(path, line_no, "Response tokens", &f[c.resp])?;
-        if let Some(t) = c.total {
-            let total = parse_count(path, line_no, "Total tokens", &f[t])?;
-            if total != req + resp {
-                return Err(bad(
-                    path,
-                    line_no,
-                    format!(
-                        "Total tokens {total} != Request tokens {req} + Response tokens {resp}"
-                    ),
-                ));
-            }
-        }
-        let endpoint = match c.log_type.map(|i| f[i].trim().to_ascii_lowercase()) {
-            Some(t) if t.starts_with("conversation") => "/v1/chat/completions",
-            Some(t) if t.starts_with("api") || t.is_empty() => "/v1/completions",
-            None => "/v1/chat/completions",
-            Some(t) => {
-                return Err(bad(
-                    path,
-                    line_no,
-                    format!("Log Type {t:?}: expected \"Conversation log\" or \"API log\""),
                 ))
+            })?;
+            let req = row.count("Request tokens", c.req)?;
+            let resp = row.count("Response tokens", c.resp)?;
+            if let Some(t) = c.total {
+                let total = row.count("Total tokens", t)?;
+                if total != req + resp {
+                    return Err(at.bad(format!(
+                        "Total tokens {total} != Request tokens {req} + Response tokens {resp}"
+                    )));
+                }
             }
-        };
-        let mut r = row(id_prefix, line_no, arrival, endpoint, req, resp);
-        let model = f[c.model].trim();
-        r.model = (!model.is_empty()).then(|| model.to_string());
-        if resp == 0 {
-            r.outcome = Outcome::UpstreamError;
-            r.error = Some(FAILED.to_string());
-        }
-        if let Some(s) = c.session {
-            let s = f[s].trim();
-            r.session_id = (!s.is_empty()).then(|| s.to_string());
-        }
-        out.push(r);
-        Ok(())
-    })?;
-    if header.is_none() {
-        return Err(bad(path, 1, "empty file: no header"));
-    }
-    Ok(out)
+            let endpoint = match c.log_type.map(|i| f[i].trim().to_ascii_lowercase()) {
+                Some(t) if t.starts_with("conversation") => "/v1/chat/completions",
+                Some(t) if t.starts_with("api") || t.is_empty() => "/v1/completions",
+                None => "/v1/chat/completions",
+                Some(t) => {
+                    return Err(at.bad(format!(
+                        "Log Type {t:?}: expected \"Conversation log\" or \"API log\""
+                    )))
+                }
+            };
+            let mut r = at.record(id_prefix, arrival, endpoint, req, resp);
+            let model = f[c.model].trim();
+            r.model = (!model.is_empty()).then(|| model.to_string());
+            if resp == 0 {
+                r.outcome = Outcome::UpstreamError;
+                r.error = Some(FAILED.to_string());
+            }
+            if let Some(s) = c.session {
+                let s = f[s].trim();
+                r.session_id = (!s.is_empty()).then(|| s.to_string());
+            }
+            Ok(r)
+        },
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::{import_file, Format, ImportOptions};
+    use crate::{import_file, Format, ImportOptions};
 
     #[test]
     fn v1_and_v3_rows_with_failures_and_sessions() {

@@ -9,32 +9,38 @@
 //! Captures land in Hive-style partitions, `PREFIX/date=YYYY-MM-DD/hour=HH/FILE.parquet`
 //! (UTC, the hour the file was started), so DuckDB, Spark or Trino read a month of captures
 //! as one table with `date` and `hour` columns. A capture writes and journals locally in a
-//! spool directory as always (the crash-safety of [`crate::writer`] is unchanged) and a
+//! spool directory as always (the crash-safety of [`trace_format::writer`] is unchanged) and a
 //! [`SpoolUploader`] moves each finished file to the store, deleting the local copy only once
 //! the upload succeeded: a store that is down delays files, it never loses them.
 //!
-//! The API is synchronous, like the rest of this crate: the async store runs on one small
-//! runtime of this module's own, so callers need no runtime (and may be inside one).
+//! [`read_traces`] and [`write_trace`] are the trace reader and writer of `trace-format` for
+//! inputs and outputs that may be URLs; [`write_bytes`] writes any other output (a result
+//! document) to a path or a URL alike.
+//!
+//! The API is synchronous, like `trace-format`'s: the async store runs on one small
+//! runtime of this crate's own, so callers need no runtime (and may be inside one). Errors
+//! are `trace-format`'s [`Error`] (its `Store` variant for the store's own failures), so a
+//! trace read from a URL fails the way one read from a path does.
+#![deny(missing_docs)]
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http_body_util::BodyExt;
-use object_store::client::{
-    HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpRequestBody,
-    HttpResponse, HttpResponseBody, HttpService,
-};
 use object_store::path::Path as ObjPath;
-use object_store::{
-    ClientConfigKey, ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
-};
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme};
+use trace_format::reader::{RemoteFile, RemoteFiles};
+use trace_format::{FileMeta, Trace, TraceRecord};
 
-use crate::error::{Error, Result};
+mod connector;
+mod uploader;
+
+use connector::HyperConnector;
+pub use trace_format::{Error, Result};
+pub use uploader::{hive_partition, SpoolUploader, UploadReport};
 
 /// URL schemes read as object-store locations; anything else is a local path.
 pub const SCHEMES: &[&str] = &[
@@ -308,16 +314,43 @@ fn url_of(dest: &Path) -> Option<&str> {
     dest.to_str().filter(|s| is_url(s))
 }
 
-/// Writes a trace file (see [`crate::write_trace_file`]) to `dest`: a local path, or an
-/// object URL (written to a private temporary file first, then uploaded). Returns where it
+/// Reads traces (see [`trace_format::read_traces`]) from inputs that are local files,
+/// directories and globs or object-store locations (`s3://bucket/prefix`: every `*.parquet`
+/// below the prefix, Hive partitions included; an object; or a glob of keys).
+pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
+    trace_format::reader::read_traces_with(inputs, &ObjectStores)
+}
+
+/// The object stores as a source of trace files for [`trace_format::reader`].
+struct ObjectStores;
+
+impl RemoteFiles for ObjectStores {
+    fn claims(&self, input: &str) -> bool {
+        is_url(input)
+    }
+
+    fn list(&self, input: &str) -> Result<Vec<RemoteFile>> {
+        let loc = ObjectLocation::parse(input)?;
+        let found = loc.list_parquet()?;
+        Ok(found
+            .into_iter()
+            .map(|key| {
+                let loc = loc.clone();
+                RemoteFile {
+                    name: loc.object_url(&key),
+                    fetch: Box::new(move || loc.get(&key)),
+                }
+            })
+            .collect())
+    }
+}
+
+/// Writes a trace file (see [`trace_format::write_trace_file`]) to `dest`: a local path, or
+/// an object URL (written to a private temporary file first, then uploaded). Returns where it
 /// went, for messages.
-pub fn write_trace(
-    dest: &Path,
-    records: &[crate::TraceRecord],
-    meta: &crate::FileMeta,
-) -> Result<String> {
+pub fn write_trace(dest: &Path, records: &[TraceRecord], meta: &FileMeta) -> Result<String> {
     let Some(url) = url_of(dest) else {
-        crate::write_trace_file(dest, records, meta)?;
+        trace_format::write_trace_file(dest, records, meta)?;
         return Ok(dest.display().to_string());
     };
     let loc = ObjectLocation::parse(url)?;
@@ -326,8 +359,8 @@ pub fn write_trace(
         std::process::id(),
         UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let result =
-        crate::write_trace_file(&tmp, records, meta).and_then(|()| loc.put_file(&loc.path, &tmp));
+    let result = trace_format::write_trace_file(&tmp, records, meta)
+        .and_then(|()| loc.put_file(&loc.path, &tmp));
     let _ = std::fs::remove_file(&tmp);
     result
 }
@@ -350,180 +383,6 @@ pub fn write_bytes(dest: &Path, data: Vec<u8>) -> Result<String> {
 }
 
 static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// The Hive partition of a trace file, from the UTC start stamp in its name
-/// (`capture-20261129T183000Z-000001.parquet` → `date=2026-11-29/hour=18`), or from `now`
-/// when the name has none.
-pub fn hive_partition(file_name: &str, now: chrono::DateTime<chrono::Utc>) -> String {
-    let stamp = file_name.split(['-', '.']).find(|t| {
-        let b = t.as_bytes();
-        b.len() == 16
-            && b[8] == b'T'
-            && b[15] == b'Z'
-            && b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
-    });
-    match stamp {
-        Some(t) => format!(
-            "date={}-{}-{}/hour={}",
-            &t[0..4],
-            &t[4..6],
-            &t[6..8],
-            &t[9..11]
-        ),
-        None => now.format("date=%Y-%m-%d/hour=%H").to_string(),
-    }
-}
-
-/// What a [`SpoolUploader`] did.
-#[derive(Debug, Clone, Default)]
-pub struct UploadReport {
-    /// URLs of the objects written, in order.
-    pub uploaded: Vec<String>,
-    /// Finished files still in the spool directory (their uploads failed); the next
-    /// capture with the same spool directory uploads them.
-    pub left: Vec<PathBuf>,
-    /// Failed upload attempts.
-    pub failures: u64,
-    /// The last upload error.
-    pub last_error: Option<String>,
-}
-
-struct UpState {
-    stop: bool,
-    report: UploadReport,
-}
-
-/// Moves finished `*.parquet` files from a spool directory to an object store, into Hive
-/// partitions (see the module documentation), on a thread of its own.
-pub struct SpoolUploader {
-    shared: Arc<(Mutex<UpState>, Condvar)>,
-    thread: Option<JoinHandle<()>>,
-    dest: ObjectLocation,
-    spool: PathBuf,
-}
-
-impl std::fmt::Debug for SpoolUploader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpoolUploader")
-            .field("dest", &self.dest.url)
-            .field("spool", &self.spool)
-            .finish()
-    }
-}
-
-impl SpoolUploader {
-    /// Starts uploading: a pass now (files a previous run left) and one every `interval`.
-    pub fn spawn(dest: ObjectLocation, spool: PathBuf, interval: Duration) -> SpoolUploader {
-        let shared = Arc::new((
-            Mutex::new(UpState {
-                stop: false,
-                report: UploadReport::default(),
-            }),
-            Condvar::new(),
-        ));
-        let (s, d, sp) = (shared.clone(), dest.clone(), spool.clone());
-        let thread = std::thread::Builder::new()
-            .name("llmreplay-upload".into())
-            .spawn(move || loop {
-                upload_pass(&d, &sp, &s);
-                let (lock, cv) = &*s;
-                let Ok(guard) = lock.lock() else { return };
-                if guard.stop {
-                    return;
-                }
-                let Ok((guard, _)) = cv.wait_timeout(guard, interval) else {
-                    return;
-                };
-                if guard.stop {
-                    return;
-                }
-            })
-            .ok();
-        SpoolUploader {
-            shared,
-            thread,
-            dest,
-            spool,
-        }
-    }
-
-    /// Stops the periodic passes and uploads what is left (the writer has closed by now),
-    /// retrying for up to `patience`. Files that still fail stay in the spool directory
-    /// and are listed in [`UploadReport::left`].
-    pub fn finish(mut self, patience: Duration) -> UploadReport {
-        {
-            let (lock, cv) = &*self.shared;
-            if let Ok(mut s) = lock.lock() {
-                s.stop = true;
-            }
-            cv.notify_all();
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let deadline = Instant::now() + patience;
-        let mut delay = Duration::from_millis(200);
-        loop {
-            upload_pass(&self.dest, &self.spool, &self.shared);
-            let left = spooled(&self.spool);
-            if left.is_empty() || Instant::now() + delay > deadline {
-                let mut report = self
-                    .shared
-                    .0
-                    .lock()
-                    .map(|s| s.report.clone())
-                    .unwrap_or_default();
-                report.left = left;
-                return report;
-            }
-            std::thread::sleep(delay);
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
-    }
-}
-
-/// Finished trace files waiting in the spool directory, oldest name first.
-fn spooled(spool: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(spool)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "parquet") && p.is_file())
-        .collect();
-    out.sort();
-    out
-}
-
-fn upload_pass(dest: &ObjectLocation, spool: &Path, shared: &(Mutex<UpState>, Condvar)) {
-    for file in spooled(spool) {
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
-        let result = dest
-            .child(&format!(
-                "{}/{name}",
-                hive_partition(&name, chrono::Utc::now())
-            ))
-            .and_then(|key| dest.put_file(&key, &file))
-            .and_then(|url| {
-                std::fs::remove_file(&file).map_err(|e| Error::io(&file, e))?;
-                Ok(url)
-            });
-        let Ok(mut s) = shared.0.lock() else { return };
-        match result {
-            Ok(url) => s.report.uploaded.push(url),
-            Err(e) => {
-                s.report.failures += 1;
-                s.report.last_error = Some(e.to_string());
-                // The store is likely down: leave the rest for the next pass.
-                return;
-            }
-        }
-    }
-}
 
 /// Retries of one request: a few, within 10 s (object_store's default waits up to 3
 /// minutes, which would hold a capture's shutdown that long when the store is down; the
@@ -581,98 +440,6 @@ where
         Ok(Ok(v)) => v,
         Ok(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         _ => panic!("the object-store runtime stopped"),
-    }
-}
-
-/// Connects object_store to hyper + rustls (ring) instead of reqwest (aws-lc-rs).
-#[derive(Debug, Clone, Copy)]
-struct HyperConnector;
-
-type HyperClient = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    HttpRequestBody,
->;
-
-#[derive(Debug)]
-struct HyperService {
-    client: HyperClient,
-    allow_http: bool,
-    timeout: Duration,
-}
-
-impl HttpConnector for HyperConnector {
-    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
-        let generic = |e: String| object_store::Error::Generic {
-            store: "llmreplay",
-            source: e.into(),
-        };
-        let allow_http = options
-            .get_config_value(&ClientConfigKey::AllowHttp)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(5)));
-        let mut roots = rustls::RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| generic(format!("TLS: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .pool_timer(hyper_util::rt::TokioTimer::new())
-                .build(https);
-        Ok(HttpClient::new(HyperService {
-            client,
-            allow_http,
-            timeout: Duration::from_secs(30),
-        }))
-    }
-}
-
-#[async_trait::async_trait]
-impl HttpService for HyperService {
-    async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
-        if !self.allow_http && req.uri().scheme_str() == Some("http") {
-            return Err(HttpError::new(
-                HttpErrorKind::Request,
-                std::io::Error::other(
-                    "plain http to the object store is off: set AWS_ALLOW_HTTP=true \
-                     (or the store's allow_http option) for an http:// endpoint",
-                ),
-            ));
-        }
-        let res = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Err(_) => {
-                return Err(HttpError::new(
-                    HttpErrorKind::Timeout,
-                    std::io::Error::other("no response from the object store within 30 s"),
-                ))
-            }
-            Ok(Err(e)) => {
-                let kind = if e.is_connect() {
-                    HttpErrorKind::Connect
-                } else {
-                    HttpErrorKind::Request
-                };
-                return Err(HttpError::new(kind, e));
-            }
-            Ok(Ok(res)) => res,
-        };
-        let (parts, body) = res.into_parts();
-        let body =
-            HttpResponseBody::new(body.map_err(|e| HttpError::new(HttpErrorKind::Interrupted, e)));
-        Ok(HttpResponse::from_parts(parts, body))
     }
 }
 

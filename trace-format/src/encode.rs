@@ -1,0 +1,309 @@
+//! Records into Parquet: the one mapping of record fields to Arrow columns
+//! ([`records_to_batch`], where every text column goes through redaction), the Parquet
+//! properties of a trace file, and the durable write: a file is written under a temporary
+//! name (`<name>.tmp`) in its final directory, fsync'd, then renamed, so a `.parquet` file
+//! appears under its final name only when it is complete. Files are created with mode 0600 on
+//! unix: traces may hold request bodies.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BooleanBuilder, Int32Builder, Int64Builder, ListBuilder, StringBuilder,
+    TimestampMicrosecondBuilder, UInt64Builder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Error, Result};
+use crate::file_meta::FileMeta;
+use crate::redact;
+use crate::schema::{self, TraceRecord};
+
+/// Rows per Arrow batch handed to the Parquet writer (bounds the extra memory of a write).
+const BATCH_ROWS: usize = 8 * 1024;
+/// Rows per Parquet row group.
+const ROW_GROUP_ROWS: usize = 64 * 1024;
+/// Bytes per Parquet row group (whichever limit is reached first).
+const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
+/// Suffix appended to a file name while it is being written.
+pub(crate) const TMP_SUFFIX: &str = ".tmp";
+
+/// Builds one Arrow batch of [`schema::schema()`] from records: the one place that maps
+/// record fields to columns, and so where every Parquet file's text columns go through the
+/// redaction pass ([`redact::redact_record`]'s rules; borrowed when nothing is redacted).
+pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
+    let n = records.len();
+    let str_bytes =
+        |f: fn(&TraceRecord) -> Option<&str>| records.iter().filter_map(f).map(str::len).sum();
+    let str_builder =
+        |f: fn(&TraceRecord) -> Option<&str>| StringBuilder::with_capacity(n, str_bytes(f));
+    let mut request_id = str_builder(|r| Some(&r.request_id));
+    let mut session_id = str_builder(|r| r.session_id.as_deref());
+    let mut arrival = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut endpoint = str_builder(|r| Some(&r.endpoint));
+    let mut model = str_builder(|r| r.model.as_deref());
+    let mut stream = BooleanBuilder::with_capacity(n);
+    let mut prompt_tokens = Int64Builder::with_capacity(n);
+    let mut output_tokens = Int64Builder::with_capacity(n);
+    let mut max_tokens = Int64Builder::with_capacity(n);
+    let mut prompt_src = StringBuilder::with_capacity(n, n * 8);
+    let mut output_src = StringBuilder::with_capacity(n, n * 8);
+    let mut status = Int32Builder::with_capacity(n);
+    let mut outcome = StringBuilder::with_capacity(n, n * 8);
+    let mut error = str_builder(|r| r.error.as_deref());
+    let mut ttft = Int64Builder::with_capacity(n);
+    let mut e2el = Int64Builder::with_capacity(n);
+    let chunk_values: usize = records.iter().map(|r| r.chunk_times_us.len()).sum();
+    let mut chunk_times = ListBuilder::with_capacity(Int64Builder::with_capacity(chunk_values), n);
+    let token_values: usize = records
+        .iter()
+        .map(|r| r.chunk_tokens.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut chunk_tokens = ListBuilder::with_capacity(Int32Builder::with_capacity(token_values), n);
+    let mut body = str_builder(|r| r.body.as_deref());
+    let hash_values: usize = records
+        .iter()
+        .map(|r| r.prefix_hashes.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut prefix_hashes =
+        ListBuilder::with_capacity(UInt64Builder::with_capacity(hash_values), n);
+    let mut request_bytes = Int64Builder::with_capacity(n);
+    let mut response_bytes = Int64Builder::with_capacity(n);
+    let mut scheduled = Int64Builder::with_capacity(n);
+    let mut dispatch_lag = Int64Builder::with_capacity(n);
+    let mut queue = Int64Builder::with_capacity(n);
+    let mut new_connection = BooleanBuilder::with_capacity(n);
+    let mut connect = Int64Builder::with_capacity(n);
+    let mut target = str_builder(|r| r.target.as_deref());
+    let mut run_id = str_builder(|r| r.run_id.as_deref());
+
+    for r in records {
+        request_id.append_value(&r.request_id);
+        session_id.append_option(r.session_id.as_deref());
+        arrival.append_value(r.arrival_time_us);
+        endpoint.append_value(redact::redact_text(&r.endpoint));
+        model.append_option(r.model.as_deref());
+        stream.append_value(r.stream);
+        prompt_tokens.append_option(r.prompt_tokens);
+        output_tokens.append_option(r.output_tokens);
+        max_tokens.append_option(r.max_tokens);
+        prompt_src.append_option(r.prompt_tokens_source.map(|s| s.as_str()));
+        output_src.append_option(r.output_tokens_source.map(|s| s.as_str()));
+        status.append_option(r.status.map(i32::from));
+        outcome.append_value(r.outcome.as_str());
+        error.append_option(r.error.as_deref().map(redact::redact_text));
+        ttft.append_option(r.ttft_us);
+        e2el.append_option(r.e2el_us);
+        chunk_times.values().append_slice(&r.chunk_times_us);
+        chunk_times.append(true);
+        match &r.chunk_tokens {
+            Some(v) => {
+                chunk_tokens.values().append_slice(v);
+                chunk_tokens.append(true);
+            }
+            None => chunk_tokens.append_null(),
+        }
+        body.append_option(r.body.as_deref().map(redact::redact_json));
+        match &r.prefix_hashes {
+            Some(v) => {
+                prefix_hashes.values().append_slice(v);
+                prefix_hashes.append(true);
+            }
+            None => prefix_hashes.append_null(),
+        }
+        request_bytes.append_value(r.request_bytes);
+        response_bytes.append_value(r.response_bytes);
+        scheduled.append_option(r.scheduled_offset_us);
+        dispatch_lag.append_option(r.dispatch_lag_us);
+        queue.append_option(r.queue_us);
+        new_connection.append_option(r.new_connection);
+        connect.append_option(r.connect_us);
+        target.append_option(r.target.as_deref().map(redact::redact_text));
+        run_id.append_option(r.run_id.as_deref());
+    }
+
+    // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(request_id.finish()),
+        Arc::new(session_id.finish()),
+        Arc::new(arrival.finish()),
+        Arc::new(endpoint.finish()),
+        Arc::new(model.finish()),
+        Arc::new(stream.finish()),
+        Arc::new(prompt_tokens.finish()),
+        Arc::new(output_tokens.finish()),
+        Arc::new(max_tokens.finish()),
+        Arc::new(prompt_src.finish()),
+        Arc::new(output_src.finish()),
+        Arc::new(status.finish()),
+        Arc::new(outcome.finish()),
+        Arc::new(error.finish()),
+        Arc::new(ttft.finish()),
+        Arc::new(e2el.finish()),
+        Arc::new(chunk_times.finish()),
+        Arc::new(chunk_tokens.finish()),
+        Arc::new(body.finish()),
+        Arc::new(prefix_hashes.finish()),
+        Arc::new(request_bytes.finish()),
+        Arc::new(response_bytes.finish()),
+        Arc::new(scheduled.finish()),
+        Arc::new(dispatch_lag.finish()),
+        Arc::new(queue.finish()),
+        Arc::new(new_connection.finish()),
+        Arc::new(connect.finish()),
+        Arc::new(target.finish()),
+        Arc::new(run_id.finish()),
+    ];
+    RecordBatch::try_new(Arc::new(schema::schema()), columns)
+        .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))
+}
+
+/// Writes `records` to a Parquet trace file at `path` (Snappy, row groups of at most 64 Ki
+/// rows), under a temporary name in the same directory that is fsync'd and then renamed.
+/// The file is created with mode 0600 on unix. An existing file at `path` is replaced.
+pub fn write_trace_file(path: &Path, records: &[TraceRecord], meta: &FileMeta) -> Result<()> {
+    let tmp = tmp_path(path);
+    let result = write_tmp_then_rename(&tmp, path, records, meta);
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Writes the Parquet trace file at `path` from the live `journal` of a segment (every line
+/// whole: the writer cuts a failed write back to its last whole line), `BATCH_ROWS` rows at a
+/// time, so only one batch is in memory; `expected` records must be there. Same temporary
+/// name, fsync and rename as [`write_trace_file`].
+pub(crate) fn write_trace_file_from_journal(
+    path: &Path,
+    journal: &Path,
+    expected: usize,
+    meta: &FileMeta,
+) -> Result<()> {
+    use std::io::BufRead;
+    let tmp = tmp_path(path);
+    let result = (|| {
+        let file = create_private(&tmp, false)?;
+        let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
+            .map_err(|e| Error::format(path, e))?;
+        let mut lines = io::BufReader::new(File::open(journal).map_err(|e| Error::io(journal, e))?);
+        let (mut batch, mut line, mut seen) = (Vec::with_capacity(BATCH_ROWS), Vec::new(), 0);
+        loop {
+            line.clear();
+            let n = lines
+                .read_until(b'\n', &mut line)
+                .map_err(|e| Error::io(journal, e))?;
+            if n > 0 && !line.iter().all(u8::is_ascii_whitespace) {
+                let rec: TraceRecord = serde_json::from_slice(&line)
+                    .map_err(|e| Error::format(journal, format!("line {}: {e}", seen + 1)))?;
+                batch.push(rec);
+                seen += 1;
+            }
+            if batch.len() == BATCH_ROWS || (n == 0 && !batch.is_empty()) {
+                writer
+                    .write(&records_to_batch(&batch)?)
+                    .map_err(|e| Error::format(path, e))?;
+                batch.clear();
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        if seen != expected {
+            return Err(Error::Invalid(format!(
+                "{}: {seen} records where {expected} were written",
+                journal.display()
+            )));
+        }
+        let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
+        file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        drop(file);
+        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        sync_parent(path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The Parquet writer properties of a trace file.
+fn props(meta: &FileMeta) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .set_key_value_metadata(Some(meta.to_kv()))
+        .build()
+}
+
+fn write_tmp_then_rename(
+    tmp: &Path,
+    path: &Path,
+    records: &[TraceRecord],
+    meta: &FileMeta,
+) -> Result<()> {
+    let file = create_private(tmp, false)?;
+    let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
+        .map_err(|e| Error::format(path, e))?;
+    for chunk in records.chunks(BATCH_ROWS) {
+        let batch = records_to_batch(chunk)?;
+        writer.write(&batch).map_err(|e| Error::format(path, e))?;
+    }
+    let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
+    file.sync_all().map_err(|e| Error::io(tmp, e))?;
+    drop(file);
+    fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
+    sync_parent(path)
+}
+
+/// `<path>.tmp`: the name a file has while it is being written.
+pub(crate) fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(TMP_SUFFIX);
+    path.with_file_name(name)
+}
+
+/// Creates a new file with mode 0600 (unix). With `exclusive`, fails if it exists; otherwise a
+/// leftover file is removed first so the mode always applies.
+pub(crate) fn create_private(path: &Path, exclusive: bool) -> Result<File> {
+    if !exclusive {
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    }
+    let mut opts = OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    opts.open(path).map_err(|e| Error::io(path, e))
+}
+
+/// Makes a rename or removal in `path`'s directory durable.
+pub(crate) fn sync_parent(path: &Path) -> Result<()> {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => sync_dir(p),
+        _ => sync_dir(Path::new(".")),
+    }
+}
+
+/// fsyncs a directory (no-op where unsupported).
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! Records and metadata the unit tests of the writer and the reader share.
+
+use crate::file_meta::FileMeta;
+use crate::schema::{Outcome, Producer, TokenSource, TraceRecord};
+
+/// A record with every optional field set.
+pub(crate) fn full_record(i: i64) -> TraceRecord {
+    TraceRecord {
+        request_id: format!("req-{i}"),
+        session_id: Some(format!("sess-{}", i % 3)),
+        arrival_time_us: 1_700_000_000_000_000 + i * 1_000,
+        endpoint: "/v1/chat/completions".into(),
+        model: Some("llama-3-8b".into()),
+        stream: i % 2 == 0,
+        prompt_tokens: Some(100 + i),
+        output_tokens: Some(20 + i),
+        max_tokens: Some(256),
+        prompt_tokens_source: Some(TokenSource::Usage),
+        output_tokens_source: Some(TokenSource::Estimate),
+        status: Some(200),
+        outcome: Outcome::HttpError,
+        error: Some("boom \"quoted\" ☃".into()),
+        ttft_us: Some(12_345),
+        e2el_us: Some(456_789),
+        chunk_times_us: vec![12_345, 20_000, 456_789],
+        chunk_tokens: Some(vec![1, 2, 3]),
+        body: Some(r#"{"messages":[]}"#.into()),
+        prefix_hashes: Some(vec![u64::MAX, 0, 42]),
+        request_bytes: 1234,
+        response_bytes: 5678,
+        scheduled_offset_us: Some(1_000),
+        dispatch_lag_us: Some(-5),
+        queue_us: Some(7),
+        new_connection: Some(true),
+        connect_us: Some(900),
+        target: Some("candidate".into()),
+        run_id: Some("run-1".into()),
+    }
+}
+
+pub(crate) fn test_meta() -> FileMeta {
+    let mut m = FileMeta::new(Producer::Capture, "llmreplay capture --test");
+    m.source = Some("unit test".into());
+    m.block_size = Some(16);
+    m.extra.insert("site".into(), "eu-1".into());
+    m
+}

@@ -3,4 +3,3 @@ pub mod capture;
 pub mod disk;
 pub mod fault_upstream;
 pub mod misbehaving;
-pub mod scripted;

@@ -179,23 +179,6 @@ impl Drop for GroundTruth {
     }
 }
 
-fn set_timer_slack() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_TIMERSLACK takes an integer and affects only the calling thread.
-    unsafe {
-        libc_prctl_timerslack();
-    }
-}
-
-#[cfg(target_os = "linux")]
-unsafe fn libc_prctl_timerslack() {
-    extern "C" {
-        fn prctl(option: i32, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> i32;
-    }
-    const PR_SET_TIMERSLACK: i32 = 29;
-    prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);
-}
-
 fn respond(stream: &TcpStream, status: &str, body: &str) -> bool {
     let resp = format!(
         "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
@@ -472,7 +455,7 @@ fn prompt_words(v: &serde_json::Value, chat: bool) -> u64 {
 }
 
 fn writer(jobs: Receiver<Job>, log: Arc<Mutex<Vec<RequestLog>>>, stop: Arc<AtomicBool>) {
-    set_timer_slack();
+    wire::clock::fine_timer_slack();
     let mut slab: Vec<Option<Job>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     let mut heap: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();

@@ -1,5 +1,5 @@
 //! The wire under capture and replay: one HTTP/1.1 client connection layer and the kernel
-//! receive stamps of socket reads.
+//! receive stamps of socket reads, and the clocks.
 //!
 //! - [`framing`]: how a response body is delimited (RFC 9112 §6.3) and whether its
 //!   connection may be reused; an in-place chunked decoder.
@@ -12,15 +12,20 @@
 //!   **the retry rule** ([`Pool::send`]): a request is sent again only when not one byte of
 //!   it was accepted by a connection, so no server ever sees a request twice.
 //! - [`rxstamp`]: `SO_TIMESTAMPNS` receive stamps and the clock pair that converts them.
+//! - [`clock`]: the wall-clock stamp of now and a thread's fine timer slack, for every crate.
 //! - [`listen`]: listening sockets with a listen queue that survives connection bursts, and
 //!   the descriptor limit raised for them.
 #![deny(missing_docs)]
 
+pub mod clock;
 mod conn;
 pub mod framing;
 pub mod listen;
 mod pool;
 pub mod rxstamp;
+
+#[doc(hidden)]
+pub mod testing;
 
 pub use conn::{BodyReader, Conn, Head, Io, ReadError, Stamped, WriteError};
 pub use framing::{Framing, ResponseFraming};

@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -303,9 +303,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     if addr.ip().is_loopback() {
         local_authorities.push(format!("localhost:{}", addr.port()));
     }
-    let start_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros());
+    let start_us = wire::clock::epoch_us();
     let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
         .then(|| LeanUpstream::new(&upstream.authority, &cfg))
         .flatten()
@@ -412,7 +410,7 @@ async fn run(
                     }
                 }
                 Err(e) => {
-                    shared.accept_failed_us.store(now_us(), Relaxed);
+                    shared.accept_failed_us.store(wire::clock::epoch_us(), Relaxed);
                     backoff.failed(&e, &shared.metrics).await
                 }
             },
@@ -651,12 +649,6 @@ fn is_generation(method: &Method, path: &str) -> bool {
     method == Method::POST && path.trim_end_matches('/').ends_with("/completions")
 }
 
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
 /// splitmix64: a cheap deterministic sampling draw per request number.
 fn sampled(n: u64, rate: f64) -> bool {
     if rate >= 1.0 {
@@ -674,7 +666,7 @@ async fn handle(
     req: Request<Incoming>,
 ) -> std::result::Result<Response<ProxyBody>, Infallible> {
     let t0 = Instant::now();
-    let arrival = now_us();
+    let arrival = wire::clock::epoch_us();
     if req.method() == Method::CONNECT {
         return Ok(error_response(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -1029,7 +1021,7 @@ fn fd_exhausted(e: &std::io::Error) -> bool {
 }
 
 fn admin_response(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
-    let saturated = now_us() - shared.accept_failed_us.load(Relaxed) < 2_000_000;
+    let saturated = wire::clock::epoch_us() - shared.accept_failed_us.load(Relaxed) < 2_000_000;
     let (status, ctype, body) = match path {
         "/metrics" => (
             StatusCode::OK,

@@ -15,17 +15,6 @@ use trace_format::sse::{classify, response_usage, SseParser};
 use trace_format::writer::recover_dir;
 use trace_format::{FileMeta, Producer};
 
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("LLMREPLAY_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    }
-}
-
 fn tmp() -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let d = std::env::temp_dir().join(format!(
@@ -74,7 +63,7 @@ fn events(input: &[u8], cuts: &[usize]) -> (Vec<Vec<u8>>, bool) {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(256)))]
 
     /// However a stream is cut into reads, the parser yields the same events, and every
     /// event classifies without a panic.
@@ -261,7 +250,7 @@ fn words() -> std::sync::Arc<trace_format::tokenize::Tokenizer> {
 }
 
 proptest! {
-    #![proptest_config(config(64))]
+    #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(64)))]
 
     /// A damaged import file of any format (given or detected) is records or an error
     /// naming the file, never a panic.

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -79,7 +79,7 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `--start-at`: RFC 3339 (`2026-01-02T03:04:05Z`) or `+DURATION` from now, as epoch µs.
 fn parse_start_at(s: &str) -> Result<i64, String> {
     match s.trim().strip_prefix('+') {
-        Some(rel) => Ok(now_us() + parse_duration(rel)?.as_micros() as i64),
+        Some(rel) => Ok(wire::clock::epoch_us() + parse_duration(rel)?.as_micros() as i64),
         None => replay::config::parse_rfc3339_us(s),
     }
 }
@@ -514,12 +514,6 @@ pub(crate) fn command_line() -> String {
         .join(" ")
 }
 
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
 /// Runs the parsed command.
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
@@ -699,7 +693,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             stream: !a.no_stream,
             prompt_salt: a
                 .prompt_salt
-                .unwrap_or_else(|| now_us() as u64 ^ u64::from(std::process::id())),
+                .unwrap_or_else(|| wire::clock::epoch_us() as u64 ^ u64::from(std::process::id())),
             headers: a.headers.clone(),
             api_key: a.api_key.clone(),
             timeout: a.timeout,
@@ -984,7 +978,7 @@ fn run_synth(a: SynthArgs) -> Result<()> {
         burstiness: a.burstiness,
         seed: a.seed,
         endpoint: a.endpoint,
-        start_us: now_us(),
+        start_us: wire::clock::epoch_us(),
         stream_ratio: a.stream_ratio,
     };
     let rows = replay::synth::synth(&spec)?;
@@ -1034,7 +1028,7 @@ fn run_demo(a: DemoArgs) -> Result<()> {
         burstiness: 1.0,
         seed: 0,
         endpoint: EndpointKind::Completions,
-        start_us: now_us(),
+        start_us: wire::clock::epoch_us(),
         stream_ratio: 1.0,
     };
     let rows = replay::synth::synth(&spec)?;
@@ -1059,7 +1053,7 @@ fn run_demo(a: DemoArgs) -> Result<()> {
         url: s.url(),
     }]);
     cfg.request.timeout = Duration::from_secs(120);
-    cfg.request.prompt_salt = now_us() as u64;
+    cfg.request.prompt_salt = wire::clock::epoch_us() as u64;
     cfg.server_metrics = true;
     cfg.goodput = a.goodput.clone();
     cfg.label = Some(format!("demo-{profile}"));

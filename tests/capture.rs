@@ -1,5 +1,5 @@
 //! End-to-end tests of `llmreplay capture` on loopback: client → capture proxy (in-process,
-//! through the `proxy` library API) → simulated or scripted upstream. One binary-level test
+//! through the `proxy` library API) → simulated or ground-truth upstream. One binary-level test
 //! at the end runs the real `llmreplay capture` subcommand.
 //!
 //! Every test takes `SERIAL` so the timing assertions are not disturbed by the 200-stream test
@@ -690,28 +690,30 @@ async fn admin_serves_metrics_and_health() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// The scripted server writes chunks at exact times and logs them: the proxy's recorded
+/// The ground-truth server writes chunks at exact times and logs them: the proxy's recorded
 /// chunk times must follow the server's writes (late by loopback only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recorded_chunk_times_follow_the_scripted_server() {
+async fn recorded_chunk_times_follow_the_ground_truth_server() {
     let _g = serial();
-    let script = support::scripted::Script {
-        ttft: Duration::from_millis(20),
-        itl: Duration::from_millis(5),
-        chunks: 10,
-        tokens_per_chunk: 2,
-        prompt_tokens: 7,
-    };
-    let server = support::scripted::ScriptedServer::start(script);
+    let server = sim::groundtruth::GroundTruth::start(
+        "127.0.0.1:0".parse().unwrap(),
+        sim::groundtruth::GroundTruthConfig {
+            ttft: Duration::from_millis(20),
+            itl: Duration::from_millis(5),
+            tokens_per_chunk: 2,
+            default_max_tokens: 20,
+        },
+    )
+    .expect("ground-truth server");
     let out = tmpdir("scripted");
     let mut c = cfg(&server.url(), &out);
-    c.usage = UsageMode::Off; // the scripted server always sends usage
+    c.usage = UsageMode::Off; // the request asks for usage itself
     let p = proxy::start(c).await.expect("proxy");
     let g = post(
         &client(),
         &p.url(false),
         "/v1/completions",
-        r#"{"prompt":"x","stream":true}"#,
+        r#"{"prompt":"a b c d e f g","stream":true,"stream_options":{"include_usage":true}}"#,
         &[],
     )
     .await;
@@ -721,12 +723,13 @@ async fn recorded_chunk_times_follow_the_scripted_server() {
     let r = &recs[0];
     assert_eq!(r.output_tokens, Some(20));
     assert_eq!(r.prompt_tokens, Some(7));
-    let log = server.requests();
-    let written = &log[0].chunk_written;
+    let log = server.log();
+    let written = &log[0].chunk_written_us;
+    assert_eq!(written.len(), 10, "20 tokens at 2 per chunk");
     assert_eq!(r.chunk_times_us.len(), written.len());
     // Gaps between chunks as written vs as recorded.
     for i in 1..written.len() {
-        let w = written[i].duration_since(written[i - 1]).as_micros() as i64;
+        let w = written[i] - written[i - 1];
         let rec = r.chunk_times_us[i] - r.chunk_times_us[i - 1];
         assert!(
             (w - rec).abs() <= 1000,

@@ -27,7 +27,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::capture::CaptureProc;
-use support::fault_upstream::{chunk, raw_exchange, Act, FaultUpstream, RawReply, Received};
+use support::fault_upstream::{chunk, Act, FaultUpstream, Received};
+use support::http1::{raw_exchange, RawReply};
 use trace_format::{Outcome, TraceRecord};
 
 fn tmpdir(name: &str) -> PathBuf {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::scripted::{Script, ScriptedServer};
+use sim::groundtruth::{GroundTruth, GroundTruthConfig};
 
 /// These tests start processes that measure time; running them one at a time keeps one
 /// test's CPU burst out of another's timing on a 2-core machine.
@@ -16,6 +16,19 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The ground-truth server on loopback, one token per chunk, as many chunks as `max_tokens`.
+fn ground_truth(ttft: Duration, itl: Duration) -> GroundTruth {
+    GroundTruth::start(
+        "127.0.0.1:0".parse().unwrap(),
+        GroundTruthConfig {
+            ttft,
+            itl,
+            ..Default::default()
+        },
+    )
+    .expect("ground-truth server")
 }
 
 fn bin() -> Command {
@@ -135,13 +148,8 @@ fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
             "4",
         ],
     );
-    let server = ScriptedServer::start(Script {
-        ttft: Duration::from_millis(5),
-        itl: Duration::from_millis(2),
-        chunks: 4,
-        tokens_per_chunk: 1,
-        prompt_tokens: 8,
-    });
+    // 4 chunks of one token: the trace's --output-len.
+    let server = ground_truth(Duration::from_millis(5), Duration::from_millis(2));
     let results = dir.join("results.parquet");
     let o = run(&[
         "replay",
@@ -195,8 +203,8 @@ fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
     );
 
     // The server's view: receive offsets match the halved recorded offsets.
-    let log = server.requests();
-    let posted: Vec<_> = log.iter().filter(|l| l.path == "/v1/completions").collect();
+    // (The server logs generation requests only, not the discovery GET.)
+    let posted = server.log();
     assert_eq!(posted.len(), 200);
     let mut rx: Vec<Instant> = posted.iter().map(|l| l.received).collect();
     rx.sort();
@@ -556,13 +564,7 @@ fn the_prompt_note_says_whether_bodies_are_replayed_or_prompts_synthesized() {
         trace_format::write_trace_file(&p, &rs, &t.files[0].meta).unwrap();
         p
     };
-    let server = ScriptedServer::start(Script {
-        ttft: Duration::from_millis(1),
-        itl: Duration::from_millis(1),
-        chunks: 4,
-        tokens_per_chunk: 1,
-        prompt_tokens: 8,
-    });
+    let server = ground_truth(Duration::from_millis(1), Duration::from_millis(1));
     let note = |trace: &Path| {
         let o = run(&[
             "replay",

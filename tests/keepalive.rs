@@ -23,7 +23,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use support::capture::CaptureProc;
-use support::misbehaving::{Behaviour, ConnEnd, ConnEvent, Http1Client, MisbehavingServer, Served};
+use support::http1::Http1Client;
+use support::misbehaving::{Behaviour, ConnEnd, ConnEvent, MisbehavingServer, Served};
 use trace_format::{FileMeta, Outcome, Producer, TraceRecord};
 
 fn tmpdir(name: &str) -> PathBuf {
@@ -615,7 +616,7 @@ fn capture_body(marker: &str, chat: bool, stream: bool) -> String {
 struct Sent {
     marker: String,
     stream: bool,
-    got: Result<support::misbehaving::ClientResponse, String>,
+    got: Result<support::http1::Response, String>,
 }
 
 impl Sent {

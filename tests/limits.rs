@@ -736,16 +736,19 @@ fn accept_errors_are_backed_off_counted_and_logged_rarely() {
 /// client whole, and the keep-alive connection then serves a second request.
 #[test]
 fn a_stream_longer_than_every_client_timeout_is_not_cut() {
-    use support::scripted::{Script, ScriptedServer};
+    use sim::groundtruth::{GroundTruth, GroundTruthConfig};
     let _g = serial();
     let out = tmpdir("long-stream");
-    let up = ScriptedServer::start(Script {
-        ttft: Duration::from_millis(1000),
-        itl: Duration::from_millis(200),
-        chunks: 8,
-        tokens_per_chunk: 1,
-        prompt_tokens: 3,
-    });
+    // 8 chunks (the requests' max_tokens, one token each).
+    let up = GroundTruth::start(
+        "127.0.0.1:0".parse().unwrap(),
+        GroundTruthConfig {
+            ttft: Duration::from_millis(1000),
+            itl: Duration::from_millis(200),
+            ..Default::default()
+        },
+    )
+    .expect("ground-truth server");
     let cap = Capture::start(&up.url(), &out, CLIENT_LIMITS, None);
     let mut s = TcpStream::connect(cap.listen).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::capture::CaptureProc;
-use support::misbehaving::{Behaviour, Http1Client, MisbehavingServer};
+use support::http1::Http1Client;
+use support::misbehaving::{Behaviour, MisbehavingServer};
 use trace_format::{FileMeta, Outcome, Producer, TraceRecord};
 
 /// The `llmreplay` under test: `$LLMREPLAY_BIN`, else this workspace's.

@@ -190,19 +190,12 @@ fn rfc3339(unix_us: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-}
-
 /// Replays `trace` against `url` as `shards` processes (`--shard K/N`) that share one
 /// absolute start two seconds from now (as a launcher computes `+2s` once for all of them,
 /// e.g. the Kubernetes guide's START_AT). Returns that start (µs since the epoch) and the
 /// request ids each process sent.
 fn replay_sharded(trace: &Path, url: &str, shards: usize, dir: &Path) -> (i64, Vec<Vec<String>>) {
-    let start = now_us() + 2_000_000;
+    let start = wire::clock::epoch_us() + 2_000_000;
     let at = rfc3339(start);
     let children: Vec<(PathBuf, std::process::Child)> = (0..shards)
         .map(|k| {

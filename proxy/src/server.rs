@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use http::header::HeaderName;
 use http::Request;
@@ -205,9 +205,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     if addr.ip().is_loopback() {
         local_authorities.push(format!("localhost:{}", addr.port()));
     }
-    let start_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros());
+    let start_us = wire::clock::epoch_us();
     let prompts = PromptQueue::new(cfg.tokenizer.clone(), cfg.block_size);
     let recorder = Arc::new(Recorder {
         metrics: metrics.clone(),
@@ -292,7 +290,7 @@ async fn run(
                     }
                 }
                 Err(e) => {
-                    shared.accept_failed_us.store(now_us(), Relaxed);
+                    shared.accept_failed_us.store(wire::clock::epoch_us(), Relaxed);
                     backoff.failed(&e, &shared.metrics).await
                 }
             },
@@ -353,7 +351,7 @@ async fn serve_conn<I>(
         // The head is read: the connection serves this request until its response body is
         // done (no client-side read deadline meanwhile; see crate::limits).
         let active = phase.start();
-        let (t0, arrival) = (Instant::now(), now_us());
+        let (t0, arrival) = (Instant::now(), wire::clock::epoch_us());
         let shared = shared.clone();
         async move {
             let r = handle(shared, req, t0, arrival).await?;
@@ -430,7 +428,7 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                     let io = GuardedIo::new(sock, phase.clone(), s.cfg.client, s.metrics.clone());
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let active = phase.start();
-                        let r = admin_response(&s, req.uri().path(), now_us());
+                        let r = admin_response(&s, req.uri().path(), wire::clock::epoch_us());
                         async move { Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active)))) }
                     });
                     let conn = hyper::server::conn::http1::Builder::new()
@@ -450,10 +448,4 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
             }
         }
     }
-}
-
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }

@@ -8,17 +8,6 @@ use proptest::prelude::*;
 use proxy::jsonscan::member_removal_range;
 use serde_json::Value;
 
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("LLMREPLAY_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    }
-}
-
 fn value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -40,7 +29,7 @@ fn value() -> impl Strategy<Value = Value> {
 }
 
 proptest! {
-    #![proptest_config(config(512))]
+    #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(512)))]
 
     /// Cutting the range the scanner returns leaves the object without its top-level
     /// `usage` member and every other member as it was; no range when there is none.

@@ -35,18 +35,6 @@ fn run(strip: Strip, input: &[u8], cuts: &[usize]) -> (Vec<u8>, StreamObserver) 
     (out, o)
 }
 
-/// `cases` per property, or `LLMREPLAY_FUZZ_CASES` (`bench/fuzz.sh` runs many more).
-fn config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("LLMREPLAY_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    }
-}
-
 fn corpus() -> Vec<(String, Vec<u8>, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/sse");
     let mut cases = Vec::new();
@@ -98,7 +86,7 @@ fn text() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(256)))]
 
     /// Arbitrary bytes never panic; without stripping the output is the input.
     #[test]

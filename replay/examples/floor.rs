@@ -99,7 +99,7 @@ mod linux {
                 if stamp == 0 {
                     // No stamp (the kernel had none for these bytes): the read time.
                     t.unstamped += 1;
-                    t.last_stamp_ns = wire::rxstamp::realtime_ns();
+                    t.last_stamp_ns = wire::clock::epoch_ns();
                 }
                 // SAFETY: recv initialized the first `got` bytes.
                 let data = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), got) };

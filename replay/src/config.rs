@@ -536,7 +536,7 @@ impl ReplayConfig {
             if self.targets.len() > 1 {
                 return bad("--start-at starts one run: give a single --target".into());
             }
-            let late_us = crate::run::now_epoch_us() - at;
+            let late_us = wire::clock::epoch_us() - at;
             if late_us > 1_000_000 {
                 return bad(format!(
                     "--start-at is {:.1} s in the past",
@@ -612,13 +612,13 @@ mod tests {
         );
         assert!(parse_rfc3339_us("tomorrow").is_err());
         let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
-        c.start_at_us = Some(crate::run::now_epoch_us() - 5_000_000);
+        c.start_at_us = Some(wire::clock::epoch_us() - 5_000_000);
         assert!(c
             .validate()
             .unwrap_err()
             .to_string()
             .contains("in the past"));
-        c.start_at_us = Some(crate::run::now_epoch_us() + 5_000_000);
+        c.start_at_us = Some(wire::clock::epoch_us() + 5_000_000);
         assert!(c.validate().is_ok());
     }
 

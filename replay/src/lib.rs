@@ -59,12 +59,7 @@ pub fn replay(
     };
     let rt = run::client_runtime(cfg.client_threads)?;
     let mut out = Vec::with_capacity(cfg.targets.len());
-    let run_base = format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros())
-    );
+    let run_base = format!("{:x}", wire::clock::epoch_us());
     for (i, target) in cfg.targets.iter().enumerate() {
         if i > 0 && !cfg.cooldown.is_zero() {
             std::thread::sleep(cfg.cooldown);

@@ -34,7 +34,7 @@ where
     let handle = std::thread::Builder::new()
         .name("llmreplay-pacer".into())
         .spawn(move || {
-            set_timer_slack();
+            wire::clock::fine_timer_slack();
             let mut heap: BinaryHeap<Reverse<Release>> = initial.into_iter().map(Reverse).collect();
             let mut released = 0usize;
             while released < total {
@@ -81,14 +81,6 @@ where
             }
         })?;
     Ok((tx, handle))
-}
-
-fn set_timer_slack() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_TIMERSLACK takes an integer and affects only the calling thread.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Semaphore};
 use trace_format::{Outcome, TokenSource, TraceRecord};
@@ -97,13 +97,6 @@ pub fn client_runtime(threads: usize) -> Result<tokio::runtime::Runtime, ReplayE
         .enable_all()
         .build()
         .map_err(|e| ReplayError::Runtime(e.to_string()))
-}
-
-/// Wall-clock now, µs since the epoch.
-pub fn now_epoch_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// Asks the target for its models and version. Unreachable is an error: nothing can run.
@@ -275,12 +268,12 @@ pub fn run_target(
     let (start, started_at_us) = match cfg.start_at_us {
         None => (
             Instant::now() + lead,
-            now_epoch_us() + lead.as_micros() as i64,
+            wire::clock::epoch_us() + lead.as_micros() as i64,
         ),
         // `--start-at`: the schedule starts at that wall-clock instant, shared by separate
         // processes; sleep until just before it, then start the pacer.
         Some(at) => {
-            let (now_us, now) = (now_epoch_us(), Instant::now());
+            let (now_us, now) = (wire::clock::epoch_us(), Instant::now());
             let ahead_us = at - now_us;
             if ahead_us < -1_000_000 {
                 return Err(ReplayError::Config(format!(
@@ -500,7 +493,7 @@ impl Drop for RowGuard {
             let item = &self.shared.plan.items[self.idx];
             let mut rec = TraceRecord::new(
                 item.request_id.clone(),
-                now_epoch_us(),
+                wire::clock::epoch_us(),
                 item.req.endpoint.clone(),
             );
             rec.outcome = Outcome::ClientCancelled;

@@ -1,16 +1,13 @@
-//! End-to-end accuracy on loopback: replay against a scripted server with known timing
-//! (TTFT 50 ms, then chunks 10 ms apart carrying 4 tokens each) at 100 concurrent streams.
+//! End-to-end accuracy on loopback: replay against the ground-truth server (known timing:
+//! TTFT 50 ms, then chunks 10 ms apart carrying 4 tokens each) at 100 concurrent streams.
 //! Mean TTFT, ITL and TPOT must be within 1 ms of the script, and output tokens must come
 //! from usage, not from the chunk count.
-
-#[path = "../../tests/support/scripted.rs"]
-mod scripted;
 
 use std::time::Duration;
 
 use replay::config::{Arrivals, Target};
 use replay::ReplayConfig;
-use scripted::{Script, ScriptedServer};
+use sim::groundtruth::{GroundTruth, GroundTruthConfig};
 use trace_format::{Outcome, TokenSource, TraceRecord};
 
 /// `n` requests arriving 1 ms apart: each lasts 290 ms, so 100 of them are all in flight at
@@ -32,17 +29,21 @@ fn trace(n: usize, stream: bool) -> Vec<TraceRecord> {
         .collect()
 }
 
-const SCRIPT: Script = Script {
+/// 25 chunks for the trace's 100 output tokens (replay sends them as `max_tokens`).
+const SCRIPT: GroundTruthConfig = GroundTruthConfig {
     ttft: Duration::from_millis(50),
     itl: Duration::from_millis(10),
-    chunks: 25,
     tokens_per_chunk: 4,
-    prompt_tokens: 10,
+    default_max_tokens: 100,
 };
+
+fn server() -> GroundTruth {
+    GroundTruth::start("127.0.0.1:0".parse().unwrap(), SCRIPT).expect("ground-truth server")
+}
 
 #[test]
 fn metrics_match_the_script_at_100_concurrent_streams() {
-    let server = ScriptedServer::start(SCRIPT);
+    let server = server();
     let cfg = ReplayConfig::new(vec![Target {
         name: "scripted".into(),
         url: server.url(),
@@ -73,11 +74,11 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
     }
     assert_eq!(m.total_output_tokens, 100 * 100);
 
-    let log = server.requests();
+    let log = server.log();
     assert_eq!(log.len(), 100);
     let server_ttft: f64 = log
         .iter()
-        .map(|l| (l.chunk_written[0] - l.received).as_secs_f64() * 1e3)
+        .map(|l| l.chunk_written_us[0] as f64 / 1e3)
         .sum::<f64>()
         / log.len() as f64;
     let first_rx = log.iter().map(|l| l.received).min().unwrap();
@@ -124,7 +125,7 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
 
 #[test]
 fn non_streamed_requests_use_the_whole_response() {
-    let server = ScriptedServer::start(SCRIPT);
+    let server = server();
     let mut cfg = ReplayConfig::new(vec![Target {
         name: "s".into(),
         url: server.url(),
@@ -143,11 +144,9 @@ fn non_streamed_requests_use_the_whole_response() {
         let e2el = r.e2el_us.unwrap() as f64 / 1e3;
         assert!((e2el - 290.0).abs() < 5.0, "E2EL {e2el}");
     }
-    let bodies: Vec<String> = server.requests().iter().map(|l| l.body.clone()).collect();
-    assert!(
-        bodies.iter().all(|b| b.contains("\"stream\":false")),
-        "{bodies:?}"
-    );
+    let log = server.log();
+    assert_eq!(log.len(), 5);
+    assert!(log.iter().all(|l| !l.stream), "{log:?}");
 }
 
 #[test]

@@ -3,14 +3,11 @@
 //! Its own test binary, so its 200-request burst does not share the CPU with the timing
 //! checks in `accuracy.rs` (tests of one binary run in parallel).
 
-#[path = "../../tests/support/scripted.rs"]
-mod scripted;
-
 use std::time::Duration;
 
 use replay::config::Target;
 use replay::ReplayConfig;
-use scripted::{Script, ScriptedServer};
+use sim::groundtruth::{GroundTruth, GroundTruthConfig};
 use trace_format::TraceRecord;
 
 /// `n` streamed requests, all at one instant.
@@ -33,13 +30,16 @@ fn burst(n: usize) -> Vec<TraceRecord> {
 #[test]
 fn a_burst_waits_in_the_client_queue_and_every_row_adds_up() {
     // 200 requests due at one instant, at most 50 in flight; each lasts ≥ 25 ms.
-    let server = ScriptedServer::start(Script {
-        ttft: Duration::from_millis(20),
-        itl: Duration::from_millis(5),
-        chunks: 2,
-        tokens_per_chunk: 1,
-        prompt_tokens: 10,
-    });
+    // Two chunks of one token: the trace's output length.
+    let server = GroundTruth::start(
+        "127.0.0.1:0".parse().unwrap(),
+        GroundTruthConfig {
+            ttft: Duration::from_millis(20),
+            itl: Duration::from_millis(5),
+            ..Default::default()
+        },
+    )
+    .expect("ground-truth server");
     let mut cfg = ReplayConfig::new(vec![Target {
         name: "burst".into(),
         url: server.url(),

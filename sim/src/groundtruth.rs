@@ -9,6 +9,9 @@
 //! transfer encoding; `/v1/models`, `/v1/completions`, `/v1/chat/completions` (streamed and
 //! not, `stream_options.include_usage`), token counts as the sim counts them (one token per
 //! prompt word; output = `max_tokens`, as with `ignore_eos`).
+//!
+//! The one scripted server of the workspace: `llmreplay sim --ground-truth` serves it for
+//! `bench/`, and the end-to-end tests (`tests/`, `replay/tests/`) start it in-process.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -53,6 +56,10 @@ pub struct RequestLog {
     pub request_id: Option<String>,
     /// When the request had been read completely, µs since the Unix epoch.
     pub received_unix_us: i64,
+    /// The same instant on the monotonic clock, for durations between requests (not in the
+    /// chunk log).
+    #[serde(skip)]
+    pub received: Instant,
     /// When each chunk was written, µs after `received`.
     pub chunk_written_us: Vec<i64>,
     /// Nominal times of the chunks, µs after `received`.
@@ -170,23 +177,6 @@ impl Drop for GroundTruth {
             let _ = a.join();
         }
     }
-}
-
-fn set_timer_slack() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_TIMERSLACK takes an integer and affects only the calling thread.
-    unsafe {
-        libc_prctl_timerslack();
-    }
-}
-
-#[cfg(target_os = "linux")]
-unsafe fn libc_prctl_timerslack() {
-    extern "C" {
-        fn prctl(option: i32, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> i32;
-    }
-    const PR_SET_TIMERSLACK: i32 = 29;
-    prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0);
 }
 
 fn respond(stream: &TcpStream, status: &str, body: &str) -> bool {
@@ -465,7 +455,7 @@ fn prompt_words(v: &serde_json::Value, chat: bool) -> u64 {
 }
 
 fn writer(jobs: Receiver<Job>, log: Arc<Mutex<Vec<RequestLog>>>, stop: Arc<AtomicBool>) {
-    set_timer_slack();
+    wire::clock::fine_timer_slack();
     let mut slab: Vec<Option<Job>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     let mut heap: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
@@ -473,6 +463,7 @@ fn writer(jobs: Receiver<Job>, log: Arc<Mutex<Vec<RequestLog>>>, stop: Arc<Atomi
         let entry = RequestLog {
             request_id: job.request_id,
             received_unix_us: job.received_unix_us,
+            received: job.received,
             chunk_written_us: job.written,
             chunk_nominal_us: job.nominal.iter().map(|d| d.as_micros() as i64).collect(),
             output_tokens: job.output_tokens,

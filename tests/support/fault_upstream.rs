@@ -13,12 +13,12 @@
 //! Everything is bounded: dropping the server stops the acceptor and every connection within
 //! ~100 ms (a stall ends then too), and writes to a peer that does not read give up after 5 s.
 //!
-//! [`RawClient`] helpers are here too: one request as raw bytes on a fresh connection, the
-//! reply read to EOF (bounded) and parsed leniently, so a test sees exactly what a client got,
-//! including a 200 whose body was cut.
+//! The raw client that drives it ([`super::http1::raw_exchange`]) is in `http1.rs`.
 #![allow(dead_code)]
 
 use std::io::{self, Read, Write};
+
+use super::http1::{dechunk, find_head_end, Dechunk};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -74,10 +74,7 @@ pub struct Received {
 
 impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        super::http1::header(&self.headers, name)
     }
 
     pub fn body_text(&self) -> String {
@@ -246,19 +243,6 @@ enum Parsed {
     Bad,
 }
 
-fn find_head_end(buf: &[u8]) -> Option<(usize, usize)> {
-    // CRLF CRLF, or LF LF (lenient, as some servers are).
-    for i in 0..buf.len() {
-        if buf[i..].starts_with(b"\r\n\r\n") {
-            return Some((i, 4));
-        }
-        if buf[i..].starts_with(b"\n\n") {
-            return Some((i, 2));
-        }
-    }
-    None
-}
-
 fn parse_request(buf: &[u8], conn: usize, index: usize) -> Parsed {
     // Stray CRLFs between requests are allowed (RFC 9112 §2.2).
     let lead = buf
@@ -342,59 +326,6 @@ fn parse_request(buf: &[u8], conn: usize, index: usize) -> Parsed {
         }),
         body_start + used,
     )
-}
-
-enum Dechunk {
-    Done(Vec<u8>, usize),
-    Partial,
-    Bad,
-}
-
-fn dechunk(buf: &[u8]) -> Dechunk {
-    let mut body = Vec::new();
-    let mut at = 0;
-    loop {
-        let Some(nl) = buf[at..].iter().position(|b| *b == b'\n') else {
-            return Dechunk::Partial;
-        };
-        let line = String::from_utf8_lossy(&buf[at..at + nl]);
-        let size_text = line
-            .trim()
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        let Ok(size) = usize::from_str_radix(&size_text, 16) else {
-            return Dechunk::Bad;
-        };
-        at += nl + 1;
-        if size == 0 {
-            // Trailer fields up to the empty line.
-            loop {
-                let Some(nl) = buf[at..].iter().position(|b| *b == b'\n') else {
-                    return Dechunk::Partial;
-                };
-                let empty = buf[at..at + nl].iter().all(|b| *b == b'\r');
-                at += nl + 1;
-                if empty {
-                    return Dechunk::Done(body, at);
-                }
-            }
-        }
-        if buf.len() < at + size + 2 {
-            return Dechunk::Partial;
-        }
-        body.extend_from_slice(&buf[at..at + size]);
-        at += size;
-        if buf[at..].starts_with(b"\r\n") {
-            at += 2;
-        } else if buf[at..].starts_with(b"\n") {
-            at += 1;
-        } else {
-            return Dechunk::Bad;
-        }
-    }
 }
 
 /// Starts the reader and writer threads of one connection.
@@ -709,181 +640,4 @@ fn write_loop(
             return;
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Raw client
-// ---------------------------------------------------------------------------------------
-
-/// What a raw client got back on one connection.
-#[derive(Debug, Clone)]
-pub struct RawReply {
-    /// Every byte read.
-    pub bytes: Vec<u8>,
-    /// How reading ended: "eof", "reset", "timeout" or another error kind.
-    pub end: String,
-    /// The responses parsed out of `bytes`.
-    pub responses: Vec<RawResponse>,
-}
-
-#[derive(Debug, Clone)]
-pub struct RawResponse {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    /// The body, de-chunked (as much as arrived).
-    pub body: Vec<u8>,
-    /// The body's framing was complete (terminal chunk, or content-length met).
-    pub complete: bool,
-}
-
-impl RawResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-impl RawReply {
-    pub fn statuses(&self) -> Vec<u16> {
-        self.responses.iter().map(|r| r.status).collect()
-    }
-
-    pub fn first(&self) -> &RawResponse {
-        self.responses
-            .first()
-            .unwrap_or_else(|| panic!("no response; got {:?} ({})", self.text(), self.end))
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes).into_owned()
-    }
-}
-
-/// Sends `request` on a new connection to `addr` and reads until EOF, an error, or `within`.
-pub fn raw_exchange(addr: SocketAddr, request: &[u8], within: Duration) -> RawReply {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_nodelay(true).unwrap();
-    let writer = {
-        let mut w = s.try_clone().unwrap();
-        let req = request.to_vec();
-        // A thread, so a proxy that answers before reading everything cannot block us.
-        std::thread::spawn(move || {
-            let _ = w.set_write_timeout(Some(Duration::from_secs(10)));
-            let _ = w.write_all(&req);
-        })
-    };
-    let (bytes, end) = read_to_end_bounded(&mut s, within);
-    let _ = writer.join();
-    let responses = parse_responses(&bytes);
-    RawReply {
-        bytes,
-        end,
-        responses,
-    }
-}
-
-/// Reads until EOF, an error, or `within`.
-pub fn read_to_end_bounded(s: &mut TcpStream, within: Duration) -> (Vec<u8>, String) {
-    let deadline = Instant::now() + within;
-    let mut bytes = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let end = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break "timeout".to_string();
-        }
-        let _ = s.set_read_timeout(Some(left.min(Duration::from_millis(200))));
-        match s.read(&mut buf) {
-            Ok(0) => break "eof".into(),
-            Ok(n) => bytes.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break "reset".into(),
-            Err(e) => break format!("{:?}", e.kind()),
-        }
-    };
-    (bytes, end)
-}
-
-/// Parses consecutive HTTP/1.1 responses leniently; the last may be incomplete.
-pub fn parse_responses(mut buf: &[u8]) -> Vec<RawResponse> {
-    let mut out = Vec::new();
-    while !buf.is_empty() {
-        let Some((end, sep)) = find_head_end(buf) else {
-            break;
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        let mut lines = head.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
-        let status_line = lines.next().unwrap_or("");
-        let status: u16 = status_line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-            .collect();
-        let rest = &buf[end + sep..];
-        let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
-        let (body, used, complete) = if status / 100 == 1 {
-            (Vec::new(), 0, true)
-        } else if get("transfer-encoding")
-            .is_some_and(|t| t.to_ascii_lowercase().contains("chunked"))
-        {
-            match dechunk(rest) {
-                Dechunk::Done(b, n) => (b, n, true),
-                _ => (lenient_dechunk(rest), rest.len(), false),
-            }
-        } else if let Some(n) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {
-            let n2 = n.min(rest.len());
-            (rest[..n2].to_vec(), n2, n2 == n)
-        } else if status == 204 || status == 304 {
-            (Vec::new(), 0, true)
-        } else {
-            (rest.to_vec(), rest.len(), true)
-        };
-        out.push(RawResponse {
-            status,
-            headers,
-            body,
-            complete,
-        });
-        buf = &rest[used..];
-    }
-    out
-}
-
-/// The data of whatever whole chunks arrived.
-fn lenient_dechunk(buf: &[u8]) -> Vec<u8> {
-    let mut body = Vec::new();
-    let mut at = 0;
-    while let Some(nl) = buf[at..].iter().position(|b| *b == b'\n') {
-        let line = String::from_utf8_lossy(&buf[at..at + nl]);
-        let Ok(size) = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-        else {
-            break;
-        };
-        at += nl + 1;
-        if size == 0 || buf.len() < at + size {
-            body.extend_from_slice(&buf[at..buf.len().min(at + size)]);
-            break;
-        }
-        body.extend_from_slice(&buf[at..at + size]);
-        at += size;
-        while at < buf.len() && (buf[at] == b'\r' || buf[at] == b'\n') {
-            at += 1;
-        }
-    }
-    body
 }

@@ -2,5 +2,5 @@
 pub mod capture;
 pub mod disk;
 pub mod fault_upstream;
+pub mod http1;
 pub mod misbehaving;
-pub mod scripted;

@@ -13,17 +13,6 @@ use trace_format::journal::recover_dir;
 use trace_format::redact::{redact_json, redact_text};
 use trace_format::{FileMeta, Producer};
 
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("LLMREPLAY_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    }
-}
-
 fn tmp() -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let d = std::env::temp_dir().join(format!(
@@ -37,7 +26,7 @@ fn tmp() -> PathBuf {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(256)))]
 
     /// Redaction never panics, is idempotent, keeps valid JSON valid, and leaves no
     /// planted key behind.
@@ -108,7 +97,7 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
 }
 
 proptest! {
-    #![proptest_config(config(64))]
+    #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(64)))]
 
     /// A journal left by a crashed capture, damaged anywhere, is recovered or refused with
     /// an error naming the journal, never a panic.

@@ -26,13 +26,6 @@ use trace_format::reader::read_trace_bytes;
 use trace_format::schema::{Outcome, TokenSource};
 use trace_format::{FileMeta, Producer, TraceRecord};
 
-fn cases(default: u64) -> u64 {
-    std::env::var("LLMREPLAY_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Rows with every kind of column: nulls in every optional column (definition levels and
 /// validity bitmaps), empty and null lists, repeated strings (dictionaries).
 fn records(n: i64) -> Vec<TraceRecord> {
@@ -221,7 +214,7 @@ fn regression_dir() -> PathBuf {
 
 #[test]
 fn mutated_trace_files_are_values_or_errors_never_panics() {
-    let per_setting = cases(300);
+    let per_setting = u64::from(wire::testing::fuzz_cases(300));
     let seed: u64 = std::env::var("LLMREPLAY_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -1,6 +1,6 @@
 //! The wire under capture, replay and the sim: one HTTP/1.1 client connection layer, the
-//! kernel receive stamps of socket reads, the OpenAI/SSE stream parser and vLLM's metric
-//! names and histogram bounds.
+//! kernel receive stamps of socket reads, the clocks, the OpenAI/SSE stream parser and vLLM's
+//! metric names and histogram bounds.
 //!
 //! - [`framing`]: how a response body is delimited (RFC 9112 §6.3) and whether its
 //!   connection may be reused; an in-place chunked decoder.
@@ -13,6 +13,7 @@
 //!   **the retry rule** ([`Pool::send`]): a request is sent again only when not one byte of
 //!   it was accepted by a connection, so no server ever sees a request twice.
 //! - [`rxstamp`]: `SO_TIMESTAMPNS` receive stamps and the clock pair that converts them.
+//! - [`clock`]: the wall-clock stamp of now and a thread's fine timer slack, for every crate.
 //! - [`listen`]: listening sockets with a listen queue that survives connection bursts, and
 //!   the descriptor limit raised for them.
 //! - [`sse`]: the one OpenAI/SSE stream parser and response classifiers capture, replay
@@ -21,6 +22,7 @@
 //!   sim (which exports them), capture and replay's alert rules.
 #![deny(missing_docs)]
 
+pub mod clock;
 mod conn;
 pub mod framing;
 pub mod listen;
@@ -28,6 +30,9 @@ mod pool;
 pub mod rxstamp;
 pub mod sse;
 pub mod vllm_metrics;
+
+#[doc(hidden)]
+pub mod testing;
 
 pub use conn::{BodyReader, Conn, Head, Io, ReadError, Stamped, WriteError};
 pub use framing::{Framing, ResponseFraming};

@@ -4,7 +4,9 @@
 //! `recvmsg`, the CLOCK_REALTIME time its (last) segment was received; elsewhere reads
 //! carry no stamp and callers use the time of the read.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
+
+use crate::clock::epoch_ns;
 
 /// Asks the kernel to stamp every read of `fd` (`SO_TIMESTAMPNS`). No-op elsewhere than
 /// Linux.
@@ -70,13 +72,6 @@ pub fn recv(
     Ok((n as usize, stamp))
 }
 
-/// ns since the epoch, now.
-pub fn realtime_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
-}
-
 /// The monotonic and the wall clock (ns since the epoch) read at one instant, to convert a
 /// kernel stamp to an `Instant`: the wall clock is read before and after the monotonic one,
 /// and the pair is read again when the thread was preempted in between (over 20 µs apart),
@@ -84,9 +79,9 @@ pub fn realtime_ns() -> i64 {
 pub fn clock_pair() -> (Instant, i64) {
     let mut best = None;
     for _ in 0..8 {
-        let a = realtime_ns();
+        let a = epoch_ns();
         let mono = Instant::now();
-        let b = realtime_ns();
+        let b = epoch_ns();
         let pair = (mono, a + (b - a) / 2, b - a);
         if pair.2 <= 20_000 {
             return (pair.0, pair.1);
@@ -95,7 +90,7 @@ pub fn clock_pair() -> (Instant, i64) {
             best = Some(pair);
         }
     }
-    best.map_or_else(|| (Instant::now(), realtime_ns()), |(m, r, _)| (m, r))
+    best.map_or_else(|| (Instant::now(), epoch_ns()), |(m, r, _)| (m, r))
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -113,12 +108,12 @@ mod tests {
         // The kernel turns its receive stamping on through deferred work when the first
         // socket asks for it: give it a moment, or the first segment may arrive unstamped.
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let before = realtime_ns();
+        let before = epoch_ns();
         tx.write_all(b"hello").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 16];
         let (n, stamp) = recv(rx.as_raw_fd(), &mut buf, 0).unwrap();
-        let after = realtime_ns();
+        let after = epoch_ns();
         assert_eq!(n, 5);
         // Stamped at arrival, not at the read 20 ms later.
         assert!(
@@ -135,7 +130,7 @@ mod tests {
     #[test]
     fn the_clock_pair_agrees_with_the_wall_clock() {
         let (mono, rt) = clock_pair();
-        let now = realtime_ns();
+        let now = epoch_ns();
         let carried = rt + mono.elapsed().as_nanos() as i64;
         assert!((now - carried).abs() < 5_000_000, "{now} {carried}");
     }

@@ -6,17 +6,6 @@
 use proptest::prelude::*;
 use wire::framing::{response_framing, ChunkedDecoder, Framing, MAX_CHUNK_LINE};
 
-fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("LLMREPLAY_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig {
-        cases,
-        ..ProptestConfig::default()
-    }
-}
-
 /// What decoding `input` as successive reads cut at `cuts` gave: the data, whether the body
 /// ended, the trailers, the bytes of `input` consumed in all, or the error.
 type Decoded = Result<(Vec<u8>, bool, Vec<u8>, usize), String>;
@@ -124,7 +113,7 @@ fn chunked_like() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(config(512))]
+    #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(512)))]
 
     /// A valid encoding decodes to its data and trailers at any cutting into reads, stops
     /// exactly at its end, and leaves the bytes after it.

@@ -740,7 +740,20 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn arrival_is_the_kernel_receive_time_not_the_read_time() {
-        let addr = serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        // The server on a thread of its own: this test blocks its runtime's only thread below,
+        // and a server task on that runtime would not answer until the read (it did not, now
+        // and then, under load: "stamped 0ns").
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req);
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .unwrap();
+            s
+        });
         let mut c = conn(addr, true).await;
         c.write_request(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
         // The whole response arrives meanwhile; this task reads it 200 ms later.
@@ -753,6 +766,7 @@ mod tests {
             waited >= std::time::Duration::from_millis(150),
             "stamped {waited:?} before the read"
         );
+        drop(server.join().unwrap());
     }
 
     #[tokio::test]

@@ -284,7 +284,7 @@ struct ReplayArgs {
     /// Soak: replay the trace N times back to back (fresh prompt text per pass, shared
     /// prefixes kept), or `inf` to loop until --duration.
     #[arg(long = "loop", value_name = "N|inf")]
-    loops: Option<replay::soak::Loops>,
+    loops: Option<replay::config::Loops>,
     /// Metrics per time slice of this width (e.g. 30s) in the JSON and as a timeline in the
     /// report, so drift over a long run shows as a trend.
     #[arg(long, value_parser = parse_duration)]
@@ -705,12 +705,24 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
         label: a.label.clone(),
         metadata: a.metadata.clone(),
         server_metrics: a.server_metrics,
-        soak: replay::soak::Soak {
+        soak: replay::config::Soak {
             loops: a.loops,
             slice: a.slice,
         },
         start_at_us: a.start_at,
     }
+}
+
+/// `--metadata` keys go into the result next to its own keys: one of those would overwrite
+/// a measured value.
+fn metadata_keys_are_free(metadata: &[(String, String)]) -> Result<()> {
+    if let Some((k, _)) = metadata
+        .iter()
+        .find(|(k, _)| replay::report::is_result_key(k))
+    {
+        bail!("--metadata {k}=...: {k:?} is a key of the result itself; choose another name");
+    }
+    Ok(())
 }
 
 fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
@@ -778,7 +790,7 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
     // Against the in-process sim word filler is exact: the note is for real targets.
     if !a.targets.is_empty() {
         let tok = cfg.request.tokenizer.as_ref().map(|t| t.tokenizer().name());
-        if let Some(n) = replay::prompt::prompt_source_note(&trace.records, tok) {
+        if let Some(n) = replay::request::prompt_source_note(&trace.records, tok) {
             eprintln!("{n}");
         }
     }
@@ -810,7 +822,8 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         );
         sim_guard = Some(s);
     }
-    cfg.validate()?;
+    metadata_keys_are_free(&cfg.metadata)?;
+    cfg.validate(now_us())?;
     let command = command_line();
     if let Some(spec) = a.capacity.spec(&cfg) {
         if cfg.start_at_us.is_some() {
@@ -1070,7 +1083,7 @@ fn run_demo(a: DemoArgs) -> Result<()> {
         },
     };
     sweep_args.prepare(&mut cfg);
-    cfg.validate()?;
+    cfg.validate(now_us())?;
     let sweep_path = a.out.join("sweep.json");
     let spec = sweep_args.sweep.clone().context("the demo's sweep")?;
     crate::report_cmd::run_sweep(
@@ -1129,6 +1142,21 @@ mod tests {
             demo(&["--profile", "llama-3.1-8b-h100"]),
             "llama-3.1-8b-h100"
         );
+    }
+
+    #[test]
+    fn metadata_cannot_overwrite_result_keys() {
+        let kv = |k: &str| vec![(k.to_string(), "x".to_string())];
+        assert!(metadata_keys_are_free(&kv("gpu")).is_ok());
+        for k in ["completed", "p99_ttft_ms", "mean_itl_ms", "llmreplay"] {
+            assert!(
+                metadata_keys_are_free(&kv(k))
+                    .unwrap_err()
+                    .to_string()
+                    .contains("key of the result"),
+                "{k}"
+            );
+        }
     }
 
     #[test]

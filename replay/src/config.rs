@@ -207,6 +207,49 @@ impl fmt::Display for Slo {
     }
 }
 
+/// How many passes of the trace to replay (`--loop`; see [`crate::soak`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loops {
+    /// Exactly this many passes (≥ 1).
+    Count(usize),
+    /// As many as the selection's `--duration` needs.
+    UntilDuration,
+}
+
+impl FromStr for Loops {
+    type Err = String;
+    /// `N` (≥ 1) or `inf` (until `--duration`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "inf" | "until-duration" => Ok(Loops::UntilDuration),
+            n => match n.parse::<usize>() {
+                Ok(v) if v >= 1 => Ok(Loops::Count(v)),
+                _ => Err(format!(
+                    "--loop {s:?}: expected a number of passes (>= 1) or inf (until --duration)"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Loops {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loops::Count(n) => write!(f, "{n}"),
+            Loops::UntilDuration => f.write_str("inf"),
+        }
+    }
+}
+
+/// Soak settings of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Soak {
+    /// Passes of the trace (None: once, as recorded).
+    pub loops: Option<Loops>,
+    /// Metrics per slice of this width (by send time), in the JSON and the report's timeline.
+    pub slice: Option<Duration>,
+}
+
 /// Metrics that get percentiles (`--percentile-metrics`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PercentileMetric {
@@ -418,7 +461,7 @@ pub struct ReplayConfig {
     /// Sample each target's `/metrics` during the run (vLLM's scheduler gauges).
     pub server_metrics: bool,
     /// Soak: passes of the trace (`--loop`) and metrics per time slice (`--slice`).
-    pub soak: crate::soak::Soak,
+    pub soak: Soak,
     /// Wall-clock start of the schedule, µs since the epoch (`--start-at`), so separate
     /// processes start their clocks at the same instant; None = as soon as ready.
     pub start_at_us: Option<i64>,
@@ -466,13 +509,17 @@ impl ReplayConfig {
             label: None,
             metadata: Vec::new(),
             server_metrics: false,
-            soak: crate::soak::Soak::default(),
+            soak: Soak::default(),
             start_at_us: None,
         }
     }
 
-    /// Checks values that flags alone cannot: ranges and combinations.
-    pub fn validate(&self) -> Result<(), ReplayError> {
+    /// Checks values that flags alone cannot: ranges and combinations. `now_epoch_us` is the
+    /// wall clock (µs since the epoch) that `--start-at` may be at most 1 s behind.
+    ///
+    /// `--metadata` keys are not checked here: whether one collides with a key of the result
+    /// is the result's business (`report::is_result_key`), checked where the flags are read.
+    pub fn validate(&self, now_epoch_us: i64) -> Result<(), ReplayError> {
         let bad = |m: String| Err(ReplayError::Config(m));
         if self.targets.is_empty() {
             return bad("no target".into());
@@ -512,19 +559,10 @@ impl ReplayConfig {
                 return bad(format!("--metric-percentiles: {p} is not within 0..100"));
             }
         }
-        if let Some((k, _)) = self
-            .metadata
-            .iter()
-            .find(|(k, _)| crate::report::is_result_key(k))
-        {
-            return bad(format!(
-                "--metadata {k}=...: {k:?} is a key of the result itself; choose another name"
-            ));
-        }
         if self.request.timeout.is_zero() {
             return bad("--timeout must be positive".into());
         }
-        if self.soak.loops == Some(crate::soak::Loops::UntilDuration)
+        if self.soak.loops == Some(Loops::UntilDuration)
             && self.selection.duration.is_none()
         {
             return bad("--loop inf replays until --duration: give --duration (e.g. 1h)".into());
@@ -536,7 +574,7 @@ impl ReplayConfig {
             if self.targets.len() > 1 {
                 return bad("--start-at starts one run: give a single --target".into());
             }
-            let late_us = crate::run::now_epoch_us() - at;
+            let late_us = now_epoch_us - at;
             if late_us > 1_000_000 {
                 return bad(format!(
                     "--start-at is {:.1} s in the past",
@@ -572,23 +610,6 @@ mod tests {
         assert!("tpot:abc".parse::<Slo>().is_err());
     }
 
-    #[test]
-    fn metadata_cannot_overwrite_result_keys() {
-        let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
-        c.metadata = vec![("gpu".into(), "H100".into())];
-        assert!(c.validate().is_ok());
-        for k in ["completed", "p99_ttft_ms", "mean_itl_ms", "llmreplay"] {
-            c.metadata = vec![(k.into(), "x".into())];
-            assert!(
-                c.validate()
-                    .unwrap_err()
-                    .to_string()
-                    .contains("key of the result"),
-                "{k}"
-            );
-        }
-    }
-
     /// Regression: captured chat rows without a body were replayed as completions.
     #[test]
     fn built_requests_follow_the_row_endpoint_unless_forced() {
@@ -612,14 +633,15 @@ mod tests {
         );
         assert!(parse_rfc3339_us("tomorrow").is_err());
         let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
-        c.start_at_us = Some(crate::run::now_epoch_us() - 5_000_000);
+        let now = 1_767_323_045_500_000;
+        c.start_at_us = Some(now - 5_000_000);
         assert!(c
-            .validate()
+            .validate(now)
             .unwrap_err()
             .to_string()
             .contains("in the past"));
-        c.start_at_us = Some(crate::run::now_epoch_us() + 5_000_000);
-        assert!(c.validate().is_ok());
+        c.start_at_us = Some(now + 5_000_000);
+        assert!(c.validate(now).is_ok());
     }
 
     #[test]

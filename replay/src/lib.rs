@@ -18,6 +18,7 @@ pub mod pct;
 pub mod plan;
 pub mod prompt;
 pub mod report;
+pub mod request;
 pub mod results;
 pub mod run;
 pub mod served;
@@ -40,7 +41,7 @@ pub fn replay(
     block_size: Option<usize>,
     progress: &dyn Fn(&config::Target, Progress),
 ) -> Result<Vec<(RunOutput, Metrics)>, ReplayError> {
-    cfg.validate()?;
+    cfg.validate(run::now_epoch_us())?;
     // Soak: the trace's passes back to back; the selection then applies to the looped rows.
     let looped;
     let records = match cfg.soak.loops {

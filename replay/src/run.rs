@@ -229,7 +229,7 @@ pub fn run_target(
             .iter()
             .find(|r| r.request_id == plan.items[0].request_id);
         if let Some(first) = first {
-            let req = crate::prompt::build_request(first, &wopts, &model, block_size)
+            let req = crate::request::build_request(first, &wopts, &model, block_size)
                 .map_err(ReplayError::Config)?;
             rt.block_on(async {
                 for _ in 0..cfg.num_warmups {

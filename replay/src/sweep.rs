@@ -155,7 +155,7 @@ pub fn run_sweep(
     progress: &dyn Fn(&Target, Progress),
     on_run: &mut dyn FnMut(&LevelRun),
 ) -> Result<Vec<LevelRun>, ReplayError> {
-    base.validate()?;
+    base.validate(crate::run::now_epoch_us())?;
     if opts.num_runs == 0 {
         return Err(ReplayError::Config("--num-runs must be at least 1".into()));
     }

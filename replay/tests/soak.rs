@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use replay::config::{EndpointKind, Target};
 use replay::results::ResultFile;
-use replay::soak::{Loops, Soak};
+use replay::config::{Loops, Soak};
 use replay::ReplayConfig;
 
 fn trace(n: usize, rate: f64) -> Vec<trace_format::TraceRecord> {
@@ -141,7 +141,7 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
         loops: Some(Loops::UntilDuration),
         slice: None,
     };
-    assert!(cfg.validate().is_err(), "--loop inf needs --duration");
+    assert!(cfg.validate(replay::run::now_epoch_us()).is_err(), "--loop inf needs --duration");
     cfg.selection.duration = Some(Duration::from_millis(2500));
     let runs = replay::replay(&cfg, &records, None, &|_, _| {}).unwrap();
     let (run, m) = &runs[0];

@@ -725,6 +725,18 @@ fn metadata_keys_are_free(metadata: &[(String, String)]) -> Result<()> {
     Ok(())
 }
 
+/// `--start-at` more than 1 s before `now_us` (the wall clock, µs since the epoch) is an error:
+/// the schedule's first requests would all be late.
+fn start_at_not_past(start_at_us: Option<i64>, now_us: i64) -> Result<()> {
+    if let Some(at) = start_at_us {
+        let late_us = now_us - at;
+        if late_us > 1_000_000 {
+            bail!("--start-at is {:.1} s in the past", late_us as f64 / 1e6);
+        }
+    }
+    Ok(())
+}
+
 fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
     use std::io::IsTerminal;
     let on = enabled && std::io::stderr().is_terminal();
@@ -823,13 +835,18 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         sim_guard = Some(s);
     }
     metadata_keys_are_free(&cfg.metadata)?;
-    cfg.validate(now_us())?;
+    let sweep = a.capacity.spec(&cfg);
+    if sweep.is_some() || !cfg.goodput.is_empty() {
+        // The SLO percentile is what pass/fail is judged at: make sure it is reported.
+        a.capacity.prepare(&mut cfg);
+    }
+    let cfg = cfg.validate()?;
+    start_at_not_past(cfg.start_at_us, now_us())?;
     let command = command_line();
-    if let Some(spec) = a.capacity.spec(&cfg) {
+    if let Some(spec) = sweep {
         if cfg.start_at_us.is_some() {
             bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
         }
-        a.capacity.prepare(&mut cfg);
         let r = crate::report_cmd::run_sweep(
             &cfg,
             &spec,
@@ -846,10 +863,6 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         );
         drop(sim_guard);
         return r;
-    }
-    if !cfg.goodput.is_empty() {
-        // The SLO percentile is what pass/fail is judged at: make sure it is reported.
-        a.capacity.prepare(&mut cfg);
     }
     let runs = replay::replay(
         &cfg,
@@ -1083,7 +1096,7 @@ fn run_demo(a: DemoArgs) -> Result<()> {
         },
     };
     sweep_args.prepare(&mut cfg);
-    cfg.validate(now_us())?;
+    let cfg = cfg.validate()?;
     let sweep_path = a.out.join("sweep.json");
     let spec = sweep_args.sweep.clone().context("the demo's sweep")?;
     crate::report_cmd::run_sweep(
@@ -1157,6 +1170,17 @@ mod tests {
                 "{k}"
             );
         }
+    }
+
+    #[test]
+    fn a_start_time_in_the_past_is_refused() {
+        let now = 1_767_323_045_500_000;
+        assert!(start_at_not_past(Some(now - 5_000_000), now)
+            .unwrap_err()
+            .to_string()
+            .contains("in the past"));
+        assert!(start_at_not_past(Some(now + 5_000_000), now).is_ok());
+        assert!(start_at_not_past(None, now).is_ok());
     }
 
     #[test]

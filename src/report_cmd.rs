@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use replay::capacity::Axis;
-use replay::config::{Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target};
+use replay::config::{Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target, ValidatedConfig};
 use replay::results::{self, ResultFile};
 use replay::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
 use trace_format::{FileMeta, Producer, Trace};
@@ -140,7 +140,7 @@ pub struct SweepOutputs<'a> {
 
 /// Runs a sweep and prints the level table, the capacity answer and the plan.
 pub fn run_sweep(
-    cfg: &ReplayConfig,
+    cfg: &ValidatedConfig,
     spec: &SweepSpec,
     a: &SweepArgs,
     trace: &Trace,

@@ -1,6 +1,9 @@
-//! The validated configuration of a replay run.
+//! The configuration of a replay run: [`ReplayConfig`] as given (flags, or a library user's
+//! settings), and the [`ValidatedConfig`] that [`ReplayConfig::validate`] makes of it, which
+//! every run takes and nothing can change afterwards. A variant (a sweep level) is a new
+//! `ReplayConfig`, validated again.
 //!
-//! The binary parses flags; everything here is already checked, so the run itself never
+//! The binary parses flags; everything a run sees is already checked, so the run itself never
 //! meets a bad value. Each mode is an enum parsed with a clear error, never a string with a
 //! silent fallback.
 
@@ -421,7 +424,8 @@ pub struct RequestOptions {
     pub pool_idle_timeout: Duration,
 }
 
-/// Everything a replay run needs, validated.
+/// Everything a replay run needs, as given; [`ReplayConfig::validate`] checks it and gives
+/// the [`ValidatedConfig`] a run takes.
 #[derive(Debug, Clone)]
 pub struct ReplayConfig {
     /// Candidate endpoints, replayed in turn with the same schedule.
@@ -514,12 +518,14 @@ impl ReplayConfig {
         }
     }
 
-    /// Checks values that flags alone cannot: ranges and combinations. `now_epoch_us` is the
-    /// wall clock (µs since the epoch) that `--start-at` may be at most 1 s behind.
+    /// Checks values that flags alone cannot (ranges and combinations) and returns the
+    /// checked configuration, which cannot be changed.
     ///
-    /// `--metadata` keys are not checked here: whether one collides with a key of the result
-    /// is the result's business (`report::is_result_key`), checked where the flags are read.
-    pub fn validate(&self, now_epoch_us: i64) -> Result<(), ReplayError> {
+    /// Not checked here: whether a `--metadata` key collides with a key of the result (the
+    /// result's business, `report::is_result_key`), and whether `--start-at` is already past
+    /// (a question of the wall clock, not of the values); the binary checks both where it
+    /// reads the flags, and a run refuses a start time that passed while it was prepared.
+    pub fn validate(&self) -> Result<ValidatedConfig, ReplayError> {
         let bad = |m: String| Err(ReplayError::Config(m));
         if self.targets.is_empty() {
             return bad("no target".into());
@@ -570,19 +576,23 @@ impl ReplayConfig {
         if self.soak.slice.is_some_and(|d| d.is_zero()) {
             return bad("--slice must be positive".into());
         }
-        if let Some(at) = self.start_at_us {
-            if self.targets.len() > 1 {
-                return bad("--start-at starts one run: give a single --target".into());
-            }
-            let late_us = now_epoch_us - at;
-            if late_us > 1_000_000 {
-                return bad(format!(
-                    "--start-at is {:.1} s in the past",
-                    late_us as f64 / 1e6
-                ));
-            }
+        if self.start_at_us.is_some() && self.targets.len() > 1 {
+            return bad("--start-at starts one run: give a single --target".into());
         }
-        Ok(())
+        Ok(ValidatedConfig(self.clone()))
+    }
+}
+
+/// A [`ReplayConfig`] that passed [`ReplayConfig::validate`]: read-only (its fields are read
+/// through `Deref`), so what was checked is what runs. To derive a variant, clone the
+/// `ReplayConfig` (`(*cfg).clone()`), change it and validate it again.
+#[derive(Debug, Clone)]
+pub struct ValidatedConfig(ReplayConfig);
+
+impl std::ops::Deref for ValidatedConfig {
+    type Target = ReplayConfig;
+    fn deref(&self) -> &ReplayConfig {
+        &self.0
     }
 }
 
@@ -632,16 +642,18 @@ mod tests {
             1_767_323_045_500_000
         );
         assert!(parse_rfc3339_us("tomorrow").is_err());
-        let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
-        let now = 1_767_323_045_500_000;
-        c.start_at_us = Some(now - 5_000_000);
+        let mut c = ReplayConfig::new(vec![
+            "a=http://127.0.0.1:1".parse().unwrap(),
+            "b=http://127.0.0.1:2".parse().unwrap(),
+        ]);
+        c.start_at_us = Some(1_767_323_045_500_000);
         assert!(c
-            .validate(now)
+            .validate()
             .unwrap_err()
             .to_string()
-            .contains("in the past"));
-        c.start_at_us = Some(now + 5_000_000);
-        assert!(c.validate(now).is_ok());
+            .contains("single --target"));
+        c.targets.pop();
+        assert_eq!(c.validate().unwrap().start_at_us, c.start_at_us);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, Semaphore};
 use trace_format::{Outcome, TokenSource, TraceRecord};
 
 use crate::client::Client;
-use crate::config::{ReplayConfig, Target};
+use crate::config::{ReplayConfig, Target, ValidatedConfig};
 use crate::cpu;
 use crate::error::ReplayError;
 use crate::pacer::{spawn_pacer, Release};
@@ -195,7 +195,7 @@ struct Shared {
 /// Runs the plan built from `records` against `target` on runtime `rt`.
 pub fn run_target(
     rt: &tokio::runtime::Runtime,
-    cfg: &ReplayConfig,
+    cfg: &ValidatedConfig,
     records: &[TraceRecord],
     block_size: Option<usize>,
     target: &Target,

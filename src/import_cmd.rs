@@ -10,7 +10,7 @@ use clap::Args;
 use trace_format::import::{self, Format, ImportOptions};
 use trace_format::tokenize::Tokenizer;
 
-use crate::cli::parse_rate;
+use crate::flags::parse_rate;
 
 /// `llmreplay import`.
 #[derive(Args, Debug)]

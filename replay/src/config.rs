@@ -561,16 +561,16 @@ impl ReplayConfig {
             return bad("--max-concurrency must be at least 1".into());
         }
         for p in &self.metric_percentiles {
-            if !(0.0..=100.0).contains(p) {
-                return bad(format!("--metric-percentiles: {p} is not within 0..100"));
+            if !(*p > 0.0 && *p <= 100.0) {
+                return bad(format!(
+                    "--metric-percentiles: {p} is not a percentile in (0, 100]"
+                ));
             }
         }
         if self.request.timeout.is_zero() {
             return bad("--timeout must be positive".into());
         }
-        if self.soak.loops == Some(Loops::UntilDuration)
-            && self.selection.duration.is_none()
-        {
+        if self.soak.loops == Some(Loops::UntilDuration) && self.selection.duration.is_none() {
             return bad("--loop inf replays until --duration: give --duration (e.g. 1h)".into());
         }
         if self.soak.slice.is_some_and(|d| d.is_zero()) {

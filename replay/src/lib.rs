@@ -13,6 +13,7 @@ pub mod document;
 pub mod error;
 pub mod html;
 pub mod metrics;
+pub mod outputs;
 pub mod pacer;
 pub mod pct;
 pub mod plan;

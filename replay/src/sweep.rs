@@ -435,7 +435,9 @@ mod tests {
         assert_eq!(c.selection.max_requests, Some(40));
         let spec: SweepSpec = "max-concurrency=8".parse().unwrap();
         assert_eq!(
-            level_config(&base, &spec, &opts, 0, 0).unwrap().max_concurrency,
+            level_config(&base, &spec, &opts, 0, 0)
+                .unwrap()
+                .max_concurrency,
             Some(8)
         );
     }

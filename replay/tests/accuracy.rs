@@ -47,7 +47,13 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
         name: "scripted".into(),
         url: server.url(),
     }]);
-    let runs = replay::replay(&cfg.validate().unwrap(), &trace(100, true), None, &|_, _| {}).expect("replay runs");
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &trace(100, true),
+        None,
+        &|_, _| {},
+    )
+    .expect("replay runs");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 100, "outcomes: {:?}", m.outcomes);
     assert_eq!(
@@ -133,7 +139,8 @@ fn non_streamed_requests_use_the_whole_response() {
         rate: f64::INFINITY,
         burstiness: 1.0,
     };
-    let runs = replay::replay(&cfg.validate().unwrap(), &trace(5, false), None, &|_, _| {}).expect("replay runs");
+    let runs = replay::replay(&cfg.validate().unwrap(), &trace(5, false), None, &|_, _| {})
+        .expect("replay runs");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 5);
     for r in &run.records {
@@ -162,7 +169,8 @@ fn unreachable_target_is_an_error_not_a_hang() {
         name: "gone".into(),
         url: format!("http://127.0.0.1:{port}"),
     }]);
-    let err = replay::replay(&cfg.validate().unwrap(), &trace(3, true), None, &|_, _| {}).unwrap_err();
+    let err =
+        replay::replay(&cfg.validate().unwrap(), &trace(3, true), None, &|_, _| {}).unwrap_err();
     assert!(err.to_string().contains("unreachable"), "{err}");
 }
 

@@ -94,8 +94,16 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         slo_percentile: 95.0,
     };
     let records = trace(40);
-    let runs = sweep::run_sweep(&cfg.validate().unwrap(), &spec, &opts, &records, None, &|_, _| {}, &mut |_| {})
-        .expect("sweep runs");
+    let runs = sweep::run_sweep(
+        &cfg.validate().unwrap(),
+        &spec,
+        &opts,
+        &records,
+        None,
+        &|_, _| {},
+        &mut |_| {},
+    )
+    .expect("sweep runs");
     assert_eq!(runs.len(), 4);
     let identity = replay::report::trace_identity(&trace_format::Trace {
         records: records.clone(),

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use replay::config::{EndpointKind, Target};
-use replay::results::ResultFile;
 use replay::config::{Loops, Soak};
+use replay::results::ResultFile;
 use replay::ReplayConfig;
 
 fn trace(n: usize, rate: f64) -> Vec<trace_format::TraceRecord> {

@@ -122,5 +122,4 @@ mod tests {
         assert_eq!(wa[..20], wb[..20]);
         assert_ne!(wa[20..30], wb[20..30]);
     }
-
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
-use crate::cli::{command_line, parse_duration};
+use crate::flags::{command_line, parse_duration};
 
 /// What to keep of request bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

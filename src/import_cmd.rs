@@ -10,7 +10,7 @@ use clap::Args;
 use import::{self, Format, ImportOptions};
 use tokenize::Tokenizer;
 
-use crate::cli::parse_rate;
+use crate::flags::parse_rate;
 
 /// `llmreplay import`.
 #[derive(Args, Debug)]

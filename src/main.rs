@@ -3,10 +3,15 @@
 
 mod capture_cmd;
 mod cli;
+mod demo_cmd;
 mod fidelity_cmd;
+mod flags;
 mod import_cmd;
 mod merge_cmd;
+mod replay_cmd;
 mod report_cmd;
+mod sim_cmd;
+mod trace_cmd;
 
 use std::io::Write;
 use std::process::ExitCode;

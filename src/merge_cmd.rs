@@ -11,12 +11,7 @@ use clap::Args;
 use replay::config::{PercentileMetric, ReplayConfig, Slo, Target};
 use trace_format::{FileMeta, Producer, TraceRecord};
 
-fn parse_pct(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
-        _ => Err(format!("{s:?} is not a percentile within 0..100")),
-    }
-}
+use crate::flags::parse_percentile;
 
 /// `llmreplay merge` flags.
 #[derive(Args, Debug)]
@@ -34,7 +29,7 @@ pub struct MergeArgs {
     #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
     percentile_metrics: Vec<PercentileMetric>,
     /// Percentiles to report.
-    #[arg(long, value_delimiter = ',', value_parser = parse_pct, default_value = "50,95,99")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_percentile, default_value = "50,95,99")]
     metric_percentiles: Vec<f64>,
 }
 

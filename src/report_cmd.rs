@@ -8,17 +8,14 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use replay::capacity::Axis;
-use replay::config::{Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target};
+use replay::config::{
+    Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target, ValidatedConfig,
+};
 use replay::results::{self, ResultFile};
 use replay::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
 use trace_format::{FileMeta, Producer, Trace};
 
-fn parse_pct(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
-        _ => Err(format!("{s:?} is not a percentile in (0, 100]")),
-    }
-}
+use crate::flags::parse_percentile;
 
 fn parse_positive(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -63,10 +60,10 @@ pub struct SweepArgs {
     pub num_runs: u64,
     /// Offer load this long at each level (request-rate: rate x this many requests; speedup:
     /// this much wall time of trace). Default: the whole selection at every level.
-    #[arg(long, value_parser = crate::cli::parse_duration)]
+    #[arg(long, value_parser = crate::flags::parse_duration)]
     pub level_duration: Option<Duration>,
     /// The percentile at which every --goodput SLO must hold for a level to count.
-    #[arg(long, default_value_t = 95.0, value_parser = parse_pct)]
+    #[arg(long, default_value_t = 95.0, value_parser = parse_percentile)]
     pub slo_percentile: f64,
     #[command(flatten)]
     pub plan: PlanArgs,
@@ -140,7 +137,7 @@ pub struct SweepOutputs<'a> {
 
 /// Runs a sweep and prints the level table, the capacity answer and the plan.
 pub fn run_sweep(
-    cfg: &ReplayConfig,
+    cfg: &ValidatedConfig,
     spec: &SweepSpec,
     a: &SweepArgs,
     trace: &Trace,
@@ -267,13 +264,6 @@ pub fn run_sweep(
     Ok(())
 }
 
-/// The side-by-side comparison that ends a multi-target run (targets as configurations).
-pub fn comparison(results: &[serde_json::Value], pct: f64) -> String {
-    let series = results::series_of(results, None, pct);
-    let tables = replay::compare::compare(&series);
-    replay::compare::render(&series, &tables)
-}
-
 /// Writes `report.html` and `report.md` of one result file into `dir`.
 pub fn write_reports(result: &Path, dir: &Path) -> Result<()> {
     // The error names the file.
@@ -281,7 +271,7 @@ pub fn write_reports(result: &Path, dir: &Path) -> Result<()> {
     let data = replay::document::build(
         &files,
         &replay::document::BuildOptions {
-            command: crate::cli::command_line(),
+            command: crate::flags::command_line(),
             ..Default::default()
         },
     );
@@ -303,7 +293,7 @@ pub struct CompareArgs {
     #[arg(required = true, num_args = 2..)]
     files: Vec<PathBuf>,
     /// The percentile SLOs are judged at (default: the sweep's, else 95).
-    #[arg(long, value_parser = parse_pct)]
+    #[arg(long, value_parser = parse_percentile)]
     slo_percentile: Option<f64>,
     /// Also write the comparison as JSON here.
     #[arg(long)]
@@ -388,7 +378,7 @@ pub struct ReportArgs {
     #[arg(long, num_args = 1..)]
     trace: Vec<String>,
     /// The percentile SLOs are judged at (default: the sweep's, else 95).
-    #[arg(long, value_parser = parse_pct)]
+    #[arg(long, value_parser = parse_percentile)]
     slo_percentile: Option<f64>,
     /// A line of context for the report (why these levels, the customer's figures); repeatable.
     #[arg(long)]
@@ -427,7 +417,7 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
             records,
             arrivals,
             notes: a.note.clone(),
-            command: crate::cli::command_line(),
+            command: crate::flags::command_line(),
             title: a.title.clone(),
         },
     );

@@ -20,7 +20,7 @@ use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
 
 use crate::config::RequestOptions;
 use crate::error::ReplayError;
-use crate::prompt::BuiltRequest;
+use crate::request::BuiltRequest;
 
 /// Largest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;

@@ -1,6 +1,9 @@
-//! The validated configuration of a replay run.
+//! The configuration of a replay run: [`ReplayConfig`] as given (flags, or a library user's
+//! settings), and the [`ValidatedConfig`] that [`ReplayConfig::validate`] makes of it, which
+//! every run takes and nothing can change afterwards. A variant (a sweep level) is a new
+//! `ReplayConfig`, validated again.
 //!
-//! The binary parses flags; everything here is already checked, so the run itself never
+//! The binary parses flags; everything a run sees is already checked, so the run itself never
 //! meets a bad value. Each mode is an enum parsed with a clear error, never a string with a
 //! silent fallback.
 
@@ -207,6 +210,49 @@ impl fmt::Display for Slo {
     }
 }
 
+/// How many passes of the trace to replay (`--loop`; see [`crate::soak`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loops {
+    /// Exactly this many passes (≥ 1).
+    Count(usize),
+    /// As many as the selection's `--duration` needs.
+    UntilDuration,
+}
+
+impl FromStr for Loops {
+    type Err = String;
+    /// `N` (≥ 1) or `inf` (until `--duration`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "inf" | "until-duration" => Ok(Loops::UntilDuration),
+            n => match n.parse::<usize>() {
+                Ok(v) if v >= 1 => Ok(Loops::Count(v)),
+                _ => Err(format!(
+                    "--loop {s:?}: expected a number of passes (>= 1) or inf (until --duration)"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Loops {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loops::Count(n) => write!(f, "{n}"),
+            Loops::UntilDuration => f.write_str("inf"),
+        }
+    }
+}
+
+/// Soak settings of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Soak {
+    /// Passes of the trace (None: once, as recorded).
+    pub loops: Option<Loops>,
+    /// Metrics per slice of this width (by send time), in the JSON and the report's timeline.
+    pub slice: Option<Duration>,
+}
+
 /// Metrics that get percentiles (`--percentile-metrics`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PercentileMetric {
@@ -378,7 +424,8 @@ pub struct RequestOptions {
     pub pool_idle_timeout: Duration,
 }
 
-/// Everything a replay run needs, validated.
+/// Everything a replay run needs, as given; [`ReplayConfig::validate`] checks it and gives
+/// the [`ValidatedConfig`] a run takes.
 #[derive(Debug, Clone)]
 pub struct ReplayConfig {
     /// Candidate endpoints, replayed in turn with the same schedule.
@@ -418,7 +465,7 @@ pub struct ReplayConfig {
     /// Sample each target's `/metrics` during the run (vLLM's scheduler gauges).
     pub server_metrics: bool,
     /// Soak: passes of the trace (`--loop`) and metrics per time slice (`--slice`).
-    pub soak: crate::soak::Soak,
+    pub soak: Soak,
     /// Wall-clock start of the schedule, µs since the epoch (`--start-at`), so separate
     /// processes start their clocks at the same instant; None = as soon as ready.
     pub start_at_us: Option<i64>,
@@ -466,13 +513,19 @@ impl ReplayConfig {
             label: None,
             metadata: Vec::new(),
             server_metrics: false,
-            soak: crate::soak::Soak::default(),
+            soak: Soak::default(),
             start_at_us: None,
         }
     }
 
-    /// Checks values that flags alone cannot: ranges and combinations.
-    pub fn validate(&self) -> Result<(), ReplayError> {
+    /// Checks values that flags alone cannot (ranges and combinations) and returns the
+    /// checked configuration, which cannot be changed.
+    ///
+    /// Not checked here: whether a `--metadata` key collides with a key of the result (the
+    /// result's business, `report::is_result_key`), and whether `--start-at` is already past
+    /// (a question of the wall clock, not of the values); the binary checks both where it
+    /// reads the flags, and a run refuses a start time that passed while it was prepared.
+    pub fn validate(&self) -> Result<ValidatedConfig, ReplayError> {
         let bad = |m: String| Err(ReplayError::Config(m));
         if self.targets.is_empty() {
             return bad("no target".into());
@@ -508,43 +561,38 @@ impl ReplayConfig {
             return bad("--max-concurrency must be at least 1".into());
         }
         for p in &self.metric_percentiles {
-            if !(0.0..=100.0).contains(p) {
-                return bad(format!("--metric-percentiles: {p} is not within 0..100"));
+            if !(*p > 0.0 && *p <= 100.0) {
+                return bad(format!(
+                    "--metric-percentiles: {p} is not a percentile in (0, 100]"
+                ));
             }
-        }
-        if let Some((k, _)) = self
-            .metadata
-            .iter()
-            .find(|(k, _)| crate::report::is_result_key(k))
-        {
-            return bad(format!(
-                "--metadata {k}=...: {k:?} is a key of the result itself; choose another name"
-            ));
         }
         if self.request.timeout.is_zero() {
             return bad("--timeout must be positive".into());
         }
-        if self.soak.loops == Some(crate::soak::Loops::UntilDuration)
-            && self.selection.duration.is_none()
-        {
+        if self.soak.loops == Some(Loops::UntilDuration) && self.selection.duration.is_none() {
             return bad("--loop inf replays until --duration: give --duration (e.g. 1h)".into());
         }
         if self.soak.slice.is_some_and(|d| d.is_zero()) {
             return bad("--slice must be positive".into());
         }
-        if let Some(at) = self.start_at_us {
-            if self.targets.len() > 1 {
-                return bad("--start-at starts one run: give a single --target".into());
-            }
-            let late_us = wire::clock::epoch_us() - at;
-            if late_us > 1_000_000 {
-                return bad(format!(
-                    "--start-at is {:.1} s in the past",
-                    late_us as f64 / 1e6
-                ));
-            }
+        if self.start_at_us.is_some() && self.targets.len() > 1 {
+            return bad("--start-at starts one run: give a single --target".into());
         }
-        Ok(())
+        Ok(ValidatedConfig(self.clone()))
+    }
+}
+
+/// A [`ReplayConfig`] that passed [`ReplayConfig::validate`]: read-only (its fields are read
+/// through `Deref`), so what was checked is what runs. To derive a variant, clone the
+/// `ReplayConfig` (`(*cfg).clone()`), change it and validate it again.
+#[derive(Debug, Clone)]
+pub struct ValidatedConfig(ReplayConfig);
+
+impl std::ops::Deref for ValidatedConfig {
+    type Target = ReplayConfig;
+    fn deref(&self) -> &ReplayConfig {
+        &self.0
     }
 }
 
@@ -572,23 +620,6 @@ mod tests {
         assert!("tpot:abc".parse::<Slo>().is_err());
     }
 
-    #[test]
-    fn metadata_cannot_overwrite_result_keys() {
-        let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
-        c.metadata = vec![("gpu".into(), "H100".into())];
-        assert!(c.validate().is_ok());
-        for k in ["completed", "p99_ttft_ms", "mean_itl_ms", "llmreplay"] {
-            c.metadata = vec![(k.into(), "x".into())];
-            assert!(
-                c.validate()
-                    .unwrap_err()
-                    .to_string()
-                    .contains("key of the result"),
-                "{k}"
-            );
-        }
-    }
-
     /// Regression: captured chat rows without a body were replayed as completions.
     #[test]
     fn built_requests_follow_the_row_endpoint_unless_forced() {
@@ -611,15 +642,18 @@ mod tests {
             1_767_323_045_500_000
         );
         assert!(parse_rfc3339_us("tomorrow").is_err());
-        let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
-        c.start_at_us = Some(wire::clock::epoch_us() - 5_000_000);
+        let mut c = ReplayConfig::new(vec![
+            "a=http://127.0.0.1:1".parse().unwrap(),
+            "b=http://127.0.0.1:2".parse().unwrap(),
+        ]);
+        c.start_at_us = Some(1_767_323_045_500_000);
         assert!(c
             .validate()
             .unwrap_err()
             .to_string()
-            .contains("in the past"));
-        c.start_at_us = Some(wire::clock::epoch_us() + 5_000_000);
-        assert!(c.validate().is_ok());
+            .contains("single --target"));
+        c.targets.pop();
+        assert_eq!(c.validate().unwrap().start_at_us, c.start_at_us);
     }
 
     #[test]

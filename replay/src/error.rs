@@ -31,6 +31,15 @@ pub enum ReplayError {
         /// such as anyhow's would print it twice).
         cause: std::io::Error,
     },
+    /// A result could not be written.
+    #[error("writing {path}")]
+    Write {
+        /// The path or object URL.
+        path: String,
+        /// Why.
+        #[source]
+        source: trace_format::Error,
+    },
     /// The client runtime could not start.
     #[error("client runtime: {0}")]
     Runtime(String),

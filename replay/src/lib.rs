@@ -14,11 +14,13 @@ pub mod error;
 pub mod fidelity;
 pub mod html;
 pub mod metrics;
+pub mod outputs;
 pub mod pacer;
 pub mod pct;
 pub mod plan;
 pub mod prompt;
 pub mod report;
+pub mod request;
 pub mod results;
 pub mod run;
 pub mod served;
@@ -28,7 +30,7 @@ pub mod svg;
 pub mod sweep;
 pub mod synth;
 
-pub use config::ReplayConfig;
+pub use config::{ReplayConfig, ValidatedConfig};
 pub use error::ReplayError;
 pub use metrics::Metrics;
 pub use run::{Progress, RunOutput};
@@ -36,12 +38,11 @@ pub use run::{Progress, RunOutput};
 /// Replays `records` against every target in turn (same schedule, `cooldown` between), and
 /// returns each run with its metrics.
 pub fn replay(
-    cfg: &ReplayConfig,
+    cfg: &ValidatedConfig,
     records: &[trace_format::TraceRecord],
     block_size: Option<usize>,
     progress: &dyn Fn(&config::Target, Progress),
 ) -> Result<Vec<(RunOutput, Metrics)>, ReplayError> {
-    cfg.validate()?;
     // Soak: the trace's passes back to back; the selection then applies to the looped rows.
     let looped;
     let records = match cfg.soak.loops {

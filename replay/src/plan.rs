@@ -12,7 +12,8 @@ use trace_format::TraceRecord;
 
 use crate::config::{Arrivals, RequestOptions, Selection, SessionMode, Shard};
 use crate::error::ReplayError;
-use crate::prompt::{build_request, stable_hash, BuiltRequest};
+use crate::prompt::stable_hash;
+use crate::request::{build_request, BuiltRequest};
 
 /// One request of the schedule.
 #[derive(Debug, Clone)]

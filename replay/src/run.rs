@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, Semaphore};
 use trace_format::{Outcome, TokenSource, TraceRecord};
 
 use crate::client::Client;
-use crate::config::{ReplayConfig, Target};
+use crate::config::{ReplayConfig, Target, ValidatedConfig};
 use crate::cpu;
 use crate::error::ReplayError;
 use crate::pacer::{spawn_pacer, Release};
@@ -188,7 +188,7 @@ struct Shared {
 /// Runs the plan built from `records` against `target` on runtime `rt`.
 pub fn run_target(
     rt: &tokio::runtime::Runtime,
-    cfg: &ReplayConfig,
+    cfg: &ValidatedConfig,
     records: &[TraceRecord],
     block_size: Option<usize>,
     target: &Target,
@@ -222,7 +222,7 @@ pub fn run_target(
             .iter()
             .find(|r| r.request_id == plan.items[0].request_id);
         if let Some(first) = first {
-            let req = crate::prompt::build_request(first, &wopts, &model, block_size)
+            let req = crate::request::build_request(first, &wopts, &model, block_size)
                 .map_err(ReplayError::Config)?;
             rt.block_on(async {
                 for _ in 0..cfg.num_warmups {

@@ -11,63 +11,18 @@
 //! selection (`--start-offset`, `--duration`, `--max-requests`) then applies to the looped
 //! trace: with `--loop`, `--duration` is the soak's length in trace time.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Serialize;
 use trace_format::stats::percentile;
 use trace_format::{Outcome, TraceRecord};
 
-use crate::config::Slo;
+use crate::config::{Loops, Slo};
 use crate::error::ReplayError;
 use crate::metrics::{itl_gaps_ms, meets_slos, tpot_ms, ttft_ms};
 
 /// At most this many looped rows (a guard against `--loop inf --duration 1000h`).
 pub const MAX_LOOPED_ROWS: usize = 20_000_000;
-
-/// How many passes of the trace to replay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Loops {
-    /// Exactly this many passes (≥ 1).
-    Count(usize),
-    /// As many as the selection's `--duration` needs.
-    UntilDuration,
-}
-
-impl FromStr for Loops {
-    type Err = String;
-    /// `N` (≥ 1) or `inf` (until `--duration`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "inf" | "until-duration" => Ok(Loops::UntilDuration),
-            n => match n.parse::<usize>() {
-                Ok(v) if v >= 1 => Ok(Loops::Count(v)),
-                _ => Err(format!(
-                    "--loop {s:?}: expected a number of passes (>= 1) or inf (until --duration)"
-                )),
-            },
-        }
-    }
-}
-
-impl fmt::Display for Loops {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Loops::Count(n) => write!(f, "{n}"),
-            Loops::UntilDuration => f.write_str("inf"),
-        }
-    }
-}
-
-/// Soak settings of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Soak {
-    /// Passes of the trace (None: once, as recorded).
-    pub loops: Option<Loops>,
-    /// Metrics per slice of this width (by send time), in the JSON and the report's timeline.
-    pub slice: Option<Duration>,
-}
 
 /// The period of one pass: the span of `records` (sorted by arrival) plus one mean
 /// inter-arrival gap (1 s for a single row), so a pass's first request never lands on the

@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use trace_format::TraceRecord;
 
 use crate::capacity::{self, Axis};
-use crate::config::{Arrivals, ReplayConfig, Target};
+use crate::config::{Arrivals, ReplayConfig, Target, ValidatedConfig};
 use crate::error::ReplayError;
 use crate::metrics::Metrics;
 use crate::report::{result_json, ResultInputs, TraceIdentity};
@@ -88,7 +88,7 @@ pub struct LevelRun {
     /// Repeat number, from 0.
     pub run: usize,
     /// The configuration this level ran with.
-    pub cfg: ReplayConfig,
+    pub cfg: ValidatedConfig,
     /// The run.
     pub output: RunOutput,
     /// Its metrics.
@@ -103,14 +103,15 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The configuration of one level and repeat: the axis value set, a salt of its own.
+/// The configuration of one level and repeat: the axis value set, a salt of its own; a new
+/// configuration, validated.
 pub fn level_config(
     base: &ReplayConfig,
     spec: &SweepSpec,
     opts: &SweepOptions,
     level_index: usize,
     run: usize,
-) -> ReplayConfig {
+) -> Result<ValidatedConfig, ReplayError> {
     let level = spec.levels[level_index];
     let mut cfg = base.clone();
     match spec.axis {
@@ -141,13 +142,13 @@ pub fn level_config(
     cfg.request.prompt_salt =
         mix(base.request.prompt_salt ^ mix(((level_index as u64) << 32) | run as u64));
     cfg.cooldown = base.cooldown;
-    cfg
+    cfg.validate()
 }
 
 /// Runs every level (`num_runs` times each) against every target; `on_run` sees each run as
 /// it finishes (for a live table).
 pub fn run_sweep(
-    base: &ReplayConfig,
+    base: &ValidatedConfig,
     spec: &SweepSpec,
     opts: &SweepOptions,
     records: &[TraceRecord],
@@ -155,7 +156,6 @@ pub fn run_sweep(
     progress: &dyn Fn(&Target, Progress),
     on_run: &mut dyn FnMut(&LevelRun),
 ) -> Result<Vec<LevelRun>, ReplayError> {
-    base.validate()?;
     if opts.num_runs == 0 {
         return Err(ReplayError::Config("--num-runs must be at least 1".into()));
     }
@@ -171,7 +171,7 @@ pub fn run_sweep(
             if (li > 0 || run > 0) && !base.cooldown.is_zero() {
                 std::thread::sleep(base.cooldown);
             }
-            let cfg = level_config(base, spec, opts, li, run);
+            let cfg = level_config(base, spec, opts, li, run)?;
             for (output, metrics) in crate::replay(&cfg, records, block_size, progress)? {
                 let lr = LevelRun {
                     level_index: li,
@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn every_level_and_repeat_gets_its_own_salt_and_setting() {
-        let base = ReplayConfig::new(vec![]);
+        let base = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
         let spec: SweepSpec = "request-rate=1,4".parse().unwrap();
         let opts = SweepOptions {
             num_runs: 2,
@@ -418,13 +418,13 @@ mod tests {
         let mut salts = std::collections::HashSet::new();
         for li in 0..2 {
             for run in 0..2 {
-                let c = level_config(&base, &spec, &opts, li, run);
+                let c = level_config(&base, &spec, &opts, li, run).unwrap();
                 salts.insert(c.request.prompt_salt);
                 assert_eq!(c.seed, base.seed, "same schedule seed at every level");
             }
         }
         assert_eq!(salts.len(), 4);
-        let c = level_config(&base, &spec, &opts, 1, 0);
+        let c = level_config(&base, &spec, &opts, 1, 0).unwrap();
         assert_eq!(
             c.arrivals,
             Arrivals::Rate {
@@ -435,7 +435,9 @@ mod tests {
         assert_eq!(c.selection.max_requests, Some(40));
         let spec: SweepSpec = "max-concurrency=8".parse().unwrap();
         assert_eq!(
-            level_config(&base, &spec, &opts, 0, 0).max_concurrency,
+            level_config(&base, &spec, &opts, 0, 0)
+                .unwrap()
+                .max_concurrency,
             Some(8)
         );
     }

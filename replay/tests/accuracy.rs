@@ -48,7 +48,13 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
         name: "scripted".into(),
         url: server.url(),
     }]);
-    let runs = replay::replay(&cfg, &trace(100, true), None, &|_, _| {}).expect("replay runs");
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &trace(100, true),
+        None,
+        &|_, _| {},
+    )
+    .expect("replay runs");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 100, "outcomes: {:?}", m.outcomes);
     assert_eq!(
@@ -134,7 +140,8 @@ fn non_streamed_requests_use_the_whole_response() {
         rate: f64::INFINITY,
         burstiness: 1.0,
     };
-    let runs = replay::replay(&cfg, &trace(5, false), None, &|_, _| {}).expect("replay runs");
+    let runs = replay::replay(&cfg.validate().unwrap(), &trace(5, false), None, &|_, _| {})
+        .expect("replay runs");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 5);
     for r in &run.records {
@@ -161,7 +168,8 @@ fn unreachable_target_is_an_error_not_a_hang() {
         name: "gone".into(),
         url: format!("http://127.0.0.1:{port}"),
     }]);
-    let err = replay::replay(&cfg, &trace(3, true), None, &|_, _| {}).unwrap_err();
+    let err =
+        replay::replay(&cfg.validate().unwrap(), &trace(3, true), None, &|_, _| {}).unwrap_err();
     assert!(err.to_string().contains("unreachable"), "{err}");
 }
 
@@ -188,7 +196,7 @@ fn failed_requests_are_recorded_outcomes() {
             url: sim.url(),
         }]);
         cfg.request.headers = vec![("x-sim-fault".into(), fault.into())];
-        let runs = replay::replay(&cfg, &trace(2, true), None, &|_, _| {})
+        let runs = replay::replay(&cfg.validate().unwrap(), &trace(2, true), None, &|_, _| {})
             .expect("a failing server still gives a run");
         out.push((fault, runs.into_iter().next().unwrap()));
     }

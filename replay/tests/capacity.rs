@@ -94,8 +94,16 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         slo_percentile: 95.0,
     };
     let records = trace(40);
-    let runs = sweep::run_sweep(&cfg, &spec, &opts, &records, None, &|_, _| {}, &mut |_| {})
-        .expect("sweep runs");
+    let runs = sweep::run_sweep(
+        &cfg.validate().unwrap(),
+        &spec,
+        &opts,
+        &records,
+        None,
+        &|_, _| {},
+        &mut |_| {},
+    )
+    .expect("sweep runs");
     assert_eq!(runs.len(), 4);
     let identity = replay::report::trace_identity(&trace_format::Trace {
         records: records.clone(),
@@ -236,7 +244,7 @@ fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noi
         records: records.clone(),
         files: vec![],
     });
-    let runs = replay::replay(&cfg, &records, None, &|_, _| {}).unwrap();
+    let runs = replay::replay(&cfg.validate().unwrap(), &records, None, &|_, _| {}).unwrap();
     let results: Vec<_> = runs
         .iter()
         .map(|(run, m)| {

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use replay::config::{EndpointKind, Target};
+use replay::config::{Loops, Soak};
 use replay::results::ResultFile;
-use replay::soak::{Loops, Soak};
 use replay::ReplayConfig;
 
 fn trace(n: usize, rate: f64) -> Vec<trace_format::TraceRecord> {
@@ -50,7 +50,7 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
         slice: Some(Duration::from_millis(500)),
     };
     let records = trace(8, 8.0); // ~1 s of trace per pass
-    let runs = replay::replay(&cfg, &records, None, &|_, _| {}).unwrap();
+    let runs = replay::replay(&cfg.validate().unwrap(), &records, None, &|_, _| {}).unwrap();
     let (run, m) = &runs[0];
     assert_eq!(m.num_prompts, 24, "three passes of 8");
     assert_eq!(
@@ -143,7 +143,7 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
     };
     assert!(cfg.validate().is_err(), "--loop inf needs --duration");
     cfg.selection.duration = Some(Duration::from_millis(2500));
-    let runs = replay::replay(&cfg, &records, None, &|_, _| {}).unwrap();
+    let runs = replay::replay(&cfg.validate().unwrap(), &records, None, &|_, _| {}).unwrap();
     let (run, m) = &runs[0];
     let last = run
         .records

@@ -92,7 +92,8 @@ fn replays_over_https_with_a_private_ca() {
         url: url.clone(),
     }]);
     cfg.request.ca_cert = Some(data("ca.pem"));
-    let runs = replay::replay(&cfg, &trace(10), None, &|_, _| {}).expect("replay over https");
+    let runs = replay::replay(&cfg.validate().unwrap(), &trace(10), None, &|_, _| {})
+        .expect("replay over https");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 10, "{:?}", m.outcomes);
     assert!(run
@@ -105,7 +106,7 @@ fn replays_over_https_with_a_private_ca() {
         name: "tls".into(),
         url,
     }]);
-    let err = replay::replay(&cfg, &trace(2), None, &|_, _| {})
+    let err = replay::replay(&cfg.validate().unwrap(), &trace(2), None, &|_, _| {})
         .unwrap_err()
         .to_string();
     assert!(err.contains("unreachable") && err.contains("TLS"), "{err}");

@@ -1,0 +1,224 @@
+//! What a plain replay (one run per target, no sweep) leaves behind once its runs are done:
+//! each target's console report and JSON result (`--save-result`; with several targets one
+//! file each, the name inserted), the side-by-side table of several targets, and every
+//! target's per-request rows (`--results`). Every file goes through `trace_format::store`, so
+//! a local path and an object-store URL (`s3://`, `gs://`, `az://`) are written alike.
+//!
+//! The runs themselves are [`crate::replay`]'s; this module only reads them.
+
+use std::path::{Path, PathBuf};
+
+use trace_format::{FileMeta, Producer, Trace};
+
+use crate::config::ValidatedConfig;
+use crate::error::ReplayError;
+use crate::metrics::Metrics;
+use crate::report::{self, ResultInputs};
+use crate::run::RunOutput;
+
+/// Where a plain replay writes, and the provenance it writes with.
+#[derive(Debug, Clone, Copy)]
+pub struct Outputs<'a> {
+    /// The exact command line.
+    pub command: &'a str,
+    /// `--save-result`: the JSON result (per target with several).
+    pub save_result: Option<&'a Path>,
+    /// `--save-detailed`: vLLM's per-request arrays in the JSON result.
+    pub detailed: bool,
+    /// `--results`: one Parquet row per request of every target.
+    pub results: Option<&'a Path>,
+    /// The percentile SLOs are judged at in the side-by-side table of several targets.
+    pub slo_percentile: f64,
+}
+
+/// Where the text of a replay goes: its reports (stdout, for the command line) and notes of
+/// what was written where (stderr).
+pub trait Console {
+    /// A block of the report.
+    fn report(&mut self, text: &str);
+    /// A note.
+    fn note(&mut self, text: &str);
+}
+
+/// Reports to stdout, notes to stderr.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stdio;
+
+impl Console for Stdio {
+    fn report(&mut self, text: &str) {
+        println!("{text}");
+    }
+    fn note(&mut self, text: &str) {
+        eprintln!("{text}");
+    }
+}
+
+/// Prints the report of every run and writes the files `out` asks for.
+pub fn write(
+    cfg: &ValidatedConfig,
+    trace: &Trace,
+    runs: &[(RunOutput, Metrics)],
+    out: &Outputs,
+    console: &mut dyn Console,
+) -> Result<(), ReplayError> {
+    let identity = report::trace_identity(trace);
+    console.report(report::DEFINITIONS);
+    let many = runs.len() > 1;
+    for (run, m) in runs {
+        let inputs = ResultInputs {
+            cfg,
+            run,
+            metrics: m,
+            trace: &identity,
+            command: out.command,
+            detailed: out.detailed,
+        };
+        console.report(&report::console_report(&inputs));
+        if let Some(p) = out.save_result {
+            let p = per_target_path(p, &run.target.name, many);
+            let json = report::result_json(&inputs);
+            let bytes = serde_json::to_vec_pretty(&json).expect("JSON values serialize");
+            let at = store::write_bytes(&p, bytes).map_err(|e| written(&p, e))?;
+            console.note(&format!("result written to {at}"));
+        }
+    }
+    if many {
+        let results: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|(run, m)| {
+                report::result_json(&ResultInputs {
+                    cfg,
+                    run,
+                    metrics: m,
+                    trace: &identity,
+                    command: out.command,
+                    detailed: false,
+                })
+            })
+            .collect();
+        let series = crate::results::series_of(&results, None, out.slo_percentile);
+        let tables = crate::compare::compare(&series);
+        console.report(&crate::compare::render(&series, &tables));
+    }
+    if let Some(p) = out.results {
+        let rows: Vec<_> = runs
+            .iter()
+            .flat_map(|(r, _)| r.records.iter().cloned())
+            .collect();
+        let mut meta = FileMeta::new(Producer::Replay, out.command.to_string());
+        meta.source = Some(identity.files.join(","));
+        meta.extra
+            .insert("trace_content_hash".into(), identity.content_hash.clone());
+        if let Some(l) = &cfg.label {
+            meta.extra.insert("label".into(), l.clone());
+        }
+        if let Some(sh) = cfg.selection.shard {
+            meta.extra.insert("shard".into(), sh.to_string());
+        }
+        for (k, v) in &cfg.metadata {
+            meta.extra.insert(k.clone(), v.clone());
+        }
+        for (run, _) in runs {
+            meta.extra.insert(
+                format!("target.{}.url", run.target.name),
+                run.target.url.clone(),
+            );
+            meta.extra.insert(
+                format!("target.{}.models", run.target.name),
+                run.target_info.models.join(","),
+            );
+            if let Some(v) = &run.target_info.version {
+                meta.extra
+                    .insert(format!("target.{}.version", run.target.name), v.to_string());
+            }
+        }
+        let at = store::write_trace(p, &rows, &meta).map_err(|e| written(p, e))?;
+        console.note(&format!("{} result rows written to {at}", rows.len()));
+    }
+    Ok(())
+}
+
+fn written(path: &Path, source: trace_format::Error) -> ReplayError {
+    ReplayError::Write {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The worst target whose failed requests are more than `max_failed` of its requests, as the
+/// message that says so: a run most of whose requests failed measured a broken target, not a
+/// slow one. A cancellation replayed as recorded is the load production saw, not a failure.
+pub fn too_many_failed(runs: &[(RunOutput, Metrics)], max_failed: f64) -> Option<String> {
+    let (run, m, _) = runs
+        .iter()
+        .map(|(run, m)| {
+            let cancelled = m.outcomes.get("client_cancelled").copied().unwrap_or(0);
+            let failed = m.failed.saturating_sub(cancelled);
+            (run, m, failed as f64 / m.num_prompts.max(1) as f64)
+        })
+        .filter(|(_, _, f)| *f > max_failed)
+        .max_by(|x, y| x.2.total_cmp(&y.2))?;
+    let what = m
+        .top_errors
+        .first()
+        .map(|(o, t, n)| format!("; most often ({n}×) {o}: {t}"))
+        .unwrap_or_default();
+    Some(format!(
+        "{} of {} requests to {} failed, over --max-failed {max_failed}{what}",
+        m.failed, m.num_prompts, run.target.name
+    ))
+}
+
+/// With `many` targets, inserts the target name before the extension: `out.json` →
+/// `out-NAME.json` (characters other than letters, digits, `-` and `_` as `_`).
+pub fn per_target_path(path: &Path, name: &str, many: bool) -> PathBuf {
+    if !many {
+        return path.to_path_buf();
+    }
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // On the string, so an object URL (`s3://b/run.json`) keeps its `//`.
+    let full = path.to_string_lossy();
+    let (dir, file) = match full.rsplit_once('/') {
+        Some((d, f)) => (format!("{d}/"), f),
+        None => (String::new(), full.as_ref()),
+    };
+    let (stem, ext) = match file.rsplit_once('.') {
+        Some((st, e)) if !st.is_empty() => (st, format!(".{e}")),
+        _ => (file, String::new()),
+    };
+    PathBuf::from(format!("{dir}{stem}-{safe}{ext}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_target_names() {
+        assert_eq!(
+            per_target_path(Path::new("r/out.json"), "a:b", true),
+            PathBuf::from("r/out-a_b.json")
+        );
+        assert_eq!(
+            per_target_path(Path::new("out.json"), "x", false),
+            PathBuf::from("out.json")
+        );
+        assert_eq!(
+            per_target_path(Path::new("s3://b/runs/out.json"), "vllm", true).to_str(),
+            Some("s3://b/runs/out-vllm.json")
+        );
+        assert_eq!(
+            per_target_path(Path::new("out"), "x", true).to_str(),
+            Some("out-x")
+        );
+    }
+}

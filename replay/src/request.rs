@@ -1,0 +1,409 @@
+//! Building the request a trace row stands for.
+//!
+//! A row with a recorded body is sent as recorded (the model may be rewritten, and a
+//! streamed request gets `stream_options.include_usage` so output tokens come from usage).
+//! A row without one gets a built completions or chat request whose prompt is synthesized to
+//! the recorded length (see [`crate::prompt`] for how the text is drawn), and whose
+//! `max_tokens` follows `--output-len`.
+//!
+//! What is counted as the prompt's length depends on the endpoint: for completions, the
+//! text's tokens plus the special tokens the tokenizer adds (a BOS for Llama 3, none for Qwen
+//! or tiktoken) equal `prompt_tokens`; for chat, the **content** of the single user message
+//! has exactly `prompt_tokens` tokens. The server's `usage.prompt_tokens` adds its chat
+//! template (role markers, BOS, a default system prompt): a few tokens to a few dozen
+//! depending on the model (ChatML/Qwen: 9, Llama 3 with its date header: ~25); that overhead
+//! is not compensated.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use trace_format::TraceRecord;
+
+use crate::config::{EndpointKind, OutputLen, RequestOptions};
+use crate::prompt::{filler_prompt, stable_hash};
+
+/// A request ready to send.
+#[derive(Debug, Clone)]
+pub struct BuiltRequest {
+    /// Path, e.g. `/v1/completions`.
+    pub endpoint: String,
+    /// Whether the response will be streamed.
+    pub stream: bool,
+    /// The JSON body.
+    pub body: Bytes,
+    /// `max_tokens` sent, when known.
+    pub max_tokens: Option<i64>,
+    /// Where the recorded client cancelled it, to cancel the replayed one at the same point.
+    pub cancel: Option<CancelAt>,
+}
+
+/// Where a request the recorded client cancelled is cancelled again: after as many output
+/// chunks as the recorded client received, or, when it received none, after the time from
+/// send to its cancellation. The candidate then sees the load production saw: the request,
+/// and its end at the same point, not a full generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelAt {
+    /// Output chunks received before cancelling.
+    pub after_chunks: Option<usize>,
+    /// Time from send to cancelling.
+    pub after: Option<std::time::Duration>,
+}
+
+impl CancelAt {
+    /// The recorded cancellation point of `rec`, if it was cancelled by its client and the
+    /// point is known.
+    pub fn of(rec: &TraceRecord) -> Option<CancelAt> {
+        if rec.outcome != trace_format::Outcome::ClientCancelled {
+            return None;
+        }
+        if !rec.chunk_times_us.is_empty() {
+            return Some(CancelAt {
+                after_chunks: Some(rec.chunk_times_us.len()),
+                after: None,
+            });
+        }
+        let us = rec.e2el_us.filter(|&u| u >= 0)?;
+        Some(CancelAt {
+            after_chunks: None,
+            after: Some(std::time::Duration::from_micros(us as u64)),
+        })
+    }
+}
+
+/// Builds the request for `rec`. `model` is the name to use when neither `--model` nor the
+/// row gives one; `block_size` is the trace's prefix-hash block size.
+pub fn build_request(
+    rec: &TraceRecord,
+    opts: &RequestOptions,
+    model: &str,
+    block_size: Option<usize>,
+) -> Result<BuiltRequest, String> {
+    if let Some(body) = &rec.body {
+        return Ok(rebuild_recorded(rec, body, opts));
+    }
+    let prompt_tokens = rec.prompt_tokens.filter(|n| *n >= 0).ok_or_else(|| {
+        format!(
+            "request {}: no body and no prompt_tokens to build one from",
+            rec.request_id
+        )
+    })?;
+    let (max_tokens, ignore_eos) = match opts.output_len {
+        OutputLen::Fixed(n) => (i64::from(n), true),
+        OutputLen::Recorded => (
+            rec.output_tokens.or(rec.max_tokens).ok_or_else(|| {
+                format!(
+                    "request {}: no output_tokens or max_tokens recorded (use --output-len N)",
+                    rec.request_id
+                )
+            })?,
+            true,
+        ),
+        OutputLen::Request => (
+            rec.max_tokens.or(rec.output_tokens).ok_or_else(|| {
+                format!(
+                    "request {}: no max_tokens recorded (use --output-len N)",
+                    rec.request_id
+                )
+            })?,
+            false,
+        ),
+    };
+    // A recorded failure with 0 output tokens still sends a request: ask for one token.
+    let max_tokens = max_tokens.max(1);
+    let prefix = rec.prefix_hashes.as_deref().zip(block_size);
+    let endpoint = opts.endpoint_for(&rec.endpoint);
+    let prompt = synthesize_prompt(opts, endpoint, &rec.request_id, prompt_tokens, prefix)?;
+    let model = opts
+        .model
+        .as_deref()
+        .or(rec.model.as_deref())
+        .unwrap_or(model);
+    let mut body = match endpoint {
+        EndpointKind::Completions => json!({ "model": model, "prompt": prompt }),
+        EndpointKind::Chat => {
+            json!({ "model": model, "messages": [{"role": "user", "content": prompt}] })
+        }
+    };
+    let obj = body.as_object_mut().expect("built as an object");
+    obj.insert("max_tokens".into(), json!(max_tokens));
+    if ignore_eos {
+        obj.insert("ignore_eos".into(), json!(true));
+    }
+    // Built requests stream as the row did, unless streaming is turned off.
+    let stream = opts.stream && rec.stream;
+    obj.insert("stream".into(), json!(stream));
+    if stream {
+        obj.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Ok(BuiltRequest {
+        endpoint: endpoint.path().to_string(),
+        stream,
+        body: Bytes::from(serde_json::to_vec(&body).expect("JSON values serialize")),
+        max_tokens: Some(max_tokens),
+        cancel: CancelAt::of(rec),
+    })
+}
+
+/// What replay sends for the rows of a trace, as one console note: their recorded bodies
+/// (`--record-bodies full`, ShareGPT), or prompts it synthesizes — word filler without a
+/// `--tokenizer` (`tokenizer` = None), exact lengths with one — counted over `records`.
+/// None when there is nothing worth saying (no rows; every prompt built with a tokenizer).
+pub fn prompt_source_note(records: &[TraceRecord], tokenizer: Option<&str>) -> Option<String> {
+    let n = records.len();
+    let bodies = records.iter().filter(|r| r.body.is_some()).count();
+    let synth = n - bodies;
+    let filler = "word filler, so their token lengths on the target are approximate (give --tokenizer for exact ones)";
+    match (bodies, synth, tokenizer) {
+        (_, _, _) if n == 0 => None,
+        (_, 0, t) => Some(format!(
+            "note: replaying the recorded bodies of all {n} rows; no prompts are synthesized{}",
+            if t.is_some() { " (--tokenizer is not used)" } else { "" }
+        )),
+        (0, _, None) => Some(format!(
+            "note: no --tokenizer: the {n} rows have no recorded body, so their prompts are synthesized as {filler}"
+        )),
+        (0, _, Some(_)) => None,
+        (b, s, t) => Some(format!(
+            "note: replaying the recorded bodies of {b} of {n} rows; the {s} rows without a body get synthesized prompts: {}",
+            match t {
+                None => filler.to_string(),
+                Some(t) => format!("their recorded lengths in tokenizer {t}"),
+            }
+        )),
+    }
+}
+
+/// The prompt text of a row without a body: `prompt_tokens` long by `opts.tokenizer` (see
+/// the module doc for what is counted), or the word filler without a tokenizer. At least one
+/// token: an empty prompt is not a request any server accepts.
+pub fn synthesize_prompt(
+    opts: &RequestOptions,
+    endpoint: EndpointKind,
+    request_id: &str,
+    prompt_tokens: i64,
+    prefix: Option<(&[u64], usize)>,
+) -> Result<String, String> {
+    let key = stable_hash(request_id);
+    let n = usize::try_from(prompt_tokens.max(1)).unwrap_or(usize::MAX);
+    match &opts.tokenizer {
+        None => Ok(filler_prompt(opts.prompt_salt, key, n, prefix)),
+        Some(pt) => {
+            let text_tokens = match endpoint {
+                EndpointKind::Completions => n
+                    .saturating_sub(pt.tokenizer().special_tokens_added())
+                    .max(1),
+                EndpointKind::Chat => n,
+            };
+            pt.synthesize(opts.prompt_salt, key, text_tokens, prefix)
+                .map_err(|e| format!("request {request_id}: {e}"))
+        }
+    }
+}
+
+fn rebuild_recorded(rec: &TraceRecord, body: &str, opts: &RequestOptions) -> BuiltRequest {
+    let endpoint = rec.endpoint.clone();
+    match serde_json::from_str::<Value>(body) {
+        Ok(Value::Object(mut obj)) => {
+            if let Some(m) = &opts.model {
+                obj.insert("model".into(), json!(m));
+            }
+            let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+            if stream {
+                let so = obj.entry("stream_options").or_insert_with(|| json!({}));
+                if let Some(so) = so.as_object_mut() {
+                    so.entry("include_usage").or_insert(json!(true));
+                }
+            }
+            let max_tokens = obj
+                .get("max_tokens")
+                .or_else(|| obj.get("max_completion_tokens"))
+                .and_then(Value::as_i64);
+            BuiltRequest {
+                endpoint,
+                stream,
+                body: Bytes::from(
+                    serde_json::to_vec(&Value::Object(obj)).expect("JSON values serialize"),
+                ),
+                max_tokens,
+                cancel: CancelAt::of(rec),
+            }
+        }
+        // Not a JSON object: send the recorded bytes untouched; the outcome records the rest.
+        _ => BuiltRequest {
+            endpoint,
+            stream: rec.stream,
+            body: Bytes::from(body.to_string()),
+            max_tokens: rec.max_tokens,
+            cancel: CancelAt::of(rec),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::PromptTokenizer;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn opts() -> RequestOptions {
+        RequestOptions {
+            endpoint: None,
+            model: None,
+            output_len: OutputLen::Recorded,
+            stream: true,
+            prompt_salt: 7,
+            tokenizer: None,
+            headers: vec![],
+            api_key: None,
+            timeout: Duration::from_secs(5),
+            ca_cert: None,
+            connect_timeout: Duration::from_secs(10),
+            pool_idle_timeout: Duration::from_secs(4),
+        }
+    }
+
+    #[test]
+    fn built_request_has_recorded_lengths() {
+        let mut rec = TraceRecord::new("r1", 0, "/v1/completions");
+        rec.stream = true;
+        rec.prompt_tokens = Some(12);
+        rec.output_tokens = Some(34);
+        let b = build_request(&rec, &opts(), "m", None).unwrap();
+        let v: Value = serde_json::from_slice(&b.body).unwrap();
+        assert_eq!(v["prompt"].as_str().unwrap().split(' ').count(), 12);
+        assert_eq!(v["max_tokens"], 34);
+        assert_eq!(v["ignore_eos"], true);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["model"], "m");
+        rec.prompt_tokens = None;
+        assert!(build_request(&rec, &opts(), "m", None)
+            .unwrap_err()
+            .contains("no body"));
+    }
+
+    /// Lengths from 1 to 100,000 tokens: small ones densely, block edges, and a few large.
+    const LENGTHS: &[usize] = &[
+        1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 64, 100, 255, 511, 512, 513, 1000, 1023, 2048, 4097,
+        8191, 12_345, 31_999, 65_536, 100_000,
+    ];
+
+    fn check_exact(pt: &Arc<PromptTokenizer>, lengths: &[usize]) {
+        let tok = pt.tokenizer();
+        let started = std::time::Instant::now();
+        let mut total = 0;
+        for (i, &n) in lengths.iter().enumerate() {
+            // Alternate rows with and without prefix hashes (16- and 512-token blocks).
+            let hashes: Vec<u64> = (0..(n / 16 + 1) as u64)
+                .map(|h| h * 7 + i as u64 % 3)
+                .collect();
+            let prefix = match i % 3 {
+                0 => None,
+                1 => Some((&hashes[..], 16)),
+                _ => Some((&hashes[..], 512)),
+            };
+            let mut rec = TraceRecord::new(format!("r{i}"), 0, "/v1/completions");
+            rec.prompt_tokens = Some(n as i64);
+            rec.output_tokens = Some(1);
+            rec.prefix_hashes = prefix.map(|(h, _)| h.to_vec());
+            let mut o = opts();
+            o.tokenizer = Some(pt.clone());
+            let b = build_request(&rec, &o, "m", prefix.map(|(_, b)| b)).unwrap();
+            let v: Value = serde_json::from_slice(&b.body).unwrap();
+            let prompt = v["prompt"].as_str().unwrap();
+            assert_eq!(
+                tok.encode_with_special(prompt).unwrap().len(),
+                n,
+                "{}: prompt for {n} tokens",
+                tok.name()
+            );
+            // Every pool word is one token and one whitespace word: the sim agrees.
+            assert_eq!(
+                prompt.split_whitespace().count(),
+                n,
+                "{}: words",
+                tok.name()
+            );
+            total += n;
+        }
+        eprintln!(
+            "{}: {} prompts, {total} tokens synthesized and verified in {:?}",
+            tok.name(),
+            lengths.len(),
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn synthesized_prompts_have_exact_length_with_cl100k_and_o200k() {
+        for name in ["cl100k_base", "o200k_base"] {
+            let pt = Arc::new(PromptTokenizer::load(name).unwrap());
+            assert!(pt.is_separable(), "{pt:?}");
+            assert!(pt.pool_len() >= 200, "{pt:?}");
+            check_exact(&pt, LENGTHS);
+        }
+    }
+
+    #[test]
+    fn synthesized_prompts_have_exact_length_with_a_tokenizer_json() {
+        let Some(p) = tokenize::test_tokenizer_json("qwen3") else {
+            return;
+        };
+        let pt = Arc::new(PromptTokenizer::load(p.to_str().unwrap()).unwrap());
+        assert!(pt.is_separable(), "{pt:?}");
+        check_exact(&pt, LENGTHS);
+    }
+
+    #[test]
+    fn words_tokenizer_synthesis_is_exact_too() {
+        let pt = Arc::new(PromptTokenizer::load("words").unwrap());
+        check_exact(&pt, &LENGTHS[..20]);
+    }
+
+    #[test]
+    fn chat_content_is_exact_and_synthesis_is_deterministic() {
+        let pt = Arc::new(PromptTokenizer::load("cl100k_base").unwrap());
+        let mut rec = TraceRecord::new("chat-1", 0, "/v1/chat/completions");
+        rec.prompt_tokens = Some(300);
+        rec.output_tokens = Some(5);
+        let mut o = opts();
+        o.endpoint = Some(EndpointKind::Chat);
+        o.tokenizer = Some(pt.clone());
+        let b1 = build_request(&rec, &o, "m", None).unwrap();
+        let b2 = build_request(&rec, &o, "m", None).unwrap();
+        assert_eq!(b1.body, b2.body);
+        let v: Value = serde_json::from_slice(&b1.body).unwrap();
+        let content = v["messages"][0]["content"].as_str().unwrap();
+        assert_eq!(pt.tokenizer().count(content).unwrap(), 300);
+        // A 0-token row still sends one token.
+        rec.prompt_tokens = Some(0);
+        let v: Value =
+            serde_json::from_slice(&build_request(&rec, &o, "m", None).unwrap().body).unwrap();
+        assert_eq!(
+            pt.tokenizer()
+                .count(v["messages"][0]["content"].as_str().unwrap())
+                .unwrap(),
+            1
+        );
+    }
+
+    #[test]
+    fn recorded_body_is_kept_with_model_rewrite_and_usage() {
+        let mut rec = TraceRecord::new("r1", 0, "/v1/chat/completions");
+        rec.body = Some(r#"{"model":"a","messages":[{"role":"user","content":"hi"}],"stream":true,"temperature":0.5}"#.into());
+        let mut o = opts();
+        o.model = Some("b".into());
+        let b = build_request(&rec, &o, "m", None).unwrap();
+        let v: Value = serde_json::from_slice(&b.body).unwrap();
+        assert_eq!(
+            (v["model"].as_str(), v["temperature"].as_f64()),
+            (Some("b"), Some(0.5))
+        );
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert!(b.stream);
+        rec.body = Some("not json".into());
+        assert_eq!(
+            &build_request(&rec, &o, "m", None).unwrap().body[..],
+            b"not json"
+        );
+    }
+}

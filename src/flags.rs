@@ -1,0 +1,102 @@
+//! Value parsers shared by the commands' flags (durations, rates, percentiles, `K=V`
+//! pairs), and the provenance every command writes (its command line, the wall clock).
+//! Defined once here; every `*_cmd` module imports them.
+
+use std::time::Duration;
+
+/// A duration: `250ms`, `30s`, `5m`, `1h`, or plain seconds (`1.5`).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Duration::from_secs_f64(v * mult)),
+        _ => Err(format!("{s:?} is not a duration (e.g. 500ms, 30s, 5m, 1h)")),
+    }
+}
+
+/// A rate: a positive number or `inf`.
+pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
+    match s {
+        "inf" | "infinity" => Ok(f64::INFINITY),
+        _ => match s.parse::<f64>() {
+            Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+            _ => Err(format!("{s:?} is not a positive rate (or inf)")),
+        },
+    }
+}
+
+/// `KEY<sep>VALUE`, both trimmed, the key not empty.
+pub(crate) fn parse_kv(s: &str, sep: char) -> Result<(String, String), String> {
+    match s.split_once(sep) {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("{s:?}: expected KEY{sep}VALUE")),
+    }
+}
+
+/// A percentile in (0, 100]: `--metric-percentiles` (what is reported) and
+/// `--slo-percentile` (what SLOs are judged at). p0 is no percentile anyone reports or
+/// judges an SLO at; p100 is the maximum.
+pub(crate) fn parse_percentile(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a percentile in (0, 100]")),
+    }
+}
+
+/// A fraction in [0, 1].
+pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s:?} is not a fraction from 0 to 1")),
+    }
+}
+
+/// The command line as typed, quoted where needed, for provenance.
+pub(crate) fn command_line() -> String {
+    trace_format::redact::redact_args(std::env::args())
+        .into_iter()
+        .map(|a| {
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "\"'$`\\".contains(c)) {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_rates_parse() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_rate("inf").unwrap(), f64::INFINITY);
+        assert!(parse_rate("0").is_err());
+    }
+
+    #[test]
+    fn percentiles_are_in_0_exclusive_to_100() {
+        assert_eq!(parse_percentile(" 99.9").unwrap(), 99.9);
+        assert_eq!(parse_percentile("100").unwrap(), 100.0);
+        for bad in ["0", "-1", "101", "p99", "nan"] {
+            assert!(parse_percentile(bad).is_err(), "{bad}");
+        }
+    }
+}

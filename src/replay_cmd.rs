@@ -1,0 +1,501 @@
+//! `llmreplay replay`: its flags, the configuration they make, and the wiring to the replay
+//! crate: a plain run (`replay::replay`, then `replay::outputs`), or a sweep or repeats
+//! (`report_cmd::run_sweep`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use replay::config::{
+    Arrivals, EndpointKind, OutputLen, PercentileMetric, ReplayConfig, RequestOptions, Selection,
+    SessionMode, Shard, Slo, Target,
+};
+
+use crate::flags::{
+    command_line, parse_duration, parse_fraction, parse_kv, parse_percentile, parse_rate,
+};
+use crate::sim_cmd::{EmbeddedSim, SimOpts, DEFAULT_PROFILE};
+
+/// `--start-at`: RFC 3339 (`2026-01-02T03:04:05Z`) or `+DURATION` from now, as epoch µs.
+fn parse_start_at(s: &str) -> Result<i64, String> {
+    match s.trim().strip_prefix('+') {
+        Some(rel) => Ok(wire::clock::epoch_us() + parse_duration(rel)?.as_micros() as i64),
+        None => replay::config::parse_rfc3339_us(s),
+    }
+}
+
+/// `--shard-from-env`: K from `JOB_COMPLETION_INDEX` (a Kubernetes Indexed Job), N from
+/// `LLMREPLAY_SHARDS`.
+fn shard_from_env() -> Result<Shard> {
+    let var =
+        |k: &str| std::env::var(k).with_context(|| format!("--shard-from-env: ${k} is not set"));
+    let (k, n) = (var("JOB_COMPLETION_INDEX")?, var("LLMREPLAY_SHARDS")?);
+    format!("{}/{}", k.trim(), n.trim())
+        .parse::<Shard>()
+        .map_err(|e| {
+            anyhow::anyhow!("--shard-from-env (JOB_COMPLETION_INDEX/LLMREPLAY_SHARDS): {e}")
+        })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ReplayArgs {
+    /// Trace files, directories or globs.
+    #[arg(required = true)]
+    traces: Vec<String>,
+    /// Target base URL, `URL` or `NAME=URL`; repeat to replay the same schedule against each in turn.
+    /// Without one, an in-process sim is the target. `--base-url` is `vllm bench serve`'s name
+    /// for it: the server's base URL without the endpoint path (a trailing /v1 is dropped).
+    #[arg(long = "target", visible_alias = "base-url")]
+    targets: Vec<Target>,
+    /// Replay speed: 2.0 = twice as fast, 0.5 = half.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Skip this much of the trace (trace time).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    start_offset: Duration,
+    /// Replay only this much of the trace (trace time); with --loop, of the looped trace:
+    /// the soak's length.
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Soak: replay the trace N times back to back (fresh prompt text per pass, shared
+    /// prefixes kept), or `inf` to loop until --duration.
+    #[arg(long = "loop", value_name = "N|inf")]
+    loops: Option<replay::config::Loops>,
+    /// Metrics per time slice of this width (e.g. 30s) in the JSON and as a timeline in the
+    /// report, so drift over a long run shows as a trend.
+    #[arg(long, value_parser = parse_duration)]
+    slice: Option<Duration>,
+    /// Keep this fraction of sessions (whole sessions when session_id is present).
+    #[arg(long)]
+    sample_ratio: Option<f64>,
+    /// Replay at most this many requests (the earliest of the selection). `--num-prompts` is
+    /// `vllm bench serve`'s name for the number of requests sent; a trace is never
+    /// oversampled, so a shorter selection sends all it has.
+    #[arg(long, visible_alias = "num-prompts")]
+    max_requests: Option<usize>,
+    /// Replay shard K of N (K in 0..N): a deterministic, disjoint part of the selection with
+    /// whole sessions (by session_id, else request_id); requests keep their offsets in the
+    /// full schedule, so N shards started together (--start-at) reproduce its arrival shape.
+    /// Merge their --results with `llmreplay merge`.
+    #[arg(long, value_name = "K/N", conflicts_with = "shard_from_env")]
+    shard: Option<Shard>,
+    /// Take --shard from the environment: K from $JOB_COMPLETION_INDEX (a Kubernetes Indexed
+    /// Job sets it), N from $LLMREPLAY_SHARDS.
+    #[arg(long)]
+    shard_from_env: bool,
+    /// Start the schedule's clock at this wall-clock time: RFC 3339 (2026-01-02T03:04:05Z)
+    /// or +DURATION from this process's launch (+30s), so separate processes start together
+    /// (to the millisecond with one absolute time; with +DURATION, as close as their launches).
+    /// An error when more than 1 s in the past.
+    #[arg(long, value_name = "TIME", value_parser = parse_start_at)]
+    start_at: Option<i64>,
+    /// Replace recorded timing with gamma arrivals at this rate (req/s, or inf = all at once).
+    #[arg(long, value_parser = parse_rate)]
+    request_rate: Option<f64>,
+    /// Gamma shape of inter-arrivals with --request-rate (1 = Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
+    /// Cap on requests in flight; waiting for a slot is client queue time, not latency.
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Session pacing: open (recorded times) or closed (next turn after the candidate answers + think time).
+    #[arg(long, default_value = "open")]
+    session_mode: SessionMode,
+    /// Endpoint for rows without a recorded body: completions or chat (default: the row's own;
+    /// paths other than chat are sent as completions).
+    #[arg(long)]
+    endpoint: Option<EndpointKind>,
+    /// Model name for every request (default: the row's, else the target's first model).
+    #[arg(long)]
+    model: Option<String>,
+    /// Output length of built requests: recorded (with ignore_eos), request (the row's max_tokens), or N.
+    #[arg(long, default_value = "recorded")]
+    output_len: OutputLen,
+    /// Send built requests without streaming (by default they stream as their row did).
+    #[arg(long)]
+    no_stream: bool,
+    /// Tokenizer synthesized prompts are exact for: cl100k_base, o200k_base, words, or a
+    /// tokenizer.json path (default: word filler, exact for the sim, approximate elsewhere).
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// Salt for synthesized prompts (default: random per run, so runs do not hit each other's prefix cache).
+    #[arg(long)]
+    prompt_salt: Option<u64>,
+    /// Seed for sampling and synthetic arrivals.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Extra request header `K:V` (repeatable).
+    #[arg(long = "header", value_parser = |s: &str| parse_kv(s, ':'))]
+    headers: Vec<(String, String)>,
+    /// API key, sent as a bearer token (default: $OPENAI_API_KEY).
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Per-request timeout.
+    #[arg(long, value_parser = parse_duration, default_value = "600s")]
+    timeout: Duration,
+    /// PEM bundle of a private CA to trust for https targets (default: the web PKI).
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    /// Longest TCP (and TLS) connect to a target, apart from --timeout.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    connect_timeout: Duration,
+    /// Longest a keep-alive connection waits idle for its next request; keep it below the
+    /// target's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s).
+    #[arg(long, value_parser = parse_duration, default_value = "4s")]
+    pool_idle_timeout: Duration,
+    /// Exit with status 4 (after writing every result) when more than this fraction of a
+    /// target's requests failed; 1 never does.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.1, value_parser = parse_fraction)]
+    max_failed: f64,
+    /// Do not open the connection pool before the clock starts.
+    #[arg(long)]
+    no_preconnect: bool,
+    /// Requests sent before the clock starts, not counted.
+    #[arg(long, default_value_t = 0)]
+    num_warmups: usize,
+    /// Latency SLOs for goodput, `KEY:MS` with keys ttft, tpot, e2el.
+    #[arg(long, num_args = 1..)]
+    goodput: Vec<Slo>,
+    /// Metrics that get percentiles.
+    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
+    percentile_metrics: Vec<PercentileMetric>,
+    /// Percentiles to report.
+    #[arg(long, value_delimiter = ',', value_parser = parse_percentile, default_value = "50,95,99")]
+    metric_percentiles: Vec<f64>,
+    /// Write the JSON result here (vLLM's key names); with several targets, one file each (NAME inserted).
+    #[arg(long)]
+    save_result: Option<PathBuf>,
+    /// Add vLLM's per-request arrays to the JSON result.
+    #[arg(long)]
+    save_detailed: bool,
+    /// Write one Parquet row per request (trace schema + schedule, lag, target, run id).
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// Pause between targets.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    cooldown: Duration,
+    /// A label for this run (kept in the results).
+    #[arg(long)]
+    label: Option<String>,
+    /// Provenance `K=V` kept in the results (engine, version, GPU, settings...).
+    #[arg(long, num_args = 1.., value_parser = |s: &str| parse_kv(s, '='))]
+    metadata: Vec<(String, String)>,
+    /// Sample each target's /metrics during the run (on by default for the in-process sim).
+    #[arg(long)]
+    server_metrics: bool,
+    /// Client worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    client_threads: usize,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Sweeps, repeats and the capacity answer.
+    #[command(flatten)]
+    capacity: crate::report_cmd::SweepArgs,
+    /// The in-process sim used when no --target is given.
+    #[command(flatten)]
+    pub(crate) sim: SimOpts,
+}
+
+fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
+    ReplayConfig {
+        targets,
+        selection: Selection {
+            start_offset: a.start_offset,
+            duration: a.duration,
+            sample_ratio: a.sample_ratio,
+            max_requests: a.max_requests,
+            shard: a.shard,
+        },
+        arrivals: match a.request_rate {
+            Some(rate) => Arrivals::Rate {
+                rate,
+                burstiness: a.burstiness,
+            },
+            None => Arrivals::Recorded { speedup: a.speedup },
+        },
+        max_concurrency: a.max_concurrency,
+        session_mode: a.session_mode,
+        request: RequestOptions {
+            endpoint: a.endpoint,
+            model: a.model.clone(),
+            output_len: a.output_len,
+            stream: !a.no_stream,
+            prompt_salt: a
+                .prompt_salt
+                .unwrap_or_else(|| wire::clock::epoch_us() as u64 ^ u64::from(std::process::id())),
+            headers: a.headers.clone(),
+            api_key: a.api_key.clone(),
+            timeout: a.timeout,
+            ca_cert: a.ca_cert.clone(),
+            connect_timeout: a.connect_timeout,
+            pool_idle_timeout: a.pool_idle_timeout,
+            tokenizer: None,
+        },
+        preconnect: !a.no_preconnect,
+        num_warmups: a.num_warmups,
+        seed: a.seed,
+        goodput: a.goodput.clone(),
+        percentile_metrics: a.percentile_metrics.clone(),
+        metric_percentiles: a.metric_percentiles.clone(),
+        cooldown: a.cooldown,
+        progress: !a.quiet,
+        client_threads: a.client_threads,
+        label: a.label.clone(),
+        metadata: a.metadata.clone(),
+        server_metrics: a.server_metrics,
+        soak: replay::config::Soak {
+            loops: a.loops,
+            slice: a.slice,
+        },
+        start_at_us: a.start_at,
+    }
+}
+
+/// `--metadata` keys go into the result next to its own keys: one of those would overwrite
+/// a measured value.
+fn metadata_keys_are_free(metadata: &[(String, String)]) -> Result<()> {
+    if let Some((k, _)) = metadata
+        .iter()
+        .find(|(k, _)| replay::report::is_result_key(k))
+    {
+        bail!("--metadata {k}=...: {k:?} is a key of the result itself; choose another name");
+    }
+    Ok(())
+}
+
+/// `--start-at` more than 1 s before `now_us` (the wall clock, µs since the epoch) is an error:
+/// the schedule's first requests would all be late.
+fn start_at_not_past(start_at_us: Option<i64>, now_us: i64) -> Result<()> {
+    if let Some(at) = start_at_us {
+        let late_us = now_us - at;
+        if late_us > 1_000_000 {
+            bail!("--start-at is {:.1} s in the past", late_us as f64 / 1e6);
+        }
+    }
+    Ok(())
+}
+
+fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
+    use std::io::IsTerminal;
+    let on = enabled && std::io::stderr().is_terminal();
+    move |t: &Target, p: replay::Progress| {
+        if on {
+            eprint!(
+                "\r{}: {}/{} done, {} failed, {} in flight   ",
+                t.name, p.done, p.total, p.failed, p.in_flight
+            );
+            if p.done == p.total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
+    let trace = store::read_traces(&a.traces).context("reading the trace")?;
+    let block_size = trace
+        .files
+        .iter()
+        .find_map(|f| f.meta.block_size)
+        .map(|b| b as usize);
+    let mut sim_guard = None;
+    let mut cfg = replay_config(&a, a.targets.clone());
+    if a.shard_from_env {
+        cfg.selection.shard = Some(shard_from_env()?);
+    }
+    if let Some(spec) = &a.tokenizer {
+        let pt = replay::prompt::PromptTokenizer::load(spec)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("--tokenizer {spec}"))?;
+        cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
+    }
+    // Against the in-process sim word filler is exact: the note is for real targets.
+    if !a.targets.is_empty() {
+        let tok = cfg.request.tokenizer.as_ref().map(|t| t.tokenizer().name());
+        if let Some(n) = replay::request::prompt_source_note(&trace.records, tok) {
+            eprintln!("{n}");
+        }
+    }
+    if !cfg.targets.is_empty() {
+        let given = a.sim.given();
+        if !given.is_empty() {
+            let (verb, them) = if given.len() == 1 {
+                ("configures", "it")
+            } else {
+                ("configure", "them")
+            };
+            bail!(
+                "{} {verb} the in-process sim, which does not run with --target: drop {them}, or the --target",
+                given.join(", ")
+            );
+        }
+    }
+    if cfg.targets.is_empty() {
+        let s = EmbeddedSim::start(a.sim.config()?)?;
+        cfg.targets = vec![Target {
+            name: "sim".into(),
+            url: s.url(),
+        }];
+        cfg.server_metrics = true;
+        eprintln!(
+            "no --target: replaying against an in-process sim ({}) at {}",
+            a.sim.profile_or(DEFAULT_PROFILE),
+            s.url()
+        );
+        sim_guard = Some(s);
+    }
+    metadata_keys_are_free(&cfg.metadata)?;
+    let sweep = a.capacity.spec(&cfg);
+    if sweep.is_some() || !cfg.goodput.is_empty() {
+        // The SLO percentile is what pass/fail is judged at: make sure it is reported.
+        a.capacity.prepare(&mut cfg);
+    }
+    let cfg = cfg.validate()?;
+    start_at_not_past(cfg.start_at_us, wire::clock::epoch_us())?;
+    let command = command_line();
+    if let Some(spec) = sweep {
+        if cfg.start_at_us.is_some() {
+            bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
+        }
+        let r = crate::report_cmd::run_sweep(
+            &cfg,
+            &spec,
+            &a.capacity,
+            &trace,
+            block_size,
+            crate::report_cmd::SweepOutputs {
+                command: &command,
+                save_result: a.save_result.as_deref(),
+                detailed: a.save_detailed,
+                results: a.results.as_deref(),
+            },
+            &progress_bar(cfg.progress),
+        );
+        drop(sim_guard);
+        return r;
+    }
+    let runs = replay::replay(
+        &cfg,
+        &trace.records,
+        block_size,
+        &progress_bar(cfg.progress),
+    )?;
+    drop(sim_guard);
+    replay::outputs::write(
+        &cfg,
+        &trace,
+        &runs,
+        &replay::outputs::Outputs {
+            command: &command,
+            save_result: a.save_result.as_deref(),
+            detailed: a.save_detailed,
+            results: a.results.as_deref(),
+            slo_percentile: a.capacity.slo_percentile,
+        },
+        &mut replay::outputs::Stdio,
+    )?;
+    // A run most of whose requests failed measured a broken target, not a slow one: say so
+    // in the exit status, after everything was written.
+    if let Some(why) = replay::outputs::too_many_failed(&runs, a.max_failed) {
+        eprintln!("error: {why}");
+        std::process::exit(EXIT_FAILED_REQUESTS);
+    }
+    Ok(())
+}
+
+/// Exit status of a replay in which more than `--max-failed` of a target's requests failed.
+const EXIT_FAILED_REQUESTS: i32 = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn metadata_cannot_overwrite_result_keys() {
+        let kv = |k: &str| vec![(k.to_string(), "x".to_string())];
+        assert!(metadata_keys_are_free(&kv("gpu")).is_ok());
+        for k in ["completed", "p99_ttft_ms", "mean_itl_ms", "llmreplay"] {
+            assert!(
+                metadata_keys_are_free(&kv(k))
+                    .unwrap_err()
+                    .to_string()
+                    .contains("key of the result"),
+                "{k}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_start_time_in_the_past_is_refused() {
+        let now = 1_767_323_045_500_000;
+        assert!(start_at_not_past(Some(now - 5_000_000), now)
+            .unwrap_err()
+            .to_string()
+            .contains("in the past"));
+        assert!(start_at_not_past(Some(now + 5_000_000), now).is_ok());
+        assert!(start_at_not_past(None, now).is_ok());
+    }
+
+    /// `vllm bench serve` users type `--base-url` and `--num-prompts`; clap suggested
+    /// unrelated flags. Where the meaning is the same they are aliases: `--base-url` is the
+    /// server's base URL without the endpoint path (our `--target`), `--num-prompts` the
+    /// number of requests sent (our `--max-requests`; synth has it as its own name).
+    #[test]
+    fn vllm_flag_names_are_aliases_where_they_mean_the_same() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["llmreplay", "replay", "t.parquet"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args)
+                .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+                .command
+            {
+                Command::Replay(a) => a,
+                _ => unreachable!(),
+            }
+        };
+        let a = parse(&["--base-url", "http://h:8000", "--num-prompts", "50"]);
+        assert_eq!(a.targets.len(), 1);
+        assert_eq!(a.targets[0].url, "http://h:8000");
+        assert_eq!(a.max_requests, Some(50));
+        let b = parse(&["--target", "http://h:8000", "--max-requests", "50"]);
+        assert_eq!(
+            (b.targets[0].url.as_str(), b.max_requests),
+            ("http://h:8000", Some(50))
+        );
+        // The help says whose names they are.
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("replay")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("--base-url") && help.contains("--num-prompts"),
+            "{help}"
+        );
+        assert!(help.contains("vllm bench serve"), "{help}");
+    }
+
+    #[test]
+    fn metric_percentiles_parse_as_a_list() {
+        let Cli {
+            command: Command::Replay(r),
+        } = Cli::try_parse_from([
+            "llmreplay",
+            "replay",
+            "t",
+            "--metric-percentiles",
+            "50,99.9",
+        ])
+        .unwrap()
+        else {
+            panic!("not replay")
+        };
+        assert_eq!(r.metric_percentiles, vec![50.0, 99.9]);
+    }
+}

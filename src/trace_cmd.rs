@@ -1,0 +1,92 @@
+//! `llmreplay synth` (a synthetic trace) and `llmreplay inspect` (a trace's summary).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use replay::config::EndpointKind;
+use trace_format::{FileMeta, Producer};
+
+use crate::flags::{command_line, parse_rate};
+
+#[derive(Args, Debug)]
+pub(crate) struct SynthArgs {
+    /// Output trace file.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Number of requests.
+    #[arg(long, default_value_t = 1000)]
+    num_prompts: usize,
+    /// Prompt length, tokens.
+    #[arg(long, default_value_t = 1024)]
+    input_len: u32,
+    /// Output length, tokens.
+    #[arg(long, default_value_t = 128)]
+    output_len: u32,
+    /// Lengths uniform in [len*(1-F), len*(1+F)].
+    #[arg(long, default_value_t = 0.0)]
+    range_ratio: f64,
+    /// Arrival rate, req/s (inf = all at t=0).
+    #[arg(long, value_parser = parse_rate, default_value = "inf")]
+    request_rate: f64,
+    /// Gamma shape of inter-arrivals (1 = Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
+    /// Endpoint recorded on every row.
+    #[arg(long, default_value = "completions")]
+    endpoint: EndpointKind,
+    /// Fraction of requests that stream.
+    #[arg(long, default_value_t = 1.0)]
+    stream_ratio: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct InspectArgs {
+    /// Trace files, directories or globs.
+    #[arg(required = true)]
+    traces: Vec<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Also give the prefix-cache hit rate of LRU caches of these sizes, in blocks of the
+    /// trace's block size (the unbounded cache is always given).
+    #[arg(long, value_delimiter = ',')]
+    cache_blocks: Vec<u64>,
+}
+
+pub(crate) fn run_synth(a: SynthArgs) -> Result<()> {
+    let spec = replay::synth::SynthSpec {
+        num_prompts: a.num_prompts,
+        input_len: a.input_len,
+        output_len: a.output_len,
+        range_ratio: a.range_ratio,
+        request_rate: a.request_rate,
+        burstiness: a.burstiness,
+        seed: a.seed,
+        endpoint: a.endpoint,
+        start_us: wire::clock::epoch_us(),
+        stream_ratio: a.stream_ratio,
+    };
+    let rows = replay::synth::synth(&spec)?;
+    let meta = FileMeta::new(Producer::Synth, command_line());
+    let at = store::write_trace(&a.output, &rows, &meta)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    eprintln!("{} synthetic requests written to {at}", rows.len());
+    Ok(())
+}
+
+pub(crate) fn run_inspect(a: InspectArgs) -> Result<()> {
+    use std::io::Write;
+    let trace = store::read_traces(&a.traces).context("reading the trace")?;
+    let summary = trace_format::inspect::summarize_with(&trace, &a.cache_blocks);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
+    } else {
+        writeln!(out, "{summary}")?;
+    }
+    Ok(())
+}

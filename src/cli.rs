@@ -811,6 +811,14 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         sim_guard = Some(s);
     }
     cfg.validate()?;
+    // The result's own keys are the reporting crate's to name.
+    if let Some((k, _)) = cfg
+        .metadata
+        .iter()
+        .find(|(k, _)| reporting::is_result_key(k))
+    {
+        bail!("--metadata {k}=...: {k:?} is a key of the result itself; choose another name");
+    }
     let command = command_line();
     if let Some(spec) = a.capacity.spec(&cfg) {
         if cfg.start_at_us.is_some() {
@@ -845,11 +853,11 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         &progress_bar(cfg.progress),
     )?;
     drop(sim_guard);
-    let identity = replay::report::trace_identity(&trace);
-    println!("{}", replay::report::DEFINITIONS);
+    let identity = reporting::report::trace_identity(&trace);
+    println!("{}", reporting::console::DEFINITIONS);
     let many = runs.len() > 1;
     for (run, m) in &runs {
-        let inputs = replay::report::ResultInputs {
+        let inputs = reporting::report::ResultInputs {
             cfg: &cfg,
             run,
             metrics: m,
@@ -857,20 +865,20 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             command: &command,
             detailed: a.save_detailed,
         };
-        println!("{}", replay::report::console_report(&inputs));
+        println!("{}", reporting::console::console_report(&inputs));
         if let Some(p) = &a.save_result {
             let p = per_target_path(p, &run.target.name, many);
-            let json = replay::report::result_json(&inputs);
-            let at = trace_format::store::write_bytes(&p, serde_json::to_vec_pretty(&json)?)
+            let doc = reporting::report::result_doc(&inputs);
+            let at = trace_format::store::write_bytes(&p, doc.to_bytes())
                 .with_context(|| format!("writing {}", p.display()))?;
             eprintln!("result written to {at}");
         }
     }
     if many {
-        let results: Vec<serde_json::Value> = runs
+        let results: Vec<reporting::result_doc::ResultDoc> = runs
             .iter()
             .map(|(run, m)| {
-                replay::report::result_json(&replay::report::ResultInputs {
+                reporting::report::result_doc(&reporting::report::ResultInputs {
                     cfg: &cfg,
                     run,
                     metrics: m,
@@ -903,6 +911,11 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         for (k, v) in &cfg.metadata {
             meta.extra.insert(k.clone(), v.clone());
         }
+        // What `merge` reports the shards ran with.
+        meta.extra.insert(
+            reporting::result_doc::RunSettings::META_KEY.into(),
+            reporting::report::run_settings(&cfg).to_meta(),
+        );
         for (run, _) in &runs {
             meta.extra.insert(
                 format!("target.{}.url", run.target.name),

@@ -512,15 +512,6 @@ impl ReplayConfig {
                 return bad(format!("--metric-percentiles: {p} is not within 0..100"));
             }
         }
-        if let Some((k, _)) = self
-            .metadata
-            .iter()
-            .find(|(k, _)| crate::report::is_result_key(k))
-        {
-            return bad(format!(
-                "--metadata {k}=...: {k:?} is a key of the result itself; choose another name"
-            ));
-        }
         if self.request.timeout.is_zero() {
             return bad("--timeout must be positive".into());
         }
@@ -570,23 +561,6 @@ mod tests {
         assert!("foo:1".parse::<Slo>().is_err());
         assert!("tpot:-1".parse::<Slo>().is_err());
         assert!("tpot:abc".parse::<Slo>().is_err());
-    }
-
-    #[test]
-    fn metadata_cannot_overwrite_result_keys() {
-        let mut c = ReplayConfig::new(vec!["http://127.0.0.1:1".parse().unwrap()]);
-        c.metadata = vec![("gpu".into(), "H100".into())];
-        assert!(c.validate().is_ok());
-        for k in ["completed", "p99_ttft_ms", "mean_itl_ms", "llmreplay"] {
-            c.metadata = vec![(k.into(), "x".into())];
-            assert!(
-                c.validate()
-                    .unwrap_err()
-                    .to_string()
-                    .contains("key of the result"),
-                "{k}"
-            );
-        }
     }
 
     /// Regression: captured chat rows without a body were replayed as completions.

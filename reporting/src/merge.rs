@@ -324,26 +324,43 @@ pub fn merge(mut trace: Trace, o: &MergeOptions, command: &str) -> Result<Merged
         command,
         detailed: false,
     });
-    // The settings the shards ran with, when every input says and they agree.
-    let settings: BTreeSet<Option<&String>> = metas
+    // The settings the shards ran with, when every input says and they agree (the prompt
+    // salt aside: each process draws its own unless given one; the merged result keeps one
+    // only when they share it).
+    let settings: Vec<Option<RunSettings>> = metas
         .iter()
-        .map(|m| m.extra.get(RunSettings::META_KEY))
+        .map(|m| {
+            m.extra
+                .get(RunSettings::META_KEY)
+                .and_then(|s| serde_json::from_str::<RunSettings>(s).ok())
+        })
         .collect();
-    match settings.into_iter().collect::<Vec<_>>().as_slice() {
-        [Some(s)] => match serde_json::from_str::<RunSettings>(s) {
-            Ok(s) => s.apply(&mut doc),
-            Err(e) => notes.push(format!(
-                "the shards' run settings could not be read ({e}): request_rate, \
-                 max_concurrency and the trace selection are not in the merged result"
-            )),
-        },
-        // Inputs written before the settings were recorded: the result says what it can.
-        [None] => {}
-        _ => notes.push(
-            "the shards ran with different settings (or some do not record them): \
-             request_rate, max_concurrency and the trace selection are not in the merged result"
-                .into(),
-        ),
+    if let Some(Some(first)) = settings.first() {
+        let unsalted = |s: &RunSettings| RunSettings {
+            prompt_salt: 0,
+            ..s.clone()
+        };
+        if settings
+            .iter()
+            .all(|s| s.as_ref().is_some_and(|s| unsalted(s) == unsalted(first)))
+        {
+            let mut agreed = first.clone();
+            if settings
+                .iter()
+                .flatten()
+                .any(|s| s.prompt_salt != first.prompt_salt)
+            {
+                agreed.prompt_salt = doc.ours().trace.prompt_salt;
+            }
+            agreed.apply(&mut doc);
+        } else {
+            notes.push(
+                "the shards ran with different settings (or some do not record them): \
+                 request_rate, max_concurrency and the trace selection are not in the merged \
+                 result"
+                    .into(),
+            );
+        }
     }
     if let Some(ours) = doc.llmreplay.as_mut() {
         ours.merge = Some(MergeDoc {

@@ -12,8 +12,9 @@ use trace_format::TraceRecord;
 
 use crate::capacity::PlanInputs;
 use crate::capacity::{self, fmt_num, CapacityAnswer, CapacityPlan};
-use crate::result_doc::{ClassDoc, Extension, PlanInputsDoc, SummaryDoc};
+use crate::result_doc::{ClassDoc, Extension, SummaryDoc};
 use crate::results::{self, ArrivalProfile, ResultFile, Samples, Series};
+use crate::sweep_doc::PlanInputsDoc;
 
 /// The metric definitions table (shared/docs/metrics.md), Markdown.
 pub const DEFINITIONS_MD: &str = "\

@@ -4,7 +4,7 @@
 //! - [`result_doc`]: the JSON result document (one serde type: the key contract of
 //!   `--save-result`, sweeps and `merge`), and the sweep document.
 //! - [`report`]: a run's result built from its configuration, run and metrics; the
-//!   dispatch-lag verdict. [`console`]: the console report.
+//!   dispatch-lag verdict. [`sweep_doc`]: the sweep document. [`console`]: the console report.
 //! - [`results`]: reading result files back into series (one configuration across levels).
 //! - [`sweep`]: load levels, each a fresh run, and the sweep's document and summary.
 //! - [`merge`]: the shards of one run into one result.
@@ -25,5 +25,6 @@ pub mod result_doc;
 pub mod results;
 pub mod svg;
 pub mod sweep;
+pub mod sweep_doc;
 
 pub use result_doc::{is_result_key, ResultDoc};

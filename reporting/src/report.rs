@@ -374,9 +374,9 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
         connections: ConnectionsDoc {
             preconnected: run.preconnected as u64,
             new_during_run: m.new_connections as u64,
-            reused: run.pool.map(|p| p.reused as u64),
-            found_closed: run.pool.map(|p| p.found_closed as u64),
-            expired_idle: run.pool.map(|p| p.expired as u64),
+            reused: run.pool.map(|p| p.reused),
+            found_closed: run.pool.map(|p| p.found_closed),
+            expired_idle: run.pool.map(|p| p.expired),
             connect_ms: SummaryDoc::of(&m.connect),
         },
         client: ClientDoc {

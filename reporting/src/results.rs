@@ -13,8 +13,9 @@ use trace_format::{Outcome, TraceRecord};
 use crate::capacity::{
     self, Axis, CapacityAnswer, CapacityPlan, LevelPoint, LoadSource, PlanInputs,
 };
-pub use crate::result_doc::ArrivalProfile;
-use crate::result_doc::{ResultDoc, SweepFile, SweepSummary};
+use crate::result_doc::ResultDoc;
+pub use crate::sweep_doc::ArrivalProfile;
+use crate::sweep_doc::{SweepFile, SweepSummary};
 use replay::config::Slo;
 use replay::error::ReplayError;
 

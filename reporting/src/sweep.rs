@@ -18,11 +18,11 @@ use trace_format::TraceRecord;
 pub use crate::capacity::PlanInputs;
 use crate::capacity::{self, Axis};
 use crate::report::{result_doc, ResultInputs, TraceIdentity};
-use crate::result_doc::{
-    ArrivalProfile, PlanInputsDoc, ResultDoc, SweepFile, SweepMark, SweepSummary, SweepTarget,
-    SweepTrace,
-};
+use crate::result_doc::{ResultDoc, SweepMark};
 use crate::results;
+use crate::sweep_doc::{
+    ArrivalProfile, PlanInputsDoc, SweepFile, SweepSummary, SweepTarget, SweepTrace,
+};
 use replay::config::{Arrivals, ReplayConfig, Target};
 use replay::error::ReplayError;
 use replay::metrics::Metrics;

@@ -164,6 +164,26 @@ impl<'de> Deserialize<'de> for Extras {
     }
 }
 
+/// A count as other tools write it: an integer, or a whole float (`1.0`).
+fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(count_opt(d)?.unwrap_or(0))
+}
+
+fn count_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .or_else(|| {
+                v.as_f64()
+                    .filter(|x| *x >= 0.0 && x.fract() == 0.0)
+                    .map(|x| x as u64)
+            })
+            .map(Some)
+            .ok_or_else(|| serde::de::Error::custom(format!("{v} is not a count"))),
+    }
+}
+
 /// vLLM's fixed top-level keys (the dynamic ones are in [`Extras`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -177,12 +197,14 @@ pub struct VllmFields {
     /// `--tokenizer`, or null.
     pub tokenizer_id: Option<String>,
     /// Requests in the run.
+    #[serde(deserialize_with = "count")]
     pub num_prompts: u64,
     /// The arrival rate.
     pub request_rate: RequestRate,
     /// Gamma shape of the arrivals (null with recorded arrivals).
     pub burstiness: Option<f64>,
     /// `--max-concurrency`, or null.
+    #[serde(deserialize_with = "count_opt")]
     pub max_concurrency: Option<u64>,
     /// `--label`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -190,8 +212,10 @@ pub struct VllmFields {
     /// Benchmark duration, s.
     pub duration: f64,
     /// Successful requests.
+    #[serde(deserialize_with = "count")]
     pub completed: u64,
     /// Failed requests.
+    #[serde(deserialize_with = "count")]
     pub failed: u64,
     /// Prompt tokens of all requests.
     pub total_input_tokens: i64,
@@ -206,6 +230,7 @@ pub struct VllmFields {
     /// (Input + output) tokens / s.
     pub total_token_throughput: f64,
     /// Most requests in flight at once.
+    #[serde(deserialize_with = "count")]
     pub max_concurrent_requests: u64,
     /// `--save-detailed`: prompt tokens per request.
     #[serde(skip_serializing_if = "Option::is_none")]

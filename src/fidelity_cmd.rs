@@ -35,10 +35,10 @@ pub struct FidelityArgs {
 pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
     let captured = store::read_traces(&a.captured).context("reading the captured trace")?;
     let replayed = store::read_traces(&a.replayed).context("reading the replay's results")?;
-    let f = replay::fidelity::assess(
+    let f = reporting::fidelity::assess(
         &captured.records,
         &replayed.records,
-        replay::fidelity::Options { speedup: a.speedup },
+        reporting::fidelity::Options { speedup: a.speedup },
     );
     print!("{f}");
     if let Some(p) = &a.json {

@@ -1,5 +1,5 @@
 //! `llmreplay replay`: its flags, the configuration they make, and the wiring to the replay
-//! crate: a plain run (`replay::replay`, then `replay::outputs`), or a sweep or repeats
+//! crate: a plain run (`replay::replay`, then `reporting::outputs`), or a sweep or repeats
 //! (`report_cmd::run_sweep`).
 
 use std::path::PathBuf;
@@ -256,10 +256,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
 /// `--metadata` keys go into the result next to its own keys: one of those would overwrite
 /// a measured value.
 fn metadata_keys_are_free(metadata: &[(String, String)]) -> Result<()> {
-    if let Some((k, _)) = metadata
-        .iter()
-        .find(|(k, _)| replay::report::is_result_key(k))
-    {
+    if let Some((k, _)) = metadata.iter().find(|(k, _)| reporting::is_result_key(k)) {
         bail!("--metadata {k}=...: {k:?} is a key of the result itself; choose another name");
     }
     Ok(())
@@ -383,22 +380,22 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         &progress_bar(cfg.progress),
     )?;
     drop(sim_guard);
-    replay::outputs::write(
+    reporting::outputs::write(
         &cfg,
         &trace,
         &runs,
-        &replay::outputs::Outputs {
+        &reporting::outputs::Outputs {
             command: &command,
             save_result: a.save_result.as_deref(),
             detailed: a.save_detailed,
             results: a.results.as_deref(),
             slo_percentile: a.capacity.slo_percentile,
         },
-        &mut replay::outputs::Stdio,
+        &mut reporting::outputs::Stdio,
     )?;
     // A run most of whose requests failed measured a broken target, not a slow one: say so
     // in the exit status, after everything was written.
-    if let Some(why) = replay::outputs::too_many_failed(&runs, a.max_failed) {
+    if let Some(why) = reporting::outputs::too_many_failed(&runs, a.max_failed) {
         eprintln!("error: {why}");
         std::process::exit(EXIT_FAILED_REQUESTS);
     }

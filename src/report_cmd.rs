@@ -5,17 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::flags::parse_percentile;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use replay::capacity::Axis;
-use replay::config::{
-    Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target, ValidatedConfig,
-};
-use replay::results::{self, ResultFile};
-use replay::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
-use trace_format::{FileMeta, Producer, Trace};
-
-use crate::flags::parse_percentile;
+use replay::config::{Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target};
+use reporting::capacity::Axis;
+use reporting::results::{self, ResultFile};
+use reporting::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
+use trace_format::Trace;
 
 fn parse_positive(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -137,7 +134,7 @@ pub struct SweepOutputs<'a> {
 
 /// Runs a sweep and prints the level table, the capacity answer and the plan.
 pub fn run_sweep(
-    cfg: &ValidatedConfig,
+    cfg: &replay::ValidatedConfig,
     spec: &SweepSpec,
     a: &SweepArgs,
     trace: &Trace,
@@ -153,7 +150,7 @@ pub fn run_sweep(
     if spec.axis == Axis::MaxConcurrency && a.level_duration.is_some() {
         eprintln!("note: --level-duration has no effect on a max-concurrency sweep (every level replays the selection)");
     }
-    println!("{}", replay::report::DEFINITIONS);
+    println!("{}", reporting::console::DEFINITIONS);
     println!(
         "Sweep {} over {} level(s) x {} run(s) x {} target(s){}",
         spec.axis.key(),
@@ -166,7 +163,6 @@ pub fn run_sweep(
             format!(", {:?} cooldown between levels", cfg.cooldown)
         }
     );
-    let pl = trace_format::stats::percentile_label(a.slo_percentile);
     let runs = sweep::run_sweep(
         cfg,
         spec,
@@ -174,69 +170,23 @@ pub fn run_sweep(
         &trace.records,
         block_size,
         progress,
-        &mut |lr| {
-            let m = &lr.metrics;
-            let v = replay::report::verdict(m, &lr.output);
-            println!(
-            "  {} run {}/{} {}: {}{:.2} req/s{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}",
-            spec.axis.level_label(lr.level),
-            lr.run + 1,
-            opts.num_runs,
-            lr.output.target.name,
-            // What the schedule really offered (a short Poisson level is not its nominal rate).
-            m.served.offered_rps.map_or(String::new(), |o| format!("{o:.2} req/s due, ")),
-            m.request_throughput,
-            m.served.steady.as_ref().map_or(String::new(), |s| format!(" ({:.2} steady)", s.request_throughput)),
-            m.request_goodput.map_or("-".into(), |g| format!("{g:.2}")),
-            m.ttft.median,
-            m.ttft.get(a.slo_percentile).unwrap_or(f64::NAN),
-            m.tpot.median,
-            m.tpot.get(a.slo_percentile).unwrap_or(f64::NAN),
-            m.failed,
-            if v.client_saturated { "  [client saturated: see the JSON verdict]" } else { "" },
-            if v.target_overloaded { "  [OVERLOADED: the target fell behind the schedule]" } else { "" }
-        );
-        },
+        &mut |lr| println!("{}", sweep::run_line(lr, spec, &opts)),
     )?;
-    let command = out.command;
-    let identity = replay::report::trace_identity(trace);
-    let results: Vec<serde_json::Value> = runs
-        .iter()
-        .map(|lr| sweep::level_result(lr, spec, &identity, command, out.detailed))
-        .collect();
-    let arrivals = results::arrival_profile(&trace.records);
-    let doc = sweep::sweep_json(&sweep::SweepDoc {
-        spec,
-        opts: &opts,
+    let o = sweep::outcome(
+        runs,
         cfg,
-        results,
-        trace: &identity,
-        arrivals: &arrivals,
-        command,
-        plan: a.plan.inputs(),
-    });
-    let series = results::series_of(
-        doc["results"].as_array().map(Vec::as_slice).unwrap_or(&[]),
-        Some(spec.axis),
-        a.slo_percentile,
+        spec,
+        &opts,
+        trace,
+        sweep::SweepWriteUp {
+            command: out.command,
+            detailed: out.detailed,
+            plan: a.plan.inputs(),
+        },
     );
-    println!();
-    print!("{}", sweep::console_table(spec, &series));
-    if series.len() > 1 {
-        let t = replay::compare::compare(&series);
-        println!("\n{}", replay::compare::render(&series, &t));
-    }
-    println!("\nCapacity answer:");
-    for s in &series {
-        let ans = s.answer();
-        println!("  {}", ans.sentence);
-        if let Some(p) = results::plan_for(&ans, &arrivals, a.plan.inputs()) {
-            println!("  Plan: {}", p.sentence);
-        }
-    }
-    println!("  ({})", replay::capacity::rules_text(a.slo_percentile));
+    print!("{}", sweep::summary_text(&o, spec, &opts, a.plan.inputs()));
     if let Some(p) = out.save_result {
-        store::write_bytes(p, serde_json::to_vec_pretty(&doc)?)
+        store::write_bytes(p, o.doc.to_bytes())
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!(
             "sweep result written to {} (report: llmreplay report {} -o report.html)",
@@ -245,20 +195,14 @@ pub fn run_sweep(
         );
     }
     if let Some(p) = out.results {
-        let rows: Vec<_> = runs
+        let rows: Vec<_> = o
+            .runs
             .iter()
             .flat_map(|lr| lr.output.records.iter().cloned())
             .collect();
-        let mut meta = FileMeta::new(Producer::Replay, command.to_string());
-        meta.source = Some(identity.files.join(","));
-        meta.extra
-            .insert("trace_content_hash".into(), identity.content_hash.clone());
-        meta.extra.insert(
-            "sweep".into(),
-            format!("{}={:?}", spec.axis.key(), spec.levels),
-        );
-        trace_format::write_trace_file(p, &rows, &meta)
-            .with_context(|| format!("writing {}", p.display()))?;
+        let meta = sweep::results_meta(&o, spec, out.command);
+        // Through the object-store layer like every other output (`s3://…` works here too).
+        store::write_trace(p, &rows, &meta).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("{} result rows written to {}", rows.len(), p.display());
     }
     Ok(())
@@ -268,16 +212,16 @@ pub fn run_sweep(
 pub fn write_reports(result: &Path, dir: &Path) -> Result<()> {
     // The error names the file.
     let files = vec![ResultFile::read(result)?];
-    let data = replay::document::build(
+    let data = reporting::document::build(
         &files,
-        &replay::document::BuildOptions {
+        &reporting::document::BuildOptions {
             command: crate::flags::command_line(),
             ..Default::default()
         },
     );
     for (name, text) in [
-        ("report.html", replay::html::render(&data)),
-        ("report.md", replay::document::markdown(&data)),
+        ("report.html", reporting::html::render(&data)),
+        ("report.md", reporting::document::markdown(&data)),
     ] {
         let p = dir.join(name);
         store::write_bytes(&p, text.into()).with_context(|| format!("writing {}", p.display()))?;
@@ -320,15 +264,15 @@ pub fn run_compare(a: CompareArgs) -> Result<bool> {
     if series.len() < 2 {
         bail!("nothing to compare: the files hold one configuration only");
     }
-    if let Some(why) = replay::compare::refusal(&series) {
+    if let Some(why) = reporting::compare::refusal(&series) {
         bail!("{why}");
     }
-    let tables = replay::compare::compare(&series);
-    print!("{}", replay::compare::render(&series, &tables));
-    let regs = replay::compare::regressions(&tables);
+    let tables = reporting::compare::compare(&series);
+    print!("{}", reporting::compare::render(&series, &tables));
+    let regs = reporting::compare::regressions(&tables);
     if let Some(p) = &a.json {
         let answers: Vec<_> = series.iter().map(|s| s.answer()).collect();
-        let v = serde_json::json!({"files": a.files, "tables": tables, "capacity": answers, "regressions": regs, "notes": replay::compare::notes(&series), "noise_rule": replay::compare::noise_rule()});
+        let v = serde_json::json!({"files": a.files, "tables": tables, "capacity": answers, "regressions": regs, "notes": reporting::compare::notes(&series), "noise_rule": reporting::compare::noise_rule()});
         store::write_bytes(p, serde_json::to_vec_pretty(&v)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("comparison written to {}", p.display());
@@ -409,9 +353,9 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
         let t = store::read_traces(&a.trace).context("reading --trace")?;
         Some(results::arrival_profile(&t.records))
     };
-    let data = replay::document::build(
+    let data = reporting::document::build(
         &files,
-        &replay::document::BuildOptions {
+        &reporting::document::BuildOptions {
             slo_percentile: a.slo_percentile,
             plan: a.plan.inputs(),
             records,
@@ -426,8 +370,8 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
         None => report_format_of(&a.output)?,
     };
     let text = match format {
-        ReportFormat::Html => replay::html::render(&data),
-        ReportFormat::Md => replay::document::markdown(&data),
+        ReportFormat::Html => reporting::html::render(&data),
+        ReportFormat::Md => reporting::document::markdown(&data),
     };
     store::write_bytes(&a.output, text.into())
         .with_context(|| format!("writing {}", a.output.display()))?;
@@ -440,7 +384,7 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
     eprintln!("report written to {}", a.output.display());
     if let Some(p) = &a.alerts {
         let series = &data.series;
-        let yaml = replay::alerts::rules_yaml(series, &data.answers)?;
+        let yaml = reporting::alerts::rules_yaml(series, &data.answers)?;
         store::write_bytes(p, yaml.into()).with_context(|| format!("writing {}", p.display()))?;
         eprintln!(
             "alerting rules written to {} (check: promtool check rules {})",

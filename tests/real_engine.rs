@@ -712,7 +712,7 @@ fn replay_across_gaps_longer_than_the_servers_keep_alive() {
 /// What must hold exactly: the same requests, the same prompt and output tokens per class and
 /// the same outcomes — the bodies are replayed verbatim and decoding is greedy, so the server
 /// generates the same text. What must hold tightly: each send within the schedule bound of its
-/// captured arrival at p99 (`replay::fidelity`: 10% of the mean gap between requests, at least
+/// captured arrival at p99 (`reporting::fidelity`: 10% of the mean gap between requests, at least
 /// 5 ms — here 20 ms; a late send by less cannot change what the server saw, while the replay
 /// client's own dispatch lag on this machine is well under a millisecond, see bench/README.md).
 /// Latency ratios are printed, not enforced: the machine is shared.

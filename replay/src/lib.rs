@@ -3,31 +3,20 @@
 //! client's own dispatch lag recorded so a saturated client never reads like a slow server.
 #![deny(missing_docs)]
 
-pub mod alerts;
-pub mod capacity;
 pub mod client;
-pub mod compare;
 pub mod config;
 pub mod cpu;
-pub mod document;
 pub mod error;
-pub mod fidelity;
-pub mod html;
 pub mod metrics;
-pub mod outputs;
 pub mod pacer;
 pub mod pct;
 pub mod plan;
 pub mod prompt;
-pub mod report;
 pub mod request;
-pub mod results;
 pub mod run;
 pub mod served;
 pub mod server_metrics;
 pub mod soak;
-pub mod svg;
-pub mod sweep;
 pub mod synth;
 
 pub use config::{ReplayConfig, ValidatedConfig};

@@ -1,5 +1,6 @@
-//! Shares as printed: one rounding rule for every percentage of requests (good%, goodput
-//! against throughput) on the console and in reports.
+//! Numbers as printed: one rounding rule for every percentage of requests (good%, goodput
+//! against throughput) on the console and in reports, and levels and bounds without
+//! trailing zeros ([`fmt_num`]).
 
 /// `part / whole`, None when `whole` is not positive.
 pub fn share(part: f64, whole: f64) -> Option<f64> {
@@ -18,6 +19,16 @@ pub fn fmt_share(share: f64) -> String {
         ">99%".into()
     } else {
         format!("{r:.0}%")
+    }
+}
+
+/// A number without needless decimals: 16, 2.5, 0.25.
+pub fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
     }
 }
 

@@ -6,7 +6,7 @@
 //! run's start plus its scheduled offset; it *ends* at send + E2EL (a request without an end,
 //! such as a connect failure, ends when it was sent).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use trace_format::{Outcome, TraceRecord};
 
 /// Fewest requests for either judgement: below this a run is too short to have a shape.
@@ -25,7 +25,8 @@ const SOJOURN_GROWTH: f64 = 1.5;
 const SOJOURN_GROWTH_FLOOR_MS: f64 = 50.0;
 
 /// What the run served against what it offered.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Served {
     /// Requests due per second of the schedule (None when every request was due at once:
     /// a closed loop or `--request-rate inf`).
@@ -41,7 +42,8 @@ pub struct Served {
 /// Throughput over the run's steady state: from the median E2EL after the run's start
 /// (by then the pipeline is full: ramp-up is over) to the last request sent (after it, the
 /// drain), so a short level is not read as slower than it is.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Steady {
     /// Start of the window, s after the run's start.
     pub start_s: f64,
@@ -56,7 +58,8 @@ pub struct Steady {
 }
 
 /// The target fell behind the schedule.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Overload {
     /// From about when (s of the schedule) requests kept waiting longer.
     pub from_s: f64,

@@ -274,7 +274,7 @@ impl HistogramSummary {
         let Some(v) = self.p95 else {
             return "-".into();
         };
-        let n = crate::capacity::fmt_num;
+        let n = crate::pct::fmt_num;
         match self.p95_bucket {
             Some((lo, hi)) if hi.is_infinite() => format!(
                 "≥{v:.2} (estimated from histogram buckets: above the highest bound, {} ms)",
@@ -353,66 +353,6 @@ mod tests {
     /// The server's queue-time p95, interpolated inside a 0.25-0.5 s bucket, read 460 ms
     /// above a client E2EL p99 of 300 ms, printed like a measurement. Bucket-derived figures
     /// are labelled as estimates, with the bucket they come from.
-    #[test]
-    fn bucket_quantiles_are_printed_as_estimates_with_their_bucket() {
-        let before = "vllm:request_queue_time_seconds_bucket{le=\"0.25\"} 0\n\
-            vllm:request_queue_time_seconds_bucket{le=\"0.5\"} 0\n\
-            vllm:request_queue_time_seconds_bucket{le=\"+Inf\"} 0\n\
-            vllm:request_queue_time_seconds_sum 0\nvllm:request_queue_time_seconds_count 0\n";
-        let after = "vllm:request_queue_time_seconds_bucket{le=\"0.25\"} 10\n\
-            vllm:request_queue_time_seconds_bucket{le=\"0.5\"} 20\n\
-            vllm:request_queue_time_seconds_bucket{le=\"+Inf\"} 20\n\
-            vllm:request_queue_time_seconds_sum 5\nvllm:request_queue_time_seconds_count 20\n";
-        let d = delta(&histograms(before), &histograms(after));
-        let mut run = crate::RunOutput {
-            target: crate::config::Target {
-                name: "t".into(),
-                url: "http://127.0.0.1:1".into(),
-            },
-            target_info: Default::default(),
-            model: "m".into(),
-            run_id: "r".into(),
-            started_at_us: 0,
-            records: Vec::new(),
-            plan_len: 0,
-            bodies_replayed: 0,
-            skipped: Vec::new(),
-            trace_span: std::time::Duration::ZERO,
-            wall: std::time::Duration::from_secs(1),
-            preconnected: 0,
-            pool: None,
-            warmups: 0,
-            client_load: None,
-            server_gauges: Default::default(),
-            server_histograms: Default::default(),
-        };
-        run.server_histograms = d;
-        let cfg = crate::ReplayConfig::new(Vec::new());
-        let m = crate::metrics::compute(&[], 0, &[], &[50.0, 99.0]);
-        let trace = crate::report::TraceIdentity {
-            files: Vec::new(),
-            rows: 0,
-            content_hash: String::new(),
-        };
-        let text = crate::report::console_report(&crate::report::ResultInputs {
-            cfg: &cfg,
-            run: &run,
-            metrics: &m,
-            trace: &trace,
-            command: "test",
-            detailed: false,
-        });
-        let line = text
-            .lines()
-            .find(|l| l.contains("Server queue time"))
-            .unwrap_or_else(|| panic!("{text}"));
-        assert!(line.contains("≈475.00"), "{line}");
-        assert!(
-            line.contains("estimated from histogram buckets") && line.contains("250-500 ms"),
-            "{line}"
-        );
-    }
-
     #[test]
     fn reads_gauges_with_and_without_labels() {
         let text = "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n\

@@ -11,16 +11,22 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
 use trace_format::TraceRecord;
 
+pub use crate::capacity::PlanInputs;
 use crate::capacity::{self, Axis};
-use crate::config::{Arrivals, ReplayConfig, Target, ValidatedConfig};
-use crate::error::ReplayError;
-use crate::metrics::Metrics;
-use crate::report::{result_json, ResultInputs, TraceIdentity};
-use crate::results::{self, ArrivalProfile};
-use crate::run::{Progress, RunOutput};
+use crate::report::{result_doc, ResultInputs, TraceIdentity};
+use crate::result_doc::{ResultDoc, SweepMark};
+use crate::results;
+use crate::sweep_doc::{
+    ArrivalProfile, PlanInputsDoc, SweepFile, SweepSummary, SweepTarget, SweepTrace,
+};
+use replay::config::{Arrivals, ReplayConfig, Target, ValidatedConfig};
+use replay::error::ReplayError;
+use replay::metrics::Metrics;
+use replay::run::{Progress, RunOutput};
 
 /// What to sweep and over which levels.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,7 +178,7 @@ pub fn run_sweep(
                 std::thread::sleep(base.cooldown);
             }
             let cfg = level_config(base, spec, opts, li, run)?;
-            for (output, metrics) in crate::replay(&cfg, records, block_size, progress)? {
+            for (output, metrics) in replay::replay(&cfg, records, block_size, progress)? {
                 let lr = LevelRun {
                     level_index: li,
                     level: spec.levels[li],
@@ -196,8 +202,8 @@ pub fn level_result(
     trace: &TraceIdentity,
     command: &str,
     detailed: bool,
-) -> Value {
-    let mut v = result_json(&ResultInputs {
+) -> ResultDoc {
+    let mut d = result_doc(&ResultInputs {
         cfg: &lr.cfg,
         run: &lr.output,
         metrics: &lr.metrics,
@@ -205,13 +211,15 @@ pub fn level_result(
         command,
         detailed,
     });
-    if let Some(o) = v.get_mut("llmreplay").and_then(Value::as_object_mut) {
-        o.insert(
-            "sweep".into(),
-            json!({"axis": spec.axis.key(), "level": lr.level, "level_index": lr.level_index, "run": lr.run}),
-        );
+    if let Some(o) = d.llmreplay.as_mut() {
+        o.sweep = Some(SweepMark {
+            axis: spec.axis.key().into(),
+            level: lr.level,
+            level_index: lr.level_index as u64,
+            run: lr.run as u64,
+        });
     }
-    v
+    d
 }
 
 /// Everything the sweep's JSON document is made of.
@@ -223,7 +231,7 @@ pub struct SweepDoc<'a> {
     /// The base configuration (SLOs, cooldown).
     pub cfg: &'a ReplayConfig,
     /// Every level result (from [`level_result`]).
-    pub results: Vec<Value>,
+    pub results: Vec<ResultDoc>,
     /// The trace.
     pub trace: &'a TraceIdentity,
     /// The trace's arrival rate.
@@ -234,60 +242,180 @@ pub struct SweepDoc<'a> {
     pub plan: PlanInputs,
 }
 
-/// Inputs of a capacity plan.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PlanInputs {
-    /// `--target-qps` (None: the trace's peak arrival rate).
-    pub target_qps: Option<f64>,
-    /// `--redundancy`.
-    pub redundancy: u32,
-    /// `--cost-per-hour`.
-    pub cost_per_hour: Option<f64>,
-}
-
-impl Default for PlanInputs {
-    fn default() -> Self {
-        PlanInputs {
-            target_qps: None,
-            redundancy: 2,
-            cost_per_hour: None,
-        }
-    }
-}
-
-/// The sweep's JSON: `llmreplay_sweep` (summary, capacity answers, plans) and `results`.
-pub fn sweep_json(d: &SweepDoc) -> Value {
+/// The sweep's document: `llmreplay_sweep` (summary, capacity answers, plans) and `results`.
+pub fn sweep_doc(d: &SweepDoc) -> SweepFile {
     let series = results::series_of(&d.results, Some(d.spec.axis), d.opts.slo_percentile);
-    let mut targets = Map::new();
+    let mut targets = BTreeMap::new();
     for s in &series {
         let a = capacity::answer(&s.name, s.axis, &s.points, &s.slos, s.slo_percentile);
         let p = results::plan_for(&a, d.arrivals, d.plan);
         targets.insert(
             s.name.clone(),
-            json!({
-                "levels": s.points,
-                "capacity": capacity::answer_json(&a, p.as_ref()),
-            }),
+            SweepTarget {
+                levels: serde_json::json!(s.points),
+                capacity: capacity::answer_json(&a, p.as_ref()),
+            },
         );
     }
-    json!({
-        "llmreplay_sweep": {
-            "tool_version": env!("CARGO_PKG_VERSION"),
-            "command": d.command,
-            "axis": d.spec.axis.key(),
-            "levels": d.spec.levels,
-            "num_runs": d.opts.num_runs,
-            "level_duration_s": d.opts.level_duration.map(|x| x.as_secs_f64()),
-            "cooldown_s": d.cfg.cooldown.as_secs_f64(),
-            "slo_percentile": d.opts.slo_percentile,
-            "goodput_slos": d.cfg.goodput.iter().map(|s| (s.metric.key().to_string(), json!(s.limit_ms))).collect::<Map<_, _>>(),
-            "rules": capacity::rules_text(d.opts.slo_percentile),
-            "trace": {"files": d.trace.files, "rows": d.trace.rows, "content_hash": d.trace.content_hash, "arrivals": d.arrivals},
-            "plan_inputs": {"target_qps": d.plan.target_qps, "redundancy": d.plan.redundancy, "cost_per_hour": d.plan.cost_per_hour},
-            "targets": targets,
+    SweepFile {
+        summary: SweepSummary {
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            command: d.command.into(),
+            axis: d.spec.axis.key().into(),
+            levels: d.spec.levels.clone(),
+            num_runs: d.opts.num_runs as u64,
+            level_duration_s: d.opts.level_duration.map(|x| x.as_secs_f64()),
+            cooldown_s: d.cfg.cooldown.as_secs_f64(),
+            slo_percentile: Some(d.opts.slo_percentile),
+            goodput_slos: d
+                .cfg
+                .goodput
+                .iter()
+                .map(|s| (s.metric.key().to_string(), s.limit_ms))
+                .collect(),
+            rules: capacity::rules_text(d.opts.slo_percentile),
+            trace: SweepTrace {
+                files: d.trace.files.clone(),
+                rows: d.trace.rows as u64,
+                content_hash: d.trace.content_hash.clone(),
+                arrivals: Some(d.arrivals.clone()),
+            },
+            plan_inputs: PlanInputsDoc {
+                target_qps: d.plan.target_qps,
+                redundancy: d.plan.redundancy,
+                cost_per_hour: d.plan.cost_per_hour,
+            },
+            targets,
         },
-        "results": d.results,
-    })
+        results: d.results.clone(),
+    }
+}
+
+/// The console line of one finished level run (printed as the sweep goes).
+pub fn run_line(lr: &LevelRun, spec: &SweepSpec, opts: &SweepOptions) -> String {
+    let m = &lr.metrics;
+    let pl = trace_format::stats::percentile_label(opts.slo_percentile);
+    let v = crate::report::verdict(m, &lr.output);
+    format!(
+        "  {} run {}/{} {}: {}{:.2} req/s{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}",
+        spec.axis.level_label(lr.level),
+        lr.run + 1,
+        opts.num_runs,
+        lr.output.target.name,
+        // What the schedule really offered (a short Poisson level is not its nominal rate).
+        m.served.offered_rps.map_or(String::new(), |o| format!("{o:.2} req/s due, ")),
+        m.request_throughput,
+        m.served.steady.as_ref().map_or(String::new(), |s| format!(" ({:.2} steady)", s.request_throughput)),
+        m.request_goodput.map_or("-".into(), |g| format!("{g:.2}")),
+        m.ttft.median,
+        m.ttft.get(opts.slo_percentile).unwrap_or(f64::NAN),
+        m.tpot.median,
+        m.tpot.get(opts.slo_percentile).unwrap_or(f64::NAN),
+        m.failed,
+        if v.client_saturated { "  [client saturated: see the JSON verdict]" } else { "" },
+        if v.target_overloaded { "  [OVERLOADED: the target fell behind the schedule]" } else { "" }
+    )
+}
+
+/// A finished sweep: its runs, its document and series, what its outputs are written with.
+#[derive(Debug, Clone)]
+pub struct SweepOutcome {
+    /// Every level run.
+    pub runs: Vec<LevelRun>,
+    /// The sweep's JSON document.
+    pub doc: SweepFile,
+    /// One series per configuration.
+    pub series: Vec<results::Series>,
+    /// The trace's arrival rate.
+    pub arrivals: ArrivalProfile,
+    /// The trace's identity.
+    pub identity: TraceIdentity,
+}
+
+/// How a finished sweep is written up.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepWriteUp<'a> {
+    /// The exact command line.
+    pub command: &'a str,
+    /// `--save-detailed`: the per-request arrays in every level result.
+    pub detailed: bool,
+    /// The capacity plan's inputs.
+    pub plan: PlanInputs,
+}
+
+/// Turns the runs of a sweep over `trace` into its document and series.
+pub fn outcome(
+    runs: Vec<LevelRun>,
+    base: &ReplayConfig,
+    spec: &SweepSpec,
+    opts: &SweepOptions,
+    trace: &trace_format::Trace,
+    w: SweepWriteUp,
+) -> SweepOutcome {
+    let identity = crate::report::trace_identity(trace);
+    let results: Vec<ResultDoc> = runs
+        .iter()
+        .map(|lr| level_result(lr, spec, &identity, w.command, w.detailed))
+        .collect();
+    let arrivals = results::arrival_profile(&trace.records);
+    let doc = sweep_doc(&SweepDoc {
+        spec,
+        opts,
+        cfg: base,
+        results,
+        trace: &identity,
+        arrivals: &arrivals,
+        command: w.command,
+        plan: w.plan,
+    });
+    let series = results::series_of(&doc.results, Some(spec.axis), opts.slo_percentile);
+    SweepOutcome {
+        runs,
+        doc,
+        series,
+        arrivals,
+        identity,
+    }
+}
+
+/// What the console shows when a sweep ends: the level table, the comparison of several
+/// configurations, the capacity answer and plan of each.
+pub fn summary_text(
+    o: &SweepOutcome,
+    spec: &SweepSpec,
+    opts: &SweepOptions,
+    plan: PlanInputs,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("\n");
+    out.push_str(&console_table(spec, &o.series));
+    if o.series.len() > 1 {
+        let t = crate::compare::compare(&o.series);
+        let _ = writeln!(out, "\n{}", crate::compare::render(&o.series, &t));
+    }
+    let _ = writeln!(out, "\nCapacity answer:");
+    for s in &o.series {
+        let ans = s.answer();
+        let _ = writeln!(out, "  {}", ans.sentence);
+        if let Some(p) = results::plan_for(&ans, &o.arrivals, plan) {
+            let _ = writeln!(out, "  Plan: {}", p.sentence);
+        }
+    }
+    let _ = writeln!(out, "  ({})", capacity::rules_text(opts.slo_percentile));
+    out
+}
+
+/// The metadata of a sweep's `--results` Parquet file.
+pub fn results_meta(o: &SweepOutcome, spec: &SweepSpec, command: &str) -> trace_format::FileMeta {
+    let mut meta = trace_format::FileMeta::new(trace_format::Producer::Replay, command.to_string());
+    meta.source = Some(o.identity.files.join(","));
+    meta.extra
+        .insert("trace_content_hash".into(), o.identity.content_hash.clone());
+    meta.extra.insert(
+        "sweep".into(),
+        format!("{}={:?}", spec.axis.key(), spec.levels),
+    );
+    meta
 }
 
 /// The console table of a sweep: one row per level and target (means; ± spread with repeats).
@@ -327,8 +455,8 @@ pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
             let thr = p.mean("request_throughput").unwrap_or(0.0);
             let good = p
                 .mean("request_goodput")
-                .and_then(|g| crate::pct::share(g, thr))
-                .map_or("-".into(), crate::pct::fmt_share);
+                .and_then(|g| replay::pct::share(g, thr))
+                .map_or("-".into(), replay::pct::fmt_share);
             let _ = writeln!(
                 out,
                 "{:>10} {:>4} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
@@ -354,7 +482,7 @@ mod tests {
 
     /// The same good% read 12% on the console and 13% elsewhere: Rust's `{:.0}` rounds a
     /// half to even (12.5 → 12), people and every other tool round it up. One rule, one
-    /// function ([`crate::pct::fmt_share`]): the sweep table and the knee sentence agree.
+    /// function ([`replay::pct::fmt_share`]): the sweep table and the knee sentence agree.
     #[test]
     fn good_percent_has_one_rounding_rule_on_the_console_and_in_the_knee() {
         use crate::capacity::{LevelPoint, Stat};

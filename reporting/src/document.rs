@@ -10,9 +10,11 @@ use serde_json::Value;
 use trace_format::stats::percentile_label;
 use trace_format::TraceRecord;
 
+use crate::capacity::PlanInputs;
 use crate::capacity::{self, fmt_num, CapacityAnswer, CapacityPlan};
+use crate::result_doc::{ClassDoc, Extension, SummaryDoc};
 use crate::results::{self, ArrivalProfile, ResultFile, Samples, Series};
-use crate::sweep::PlanInputs;
+use crate::sweep_doc::PlanInputsDoc;
 
 /// The metric definitions table (shared/docs/metrics.md), Markdown.
 pub const DEFINITIONS_MD: &str = "\
@@ -54,17 +56,18 @@ pub struct ReportData {
     pub notes: Vec<String>,
     /// The command that made the report.
     pub command: String,
-    /// Server-side figures beside the client's: (series, level, json).
+    /// Server-side figures beside the client's: (series, level, `llmreplay.server_histograms`
+    /// json, the shapes `replay::server_metrics` writes).
     pub server: Vec<(String, f64, Value)>,
     /// Per-time-slice metrics of the runs that have them (`replay --slice`):
     /// (series, level, `llmreplay.slices` json).
     pub slices: Vec<(String, f64, Value)>,
     /// Latency per class of request of the runs that mix classes: (series, level,
-    /// `llmreplay.by_class` json).
-    pub classes: Vec<(String, f64, Value)>,
+    /// `llmreplay.by_class`).
+    pub classes: Vec<(String, f64, Vec<ClassDoc>)>,
     /// What each run served and whether it can be trusted: (series, level, the run's
-    /// `llmreplay` json).
-    pub verdicts: Vec<(String, f64, Value)>,
+    /// `llmreplay`).
+    pub verdicts: Vec<(String, f64, Extension)>,
 }
 
 /// Inputs of [`build`] beyond the files.
@@ -93,20 +96,20 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
     let arrivals = o.arrivals.clone().or_else(|| {
         files.iter().find_map(|f| {
             f.sweep()
-                .and_then(|s| s.pointer("/trace/arrivals"))
-                .and_then(|a| serde_json::from_value::<ArrivalProfile>(a.clone()).ok())
+                .and_then(|s| s.trace.arrivals.clone())
                 .filter(|a| !a.counts.is_empty())
         })
     });
     // Target load and cost: the report's flags, else what the sweep was run with.
-    let recorded = |k: &str| {
-        files
-            .iter()
-            .find_map(|f| f.sweep()?.pointer(&format!("/plan_inputs/{k}"))?.as_f64())
+    let recorded = |k: fn(&PlanInputsDoc) -> Option<f64>| {
+        files.iter().find_map(|f| k(&f.sweep()?.plan_inputs))
     };
     let plan_inputs = PlanInputs {
-        target_qps: o.plan.target_qps.or_else(|| recorded("target_qps")),
-        cost_per_hour: o.plan.cost_per_hour.or_else(|| recorded("cost_per_hour")),
+        target_qps: o.plan.target_qps.or_else(|| recorded(|p| p.target_qps)),
+        cost_per_hour: o
+            .plan
+            .cost_per_hour
+            .or_else(|| recorded(|p| p.cost_per_hour)),
         ..o.plan
     };
     let mut plans = Vec::new();
@@ -144,10 +147,12 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
                 .filter(|(l, _)| l.to_bits() == p.level.to_bits())
             {
                 let _ = l;
+                let ours = r.llmreplay.as_ref();
                 let got = results::samples_of_result(r).or_else(|| {
-                    let target = r.pointer("/llmreplay/target/name")?.as_str()?.to_string();
-                    let run = r.pointer("/llmreplay/run_id")?.as_str()?.to_string();
-                    by_run.get(&(target, run)).cloned()
+                    let o = ours?;
+                    by_run
+                        .get(&(o.target.name.clone(), o.run_id.clone()))
+                        .cloned()
                 });
                 if let Some(g) = got {
                     any = true;
@@ -155,20 +160,18 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
                     merged.tpot.extend(g.tpot);
                     merged.itl.extend(g.itl);
                 }
-                if let Some(c) = r
-                    .pointer("/llmreplay/by_class")
-                    .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
-                {
+                let Some(ours) = ours else { continue };
+                if let Some(c) = ours.by_class.as_ref().filter(|c| !c.is_empty()) {
                     classes.push((s.name.clone(), p.level, c.clone()));
                 }
-                if let Some(v) = r.get("llmreplay") {
-                    verdicts.push((s.name.clone(), p.level, v.clone()));
+                verdicts.push((s.name.clone(), p.level, ours.clone()));
+                if let Some(sv) = &ours.server_histograms {
+                    let sv = Value::Object(sv.clone().into_iter().collect());
+                    server.push((s.name.clone(), p.level, sv));
                 }
-                if let Some(sv) = r.pointer("/llmreplay/server_histograms") {
-                    server.push((s.name.clone(), p.level, sv.clone()));
-                }
-                if let Some(sl) = r
-                    .pointer("/llmreplay/slices")
+                if let Some(sl) = ours
+                    .slices
+                    .as_ref()
                     .filter(|v| v.get("slices").and_then(Value::as_array).is_some())
                 {
                     slices.push((s.name.clone(), p.level, sl.clone()));
@@ -221,38 +224,31 @@ pub fn class_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let cell = |v: &Value| -> String {
-        if v.is_null() {
+    let cell = |v: Option<&SummaryDoc>| -> String {
+        let Some(v) = v else {
             return "n/a".into();
+        };
+        if v.count == 0 {
+            return "none".into();
         }
-        let g = |k: &str| v.get(k).and_then(Value::as_f64);
-        match (g("count"), g("median"), g("p99").or_else(|| g("max"))) {
-            (Some(0.0), _, _) => "none".into(),
-            (_, Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
-            _ => "–".into(),
-        }
+        format!("{:.1} / {:.1}", v.median, v.get(99.0).unwrap_or(v.max))
     };
     let mut rows = Vec::new();
     for (name, level, c) in &d.classes {
-        for k in c.as_array().into_iter().flatten() {
-            let n = |key: &str| k.get(key).and_then(Value::as_u64).unwrap_or(0);
+        for k in c {
             rows.push(vec![
                 name.clone(),
                 fmt_num(*level),
                 format!(
                     "{} {}",
-                    k.get("endpoint").and_then(Value::as_str).unwrap_or("?"),
-                    if k.get("stream").and_then(Value::as_bool) == Some(true) {
-                        "streamed"
-                    } else {
-                        "not streamed"
-                    }
+                    k.endpoint,
+                    if k.stream { "streamed" } else { "not streamed" }
                 ),
-                format!("{} / {}", n("completed"), n("requests")),
-                cell(&k["ttft_ms"]),
-                cell(&k["tpot_ms"]),
-                cell(&k["itl_ms"]),
-                cell(&k["e2el_ms"]),
+                format!("{} / {}", k.completed, k.requests),
+                cell(k.ttft_ms.as_ref()),
+                cell(k.tpot_ms.as_ref()),
+                cell(k.itl_ms.as_ref()),
+                cell(Some(&k.e2el_ms)),
             ]);
         }
     }
@@ -276,25 +272,30 @@ pub fn verdict_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
     .collect();
     let mut rows = Vec::new();
     for (name, level, v) in &d.verdicts {
-        let f = |k: &str, dp: usize| {
-            v.pointer(k)
-                .and_then(Value::as_f64)
-                .map_or("–".into(), |x| format!("{x:.dp$}"))
+        let f = |x: Option<f64>, dp: usize| x.map_or("–".into(), |x| format!("{x:.dp$}"));
+        let u = |k: &str| {
+            v.metric_requests
+                .get(k)
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
         };
-        let u = |k: &str| v.pointer(k).and_then(Value::as_u64).unwrap_or(0);
-        let overloaded = v.pointer("/served/overload").is_some_and(|o| !o.is_null());
-        let saturated = v.pointer("/client/verdict/client_saturated") == Some(&Value::Bool(true));
-        let not_streamed = u("/metric_requests/not_streamed");
-        if !overloaded && !saturated && not_streamed == 0 {
+        let overload = v.served.overload.as_ref();
+        let saturated = v
+            .client
+            .verdict
+            .as_ref()
+            .is_some_and(|x| x.client_saturated);
+        let not_streamed = u("not_streamed");
+        if overload.is_none() && !saturated && not_streamed == 0 {
             continue;
         }
         let mut verdict = Vec::new();
-        if overloaded {
+        if let Some(o) = overload {
             verdict.push(format!(
                 "OVERLOADED from t≈{} s: {} of {} req/s served",
-                f("/served/overload/from_s", 1),
-                f("/served/overload/served_rps", 2),
-                f("/served/overload/offered_rps", 2)
+                f(Some(o.from_s), 1),
+                f(Some(o.served_rps), 2),
+                f(Some(o.offered_rps), 2)
             ));
         }
         if saturated {
@@ -306,12 +307,12 @@ pub fn verdict_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
         rows.push(vec![
             name.clone(),
             fmt_num(*level),
-            f("/served/offered_rps", 2),
-            f("/served/steady/request_throughput", 2),
+            f(v.served.offered_rps, 2),
+            f(v.served.steady.as_ref().map(|s| s.request_throughput), 2),
             format!(
                 "{} of {} ({not_streamed} not streamed)",
-                u("/metric_requests/ttft"),
-                u("/metric_requests/e2el")
+                u("ttft"),
+                u("e2el")
             ),
             verdict.join("; "),
         ]);

@@ -1,20 +1,22 @@
 //! What a plain replay (one run per target, no sweep) leaves behind once its runs are done:
 //! each target's console report and JSON result (`--save-result`; with several targets one
 //! file each, the name inserted), the side-by-side table of several targets, and every
-//! target's per-request rows (`--results`). Every file goes through `trace_format::store`, so
+//! target's per-request rows (`--results`). Every file goes through `store`, so
 //! a local path and an object-store URL (`s3://`, `gs://`, `az://`) are written alike.
 //!
-//! The runs themselves are [`crate::replay`]'s; this module only reads them.
+//! The runs themselves are [`replay::replay`]'s; this module only reads them.
 
 use std::path::{Path, PathBuf};
 
 use trace_format::{FileMeta, Producer, Trace};
 
-use crate::config::ValidatedConfig;
-use crate::error::ReplayError;
-use crate::metrics::Metrics;
+use replay::config::ValidatedConfig;
+use replay::error::ReplayError;
+use replay::metrics::Metrics;
+use replay::run::RunOutput;
+
 use crate::report::{self, ResultInputs};
-use crate::run::RunOutput;
+use crate::result_doc::{ResultDoc, RunSettings};
 
 /// Where a plain replay writes, and the provenance it writes with.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +64,7 @@ pub fn write(
     console: &mut dyn Console,
 ) -> Result<(), ReplayError> {
     let identity = report::trace_identity(trace);
-    console.report(report::DEFINITIONS);
+    console.report(crate::console::DEFINITIONS);
     let many = runs.len() > 1;
     for (run, m) in runs {
         let inputs = ResultInputs {
@@ -73,20 +75,19 @@ pub fn write(
             command: out.command,
             detailed: out.detailed,
         };
-        console.report(&report::console_report(&inputs));
+        console.report(&crate::console::console_report(&inputs));
         if let Some(p) = out.save_result {
             let p = per_target_path(p, &run.target.name, many);
-            let json = report::result_json(&inputs);
-            let bytes = serde_json::to_vec_pretty(&json).expect("JSON values serialize");
+            let bytes = report::result_doc(&inputs).to_bytes();
             let at = store::write_bytes(&p, bytes).map_err(|e| written(&p, e))?;
             console.note(&format!("result written to {at}"));
         }
     }
     if many {
-        let results: Vec<serde_json::Value> = runs
+        let results: Vec<ResultDoc> = runs
             .iter()
             .map(|(run, m)| {
-                report::result_json(&ResultInputs {
+                report::result_doc(&ResultInputs {
                     cfg,
                     run,
                     metrics: m,
@@ -118,6 +119,11 @@ pub fn write(
         for (k, v) in &cfg.metadata {
             meta.extra.insert(k.clone(), v.clone());
         }
+        // What `merge` reports the shards ran with.
+        meta.extra.insert(
+            RunSettings::META_KEY.into(),
+            report::run_settings(cfg).to_meta(),
+        );
         for (run, _) in runs {
             meta.extra.insert(
                 format!("target.{}.url", run.target.name),

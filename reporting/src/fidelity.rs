@@ -24,7 +24,7 @@ use serde::Serialize;
 use trace_format::stats::percentile;
 use trace_format::{Outcome, TraceRecord};
 
-use crate::metrics::{itl_gaps_ms, tpot_ms, ttft_ms};
+use replay::metrics::{itl_gaps_ms, tpot_ms, ttft_ms};
 
 /// The schedule error the verdict tolerates at p99, ms, at least: a send this close to its
 /// captured instant cannot change what the server sees (sub-millisecond gaps are below the

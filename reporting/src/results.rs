@@ -7,22 +7,34 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Serialize;
 use serde_json::Value;
 use trace_format::{Outcome, TraceRecord};
 
-use crate::capacity::{self, Axis, CapacityAnswer, CapacityPlan, LevelPoint, LoadSource};
-use crate::config::Slo;
-use crate::error::ReplayError;
-use crate::sweep::PlanInputs;
+use crate::capacity::{
+    self, Axis, CapacityAnswer, CapacityPlan, LevelPoint, LoadSource, PlanInputs,
+};
+use crate::result_doc::ResultDoc;
+pub use crate::sweep_doc::ArrivalProfile;
+use crate::sweep_doc::{SweepFile, SweepSummary};
+use replay::config::Slo;
+use replay::error::ReplayError;
 
-/// A result file as read.
+/// A result file as read: one result, or a sweep.
 #[derive(Debug, Clone)]
 pub struct ResultFile {
     /// Where it came from.
     pub path: String,
-    /// Its JSON.
-    pub doc: Value,
+    /// What it holds.
+    pub content: ResultContent,
+}
+
+/// What a result file holds.
+#[derive(Debug, Clone)]
+pub enum ResultContent {
+    /// One vLLM-style result (`replay --save-result`, `merge`).
+    Single(Box<ResultDoc>),
+    /// A sweep (`replay --sweep`/`--num-runs --save-result`).
+    Sweep(Box<SweepFile>),
 }
 
 impl ResultFile {
@@ -33,42 +45,59 @@ impl ResultFile {
             cause: e,
         };
         let text = std::fs::read(path).map_err(io)?;
+        ResultFile::parse(&path.display().to_string(), &text)
+    }
+
+    /// Parses the bytes of a JSON result read from `path`.
+    pub fn parse(path: &str, text: &[u8]) -> Result<ResultFile, ReplayError> {
         if text.starts_with(b"PAR1") {
             return Err(ReplayError::Config(format!(
-                "{}: a Parquet trace or per-request results file, not a JSON result: give the \
+                "{path}: a Parquet trace or per-request results file, not a JSON result: give the \
                  file `replay --save-result` wrote (report takes Parquet results with --results, \
-                 a trace with --trace)",
-                path.display()
+                 a trace with --trace)"
             )));
         }
-        let doc: Value = serde_json::from_slice(&text).map_err(|e| {
-            ReplayError::Config(format!("{}: not a JSON result: {e}", path.display()))
-        })?;
-        if !doc.is_object()
-            || (doc.get("llmreplay_sweep").is_none() && doc.get("request_throughput").is_none())
-        {
+        let bad =
+            |e: serde_json::Error| ReplayError::Config(format!("{path}: not a JSON result: {e}"));
+        let doc: Value = serde_json::from_slice(text).map_err(bad)?;
+        let content = if !doc.is_object() {
+            None
+        } else if doc.get("llmreplay_sweep").is_some() {
+            Some(ResultContent::Sweep(Box::new(
+                SweepFile::from_value(&doc).map_err(bad)?,
+            )))
+        } else if doc.get("request_throughput").is_some() {
+            Some(ResultContent::Single(Box::new(
+                ResultDoc::from_value(&doc).map_err(bad)?,
+            )))
+        } else {
+            None
+        };
+        let Some(content) = content else {
             return Err(ReplayError::Config(format!(
-                "{}: neither a --save-result of llmreplay/vLLM nor a sweep result",
-                path.display()
+                "{path}: neither a --save-result of llmreplay/vLLM nor a sweep result"
             )));
-        }
+        };
         Ok(ResultFile {
-            path: path.display().to_string(),
-            doc,
+            path: path.to_string(),
+            content,
         })
     }
 
     /// The vLLM-style results inside (one for a single result, every level run for a sweep).
-    pub fn results(&self) -> Vec<&Value> {
-        match self.doc.get("results").and_then(Value::as_array) {
-            Some(a) if self.doc.get("llmreplay_sweep").is_some() => a.iter().collect(),
-            _ => vec![&self.doc],
+    pub fn results(&self) -> Vec<&ResultDoc> {
+        match &self.content {
+            ResultContent::Single(d) => vec![d],
+            ResultContent::Sweep(s) => s.results.iter().collect(),
         }
     }
 
     /// The sweep summary, when this is a sweep.
-    pub fn sweep(&self) -> Option<&Value> {
-        self.doc.get("llmreplay_sweep")
+    pub fn sweep(&self) -> Option<&SweepSummary> {
+        match &self.content {
+            ResultContent::Sweep(s) => Some(&s.summary),
+            ResultContent::Single(_) => None,
+        }
     }
 }
 
@@ -86,7 +115,7 @@ pub struct Series {
     /// Levels, ascending.
     pub points: Vec<LevelPoint>,
     /// (level, result) of every run.
-    pub runs: Vec<(f64, Value)>,
+    pub runs: Vec<(f64, ResultDoc)>,
     /// Exact commands of the runs (deduplicated).
     pub commands: Vec<String>,
 }
@@ -105,43 +134,32 @@ impl Series {
 }
 
 /// The name a result is grouped under: its target, with its label.
-pub fn config_name(r: &Value) -> String {
-    let target = r
-        .pointer("/llmreplay/target/name")
-        .and_then(Value::as_str)
-        .or_else(|| r.get("model_id").and_then(Value::as_str))
-        .unwrap_or("result");
-    match r.get("label").and_then(Value::as_str) {
+pub fn config_name(r: &ResultDoc) -> String {
+    let target = match r.llmreplay.as_ref().map(|o| o.target.name.as_str()) {
+        Some(n) => n,
+        None if !r.vllm.model_id.is_empty() => &r.vllm.model_id,
+        None => "result",
+    };
+    match r.vllm.label.as_deref() {
         Some(l) if !l.is_empty() && l != target => format!("{target} [{l}]"),
         _ => target.to_string(),
     }
 }
 
 /// The setting of `axis` a result was run with (`max_concurrency`, `request_rate`, speedup).
-pub fn axis_value(r: &Value, axis: Axis) -> Option<f64> {
+pub fn axis_value(r: &ResultDoc, axis: Axis) -> Option<f64> {
     match axis {
-        Axis::MaxConcurrency => r.get("max_concurrency").and_then(Value::as_f64),
-        Axis::RequestRate => match r.get("request_rate") {
-            Some(Value::String(s)) if s == "inf" => Some(f64::INFINITY),
-            Some(v) => v.as_f64(),
-            None => None,
-        },
-        Axis::Speedup => r
-            .pointer("/llmreplay/trace/speedup")
-            .and_then(Value::as_f64),
+        Axis::MaxConcurrency => r.vllm.max_concurrency.map(|c| c as f64),
+        Axis::RequestRate => r.vllm.request_rate.as_f64(),
+        Axis::Speedup => r.llmreplay.as_ref()?.trace.speedup,
     }
 }
 
 /// The level and axis of one result: its sweep mark, else what it was run with.
-fn place(r: &Value, axis: Option<Axis>) -> (Axis, f64) {
-    if let Some(sw) = r.pointer("/llmreplay/sweep") {
-        if let (Some(a), Some(l)) = (
-            sw.get("axis")
-                .and_then(Value::as_str)
-                .and_then(Axis::from_key),
-            sw.get("level").and_then(Value::as_f64),
-        ) {
-            return (a, l);
+fn place(r: &ResultDoc, axis: Option<Axis>) -> (Axis, f64) {
+    if let Some(sw) = r.llmreplay.as_ref().and_then(|o| o.sweep.as_ref()) {
+        if let Some(a) = Axis::from_key(&sw.axis) {
+            return (a, sw.level);
         }
     }
     let order = match axis {
@@ -158,9 +176,9 @@ fn place(r: &Value, axis: Option<Axis>) -> (Axis, f64) {
 
 /// Groups results into series (first-seen order), inferring each one's axis: a sweep mark, or
 /// the setting that varies between its results (max_concurrency, request_rate, speedup).
-pub fn series_of(results: &[Value], axis: Option<Axis>, pct: f64) -> Vec<Series> {
+pub fn series_of(results: &[ResultDoc], axis: Option<Axis>, pct: f64) -> Vec<Series> {
     let mut order: Vec<String> = Vec::new();
-    let mut groups: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<&ResultDoc>> = BTreeMap::new();
     for r in results {
         let n = config_name(r);
         if !groups.contains_key(&n) {
@@ -174,7 +192,10 @@ pub fn series_of(results: &[Value], axis: Option<Axis>, pct: f64) -> Vec<Series>
             let rs = &groups[&name];
             // Which axis varies across these results?
             let axis = axis.or_else(|| {
-                if rs.iter().any(|r| r.pointer("/llmreplay/sweep").is_some()) {
+                if rs
+                    .iter()
+                    .any(|r| r.llmreplay.as_ref().is_some_and(|o| o.sweep.is_some()))
+                {
                     return None;
                 }
                 [Axis::MaxConcurrency, Axis::RequestRate, Axis::Speedup]
@@ -189,7 +210,7 @@ pub fn series_of(results: &[Value], axis: Option<Axis>, pct: f64) -> Vec<Series>
                         vs.len() > 1
                     })
             });
-            let mut by_level: Vec<(f64, Vec<&Value>)> = Vec::new();
+            let mut by_level: Vec<(f64, Vec<&ResultDoc>)> = Vec::new();
             let mut found_axis = axis;
             let mut runs = Vec::new();
             for r in rs {
@@ -207,7 +228,7 @@ pub fn series_of(results: &[Value], axis: Option<Axis>, pct: f64) -> Vec<Series>
             by_level.sort_by(|a, b| a.0.total_cmp(&b.0));
             let mut commands: Vec<String> = Vec::new();
             for r in rs {
-                if let Some(c) = r.pointer("/llmreplay/command").and_then(Value::as_str) {
+                if let Some(c) = r.llmreplay.as_ref().map(|o| o.command.as_str()) {
                     if !commands.iter().any(|x| x == c) {
                         commands.push(c.to_string());
                     }
@@ -232,21 +253,15 @@ pub fn series_of(results: &[Value], axis: Option<Axis>, pct: f64) -> Vec<Series>
 /// Every series in `files` (sweep files use their recorded percentile unless `pct` is given).
 pub fn series_of_files(files: &[ResultFile], pct: Option<f64>) -> Vec<Series> {
     let mut out = Vec::new();
-    let mut singles: Vec<Value> = Vec::new();
+    let mut singles: Vec<ResultDoc> = Vec::new();
     for f in files {
-        match f.sweep() {
-            Some(sw) => {
-                let p = pct
-                    .or_else(|| sw.get("slo_percentile").and_then(Value::as_f64))
-                    .unwrap_or(95.0);
-                let axis = sw
-                    .get("axis")
-                    .and_then(Value::as_str)
-                    .and_then(Axis::from_key);
-                let rs: Vec<Value> = f.results().into_iter().cloned().collect();
-                out.extend(series_of(&rs, axis, p));
+        match &f.content {
+            ResultContent::Sweep(sw) => {
+                let p = pct.or(sw.summary.slo_percentile).unwrap_or(95.0);
+                let axis = Axis::from_key(&sw.summary.axis);
+                out.extend(series_of(&sw.results, axis, p));
             }
-            None => singles.push(f.doc.clone()),
+            ResultContent::Single(d) => singles.push((**d).clone()),
         }
     }
     if !singles.is_empty() {
@@ -262,19 +277,6 @@ pub fn series_of_files(files: &[ResultFile], pct: Option<f64>) -> Vec<Series> {
         }
     }
     out
-}
-
-/// The arrival rate of a trace over 1-second buckets.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, Default)]
-pub struct ArrivalProfile {
-    /// Bucket width, s.
-    pub bucket_s: f64,
-    /// Arrivals per bucket from the first arrival.
-    pub counts: Vec<u32>,
-    /// Rows / span.
-    pub mean_per_s: f64,
-    /// Largest bucket / bucket width.
-    pub peak_per_s: f64,
 }
 
 /// Arrivals per second of `records` (any order).
@@ -333,34 +335,25 @@ pub struct Samples {
 
 /// Samples from a result's `--save-detailed` arrays (None without them). TPOT is
 /// Σ ITL / (output_lens − 1): E2EL − TTFT is the sum of a stream's chunk gaps.
-pub fn samples_of_result(r: &Value) -> Option<Samples> {
-    let ttfts = r.get("ttfts")?.as_array()?;
-    let itls = r.get("itls")?.as_array()?;
-    let outs = r.get("output_lens")?.as_array()?;
-    let errors = r.get("errors").and_then(Value::as_array);
+pub fn samples_of_result(r: &ResultDoc) -> Option<Samples> {
+    let ttfts = r.vllm.ttfts.as_ref()?;
+    let itls = r.vllm.itls.as_ref()?;
+    let outs = r.vllm.output_lens.as_ref()?;
+    let errors = r.vllm.errors.as_ref();
     let mut s = Samples::default();
     for (i, t) in ttfts.iter().enumerate() {
-        let failed = errors
-            .and_then(|e| e.get(i))
-            .and_then(Value::as_str)
-            .is_some_and(|e| !e.is_empty());
-        let out = outs.get(i).and_then(Value::as_i64).unwrap_or(0);
+        let failed = errors.and_then(|e| e.get(i)).is_some_and(|e| !e.is_empty());
+        let out = outs.get(i).copied().unwrap_or(0);
         if failed || out == 0 {
             continue;
         }
         // 0 is vLLM's "no TTFT": a request that was not streamed has no first token.
-        if let Some(t) = t.as_f64().filter(|&t| t > 0.0) {
+        if *t > 0.0 {
             s.ttft.push(t * 1e3);
         }
         let gaps: Vec<f64> = itls
             .get(i)
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_f64)
-                    .map(|g| g * 1e3)
-                    .collect()
-            })
+            .map(|a| a.iter().map(|g| g * 1e3).collect())
             .unwrap_or_default();
         if out > 1 && !gaps.is_empty() {
             s.tpot.push(gaps.iter().sum::<f64>() / (out - 1) as f64);
@@ -379,13 +372,13 @@ pub fn samples_of_records(records: &[TraceRecord]) -> BTreeMap<(String, String),
             r.run_id.clone().unwrap_or_default(),
         );
         let s = out.entry(key).or_default();
-        if let Some(t) = crate::metrics::ttft_ms(r) {
+        if let Some(t) = replay::metrics::ttft_ms(r) {
             s.ttft.push(t);
         }
-        if let Some(t) = crate::metrics::tpot_ms(r) {
+        if let Some(t) = replay::metrics::tpot_ms(r) {
             s.tpot.push(t);
         }
-        s.itl.extend(crate::metrics::itl_gaps_ms(r));
+        s.itl.extend(replay::metrics::itl_gaps_ms(r));
     }
     out
 }
@@ -395,10 +388,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn res(target: &str, conc: u64, thr: f64) -> Value {
-        json!({"request_throughput": thr, "max_concurrency": conc, "num_prompts": 10, "failed": 0,
+    fn res(target: &str, conc: u64, thr: f64) -> ResultDoc {
+        let v = json!({"request_throughput": thr, "max_concurrency": conc, "num_prompts": 10, "failed": 0,
                "request_rate": "inf",
-               "llmreplay": {"target": {"name": target}, "goodput_slos": {"ttft": 500.0}, "command": "llmreplay replay x"}})
+               "llmreplay": {"target": {"name": target}, "goodput_slos": {"ttft": 500.0}, "command": "llmreplay replay x"}});
+        ResultDoc::from_value(&v).unwrap()
     }
 
     #[test]
@@ -440,7 +434,7 @@ mod tests {
     fn detailed_arrays_give_tpot_from_the_gaps() {
         // The third request completed without streaming: TTFT 0, no gaps, no TTFT sample.
         let r = json!({"ttfts": [0.1, 0.0, 0.0], "itls": [[0.01, 0.03], [], []], "output_lens": [3, 0, 40], "errors": ["", "boom", ""]});
-        let s = samples_of_result(&r).unwrap();
+        let s = samples_of_result(&ResultDoc::from_value(&r).unwrap()).unwrap();
         assert_eq!(s.ttft, vec![100.0]);
         assert_eq!(s.tpot, vec![20.0]);
         assert_eq!(s.itl.len(), 2);

@@ -13,9 +13,9 @@ use std::fmt::Write as _;
 use trace_format::stats::percentile_label;
 
 use crate::capacity::{fmt_num, CapacityAnswer};
-use crate::config::SloMetric;
-use crate::error::ReplayError;
 use crate::results::Series;
+use replay::config::SloMetric;
+use replay::error::ReplayError;
 
 use wire::vllm_metrics::{
     self as vllm, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS as E2E_BUCKETS, TTFT_BUCKETS,
@@ -165,6 +165,7 @@ mod tests {
         let r = json!({"request_throughput": 2.0, "num_prompts": 10, "failed": 0, "p95_ttft_ms": 100.0, "p95_tpot_ms": 20.0,
             "max_concurrency": 4,
             "llmreplay": {"target": {"name": "sim a"}, "goodput_slos": {"ttft": 500.0, "tpot": 40.0}}});
+        let r = crate::result_doc::ResultDoc::from_value(&r).unwrap();
         let s = crate::results::series_of(&[r], None, 95.0);
         let a: Vec<_> = s.iter().map(|x| x.answer()).collect();
         let y = rules_yaml(&s, &a).unwrap();

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use replay::config::{EndpointKind, Target};
 use replay::config::{Loops, Soak};
-use replay::results::ResultFile;
 use replay::ReplayConfig;
+use reporting::results::ResultFile;
 
 fn trace(n: usize, rate: f64) -> Vec<trace_format::TraceRecord> {
     replay::synth::synth(&replay::synth::SynthSpec {
@@ -73,11 +73,11 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
     };
     assert!(sent("").iter().max() < sent("1").iter().min());
     assert!(sent("1").iter().max() < sent("2").iter().min());
-    let identity = replay::report::trace_identity(&trace_format::Trace {
+    let identity = reporting::report::trace_identity(&trace_format::Trace {
         records: records.clone(),
         files: vec![],
     });
-    let j = replay::report::result_json(&replay::report::ResultInputs {
+    let j = reporting::report::result_json(&reporting::report::ResultInputs {
         cfg: &cfg,
         run,
         metrics: m,
@@ -114,9 +114,9 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("soak.json");
     std::fs::write(&p, serde_json::to_vec(&j).unwrap()).unwrap();
-    let data = replay::document::build(&[ResultFile::read(&p).unwrap()], &Default::default());
+    let data = reporting::document::build(&[ResultFile::read(&p).unwrap()], &Default::default());
     assert_eq!(data.slices.len(), 1);
-    let plots = replay::html::plots(&data);
+    let plots = reporting::html::plots(&data);
     let timeline: Vec<_> = plots
         .iter()
         .filter(|(c, _)| c.starts_with("Timeline"))
@@ -131,9 +131,9 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
         assert!(svg.matches("<polyline").count() >= 2, "{svg}");
         assert!(!svg.contains("no data"));
     }
-    let html = replay::html::render(&data);
+    let html = reporting::html::render(&data);
     assert!(html.contains("Drift over the run"));
-    assert!(replay::document::markdown(&data).contains("## Drift over the run"));
+    assert!(reporting::document::markdown(&data).contains("## Drift over the run"));
     let _ = std::fs::remove_dir_all(&dir);
 
     // --loop inf: as many passes as 2.5 s of trace time needs (period ~1 s: three), cut there.

@@ -228,7 +228,7 @@ fn same_level(a: f64, b: f64) -> bool {
 }
 
 /// The load settings of a single result, as read.
-fn load_text(r: &serde_json::Value) -> String {
+fn load_text(r: &crate::result_doc::ResultDoc) -> String {
     let mut parts = Vec::new();
     for a in [Axis::RequestRate, Axis::MaxConcurrency, Axis::Speedup] {
         if let Some(v) = crate::results::axis_value(r, a) {
@@ -544,12 +544,17 @@ mod tests {
     /// A series on `axis` at `levels`, TTFT p50 rising with the level (a result's load
     /// settings as vLLM writes them: `max_concurrency` null unless set, `request_rate`).
     fn sweep(name: &str, axis: Axis, levels: &[f64]) -> Series {
-        let run = |l: f64| match axis {
-            Axis::MaxConcurrency => {
-                serde_json::json!({"max_concurrency": l, "request_rate": "inf"})
-            }
-            Axis::RequestRate => serde_json::json!({"max_concurrency": null, "request_rate": l}),
-            Axis::Speedup => serde_json::json!({"llmreplay": {"trace": {"speedup": l}}}),
+        let run = |l: f64| {
+            let v = match axis {
+                Axis::MaxConcurrency => {
+                    serde_json::json!({"max_concurrency": l as u64, "request_rate": "inf"})
+                }
+                Axis::RequestRate => {
+                    serde_json::json!({"max_concurrency": null, "request_rate": l})
+                }
+                Axis::Speedup => serde_json::json!({"llmreplay": {"trace": {"speedup": l}}}),
+            };
+            crate::result_doc::ResultDoc::from_value(&v).unwrap()
         };
         Series {
             name: name.into(),

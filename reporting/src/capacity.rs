@@ -15,7 +15,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use trace_format::stats::percentile_label;
 
-use crate::config::{Slo, SloMetric};
+use crate::result_doc::ResultDoc;
+use replay::config::{Slo, SloMetric};
 
 /// A level with more failed requests than this fraction breaks the SLO, whatever its
 /// latencies (vLLM's percentiles are over completed requests only).
@@ -85,15 +86,7 @@ impl Axis {
     }
 }
 
-/// A number without needless decimals: 16, 2.5, 0.25.
-pub fn fmt_num(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
-}
+pub use replay::pct::fmt_num;
 
 /// Mean and spread of one figure over the repeated runs of a level.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -157,25 +150,20 @@ pub struct LevelPoint {
 
 impl LevelPoint {
     /// Aggregates the vLLM-style results of the runs of one level.
-    pub fn from_results(level: f64, results: &[&Value]) -> LevelPoint {
+    pub fn from_results(level: f64, results: &[&ResultDoc]) -> LevelPoint {
         let mut acc: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut fails = Vec::new();
         for r in results {
-            if let Some(o) = r.as_object() {
-                for (k, v) in o {
-                    if let Some(x) = v.as_f64() {
-                        acc.entry(k.clone()).or_default().push(x);
-                    }
-                }
+            for (k, x) in r.numbers() {
+                acc.entry(k).or_default().push(x);
             }
-            if let Some(x) = r
-                .pointer("/llmreplay/served/steady/request_throughput")
-                .and_then(Value::as_f64)
-            {
-                acc.entry(STEADY_KEY.into()).or_default().push(x);
+            if let Some(s) = r.llmreplay.as_ref().and_then(|o| o.served.steady.as_ref()) {
+                acc.entry(STEADY_KEY.into())
+                    .or_default()
+                    .push(s.request_throughput);
             }
-            let sent = r.get("num_prompts").and_then(Value::as_f64).unwrap_or(0.0);
-            let failed = r.get("failed").and_then(Value::as_f64).unwrap_or(0.0);
+            let sent = r.vllm.num_prompts as f64;
+            let failed = r.vllm.failed as f64;
             fails.push(if sent > 0.0 { failed / sent } else { 0.0 });
         }
         LevelPoint {
@@ -331,7 +319,7 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
                 if thr > 0.0 && g < GOODPUT_FOLLOW_FRACTION * thr {
                     reasons.push(format!(
                         "goodput fell to {} of request throughput ({:.2} of {:.2} req/s)",
-                        crate::pct::fmt_share(g / thr),
+                        replay::pct::fmt_share(g / thr),
                         g,
                         thr
                     ));
@@ -719,23 +707,39 @@ pub fn plan(
     })
 }
 
+/// Inputs of a capacity plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanInputs {
+    /// `--target-qps` (None: the trace's peak arrival rate).
+    pub target_qps: Option<f64>,
+    /// `--redundancy`.
+    pub redundancy: u32,
+    /// `--cost-per-hour`.
+    pub cost_per_hour: Option<f64>,
+}
+
+impl Default for PlanInputs {
+    fn default() -> Self {
+        PlanInputs {
+            target_qps: None,
+            redundancy: 2,
+            cost_per_hour: None,
+        }
+    }
+}
+
 /// The SLOs recorded in a result (`llmreplay.goodput_slos`).
-pub fn slos_of(result: &Value) -> Vec<Slo> {
+pub fn slos_of(result: &ResultDoc) -> Vec<Slo> {
     let mut out = Vec::new();
-    if let Some(o) = result
-        .pointer("/llmreplay/goodput_slos")
-        .and_then(Value::as_object)
-    {
-        for (k, v) in o {
+    if let Some(o) = &result.llmreplay {
+        for (k, &limit_ms) in &o.goodput_slos {
             let metric = match k.as_str() {
                 "ttft" => SloMetric::Ttft,
                 "tpot" => SloMetric::Tpot,
                 "e2el" => SloMetric::E2el,
                 _ => continue,
             };
-            if let Some(limit_ms) = v.as_f64() {
-                out.push(Slo { metric, limit_ms });
-            }
+            out.push(Slo { metric, limit_ms });
         }
     }
     out
@@ -762,7 +766,7 @@ mod tests {
             "median_ttft_ms": ttft.0, "p95_ttft_ms": ttft.1,
             "median_tpot_ms": tpot.0, "p95_tpot_ms": tpot.1,
         });
-        LevelPoint::from_results(level, &[&v])
+        LevelPoint::from_results(level, &[&ResultDoc::from_value(&v).unwrap()])
     }
 
     fn slos() -> Vec<Slo> {
@@ -781,7 +785,7 @@ mod tests {
                 "median_tpot_ms": 20.0, "p95_tpot_ms": 22.0,
                 "llmreplay": {"served": {"steady": {"request_throughput": steady}}},
             });
-            LevelPoint::from_results(level, &[&v])
+            LevelPoint::from_results(level, &[&ResultDoc::from_value(&v).unwrap()])
         };
         let pts = vec![mk(1.0, 0.8, 0.99), mk(2.0, 1.47, 1.98), mk(4.0, 2.61, 3.95)];
         let a = answer("sim", Axis::RequestRate, &pts, &slos(), 95.0);

@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use replay::capacity::Axis;
-use replay::compare::{self, Verdict};
 use replay::config::{Arrivals, EndpointKind, Target};
-use replay::results::{self, ResultFile};
-use replay::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
 use replay::ReplayConfig;
+use reporting::capacity::Axis;
+use reporting::compare::{self, Verdict};
+use reporting::results::{self, ResultFile};
+use reporting::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
 use trace_format::TraceRecord;
 
 struct Sim {
@@ -105,7 +105,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
     )
     .expect("sweep runs");
     assert_eq!(runs.len(), 4);
-    let identity = replay::report::trace_identity(&trace_format::Trace {
+    let identity = reporting::report::trace_identity(&trace_format::Trace {
         records: records.clone(),
         files: vec![],
     });
@@ -122,7 +122,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         })
         .collect();
     let arrivals = results::arrival_profile(&records);
-    let doc = sweep::sweep_json(&sweep::SweepDoc {
+    let doc = sweep::sweep_doc(&sweep::SweepDoc {
         spec: &spec,
         opts: &opts,
         cfg: &cfg,
@@ -136,11 +136,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
             cost_per_hour: Some(3.0),
         },
     });
-    let series = results::series_of(
-        doc["results"].as_array().unwrap(),
-        Some(Axis::RequestRate),
-        95.0,
-    );
+    let series = results::series_of(&doc.results, Some(Axis::RequestRate), 95.0);
     println!("{}", sweep::console_table(&spec, &series));
     let a = series[0].answer();
     println!("{}", a.sentence);
@@ -157,7 +153,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
     );
     assert!(a.sentence.contains("prefill queueing"), "{}", a.sentence);
     // The sweep JSON carries the answer and a plan.
-    let cap = &doc["llmreplay_sweep"]["targets"]["tiny"]["capacity"];
+    let cap = &doc.summary.targets["tiny"].capacity;
     assert_eq!(cap["max_ok_level"].as_f64(), Some(ok));
     assert!(cap["plan"]["replicas"].as_u64().unwrap() >= 8, "{cap}");
 
@@ -165,10 +161,10 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
     let dir = std::env::temp_dir().join(format!("llmreplay-cap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("sweep.json");
-    std::fs::write(&p, serde_json::to_vec(&doc).unwrap()).unwrap();
+    std::fs::write(&p, doc.to_bytes()).unwrap();
     let files = vec![ResultFile::read(&p).unwrap()];
-    let data = replay::document::build(&files, &Default::default());
-    let plots = replay::html::plots(&data);
+    let data = reporting::document::build(&files, &Default::default());
+    let plots = reporting::html::plots(&data);
     // arrival rate, TTFT, TPOT, goodput, throughput, and TTFT/TPOT/ITL distributions.
     assert_eq!(
         plots.len(),
@@ -176,7 +172,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         "{:?}",
         plots.iter().map(|p| &p.0).collect::<Vec<_>>()
     );
-    let html = replay::html::render(&data);
+    let html = reporting::html::render(&data);
     assert_eq!(html.matches("<svg").count(), plots.len());
     assert!(html.matches("<polyline").count() >= plots.len());
     for bad in ["src=", "href=", "<script", "<link", "url(", "@import"] {
@@ -186,7 +182,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         );
     }
     assert!(html.contains(&a.sentence.replace('>', "&gt;").replace('<', "&lt;")));
-    let md = replay::document::markdown(&data);
+    let md = reporting::document::markdown(&data);
     for want in [
         "| TTFT |",
         "## Capacity plan",
@@ -198,7 +194,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
     }
     // Alerting rules for the same SLOs, checked by promtool (Debian's `prometheus` package,
     // which scripts/test installs): required under CI=true, a loud skip elsewhere.
-    let rules = replay::alerts::rules_yaml(&data.series, &data.answers).unwrap();
+    let rules = reporting::alerts::rules_yaml(&data.series, &data.answers).unwrap();
     let rp = dir.join("rules.yaml");
     std::fs::write(&rp, &rules).unwrap();
     match std::process::Command::new("promtool")
@@ -240,7 +236,7 @@ fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noi
     };
     cfg.selection.max_requests = Some(10);
     let records = trace(10);
-    let identity = replay::report::trace_identity(&trace_format::Trace {
+    let identity = reporting::report::trace_identity(&trace_format::Trace {
         records: records.clone(),
         files: vec![],
     });
@@ -248,7 +244,7 @@ fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noi
     let results: Vec<_> = runs
         .iter()
         .map(|(run, m)| {
-            replay::report::result_json(&replay::report::ResultInputs {
+            reporting::report::result_doc(&reporting::report::ResultInputs {
                 cfg: &cfg,
                 run,
                 metrics: m,

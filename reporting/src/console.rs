@@ -1,0 +1,537 @@
+//! What a run tells people on the console: the definitions table first, then the results
+//! as the seed report asks, the dispatch-lag verdict, and the side-by-side table of a
+//! multi-target run.
+
+use std::fmt::Write as _;
+
+use trace_format::stats::{percentile_label, Summary};
+
+use crate::report::{prompt_note, slo_pass, verdict, ResultInputs};
+use replay::config::{Arrivals, ReplayConfig};
+use replay::metrics::Metrics;
+use replay::run::RunOutput;
+
+/// The definitions table printed above every result (../shared/docs/metrics.md).
+pub const DEFINITIONS: &str = "\
+Metric definitions (vLLM's `vllm bench serve`; measured at the client from t0 = request written):
+  TTFT      time of the first chunk with output - t0 (a chunk = an SSE event with non-empty `choices`;
+            output = text, content, reasoning or a tool call: a chat role-only or empty chunk is not
+            a token; vLLM's client takes any chunk, which on vLLM's server is the same instant);
+            TTFT, ITL and TPOT cover streamed requests only
+  ITL       gap between consecutive chunks with output, pooled over successful requests (k tokens in a chunk = one gap)
+  TPOT      per request, (E2EL - TTFT) / (output_tokens - 1), output_tokens from usage
+  E2EL      time of the last chunk - t0 (non-streamed: whole response read)
+  goodput   requests/s meeting every --goodput SLO (inclusive)
+  throughput  completed requests (or tokens) / duration; duration = scheduled start of the first request
+              to the end of the last one
+  dispatch lag  actual send - when the request was due (client overhead; queue and connect time apart)
+  client queue  waiting for a --max-concurrency slot, or for the requests due at the same instant
+              that were sent before it (a burst leaves one request after another)
+";
+
+fn line(out: &mut String, label: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "{label:<40} {value}");
+}
+
+fn section(out: &mut String, title: &str) {
+    let _ = writeln!(out, "{:-^50}", title);
+}
+
+/// The console report of one run.
+pub fn console_report(i: &ResultInputs) -> String {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
+    let mut out = String::new();
+    let _ = writeln!(out, "{:=^50}", " Serving Benchmark Result ");
+    line(&mut out, "Command:", i.command);
+    line(
+        &mut out,
+        "Target:",
+        format!("{} ({})", run.target.name, run.target.url),
+    );
+    line(&mut out, "Model:", &run.model);
+    if let Some(v) = &run.target_info.version {
+        line(&mut out, "Target version:", v);
+    }
+    line(
+        &mut out,
+        "Trace:",
+        format!(
+            "{} ({} rows, hash {}), {} selected",
+            i.trace.files.join(", "),
+            i.trace.rows,
+            i.trace.content_hash,
+            run.plan_len
+        ),
+    );
+    if let Some((id, why)) = run.skipped.first() {
+        line(
+            &mut out,
+            "Skipped rows:",
+            format!(
+                "{} could not become a request (first: {id}: {why})",
+                run.skipped.len()
+            ),
+        );
+    }
+    match cfg.arrivals {
+        Arrivals::Recorded { speedup } => line(
+            &mut out,
+            "Arrivals:",
+            format!("recorded, speedup {speedup}"),
+        ),
+        Arrivals::Rate { rate, burstiness } => {
+            line(
+                &mut out,
+                "Traffic request rate:",
+                if rate.is_infinite() {
+                    "inf".into()
+                } else {
+                    format!("{rate}")
+                },
+            );
+            line(&mut out, "Burstiness factor:", burstiness);
+        }
+    }
+    line(&mut out, "Synthesized prompts:", prompt_note(cfg, run));
+    line(
+        &mut out,
+        "Maximum request concurrency:",
+        cfg.max_concurrency.map_or("none".into(), |c| c.to_string()),
+    );
+    line(&mut out, "Successful requests:", m.completed);
+    line(&mut out, "Failed requests:", m.failed);
+    line(
+        &mut out,
+        "Benchmark duration (s):",
+        format!("{:.2}", m.duration_s),
+    );
+    line(&mut out, "Total input tokens:", m.total_input_tokens);
+    line(&mut out, "Total generated tokens:", m.total_output_tokens);
+    if m.output_token_sources.keys().any(|k| k != "usage") {
+        line(
+            &mut out,
+            "Output tokens counted from:",
+            m.output_token_sources
+                .iter()
+                .map(|(k, n)| {
+                    let how = match k.as_str() {
+                        "usage" => "the server's usage",
+                        "tokenizer" => "the text, by --tokenizer (no usage)",
+                        "estimate" => "output chunks (no usage, no --tokenizer)",
+                        other => other,
+                    };
+                    format!("{n} requests {how}")
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+    }
+    line(
+        &mut out,
+        "Request throughput (req/s):",
+        format!("{:.2}", m.request_throughput),
+    );
+    if let Some(g) = m.request_goodput {
+        line(&mut out, "Request goodput (req/s):", format!("{g:.2}"));
+        line(
+            &mut out,
+            "SLO attainment:",
+            format!("{:.1}%", m.slo_attainment.unwrap_or(0.0) * 100.0),
+        );
+    }
+    line(
+        &mut out,
+        "Output token throughput (tok/s):",
+        format!("{:.2}", m.output_throughput),
+    );
+    line(
+        &mut out,
+        "Total Token throughput (tok/s):",
+        format!("{:.2}", m.total_token_throughput),
+    );
+    line(
+        &mut out,
+        "Max concurrent requests:",
+        m.max_concurrent_requests,
+    );
+    if let Some(off) = m.served.offered_rps {
+        line(
+            &mut out,
+            "Offered request rate (req/s):",
+            format!("{off:.2}"),
+        );
+    }
+    match (&m.served.steady, &m.served.steady_missing) {
+        (Some(st), _) => line(
+            &mut out,
+            "Steady-state throughput (req/s):",
+            format!(
+                "{:.2} ({} requests that ended from {:.1} s to {:.1} s: ramp-up and drain left out)",
+                st.request_throughput, st.completed, st.start_s, st.end_s
+            ),
+        ),
+        (None, Some(why)) => line(&mut out, "Steady-state throughput (req/s):", format!("- ({why})")),
+        _ => {}
+    }
+    for pm in &cfg.percentile_metrics {
+        let (title, name, s) = match pm.key() {
+            "ttft" => ("Time to First Token", "TTFT", &m.ttft),
+            "tpot" => ("Time per Output Token (excl. 1st token)", "TPOT", &m.tpot),
+            "itl" => ("Inter-token Latency", "ITL", &m.itl),
+            _ => ("End-to-end Latency", "E2EL", &m.e2el),
+        };
+        section(&mut out, title);
+        let c = &m.coverage;
+        let (covered, streamed_only) = match pm.key() {
+            "ttft" => (c.ttft, true),
+            "tpot" => (c.tpot, true),
+            "itl" => (c.itl, true),
+            _ => (c.e2el, false),
+        };
+        let mut txt = format!("{covered} of {}", m.completed);
+        if streamed_only && c.not_streamed > 0 {
+            txt.push_str(&format!(
+                " ({} not streamed: {name} does not apply)",
+                c.not_streamed
+            ));
+        }
+        line(&mut out, &format!("Requests in {name}:"), txt);
+        if covered == 0 {
+            continue;
+        }
+        line(
+            &mut out,
+            &format!("Mean {name} (ms):"),
+            format!("{:.2}", s.mean),
+        );
+        line(
+            &mut out,
+            &format!("Median {name} (ms):"),
+            format!("{:.2}", s.median),
+        );
+        line(
+            &mut out,
+            &format!("Std {name} (ms):"),
+            format!("{:.2}", s.std),
+        );
+        for (p, v) in &s.percentiles {
+            line(
+                &mut out,
+                &format!("P{} {name} (ms):", percentile_label(*p)),
+                format!("{v:.2}"),
+            );
+        }
+    }
+    if !m.by_class.is_empty() {
+        section(&mut out, "Latency by class (median / P99 ms)");
+        let cell = |s: Option<&Summary>| match s {
+            Some(s) if s.count > 0 => {
+                format!("{:.1} / {:.1}", s.median, s.get(99.0).unwrap_or(s.max))
+            }
+            Some(_) => "none".into(),
+            None => "n/a".into(),
+        };
+        let rows: Vec<[String; 6]> = m
+            .by_class
+            .iter()
+            .map(|c| {
+                [
+                    format!(
+                        "{} {}",
+                        c.endpoint,
+                        if c.stream { "streamed" } else { "not streamed" }
+                    ),
+                    format!("{}/{}", c.completed, c.requests),
+                    cell(c.ttft.as_ref()),
+                    cell(c.tpot.as_ref()),
+                    cell(c.itl.as_ref()),
+                    cell(Some(&c.e2el)),
+                ]
+            })
+            .collect();
+        let head = ["class", "ok/sent", "TTFT", "TPOT", "ITL", "E2EL"];
+        let widths: Vec<usize> = (0..6)
+            .map(|i| {
+                rows.iter()
+                    .map(|r| r[i].chars().count())
+                    .chain([head[i].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let fmt_row = |cells: &[&str]| {
+            cells
+                .iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        };
+        let _ = writeln!(out, "{}", fmt_row(&head));
+        for r in &rows {
+            let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+            let _ = writeln!(out, "{}", fmt_row(&cells));
+        }
+        let _ = writeln!(
+            out,
+            "(n/a: TTFT, TPOT and ITL do not apply to requests that are not streamed)"
+        );
+    }
+    if let Some(pt) = &m.itl_per_token {
+        section(&mut out, "Per-token ITL (chunk gap / tokens)");
+        line(
+            &mut out,
+            "Mean per-token ITL (ms):",
+            format!("{:.2}", pt.mean),
+        );
+        for (p, v) in &pt.percentiles {
+            line(
+                &mut out,
+                &format!("P{} per-token ITL (ms):", percentile_label(*p)),
+                format!("{v:.2}"),
+            );
+        }
+    }
+    section(&mut out, "Client");
+    let v = verdict(m, run);
+    line(
+        &mut out,
+        "Dispatch lag p50/p99/max (ms):",
+        format!(
+            "{:.3} / {:.3} / {:.3}",
+            v.lag_p50_ms, v.lag_p99_ms, v.lag_max_ms
+        ),
+    );
+    // Shown with a concurrency cap, and whenever requests queued behind a burst.
+    if cfg.max_concurrency.is_some() || m.queue.max > 0.0 {
+        line(
+            &mut out,
+            "Client queue time p50/p99 (ms):",
+            format!(
+                "{:.2} / {:.2}",
+                m.queue.get(50.0).unwrap_or(0.0),
+                m.queue.get(99.0).unwrap_or(0.0)
+            ),
+        );
+    }
+    let reused = run
+        .pool
+        .map_or_else(|| "-".to_string(), |p| p.reused.to_string());
+    let mut conns = format!(
+        "{} / {} / {reused} (connect time excluded from TTFT)",
+        run.preconnected, m.new_connections
+    );
+    if let Some(p) = run.pool.filter(|p| p.found_closed + p.expired > 0) {
+        conns.push_str(&format!(
+            "; pooled ones dropped before any byte was sent: {} found closed by the target, {} idle over --pool-idle-timeout",
+            p.found_closed, p.expired
+        ));
+    }
+    line(&mut out, "Connections pre / new / reused:", conns);
+    if let Some(c) = &run.client_load {
+        line(
+            &mut out,
+            "Client CPU:",
+            format!(
+                "{:.2} s on {} threads ({:.0}%)",
+                c.cpu_seconds,
+                c.worker_threads,
+                c.utilization * 100.0
+            ),
+        );
+    }
+    if let Some(t) = run
+        .server_histograms
+        .get("ttft_ms")
+        .filter(|t| t.count > 0.0)
+    {
+        line(
+            &mut out,
+            "TTFT mean client / server (ms):",
+            format!(
+                "{:.2} / {:.2} (gap {:.2}; the server's vllm:time_to_first_token_seconds over the run)",
+                m.ttft.mean,
+                t.mean,
+                m.ttft.mean - t.mean
+            ),
+        );
+    }
+    if let Some(q) = run
+        .server_histograms
+        .get("queue_time_ms")
+        .filter(|q| q.count > 0.0)
+    {
+        line(
+            &mut out,
+            "Server queue time mean / p95 (ms):",
+            format!("{:.2} / {}", q.mean, q.p95_text()),
+        );
+    }
+    for (name, g) in &run.server_gauges {
+        line(
+            &mut out,
+            &format!("Server {name} mean/max:"),
+            format!("{:.2} / {:.2}", g.mean, g.max),
+        );
+    }
+    line(
+        &mut out,
+        "Outcomes:",
+        m.outcomes
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    if !m.top_errors.is_empty() {
+        let _ = writeln!(out, "Most frequent errors:");
+        for (outcome, text, n) in &m.top_errors {
+            let _ = writeln!(out, "  {n:>6} × {outcome}: {text}");
+        }
+    }
+    if let Some(n) = m.output_token_sources.get("estimate").filter(|n| **n > 0) {
+        let _ = writeln!(
+            out,
+            "WARNING: the target sent no usage for {n} requests and there is no --tokenizer: their \
+             output tokens are chunk counts, and a chunk may carry several tokens (TPOT reads high, token \
+             throughput low). Give --tokenizer for the target's tokenizer."
+        );
+    }
+    let _ = writeln!(out, "{}", v.message);
+    let _ = writeln!(out, "{}", "=".repeat(50));
+    out
+}
+
+/// The side-by-side table that ends a multi-target run.
+pub fn comparison_table(cfg: &ReplayConfig, runs: &[(RunOutput, Metrics)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:=^50}", " Targets side by side ");
+    let _ = writeln!(
+        out,
+        "{:<20} {:>6} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}  SLO",
+        "target",
+        "ok",
+        "failed",
+        "req/s",
+        "goodput",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+    );
+    let base = runs.first().map(|(_, m)| m);
+    for (run, m) in runs {
+        let p = |s: &Summary, q: f64| s.get(q).map_or("-".to_string(), |v| format!("{v:.1}"));
+        let slo = match slo_pass(m) {
+            None => "-".to_string(),
+            Some(true) => "PASS".into(),
+            Some(false) => "FAIL".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<20} {:>6} {:>6} {:>9.2} {:>9} {:>10} {:>10} {:>10} {:>10}  {}",
+            run.target.name,
+            m.completed,
+            m.failed,
+            m.request_throughput,
+            m.request_goodput.map_or("-".into(), |g| format!("{g:.2}")),
+            p(&m.ttft, 50.0),
+            p(&m.ttft, 99.0),
+            p(&m.tpot, 50.0),
+            p(&m.tpot, 99.0),
+            slo
+        );
+        if let Some(b) = base {
+            if !std::ptr::eq(b, m) {
+                let d = |a: f64, b: f64| {
+                    if b == 0.0 {
+                        "-".to_string()
+                    } else {
+                        format!("{:+.1}%", (a / b - 1.0) * 100.0)
+                    }
+                };
+                let _ = writeln!(
+                    out,
+                    "{:<20} {:>6} {:>6} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+                    "  vs first",
+                    "",
+                    "",
+                    d(m.request_throughput, b.request_throughput),
+                    "",
+                    d(m.ttft.median, b.ttft.median),
+                    d(
+                        m.ttft.get(99.0).unwrap_or(0.0),
+                        b.ttft.get(99.0).unwrap_or(0.0)
+                    ),
+                    d(m.tpot.median, b.tpot.median),
+                    d(
+                        m.tpot.get(99.0).unwrap_or(0.0),
+                        b.tpot.get(99.0).unwrap_or(0.0)
+                    ),
+                );
+            }
+        }
+    }
+    if !cfg.goodput.is_empty() {
+        let _ = writeln!(
+            out,
+            "SLO: PASS when at least 95% of requests meet every SLO ({}).",
+            cfg.goodput
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bucket_quantiles_are_printed_as_estimates_with_their_bucket() {
+        let before = "vllm:request_queue_time_seconds_bucket{le=\"0.25\"} 0\n\
+            vllm:request_queue_time_seconds_bucket{le=\"0.5\"} 0\n\
+            vllm:request_queue_time_seconds_bucket{le=\"+Inf\"} 0\n\
+            vllm:request_queue_time_seconds_sum 0\nvllm:request_queue_time_seconds_count 0\n";
+        let after = "vllm:request_queue_time_seconds_bucket{le=\"0.25\"} 10\n\
+            vllm:request_queue_time_seconds_bucket{le=\"0.5\"} 20\n\
+            vllm:request_queue_time_seconds_bucket{le=\"+Inf\"} 20\n\
+            vllm:request_queue_time_seconds_sum 5\nvllm:request_queue_time_seconds_count 20\n";
+        let d = replay::server_metrics::delta(
+            &replay::server_metrics::histograms(before),
+            &replay::server_metrics::histograms(after),
+        );
+        let mut run = crate::report::empty_run(replay::config::Target {
+            name: "t".into(),
+            url: "http://127.0.0.1:1".into(),
+        });
+        run.server_histograms = d;
+        let cfg = replay::ReplayConfig::new(Vec::new());
+        let m = replay::metrics::compute(&[], 0, &[], &[50.0, 99.0]);
+        let trace = crate::report::TraceIdentity {
+            files: Vec::new(),
+            rows: 0,
+            content_hash: String::new(),
+        };
+        let text = crate::console::console_report(&crate::report::ResultInputs {
+            cfg: &cfg,
+            run: &run,
+            metrics: &m,
+            trace: &trace,
+            command: "test",
+            detailed: false,
+        });
+        let line = text
+            .lines()
+            .find(|l| l.contains("Server queue time"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains("≈475.00"), "{line}");
+        assert!(
+            line.contains("estimated from histogram buckets") && line.contains("250-500 ms"),
+            "{line}"
+        );
+    }
+}

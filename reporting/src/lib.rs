@@ -1,0 +1,32 @@
+//! Reporting: what replay runs say. Depends on the engine (`replay`) and the trace format,
+//! never the other way round.
+//!
+//! - [`result_doc`]: the JSON result document (one serde type: the key contract of
+//!   `--save-result`, sweeps and `merge`), and the sweep document.
+//! - [`report`]: a run's result built from its configuration, run and metrics; the
+//!   dispatch-lag verdict. [`sweep_doc`]: the sweep document. [`console`]: the console report.
+//! - [`results`]: reading result files back into series (one configuration across levels).
+//! - [`sweep`]: load levels, each a fresh run, and the sweep's document and summary.
+//! - [`merge`]: the shards of one run into one result.
+//! - [`capacity`]: knee, capacity answer and plan. [`compare`]: configurations side by side.
+//! - [`document`] (Markdown), [`html`] and [`svg`]: `llmreplay report`. [`alerts`]:
+//!   Prometheus rules for the SLOs.
+#![deny(missing_docs)]
+
+pub mod alerts;
+pub mod capacity;
+pub mod compare;
+pub mod console;
+pub mod document;
+pub mod fidelity;
+pub mod html;
+pub mod merge;
+pub mod outputs;
+pub mod report;
+pub mod result_doc;
+pub mod results;
+pub mod svg;
+pub mod sweep;
+pub mod sweep_doc;
+
+pub use result_doc::{is_result_key, ResultDoc};

@@ -26,10 +26,12 @@ pub struct PromptBlocks {
     pub tokens: usize,
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a 64's offset basis (also the seed of [`crate::sessions`]' message chain).
+pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
-fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+/// FNV-1a 64 of `bytes`, continuing from `h`.
+pub(crate) fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(FNV_PRIME);

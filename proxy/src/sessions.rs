@@ -24,16 +24,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::{Map, Value};
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(FNV_PRIME);
-    }
-    h
-}
+use crate::prefix::{fnv, FNV_OFFSET};
 
 /// The chain hash of one more message on top of `parent`.
 fn step(parent: u64, role: &str, text: &str) -> u64 {

@@ -336,6 +336,28 @@ fn prompt(i: usize) -> String {
     s
 }
 
+/// A runtime and client for a test, the served model's name, and a warm-up request straight
+/// to the server (its first-request costs stay out of the measurements).
+fn warmed_up(engine: &Engine) -> (tokio::runtime::Runtime, TestClient, String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = client();
+    let models = rt.block_on(get_json(&c, &format!("{}/v1/models", engine.url)));
+    let model = models["data"][0]["id"]
+        .as_str()
+        .expect("a model in /v1/models")
+        .to_string();
+    rt.block_on(post_json(
+        &c,
+        &format!("{}/v1/completions", engine.url),
+        &json!({"model": model, "prompt": "Hello", "max_tokens": 2}),
+    ));
+    (rt, c, model)
+}
+
 /// Capture a mixed workload from a real engine, check the recorded token counts and TTFT
 /// against what the client and the server's tokenizer say, then replay the trace (prompts
 /// synthesized for the Gemma tokenizer) through a second capture and check that every
@@ -347,25 +369,8 @@ fn capture_and_replay_against_llama_server() {
         return;
     };
     let (tok_path, tok) = gemma_tokenizer();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let c = client();
     let t_start = Instant::now();
-
-    // The served model's name, and a warm-up straight to the server (first-request costs).
-    let models = rt.block_on(get_json(&c, &format!("{}/v1/models", engine.url)));
-    let model = models["data"][0]["id"]
-        .as_str()
-        .expect("a model in /v1/models")
-        .to_string();
-    rt.block_on(post_json(
-        &c,
-        &format!("{}/v1/completions", engine.url),
-        &json!({"model": model, "prompt": "Hello", "max_tokens": 2}),
-    ));
+    let (rt, c, model) = warmed_up(&engine);
 
     // ---- 1. capture ---------------------------------------------------------------------
     let out1 = tmpdir("capture");
@@ -722,22 +727,7 @@ fn aa_replay_of_a_capture_reproduces_it() {
     let Some(engine) = engine("aa_replay_of_a_capture_reproduces_it") else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let c = client();
-    let models = rt.block_on(get_json(&c, &format!("{}/v1/models", engine.url)));
-    let model = models["data"][0]["id"]
-        .as_str()
-        .expect("a model")
-        .to_string();
-    rt.block_on(post_json(
-        &c,
-        &format!("{}/v1/completions", engine.url),
-        &json!({"model": model, "prompt": "Hello", "max_tokens": 2}),
-    ));
+    let (rt, c, model) = warmed_up(&engine);
 
     let out = tmpdir("aa-capture");
     let cap = CaptureProc::spawn(&engine.url, &out, &["--record-bodies", "full"]);

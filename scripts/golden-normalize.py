@@ -84,10 +84,14 @@ def parquet(path, run):
     import pyarrow.parquet as pq
     f = pq.ParquetFile(path)
     t = f.read()
-    meta = {k.decode(): v.decode(errors="replace") for k, v in (f.schema_arrow.metadata or {}).items()}
+    kv = dict(f.metadata.metadata or {})
+    kv.pop(b"ARROW:schema", None)
+    meta = {k.decode(): v.decode(errors="replace") for k, v in kv.items()}
     out = ["schema:", str(t.schema.remove_metadata())]
     for k in sorted(meta):
         v = meta[k]
+        if run and (k.endswith(".url") or k.endswith("content_hash")):
+            v = "<varies per run>"
         try:
             v = json.dumps(mask_json(json.loads(v), k, run), indent=1, sort_keys=True)
         except Exception:

@@ -17,7 +17,7 @@ pub struct FidelityArgs {
     #[arg(long, required = true, num_args = 1..)]
     pub replayed: Vec<String>,
     /// The replay's --speedup (captured offsets are divided by it).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::flags::parse_positive)]
     pub speedup: f64,
     /// Also write the assessment as JSON to this file.
     #[arg(long)]
@@ -50,4 +50,29 @@ pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(a.fail_on_drift && !(f.load_reproduced && f.schedule_reproduced))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[test]
+    fn speedup_must_be_positive() {
+        let parse = |s: &str| {
+            crate::cli::Cli::try_parse_from([
+                "llmreplay",
+                "fidelity",
+                "--captured",
+                "a",
+                "--replayed",
+                "b",
+                "--speedup",
+                s,
+            ])
+        };
+        assert!(parse("2").is_ok());
+        let e = parse("0").unwrap_err().to_string();
+        assert!(e.contains("\"0\" is not a positive number"), "{e}");
+        assert!(parse("-1").is_err());
+    }
 }

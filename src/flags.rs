@@ -76,6 +76,14 @@ pub(crate) fn command_line() -> String {
         .join(" ")
 }
 
+/// A finite number above zero (a speed-up, a rate of requests, a cost).
+pub(crate) fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

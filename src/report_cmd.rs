@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::flags::parse_percentile;
+use crate::flags::{parse_percentile, parse_positive};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use replay::config::{Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target};
@@ -13,13 +13,6 @@ use reporting::capacity::Axis;
 use reporting::results::{self, ResultFile};
 use reporting::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
 use trace_format::Trace;
-
-fn parse_positive(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("{s:?} is not a positive number")),
-    }
-}
 
 /// Capacity-planning flags shared by `replay` and `report`.
 #[derive(Args, Debug, Clone)]

@@ -16,13 +16,17 @@ pub mod request;
 pub mod run;
 pub mod served;
 pub mod server_metrics;
+pub mod sink;
 pub mod soak;
+pub mod stop;
 pub mod synth;
 
 pub use config::{ReplayConfig, ValidatedConfig};
 pub use error::ReplayError;
 pub use metrics::Metrics;
 pub use run::{Progress, RunOutput};
+pub use sink::RowSink;
+pub use stop::{Interrupted, Stop};
 
 /// Replays `records` against every target in turn (same schedule, `cooldown` between), and
 /// returns each run with its metrics.

@@ -82,6 +82,8 @@ pub struct RunOutput {
     /// The server's histograms over the run (after − before scrape; `--server-metrics`).
     pub server_histograms:
         std::collections::BTreeMap<String, crate::server_metrics::HistogramSummary>,
+    /// Set when the run was stopped before its schedule ended: what ran is partial.
+    pub interrupted: Option<crate::stop::Interrupted>,
 }
 
 /// Builds the client runtime.
@@ -428,6 +430,7 @@ pub fn run_target(
         client_load,
         server_gauges,
         server_histograms: Default::default(),
+        interrupted: None,
     })
 }
 

@@ -470,6 +470,7 @@ pub fn empty_run(target: replay::config::Target) -> RunOutput {
         client_load: None,
         server_gauges: Default::default(),
         server_histograms: Default::default(),
+        interrupted: None,
     }
 }
 

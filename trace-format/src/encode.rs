@@ -198,7 +198,8 @@ pub(crate) fn write_trace_file_from_journal(
             let n = lines
                 .read_until(b'\n', &mut line)
                 .map_err(|e| Error::io(journal, e))?;
-            if n > 0 && !line.iter().all(u8::is_ascii_whitespace) {
+            let header = seen == 0 && crate::journal::is_header(&line);
+            if n > 0 && !header && !line.iter().all(u8::is_ascii_whitespace) {
                 let rec: TraceRecord = serde_json::from_slice(&line)
                     .map_err(|e| Error::format(journal, format!("line {}: {e}", seen + 1)))?;
                 batch.push(rec);

@@ -1,7 +1,10 @@
 //! The journal of a [`TraceWriter`](crate::TraceWriter) and its recovery: reading a journal
 //! (every intact record, also after damage) and finishing what a previous writer left in a
 //! directory ([`recover_dir`]), so a crash loses no record older than the writer's
-//! `flush_interval`. The journal format is one JSON line per record, `request_id` first.
+//! `flush_interval`. The journal format is one JSON line per record, `request_id` first; the
+//! journal of a one-file writer ([`crate::WriterConfig::one_file`]) starts with a header line
+//! naming its file and metadata ([`JournalHeader`]), so [`recover_one_file`] finishes it as
+//! the writer would have.
 
 use std::fs;
 use std::io;
@@ -14,6 +17,129 @@ use crate::schema::TraceRecord;
 
 /// Extension of journal files.
 pub(crate) const JOURNAL_EXT: &str = "journal";
+
+/// The journal of the Parquet file `path` of a one-file writer: `run.parquet` →
+/// `run.journal`, any other name gets `.journal` appended (`run.pq` → `run.pq.journal`).
+pub fn journal_path(path: &Path) -> PathBuf {
+    if path.extension().is_some_and(|e| e == "parquet") {
+        return path.with_extension(JOURNAL_EXT);
+    }
+    let mut name = path.as_os_str().to_os_string();
+    name.push(format!(".{JOURNAL_EXT}"));
+    PathBuf::from(name)
+}
+
+/// The first line of a one-file writer's journal: the Parquet file it becomes (a name in the
+/// journal's directory) and that file's metadata as the writer was opened with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalHeader {
+    /// The Parquet file's name, in the journal's directory.
+    pub file: String,
+    /// Its metadata.
+    pub meta: FileMeta,
+}
+
+/// How a header line starts (a record line starts with [`RECORD_START`]).
+const HEADER_START: &[u8] = br#"{"llmreplay_journal":"#;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HeaderLine {
+    llmreplay_journal: HeaderBody,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HeaderBody {
+    file: String,
+    meta: std::collections::BTreeMap<String, String>,
+}
+
+/// The header line (newline-terminated) of a journal that becomes `file` with `meta`.
+pub(crate) fn journal_header(file: &str, meta: &FileMeta) -> Vec<u8> {
+    let line = HeaderLine {
+        llmreplay_journal: HeaderBody {
+            file: file.to_string(),
+            meta: meta
+                .to_kv()
+                .into_iter()
+                .map(|kv| (kv.key, kv.value.unwrap_or_default()))
+                .collect(),
+        },
+    };
+    let mut out = serde_json::to_vec(&line).expect("strings always serialize");
+    out.push(b'\n');
+    out
+}
+
+/// Whether a journal line is a header line.
+pub(crate) fn is_header(line: &[u8]) -> bool {
+    line.starts_with(HEADER_START)
+}
+
+fn parse_header(line: &[u8], journal: &Path) -> Result<JournalHeader> {
+    let h: HeaderLine = serde_json::from_slice(line).map_err(|e| Error::format(journal, e))?;
+    let kv: Vec<parquet::file::metadata::KeyValue> = h
+        .llmreplay_journal
+        .meta
+        .into_iter()
+        .map(|(k, v)| parquet::file::metadata::KeyValue::new(k, v))
+        .collect();
+    let file = h.llmreplay_journal.file;
+    if file.is_empty() || file.contains(['/', '\\']) {
+        return Err(Error::Invalid(format!(
+            "{}: the header names {file:?}, not a file name",
+            journal.display()
+        )));
+    }
+    Ok(JournalHeader {
+        meta: FileMeta::from_kv(&kv, journal)?,
+        file,
+    })
+}
+
+/// The header of a journal (None for a journal without one, such as capture's).
+pub fn read_header(journal: &Path) -> Result<Option<JournalHeader>> {
+    use std::io::BufRead;
+    let f = fs::File::open(journal).map_err(|e| Error::io(journal, e))?;
+    let mut line = Vec::new();
+    io::BufReader::new(f)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| Error::io(journal, e))?;
+    if !is_header(&line) {
+        return Ok(None);
+    }
+    parse_header(line.trim_ascii_end(), journal).map(Some)
+}
+
+/// Finishes the journal a one-file writer left (a `kill -9` of `replay --results`): its
+/// records go into the Parquet file its header names, beside it, with the header's metadata
+/// plus `recovered=journal` and `extra`; then the journal is deleted (set aside as
+/// `<name>.damaged-<utc>` when it had damaged lines, as [`recover_dir`] does). Returns the
+/// file and what recovery found. An error when the journal has no header.
+pub fn recover_one_file(
+    journal: &Path,
+    extra: &[(&str, &str)],
+) -> Result<(PathBuf, RecoveryReport)> {
+    let Some(header) = read_header(journal)? else {
+        return Err(Error::Invalid(format!(
+            "{} is not the journal of a results file (it has no header line)",
+            journal.display()
+        )));
+    };
+    let mut meta = recovered_meta(&header.meta);
+    for (k, v) in extra {
+        meta.extra.insert(k.to_string(), v.to_string());
+    }
+    let mut report = RecoveryReport::default();
+    recover_journal(journal, &meta, &mut report);
+    if let Some(d) = report.deferred.first() {
+        return Err(Error::Invalid(format!(
+            "{}: {}",
+            d.journal.display(),
+            d.reason
+        )));
+    }
+    Ok((journal.with_file_name(&header.file), report))
+}
 
 /// What [`recover_dir`] found and finished.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -126,7 +252,10 @@ pub(crate) fn recover_journal(journal: &Path, meta: &FileMeta, report: &mut Reco
             return;
         }
     };
-    let parquet = journal.with_extension("parquet");
+    let parquet = match &contents.header {
+        Some(h) => journal.with_file_name(&h.file),
+        None => journal.with_extension("parquet"),
+    };
     if !contents.records.is_empty() {
         if !parquet.exists() {
             if let Err(e) = write_trace_file(&parquet, &contents.records, meta) {
@@ -195,6 +324,8 @@ pub struct JournalContents {
     pub torn_lines: usize,
     /// 1-based numbers of the damaged lines.
     pub damaged_lines: Vec<usize>,
+    /// The header line of a one-file writer's journal.
+    pub header: Option<JournalHeader>,
 }
 
 /// The start of every journal line: `request_id` is the record's first field.
@@ -218,6 +349,13 @@ pub fn read_journal(path: &Path) -> Result<JournalContents> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        if line_no == 1 && is_header(line) {
+            match parse_header(line, path) {
+                Ok(h) => out.header = Some(h),
+                Err(_) => out.damaged_lines.push(line_no),
+            }
+            continue;
+        }
         if let Ok(r) = serde_json::from_slice::<TraceRecord>(line) {
             out.records.push(r);
             continue;
@@ -235,4 +373,112 @@ pub fn read_journal(path: &Path) -> Result<JournalContents> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::read_traces;
+    use crate::test_records::{full_record, test_meta};
+    use crate::{TraceWriter, WriterConfig};
+    use std::time::Duration;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn journal_names_of_one_file() {
+        assert_eq!(
+            journal_path(Path::new("d/run.parquet")),
+            PathBuf::from("d/run.journal")
+        );
+        assert_eq!(
+            journal_path(Path::new("run.pq")),
+            PathBuf::from("run.pq.journal")
+        );
+        assert_eq!(journal_path(Path::new("out")), PathBuf::from("out.journal"));
+    }
+
+    /// A one-file writer finishes its file under the given name, with the metadata set last
+    /// (what a run only knows at its end), and leaves no journal.
+    #[test]
+    fn one_file_is_finished_under_its_name_with_the_last_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.parquet");
+        let (mut w, _) = TraceWriter::open(WriterConfig::one_file(&path, test_meta())).unwrap();
+        let records: Vec<_> = (0..5).map(full_record).collect();
+        for r in &records {
+            w.append(r.clone()).unwrap();
+        }
+        assert_eq!(names(dir.path()), vec!["run.journal"]);
+        let mut end = test_meta();
+        end.extra.insert("known_at_the_end".into(), "yes".into());
+        w.set_meta(end.clone());
+        assert_eq!(w.close().unwrap(), vec![path.clone()]);
+        assert_eq!(names(dir.path()), vec!["run.parquet"]);
+        let t = read_traces(&[path.to_str().unwrap()]).unwrap();
+        assert_eq!(t.records, records);
+        assert_eq!(t.files[0].meta, end);
+    }
+
+    /// Killed before it finished: the journal (header first) holds every record handed to
+    /// the OS; opening again refuses to overwrite it; recovery writes each record once under
+    /// the file's name, with the opening metadata plus `recovered` and the given keys.
+    #[test]
+    fn a_killed_one_file_writer_is_recovered_once_under_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.parquet");
+        let mut cfg = WriterConfig::one_file(&path, test_meta());
+        cfg.flush_interval = Duration::ZERO;
+        let (mut w, _) = TraceWriter::open(cfg.clone()).unwrap();
+        let records: Vec<_> = (0..7).map(full_record).collect();
+        for r in &records {
+            w.append(r.clone()).unwrap();
+        }
+        // What kill -9 leaves: the file as the OS has it, no Parquet file, no drop.
+        let journal = dir.path().join("run.journal");
+        let left = fs::read(&journal).unwrap();
+        std::mem::forget(w);
+        let err = TraceWriter::open(cfg).unwrap_err().to_string();
+        assert!(
+            err.contains("earlier run") && err.contains("run.journal"),
+            "{err}"
+        );
+        assert_eq!(fs::read(&journal).unwrap(), left);
+        let header = read_header(&journal).unwrap().unwrap();
+        assert_eq!(header.file, "run.parquet");
+        assert_eq!(header.meta, test_meta());
+
+        let (file, report) = recover_one_file(&journal, &[("interrupted", "killed")]).unwrap();
+        assert_eq!((file.clone(), report.records), (path.clone(), 7));
+        assert_eq!(names(dir.path()), vec!["run.parquet"]);
+        let t = read_traces(&[path.to_str().unwrap()]).unwrap();
+        assert_eq!(t.records, records);
+        let mut want = test_meta();
+        want.extra.insert("recovered".into(), "journal".into());
+        want.extra.insert("interrupted".into(), "killed".into());
+        assert_eq!(t.files[0].meta, want);
+        // Nothing left to recover twice.
+        assert!(recover_one_file(&journal, &[]).is_err());
+    }
+
+    #[test]
+    fn a_journal_without_header_is_not_a_results_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("cap-x.journal");
+        let mut line = serde_json::to_vec(&full_record(0)).unwrap();
+        line.push(b'\n');
+        fs::write(&j, &line).unwrap();
+        let err = recover_one_file(&j, &[]).unwrap_err().to_string();
+        assert!(err.contains("no header"), "{err}");
+        assert!(j.exists());
+        // read_journal reads the records of both kinds alike.
+        assert_eq!(read_journal(&j).unwrap().records.len(), 1);
+    }
 }

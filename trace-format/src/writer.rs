@@ -37,13 +37,15 @@
 
 use std::fs::{self, File};
 use std::io::{self, Seek, SeekFrom, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::encode::{create_private, tmp_path, write_trace_file_from_journal};
 use crate::error::{Error, Result};
 use crate::file_meta::FileMeta;
-use crate::journal::{recover_dir, recover_journal, recovered_meta, JOURNAL_EXT};
+use crate::journal::{
+    journal_header, journal_path, recover_dir, recover_journal, recovered_meta, JOURNAL_EXT,
+};
 /// The reports of [`TraceWriter::open`] and [`TraceWriter::finish`] (the journal's, see
 /// [`crate::journal`]).
 pub use crate::journal::{DeferredJournal, RecoveryReport};
@@ -69,6 +71,13 @@ pub struct WriterConfig {
     /// Also rotate when the UTC hour changes, so every file holds the records of one hour
     /// only (the file name's stamp names that hour): for Hive partitions by date and hour.
     pub rotate_on_hour: bool,
+    /// One file, never rotated: `prefix` is the Parquet file's whole name in `dir`, its
+    /// journal is [`journal_path`]`(dir/prefix)` and starts with a header line holding the
+    /// file's name and `meta` (so a journal left by a crash is finished under its name and
+    /// metadata by [`crate::journal::recover_one_file`]). Opening recovers nothing and
+    /// refuses when that journal exists (an earlier run's rows, to recover first). For
+    /// results written as a run goes (`replay --results`). See [`WriterConfig::one_file`].
+    pub one_file: bool,
 }
 
 impl WriterConfig {
@@ -82,6 +91,26 @@ impl WriterConfig {
             flush_interval: Duration::from_millis(200),
             meta,
             rotate_on_hour: false,
+            one_file: false,
+        }
+    }
+
+    /// One Parquet file at `path` (see [`WriterConfig::one_file`](#structfield.one_file)),
+    /// journalled beside it, every record handed to the OS within `flush_interval`.
+    pub fn one_file(path: &Path, meta: FileMeta) -> Self {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        WriterConfig {
+            max_file_bytes: u64::MAX,
+            max_file_age: Duration::MAX,
+            one_file: true,
+            ..WriterConfig::new(dir, name, meta)
         }
     }
 
@@ -276,7 +305,20 @@ impl TraceWriter {
         builder
             .create(&cfg.dir)
             .map_err(|e| Error::io(&cfg.dir, e))?;
-        let report = recover_dir(&cfg.dir, &cfg.meta)?;
+        let report = if cfg.one_file {
+            let journal = journal_path(&cfg.dir.join(&cfg.prefix));
+            if journal.exists() {
+                return Err(Error::Invalid(format!(
+                    "{} holds the rows of an earlier run that did not finish: recover them \
+                     first (`llmreplay merge {} -o OUT`), or remove it",
+                    journal.display(),
+                    journal.display()
+                )));
+            }
+            RecoveryReport::default()
+        } else {
+            recover_dir(&cfg.dir, &cfg.meta)?
+        };
         let mut writer = TraceWriter {
             cfg,
             current: None,
@@ -387,6 +429,13 @@ impl TraceWriter {
                 .current
                 .as_ref()
                 .is_some_and(|seg| seg.hour != utc_hour(chrono::Utc::now()))
+    }
+
+    /// Replaces the metadata of the files finished from now on: what is only known at the
+    /// end (a run's settings and targets) goes into the file when it is finished. The journal
+    /// header of a [`WriterConfig::one_file`] writer keeps the metadata it was opened with.
+    pub fn set_meta(&mut self, meta: FileMeta) {
+        self.cfg.meta = meta;
     }
 
     /// Files finished so far.
@@ -577,9 +626,28 @@ impl TraceWriter {
         self.stats.records_pending = self.deferred.iter().map(|d| d.records).sum();
     }
 
-    /// Creates the next journal, with a name no file in the directory has yet.
+    /// Creates the next journal, with a name no file in the directory has yet (in
+    /// [`WriterConfig::one_file`] mode: the file's journal, header line first).
     fn start_segment(&mut self) -> Result<Segment> {
         let wall = chrono::Utc::now();
+        if self.cfg.one_file {
+            if self.seq > 0 {
+                return Err(Error::Invalid(format!(
+                    "{}: a one-file writer writes its file once",
+                    self.cfg.prefix
+                )));
+            }
+            self.seq += 1;
+            let parquet_path = self.cfg.dir.join(&self.cfg.prefix);
+            let journal_path = journal_path(&parquet_path);
+            let mut file = create_private(&journal_path, true)?;
+            let header = journal_header(&self.cfg.prefix, &self.cfg.meta);
+            file.write_all(&header)
+                .map_err(|e| Error::io(&journal_path, e))?;
+            let mut seg = Segment::new(journal_path, parquet_path, file, wall);
+            seg.committed_len = header.len() as u64;
+            return Ok(seg);
+        }
         let stamp = wall.format("%Y%m%dT%H%M%SZ").to_string();
         loop {
             let stem = format!("{}-{stamp}-{:06}", self.cfg.prefix, self.seq);
@@ -596,22 +664,34 @@ impl TraceWriter {
                 }
                 Err(e) => return Err(e),
             };
-            let now = Instant::now();
-            return Ok(Segment {
-                journal_path,
-                parquet_path,
-                file,
-                committed_len: 0,
-                tail_dirty: false,
-                buf: Vec::with_capacity(JOURNAL_BUF),
-                buf_records: 0,
-                buf_sizes: Vec::new(),
-                records: 0,
-                bytes: 0,
-                opened: now,
-                hour: utc_hour(wall),
-                last_flush: now,
-            });
+            return Ok(Segment::new(journal_path, parquet_path, file, wall));
+        }
+    }
+}
+
+impl Segment {
+    /// A new, empty segment whose journal `file` was just created.
+    fn new(
+        journal_path: PathBuf,
+        parquet_path: PathBuf,
+        file: File,
+        wall: chrono::DateTime<chrono::Utc>,
+    ) -> Segment {
+        let now = Instant::now();
+        Segment {
+            journal_path,
+            parquet_path,
+            file,
+            committed_len: 0,
+            tail_dirty: false,
+            buf: Vec::with_capacity(JOURNAL_BUF),
+            buf_records: 0,
+            buf_sizes: Vec::new(),
+            records: 0,
+            bytes: 0,
+            opened: now,
+            hour: utc_hour(wall),
+            last_flush: now,
         }
     }
 }

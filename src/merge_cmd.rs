@@ -12,7 +12,9 @@ use replay::config::{PercentileMetric, Slo};
 /// `llmreplay merge` flags.
 #[derive(Args, Debug)]
 pub struct MergeArgs {
-    /// Result Parquet files of the shard runs (`replay --results`), directories or globs.
+    /// Result Parquet files of the shard runs (`replay --results`), directories or globs. The
+    /// journal a killed replay left (`run.journal`, or its `run.parquet` when only the journal
+    /// is there) is first finished into that file, every finished row once, marked partial.
     #[arg(required = true)]
     inputs: Vec<String>,
     /// Output path without extension: writes PATH.parquet (every row) and PATH.json (vLLM's keys).
@@ -31,7 +33,21 @@ pub struct MergeArgs {
 
 /// Runs `llmreplay merge`.
 pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
-    let trace = store::read_traces(&a.inputs).context("reading the shard results")?;
+    let mut inputs = Vec::with_capacity(a.inputs.len());
+    for input in &a.inputs {
+        if !reporting::sink::needs_recovery(input) {
+            inputs.push(input.clone());
+            continue;
+        }
+        let (file, rows) = reporting::sink::recover(std::path::Path::new(input))
+            .with_context(|| format!("recovering {input}"))?;
+        eprintln!(
+            "recovered {rows} rows of a replay that did not finish into {} (marked partial)",
+            file.display()
+        );
+        inputs.push(file.display().to_string());
+    }
+    let trace = store::read_traces(&inputs).context("reading the shard results")?;
     let m = reporting::merge::merge(
         trace,
         &reporting::merge::MergeOptions {

@@ -166,12 +166,22 @@ pub(crate) struct ReplayArgs {
     /// Write the JSON result here (vLLM's key names); with several targets, one file each (NAME inserted).
     #[arg(long)]
     save_result: Option<PathBuf>,
-    /// Add vLLM's per-request arrays to the JSON result.
+    /// Add vLLM's per-request arrays to the JSON result (keeps every row in memory until the
+    /// run ends, as --slice does).
     #[arg(long)]
     save_detailed: bool,
-    /// Write one Parquet row per request (trace schema + schedule, lag, target, run id).
+    /// Write one Parquet row per request (trace schema + schedule, lag, target, run id), as
+    /// requests finish: into a journal beside it (run.parquet → run.journal) that becomes the
+    /// file when the replay ends. After a kill -9, `llmreplay merge run.journal -o OUT`
+    /// recovers every finished row once.
     #[arg(long)]
     results: Option<PathBuf>,
+    /// On SIGINT/SIGTERM: stop sending, let requests in flight finish for up to this long
+    /// (the rest are recorded cancelled), then write the results of what ran, marked partial;
+    /// exit 130 (SIGINT) or 143 (SIGTERM). A second signal cancels the requests in flight at
+    /// once.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    drain_timeout: Duration,
     /// Pause between targets.
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     cooldown: Duration,
@@ -373,26 +383,68 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         drop(sim_guard);
         return r;
     }
-    let runs = replay::replay(
-        &cfg,
-        &trace.records,
-        block_size,
-        &progress_bar(cfg.progress),
-    )?;
+    let identity = reporting::report::trace_identity(&trace);
+    // Rows go to --results as they finish; what a kill leaves is in its journal.
+    let mut results = a
+        .results
+        .as_deref()
+        .map(|p| {
+            let meta = reporting::outputs::results_meta(&cfg, &identity, &command);
+            reporting::sink::ResultsSink::create(p, meta)
+        })
+        .transpose()?;
+    let stop = replay::Stop::new();
+    stop_on_signals(&stop, a.drain_timeout)?;
+    let ran = (|| {
+        // TODO(lead, issue 21): replay::replay(&cfg, &trace.records[..], block_size, &progress_bar(cfg.progress), sink, &stop), with cfg.drain_timeout = a.drain_timeout and cfg.keep_rows = a.save_detailed || a.slice.is_some(); then delete feed_rows.
+        let runs = replay::replay(
+            &cfg,
+            &trace.records,
+            block_size,
+            &progress_bar(cfg.progress),
+        )?;
+        let mut no_rows = replay::sink::NoSink;
+        let sink: &mut dyn replay::RowSink = match results.as_mut() {
+            Some(s) => s,
+            None => &mut no_rows,
+        };
+        feed_rows(sink, &runs)?;
+        Ok::<_, replay::ReplayError>(runs)
+    })();
     drop(sim_guard);
+    let runs = match ran {
+        Ok(runs) => runs,
+        Err(e) => {
+            if let Some(s) = &results {
+                eprintln!(
+                    "the rows that finished are in {} (recover: llmreplay merge {} -o OUT)",
+                    s.journal().display(),
+                    s.journal().display()
+                );
+            }
+            return Err(e.into());
+        }
+    };
     reporting::outputs::write(
         &cfg,
-        &trace,
+        &identity,
         &runs,
         &reporting::outputs::Outputs {
             command: &command,
             save_result: a.save_result.as_deref(),
             detailed: a.save_detailed,
-            results: a.results.as_deref(),
             slo_percentile: a.capacity.slo_percentile,
         },
         &mut reporting::outputs::Stdio,
     )?;
+    if let Some(s) = results {
+        let w = s.close()?;
+        eprintln!("{} result rows written to {}", w.rows, w.at);
+    }
+    // A stopped run wrote what it measured, marked partial: the exit status says it stopped.
+    if let Some(code) = interrupted_exit(&runs, &stop) {
+        std::process::exit(code);
+    }
     // A run most of whose requests failed measured a broken target, not a slow one: say so
     // in the exit status, after everything was written.
     if let Some(why) = reporting::outputs::too_many_failed(&runs, a.max_failed) {
@@ -402,8 +454,110 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
+/// Hands the rows of finished runs to `sink` as the engine would while they run.
+// TODO(lead, issue 21): delete with the old `replay::replay` call above.
+fn feed_rows(
+    sink: &mut dyn replay::RowSink,
+    runs: &[(replay::RunOutput, replay::Metrics)],
+) -> Result<(), replay::ReplayError> {
+    for (run, _) in runs {
+        sink.start(&run.target, &run.run_id)?;
+        for r in &run.records {
+            sink.row(r)?;
+        }
+        sink.finish(run)?;
+    }
+    Ok(())
+}
+
 /// Exit status of a replay in which more than `--max-failed` of a target's requests failed.
 const EXIT_FAILED_REQUESTS: i32 = 4;
+
+/// Exit status of a replay stopped by SIGINT, after the results of what ran were written
+/// (128 + 2, as a shell shows a process the signal ended).
+pub(crate) const EXIT_SIGINT: i32 = 130;
+
+/// Exit status of a replay stopped by SIGTERM, after the results of what ran were written
+/// (128 + 15).
+pub(crate) const EXIT_SIGTERM: i32 = 143;
+
+/// The exit status of a signal's name.
+fn signal_exit(name: &str) -> i32 {
+    if name == "SIGTERM" {
+        EXIT_SIGTERM
+    } else {
+        EXIT_SIGINT
+    }
+}
+
+/// The exit status that says the replay was stopped by a signal: the first signal's (a run
+/// marked interrupted, or a stop that came after the runs had ended); None when nothing
+/// stopped it.
+fn interrupted_exit(
+    runs: &[(replay::RunOutput, replay::Metrics)],
+    stop: &replay::Stop,
+) -> Option<i32> {
+    let state = stop.state();
+    let reason = runs
+        .iter()
+        .find_map(|(r, _)| r.interrupted.as_ref().map(|i| i.reason.clone()))
+        .or_else(|| state.reason().map(String::from))?;
+    match reason.as_str() {
+        "SIGINT" | "SIGTERM" => Some(signal_exit(&reason)),
+        _ => None,
+    }
+}
+
+/// SIGINT and SIGTERM stop the run through `stop` (from here on, for the rest of the
+/// process): the first stops sending and lets requests in flight finish for up to `drain`,
+/// the second cancels them at once (the run still returns and everything that ran is
+/// written), a third exits at once with the first signal's status (rows that finished are
+/// in the --results journal).
+fn stop_on_signals(stop: &replay::Stop, drain: Duration) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("signal runtime")?;
+    let (mut int, mut term) = {
+        let _in_rt = rt.enter();
+        (
+            signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            signal(SignalKind::terminate()).context("SIGTERM handler")?,
+        )
+    };
+    let stop = stop.clone();
+    std::thread::Builder::new()
+        .name("stop-signals".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                for n in 1.. {
+                    let name = tokio::select! {
+                        _ = int.recv() => "SIGINT",
+                        _ = term.recv() => "SIGTERM",
+                    };
+                    match n {
+                        1 => eprintln!(
+                            "llmreplay replay: {name}: stopping; requests in flight may finish \
+                             for up to {drain:?}, then the results of what ran are written \
+                             (signal again to cancel them now)"
+                        ),
+                        2 => {
+                            eprintln!("llmreplay replay: {name}: cancelling the requests in flight")
+                        }
+                        _ => {
+                            let first = stop.state().reason().unwrap_or(name).to_string();
+                            eprintln!("llmreplay replay: {name}: exiting at once");
+                            std::process::exit(signal_exit(&first));
+                        }
+                    }
+                    stop.request(name);
+                }
+            })
+        })
+        .context("signal thread")?;
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {

@@ -368,6 +368,10 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
     };
     store::write_bytes(&a.output, text.into())
         .with_context(|| format!("writing {}", a.output.display()))?;
+    // A partial result says so first (`llmreplay.interrupted`: a stopped or killed run).
+    for p in reporting::document::partial_lines(&data) {
+        println!("{p}");
+    }
     for ans in &data.answers {
         println!("{}", ans.sentence);
     }

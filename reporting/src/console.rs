@@ -41,7 +41,16 @@ fn section(out: &mut String, title: &str) {
 pub fn console_report(i: &ResultInputs) -> String {
     let (cfg, run, m) = (i.cfg, i.run, i.metrics);
     let mut out = String::new();
-    let _ = writeln!(out, "{:=^50}", " Serving Benchmark Result ");
+    match crate::report::interrupted_doc(run, m) {
+        // A stopped run says so before anything else: its figures cover what ran.
+        Some(p) => {
+            let _ = writeln!(out, "{:=^50}", " Serving Benchmark Result: PARTIAL ");
+            line(&mut out, "PARTIAL:", p.summary());
+        }
+        None => {
+            let _ = writeln!(out, "{:=^50}", " Serving Benchmark Result ");
+        }
+    }
     line(&mut out, "Command:", i.command);
     line(
         &mut out,

@@ -89,6 +89,23 @@ pub struct BuildOptions {
     pub title: Option<String>,
 }
 
+/// One line per run that was stopped before its schedule ended (`llmreplay.interrupted`):
+/// `NAME at LEVEL: PARTIAL (SIGTERM): ...`. A report says so before anything else.
+pub fn partial_lines(d: &ReportData) -> Vec<String> {
+    d.verdicts
+        .iter()
+        .filter_map(|(name, level, ours)| {
+            let i = ours.interrupted.as_ref()?;
+            let at = if level.is_finite() {
+                format!(" at {level}")
+            } else {
+                String::new()
+            };
+            Some(format!("{name}{at}: {}", i.summary()))
+        })
+        .collect()
+}
+
 /// Gathers a report from result files.
 pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
     let series = results::series_of_files(files, o.slo_percentile);
@@ -489,6 +506,9 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
 pub fn markdown(d: &ReportData) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "# {}\n", d.title);
+    for p in partial_lines(d) {
+        let _ = writeln!(o, "> **{p}**\n");
+    }
     let _ = writeln!(o, "## The capacity answer\n");
     for a in &d.answers {
         let _ = writeln!(o, "- **{}**", a.sentence);

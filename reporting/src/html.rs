@@ -477,6 +477,9 @@ pub fn render(d: &ReportData) -> String {
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title><style>{CSS}</style></head><body><h1>{t}</h1>",
         t = esc(&d.title)
     );
+    for p in crate::document::partial_lines(d) {
+        let _ = write!(o, "<p class=\"answer\">{}</p>", esc(&p));
+    }
     o.push_str("<h2>The capacity answer</h2>");
     for a in &d.answers {
         let _ = write!(o, "<p class=\"answer\">{}</p>", esc(&a.sentence));

@@ -7,7 +7,8 @@
 //!   dispatch-lag verdict. [`sweep_doc`]: the sweep document. [`console`]: the console report.
 //! - [`results`]: reading result files back into series (one configuration across levels).
 //! - [`sweep`]: load levels, each a fresh run, and the sweep's document and summary.
-//! - [`merge`]: the shards of one run into one result.
+//! - [`merge`]: the shards of one run into one result (and a killed run's journal, first).
+//! - [`outputs`]: what a plain replay writes; [`sink`]: its `--results` rows as they finish.
 //! - [`capacity`]: knee, capacity answer and plan. [`compare`]: configurations side by side.
 //! - [`document`] (Markdown), [`html`] and [`svg`]: `llmreplay report`. [`alerts`]:
 //!   Prometheus rules for the SLOs.
@@ -25,6 +26,7 @@ pub mod outputs;
 pub mod report;
 pub mod result_doc;
 pub mod results;
+pub mod sink;
 pub mod svg;
 pub mod sweep;
 pub mod sweep_doc;

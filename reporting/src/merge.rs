@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use trace_format::{FileMeta, Producer, Trace, TraceRecord};
 
-use crate::result_doc::{MergeDoc, ResultDoc, RunSettings, ShardRun};
+use crate::result_doc::{InterruptedDoc, MergeDoc, ResultDoc, RunSettings, ShardRun};
 use replay::config::{PercentileMetric, ReplayConfig, Slo, Target};
 use replay::error::ReplayError;
 
@@ -372,6 +372,13 @@ pub fn merge(mut trace: Trace, o: &MergeOptions, command: &str) -> Result<Merged
             runs: shards,
             worst_shard_lag_too_high: worst_lag_too_high,
         });
+        ours.interrupted = interrupted_inputs(&trace.files, &run.records);
+        if let Some(i) = &ours.interrupted {
+            notes.push(format!(
+                "{}: the merged figures cover the rows that finished",
+                i.summary()
+            ));
+        }
     }
 
     let mut meta = FileMeta::new(Producer::Replay, command.to_string());
@@ -391,6 +398,10 @@ pub fn merge(mut trace: Trace, o: &MergeOptions, command: &str) -> Result<Merged
     }
     meta.extra
         .insert("merged_runs".into(), by_run.len().to_string());
+    if let Some(i) = doc.llmreplay.as_ref().and_then(|o| o.interrupted.as_ref()) {
+        meta.extra
+            .insert(crate::outputs::INTERRUPTED_KEY.into(), i.reason.clone());
+    }
     Ok(Merged {
         p99_ttft_ms: metrics.ttft.get(99.0),
         runs: by_run.len(),
@@ -399,6 +410,37 @@ pub fn merge(mut trace: Trace, o: &MergeOptions, command: &str) -> Result<Merged
         meta,
         notes,
         worst_lag_too_high,
+    })
+}
+
+/// A merge of inputs some of which are partial (an interrupted run, a killed one recovered
+/// from its journal): why, each reason once, and how far the schedule got by the rows. What
+/// was sent and not sent is not in a results file, so it is unknown here.
+fn interrupted_inputs(
+    files: &[trace_format::TraceFile],
+    records: &[TraceRecord],
+) -> Option<InterruptedDoc> {
+    let reasons: BTreeSet<&str> = files
+        .iter()
+        .filter_map(|f| f.meta.extra.get(crate::outputs::INTERRUPTED_KEY))
+        .map(String::as_str)
+        .collect();
+    if reasons.is_empty() {
+        return None;
+    }
+    let reached_us = records
+        .iter()
+        .filter_map(|r| r.scheduled_offset_us)
+        .max()
+        .unwrap_or(0);
+    Some(InterruptedDoc {
+        reason: reasons.into_iter().collect::<Vec<_>>().join("; "),
+        schedule_reached_s: reached_us.max(0) as f64 / 1e6,
+        schedule_span_s: None,
+        sent: None,
+        not_sent: None,
+        cancelled: None,
+        finished: records.len() as u64,
     })
 }
 

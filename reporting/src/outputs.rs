@@ -1,21 +1,24 @@
 //! What a plain replay (one run per target, no sweep) leaves behind once its runs are done:
 //! each target's console report and JSON result (`--save-result`; with several targets one
-//! file each, the name inserted), the side-by-side table of several targets, and every
-//! target's per-request rows (`--results`). Every file goes through `store`, so
-//! a local path and an object-store URL (`s3://`, `gs://`, `az://`) are written alike.
+//! file each, the name inserted), marked partial when a run was interrupted, and the
+//! side-by-side table of several targets. Every file goes through `store`, so a local path
+//! and an object-store URL (`s3://`, `gs://`, `az://`) are written alike. Every target's
+//! per-request rows (`--results`) are written while the runs go, by
+//! [`crate::sink::ResultsSink`], with the metadata made here ([`results_meta`],
+//! [`add_target_meta`]).
 //!
 //! The runs themselves are [`replay::replay`]'s; this module only reads them.
 
 use std::path::{Path, PathBuf};
 
-use trace_format::{FileMeta, Producer, Trace};
+use trace_format::{FileMeta, Producer};
 
 use replay::config::ValidatedConfig;
 use replay::error::ReplayError;
 use replay::metrics::Metrics;
 use replay::run::RunOutput;
 
-use crate::report::{self, ResultInputs};
+use crate::report::{self, ResultInputs, TraceIdentity};
 use crate::result_doc::{ResultDoc, RunSettings};
 
 /// Where a plain replay writes, and the provenance it writes with.
@@ -27,8 +30,6 @@ pub struct Outputs<'a> {
     pub save_result: Option<&'a Path>,
     /// `--save-detailed`: vLLM's per-request arrays in the JSON result.
     pub detailed: bool,
-    /// `--results`: one Parquet row per request of every target.
-    pub results: Option<&'a Path>,
     /// The percentile SLOs are judged at in the side-by-side table of several targets.
     pub slo_percentile: f64,
 }
@@ -55,15 +56,14 @@ impl Console for Stdio {
     }
 }
 
-/// Prints the report of every run and writes the files `out` asks for.
+/// Prints the report of every run and writes the JSON results `out` asks for.
 pub fn write(
     cfg: &ValidatedConfig,
-    trace: &Trace,
+    identity: &TraceIdentity,
     runs: &[(RunOutput, Metrics)],
     out: &Outputs,
     console: &mut dyn Console,
 ) -> Result<(), ReplayError> {
-    let identity = report::trace_identity(trace);
     console.report(crate::console::DEFINITIONS);
     let many = runs.len() > 1;
     for (run, m) in runs {
@@ -71,7 +71,7 @@ pub fn write(
             cfg,
             run,
             metrics: m,
-            trace: &identity,
+            trace: identity,
             command: out.command,
             detailed: out.detailed,
         };
@@ -91,7 +91,7 @@ pub fn write(
                     cfg,
                     run,
                     metrics: m,
-                    trace: &identity,
+                    trace: identity,
                     command: out.command,
                     detailed: false,
                 })
@@ -101,50 +101,63 @@ pub fn write(
         let tables = crate::compare::compare(&series);
         console.report(&crate::compare::render(&series, &tables));
     }
-    if let Some(p) = out.results {
-        let rows: Vec<_> = runs
-            .iter()
-            .flat_map(|(r, _)| r.records.iter().cloned())
-            .collect();
-        let mut meta = FileMeta::new(Producer::Replay, out.command.to_string());
-        meta.source = Some(identity.files.join(","));
-        meta.extra
-            .insert("trace_content_hash".into(), identity.content_hash.clone());
-        if let Some(l) = &cfg.label {
-            meta.extra.insert("label".into(), l.clone());
-        }
-        if let Some(sh) = cfg.selection.shard {
-            meta.extra.insert("shard".into(), sh.to_string());
-        }
-        for (k, v) in &cfg.metadata {
-            meta.extra.insert(k.clone(), v.clone());
-        }
-        // What `merge` reports the shards ran with.
-        meta.extra.insert(
-            RunSettings::META_KEY.into(),
-            report::run_settings(cfg).to_meta(),
-        );
-        for (run, _) in runs {
-            meta.extra.insert(
-                format!("target.{}.url", run.target.name),
-                run.target.url.clone(),
-            );
-            meta.extra.insert(
-                format!("target.{}.models", run.target.name),
-                run.target_info.models.join(","),
-            );
-            if let Some(v) = &run.target_info.version {
-                meta.extra
-                    .insert(format!("target.{}.version", run.target.name), v.to_string());
-            }
-        }
-        let at = store::write_trace(p, &rows, &meta).map_err(|e| written(p, e))?;
-        console.note(&format!("{} result rows written to {at}", rows.len()));
-    }
     Ok(())
 }
 
-fn written(path: &Path, source: trace_format::Error) -> ReplayError {
+/// The metadata of a plain replay's `--results` file known before the run: provenance,
+/// the replayed trace, label, shard, `--metadata`, the run settings (what `merge` reports
+/// the shards ran with) and each target's URL. [`add_target_meta`] adds what each run
+/// finds out.
+pub fn results_meta(cfg: &ValidatedConfig, identity: &TraceIdentity, command: &str) -> FileMeta {
+    let mut meta = FileMeta::new(Producer::Replay, command.to_string());
+    meta.source = Some(identity.files.join(","));
+    meta.extra
+        .insert("trace_content_hash".into(), identity.content_hash.clone());
+    if let Some(l) = &cfg.label {
+        meta.extra.insert("label".into(), l.clone());
+    }
+    if let Some(sh) = cfg.selection.shard {
+        meta.extra.insert("shard".into(), sh.to_string());
+    }
+    for (k, v) in &cfg.metadata {
+        meta.extra.insert(k.clone(), v.clone());
+    }
+    meta.extra.insert(
+        RunSettings::META_KEY.into(),
+        report::run_settings(cfg).to_meta(),
+    );
+    for t in &cfg.targets {
+        meta.extra
+            .insert(format!("target.{}.url", t.name), t.url.clone());
+    }
+    meta
+}
+
+/// Adds what the run against a target found out to its results' metadata: the target's
+/// models and version, and `interrupted` (the reason) when the run was stopped.
+pub fn add_target_meta(meta: &mut FileMeta, run: &RunOutput) {
+    let name = &run.target.name;
+    meta.extra
+        .insert(format!("target.{name}.url"), run.target.url.clone());
+    meta.extra.insert(
+        format!("target.{name}.models"),
+        run.target_info.models.join(","),
+    );
+    if let Some(v) = &run.target_info.version {
+        meta.extra
+            .insert(format!("target.{name}.version"), v.to_string());
+    }
+    if let Some(i) = &run.interrupted {
+        meta.extra.insert(INTERRUPTED_KEY.into(), i.reason.clone());
+    }
+}
+
+/// The results-file metadata key of an interrupted run: why it stopped (absent when every
+/// run completed).
+pub const INTERRUPTED_KEY: &str = "interrupted";
+
+/// A write of `path` that failed.
+pub(crate) fn written(path: &Path, source: trace_format::Error) -> ReplayError {
     ReplayError::Write {
         path: path.display().to_string(),
         source,

@@ -8,8 +8,8 @@ use serde_json::Value;
 use trace_format::stats::percentile_label;
 
 use crate::result_doc::{
-    ClassDoc, ClientDoc, ConnectionsDoc, Extension, Extras, RequestRate, ResultDoc, RunSettings,
-    SoakDoc, SummaryDoc, TargetDoc, TopError, TraceDoc, VllmFields,
+    ClassDoc, ClientDoc, ConnectionsDoc, Extension, Extras, InterruptedDoc, RequestRate, ResultDoc,
+    RunSettings, SoakDoc, SummaryDoc, TargetDoc, TopError, TraceDoc, VllmFields,
 };
 use replay::config::{Arrivals, ReplayConfig};
 use replay::metrics::Metrics;
@@ -436,12 +436,27 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
         }),
         sweep: None,
         merge: None,
+        interrupted: interrupted_doc(run, m),
     };
     ResultDoc {
         vllm,
         llmreplay: Some(ours),
         extras,
     }
+}
+
+/// `llmreplay.interrupted` of a run that was stopped (None when it completed).
+pub fn interrupted_doc(run: &RunOutput, m: &Metrics) -> Option<InterruptedDoc> {
+    let i = run.interrupted.as_ref()?;
+    Some(InterruptedDoc {
+        reason: i.reason.clone(),
+        schedule_reached_s: i.after.as_secs_f64(),
+        schedule_span_s: Some(run.trace_span.as_secs_f64()),
+        sent: Some(i.sent as u64),
+        not_sent: i.not_sent.map(|n| n as u64),
+        cancelled: Some(i.cancelled as u64),
+        finished: m.num_prompts as u64,
+    })
 }
 
 /// [`result_doc`] as JSON.

@@ -509,6 +509,63 @@ pub struct Extension {
     /// What a merged result was made of.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub merge: Option<MergeDoc>,
+    /// The run was stopped before its schedule ended: a partial result (absent when the run
+    /// completed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<InterruptedDoc>,
+}
+
+/// `llmreplay.interrupted`: a run stopped before its schedule ended (a signal, a results
+/// file that could not be written, a kill). Its figures cover the requests that finished.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InterruptedDoc {
+    /// Why: `SIGINT`, `SIGTERM`, `killed: recovered from journal`, ...
+    pub reason: String,
+    /// Schedule offset the run had reached when it stopped sending, s.
+    pub schedule_reached_s: f64,
+    /// The schedule's span, s (null when unknown: the rows recovered after a kill).
+    pub schedule_span_s: Option<f64>,
+    /// Requests sent (null when unknown).
+    #[serde(deserialize_with = "count_opt")]
+    pub sent: Option<u64>,
+    /// Requests of the selection never sent (null when unknown).
+    #[serde(deserialize_with = "count_opt")]
+    pub not_sent: Option<u64>,
+    /// Requests still in flight at the drain deadline or a second stop, recorded as cancelled
+    /// (null when unknown).
+    #[serde(deserialize_with = "count_opt")]
+    pub cancelled: Option<u64>,
+    /// Requests that finished: the rows the figures are computed over.
+    #[serde(deserialize_with = "count")]
+    pub finished: u64,
+}
+
+impl InterruptedDoc {
+    /// One line for people: `PARTIAL (SIGTERM): 3.0 s of the schedule's 10.0 s (30%) ran;
+    /// 40 sent, 60 not sent, 2 cancelled`.
+    pub fn summary(&self) -> String {
+        let ran = match self.schedule_span_s {
+            Some(span) if span > 0.0 => format!(
+                "{:.1} s of the schedule's {span:.1} s ({:.0}%) ran",
+                self.schedule_reached_s,
+                100.0 * (self.schedule_reached_s / span).min(1.0)
+            ),
+            _ => format!(
+                "the schedule ran to {:.1} s (its span is not known)",
+                self.schedule_reached_s
+            ),
+        };
+        let n = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
+        format!(
+            "PARTIAL ({}): {ran}; {} sent, {} not sent, {} cancelled, {} finished",
+            self.reason,
+            n(self.sent),
+            n(self.not_sent),
+            n(self.cancelled),
+            self.finished
+        )
+    }
 }
 
 /// Whether the client itself limited the run, and whether the target kept up.

@@ -214,6 +214,39 @@ fn the_committed_sample_validates_and_reads_back_unchanged() {
     assert_eq!(doc.to_value(), v, "the typed document loses nothing");
 }
 
+/// A partial result (a stopped run, or a killed one's rows recovered: unknowns null)
+/// validates with its `llmreplay.interrupted`; one without a reason does not.
+#[test]
+fn a_partial_result_validates() {
+    let mut v: Value =
+        serde_json::from_slice(&std::fs::read("../samples/sim-replay-300.json").unwrap()).unwrap();
+    for i in [
+        reporting::result_doc::InterruptedDoc {
+            reason: "SIGTERM".into(),
+            schedule_reached_s: 3.0,
+            schedule_span_s: Some(10.0),
+            sent: Some(90),
+            not_sent: Some(210),
+            cancelled: Some(2),
+            finished: 88,
+        },
+        reporting::result_doc::InterruptedDoc {
+            reason: reporting::sink::KILLED.into(),
+            schedule_reached_s: 3.0,
+            finished: 88,
+            ..Default::default()
+        },
+    ] {
+        v["llmreplay"]["interrupted"] = serde_json::to_value(&i).unwrap();
+        assert_eq!(errors(&v), Vec::<String>::new(), "{i:?}");
+        let doc = ResultDoc::from_value(&v).unwrap();
+        assert_eq!(doc.ours().interrupted.as_ref(), Some(&i));
+        assert_eq!(doc.to_value(), v);
+    }
+    v["llmreplay"]["interrupted"]["reason"] = "".into();
+    assert!(!errors(&v).is_empty());
+}
+
 #[test]
 fn the_checker_catches_what_the_schema_forbids() {
     let v: Value =

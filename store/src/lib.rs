@@ -365,6 +365,13 @@ pub fn write_trace(dest: &Path, records: &[TraceRecord], meta: &FileMeta) -> Res
     result
 }
 
+/// Uploads the finished local file `local` to the object URL `dest` (see
+/// [`ObjectLocation::put_file`]). Returns the object's URL.
+pub fn upload_file(dest: &str, local: &Path) -> Result<String> {
+    let loc = ObjectLocation::parse(dest)?;
+    loc.put_file(&loc.path, local)
+}
+
 /// Writes `data` to `dest`: a local path or an object URL. Returns where it went.
 pub fn write_bytes(dest: &Path, data: Vec<u8>) -> Result<String> {
     match url_of(dest) {

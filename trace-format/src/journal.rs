@@ -114,7 +114,8 @@ pub fn read_header(journal: &Path) -> Result<Option<JournalHeader>> {
 /// records go into the Parquet file its header names, beside it, with the header's metadata
 /// plus `recovered=journal` and `extra`; then the journal is deleted (set aside as
 /// `<name>.damaged-<utc>` when it had damaged lines, as [`recover_dir`] does). Returns the
-/// file and what recovery found. An error when the journal has no header.
+/// file (written, empty, also when no record had been journalled) and what recovery found.
+/// An error when the journal has no header.
 pub fn recover_one_file(
     journal: &Path,
     extra: &[(&str, &str)],
@@ -138,7 +139,12 @@ pub fn recover_one_file(
             d.reason
         )));
     }
-    Ok((journal.with_file_name(&header.file), report))
+    let file = journal.with_file_name(&header.file);
+    if report.records == 0 && !file.exists() {
+        // Killed before any row finished: the (empty) file says so all the same.
+        write_trace_file(&file, &[], &meta)?;
+    }
+    Ok((file, report))
 }
 
 /// What [`recover_dir`] found and finished.
@@ -466,6 +472,23 @@ mod tests {
         assert_eq!(t.files[0].meta, want);
         // Nothing left to recover twice.
         assert!(recover_one_file(&journal, &[]).is_err());
+    }
+
+    /// Killed before the first record: the journal is there from the start, and recovery
+    /// gives the empty file.
+    #[test]
+    fn a_one_file_writer_killed_before_any_record_recovers_an_empty_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.parquet");
+        let (w, _) = TraceWriter::open(WriterConfig::one_file(&path, test_meta())).unwrap();
+        std::mem::forget(w);
+        let journal = dir.path().join("run.journal");
+        assert!(journal.exists());
+        let (file, report) = recover_one_file(&journal, &[]).unwrap();
+        assert_eq!((file.as_path(), report.records), (path.as_path(), 0));
+        let t = read_traces(&[path.to_str().unwrap()]).unwrap();
+        assert!(t.records.is_empty());
+        assert_eq!(t.files[0].meta.extra["recovered"], "journal");
     }
 
     #[test]

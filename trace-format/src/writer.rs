@@ -72,8 +72,8 @@ pub struct WriterConfig {
     /// only (the file name's stamp names that hour): for Hive partitions by date and hour.
     pub rotate_on_hour: bool,
     /// One file, never rotated: `prefix` is the Parquet file's whole name in `dir`, its
-    /// journal is [`journal_path`]`(dir/prefix)` and starts with a header line holding the
-    /// file's name and `meta` (so a journal left by a crash is finished under its name and
+    /// journal (created by `open`) is [`journal_path`]`(dir/prefix)`, a header line holding the
+    /// file's name and `meta` first (so a journal left by a crash is finished under its name and
     /// metadata by [`crate::journal::recover_one_file`]). Opening recovers nothing and
     /// refuses when that journal exists (an earlier run's rows, to recover first). For
     /// results written as a run goes (`replay --results`). See [`WriterConfig::one_file`].
@@ -332,6 +332,10 @@ impl TraceWriter {
             notices: Vec::new(),
         };
         writer.absorb(&report, false);
+        if writer.cfg.one_file {
+            // The journal exists from the start: what a kill at any moment leaves.
+            writer.current = Some(writer.start_segment()?);
+        }
         Ok((writer, report))
     }
 

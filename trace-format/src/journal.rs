@@ -385,18 +385,9 @@ pub fn read_journal(path: &Path) -> Result<JournalContents> {
 mod tests {
     use super::*;
     use crate::reader::read_traces;
-    use crate::test_records::{full_record, test_meta};
+    use crate::test_records::{file_names as names, full_record, test_meta};
     use crate::{TraceWriter, WriterConfig};
     use std::time::Duration;
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
 
     #[test]
     fn journal_names_of_one_file() {

@@ -45,3 +45,13 @@ pub(crate) fn test_meta() -> FileMeta {
     m.extra.insert("site".into(), "eu-1".into());
     m
 }
+
+/// The names of the entries of `dir`, sorted.
+pub(crate) fn file_names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}

@@ -730,16 +730,7 @@ mod tests {
     use crate::journal::read_journal;
     use crate::reader::read_traces;
     use crate::schema::{self, meta, Outcome};
-    use crate::test_records::{full_record, test_meta};
-
-    fn list(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
+    use crate::test_records::{file_names as list, full_record, test_meta};
 
     #[test]
     fn file_meta_round_trips_through_key_values() {

@@ -1,12 +1,17 @@
 //! vLLM-compatible metrics from per-request results (../shared/docs/metrics.md).
 //!
-//! Inputs are the result rows themselves (integer microseconds), so aggregation loses
-//! nothing: every value is converted to milliseconds once, percentiles are exact over all
-//! values (numpy's linear interpolation), never from a histogram.
+//! Inputs are the result rows themselves (integer microseconds), added one at a time to a
+//! [`MetricsBuilder`] in any order: every value is converted to milliseconds once, and
+//! percentiles are exact over all values (numpy's linear interpolation) up to
+//! [`EXACT_CAP`] values a metric, then estimates within
+//! [`RELATIVE_ERROR`](trace_format::quantiles::RELATIVE_ERROR) that their
+//! [`Summary::estimate`] names; counts, sums, means and std stay exact. Memory is bounded
+//! whatever the number of rows (see [`MetricsBuilder`]).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use trace_format::quantiles::{Quantiles, EXACT_CAP};
 use trace_format::stats::Summary;
 use trace_format::{Outcome, TraceRecord};
 
@@ -35,7 +40,9 @@ pub struct Metrics {
     pub output_throughput: f64,
     /// (Σ prompt + Σ output tokens) / duration.
     pub total_token_throughput: f64,
-    /// Most requests in flight at once.
+    /// Most requests in flight at once: exact up to [`EXACT_CAP`] requests, then an upper
+    /// bound from start and end counts per time bucket (over by at most the requests that
+    /// started in one bucket, 1/2^19 of the run's span rounded up to a power of two µs).
     pub max_concurrent_requests: usize,
     /// TTFT, ms, over completed streamed requests (a request that is not streamed has no
     /// observable first token).
@@ -137,66 +144,10 @@ pub fn lag_allowance_ms(gap_ms: Option<f64>, e2el_ms: Option<f64>) -> f64 {
     }
 }
 
-fn by_class(records: &[TraceRecord], p: &[f64]) -> Vec<ClassMetrics> {
-    // The console's table shows P99 whatever --metric-percentiles asks for.
-    let mut p = p.to_vec();
-    if !p.contains(&99.0) {
-        p.push(99.0);
-    }
-    let p = p.as_slice();
-    let mut classes: BTreeMap<(String, bool), Vec<&TraceRecord>> = BTreeMap::new();
-    for r in records {
-        classes
-            .entry((r.endpoint.clone(), r.stream))
-            .or_default()
-            .push(r);
-    }
-    if classes.len() < 2 {
-        return Vec::new();
-    }
-    classes
-        .into_iter()
-        .map(|((endpoint, stream), rs)| {
-            let ok: Vec<&TraceRecord> = rs
-                .iter()
-                .copied()
-                .filter(|r| r.outcome == Outcome::Ok)
-                .collect();
-            let summary = |mut v: Vec<f64>| Summary::from_values(&mut v, p);
-            ClassMetrics {
-                endpoint,
-                stream,
-                requests: rs.len(),
-                completed: ok.len(),
-                output_tokens: ok.iter().filter_map(|r| r.output_tokens).sum(),
-                ttft: stream.then(|| summary(ok.iter().filter_map(|r| ttft_ms(r)).collect())),
-                tpot: stream.then(|| summary(ok.iter().filter_map(|r| tpot_ms(r)).collect())),
-                itl: stream.then(|| summary(ok.iter().flat_map(|r| itl_gaps_ms(r)).collect())),
-                e2el: summary(ok.iter().filter_map(|r| r.e2el_us.map(ms)).collect()),
-            }
-        })
-        .collect()
-}
-
 /// How many distinct error texts a result lists.
 pub const TOP_ERRORS: usize = 5;
 /// Longest error text kept in the list, characters.
 const ERROR_TEXT: usize = 300;
-
-/// The most frequent (outcome, error text) of the failed requests, most frequent first (ties
-/// by text).
-fn top_errors(records: &[TraceRecord]) -> Vec<(String, String, usize)> {
-    let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.outcome != Outcome::Ok) {
-        let text = r.error.as_deref().unwrap_or("(no error text)");
-        let text: String = text.chars().take(ERROR_TEXT).collect();
-        *by.entry((r.outcome.to_string(), text)).or_insert(0) += 1;
-    }
-    let mut v: Vec<(String, String, usize)> = by.into_iter().map(|((o, t), n)| (o, t, n)).collect();
-    v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
-    v.truncate(TOP_ERRORS);
-    v
-}
 
 fn ms(us: i64) -> f64 {
     us as f64 / 1000.0
@@ -252,136 +203,566 @@ pub fn compute(
     slos: &[Slo],
     percentiles: &[f64],
 ) -> Metrics {
-    let ok: Vec<&TraceRecord> = records
-        .iter()
-        .filter(|r| r.outcome == Outcome::Ok)
-        .collect();
-    let mut end_us = run_start_us;
-    let mut intervals: Vec<(i64, i64)> = Vec::with_capacity(records.len());
-    for r in records {
+    let mut b = MetricsBuilder::new(run_start_us, slos, percentiles);
+    records.iter().for_each(|r| b.add(r));
+    b.finish()
+}
+
+/// Builds a run's [`Metrics`] from its rows added one at a time, in any order (completion
+/// order in practice), without keeping them.
+///
+/// Memory is bounded whatever the number of rows: eight latency samples ([`Quantiles`]:
+/// at most [`EXACT_CAP`] values, 8 MiB, each, then ~100 KiB of buckets) and four more per
+/// class of request when the run mixes classes (endpoints × streamed or not: the trace's,
+/// not the rows'), the (start, end) of up to [`EXACT_CAP`] requests (16 MiB) then 4 MiB of
+/// event counts, [`served`](crate::served::ServedBuilder)'s sample (at most 12 MiB), and at
+/// most [`ERROR_KEYS`] error texts. [`retained`](Self::retained) counts what it holds.
+pub struct MetricsBuilder {
+    run_start_us: i64,
+    slos: Vec<Slo>,
+    percentiles: Vec<f64>,
+    requests: usize,
+    completed: usize,
+    streamed_ok: usize,
+    itl_requests: usize,
+    end_us: i64,
+    total_input_tokens: i64,
+    total_output_tokens: i64,
+    good: usize,
+    ttft: Quantiles,
+    tpot: Quantiles,
+    itl: Quantiles,
+    e2el: Quantiles,
+    itl_tok: Quantiles,
+    have_tokens: bool,
+    lag: Quantiles,
+    queue: Quantiles,
+    connect: Quantiles,
+    new_connections: usize,
+    scheduled: (i64, i64),
+    outcomes: BTreeMap<String, usize>,
+    output_token_sources: BTreeMap<String, usize>,
+    errors: TopErrors,
+    classes: Classes,
+    overlap: Overlap,
+    served: crate::served::ServedBuilder,
+}
+
+impl MetricsBuilder {
+    /// The metrics of a run that started at `run_start_us` (epoch µs), against `slos`, with
+    /// `percentiles` (0–100) of TTFT, TPOT, ITL and E2EL.
+    pub fn new(run_start_us: i64, slos: &[Slo], percentiles: &[f64]) -> MetricsBuilder {
+        MetricsBuilder {
+            run_start_us,
+            slos: slos.to_vec(),
+            percentiles: percentiles.to_vec(),
+            requests: 0,
+            completed: 0,
+            streamed_ok: 0,
+            itl_requests: 0,
+            end_us: run_start_us,
+            total_input_tokens: 0,
+            total_output_tokens: 0,
+            good: 0,
+            ttft: Quantiles::new(),
+            tpot: Quantiles::new(),
+            itl: Quantiles::new(),
+            e2el: Quantiles::new(),
+            itl_tok: Quantiles::new(),
+            have_tokens: false,
+            lag: Quantiles::new(),
+            queue: Quantiles::new(),
+            connect: Quantiles::new(),
+            new_connections: 0,
+            scheduled: (i64::MAX, i64::MIN),
+            outcomes: BTreeMap::new(),
+            output_token_sources: BTreeMap::new(),
+            errors: TopErrors::default(),
+            classes: Classes::default(),
+            overlap: Overlap::default(),
+            served: crate::served::ServedBuilder::new(run_start_us),
+        }
+    }
+
+    /// Adds one row of the run.
+    pub fn add(&mut self, r: &TraceRecord) {
+        // Before the run-wide samples take this row: they may seed the first class's.
+        self.classes
+            .add(r, [&self.ttft, &self.tpot, &self.itl, &self.e2el]);
+        self.requests += 1;
         let span = r
             .e2el_us
             .or_else(|| r.chunk_times_us.last().copied())
             .unwrap_or(0)
             .max(0);
-        end_us = end_us.max(r.arrival_time_us + span);
-        intervals.push((r.arrival_time_us, r.arrival_time_us + span));
-    }
-    let duration_s = ((end_us - run_start_us).max(1)) as f64 / 1e6;
-
-    let total_input_tokens: i64 = ok.iter().filter_map(|r| r.prompt_tokens).sum();
-    let total_output_tokens: i64 = ok.iter().filter_map(|r| r.output_tokens).sum();
-
-    // TTFT, TPOT and ITL over streamed requests only: a request that is not streamed has
-    // no first token (older traces recorded its E2EL as TTFT, which this also leaves out).
-    let streamed: Vec<&TraceRecord> = ok.iter().copied().filter(|r| r.stream).collect();
-    let mut ttft: Vec<f64> = streamed.iter().filter_map(|r| ttft_ms(r)).collect();
-    let mut e2el: Vec<f64> = ok.iter().filter_map(|r| r.e2el_us.map(ms)).collect();
-    let mut tpot: Vec<f64> = streamed.iter().filter_map(|r| tpot_ms(r)).collect();
-    let coverage = Coverage {
-        ttft: ttft.len(),
-        tpot: tpot.len(),
-        itl: streamed
-            .iter()
-            .filter(|r| r.chunk_times_us.len() >= 2)
-            .count(),
-        e2el: e2el.len(),
-        not_streamed: ok.len() - streamed.len(),
-    };
-    let mut itl = Vec::new();
-    let mut itl_tok = Vec::new();
-    let mut have_tokens = false;
-    for r in &streamed {
+        self.end_us = self.end_us.max(r.arrival_time_us + span);
+        self.overlap
+            .add(r.arrival_time_us, r.arrival_time_us + span);
+        self.served.add(r);
+        if let Some(o) = r.scheduled_offset_us {
+            self.scheduled = (self.scheduled.0.min(o), self.scheduled.1.max(o));
+        }
+        if let Some(l) = r.dispatch_lag_us {
+            self.lag.add(ms(l));
+        }
+        if let Some(q) = r.queue_us {
+            self.queue.add(ms(q));
+        }
+        if r.new_connection == Some(true) {
+            self.new_connections += 1;
+            if let Some(c) = r.connect_us {
+                self.connect.add(ms(c));
+            }
+        }
+        if !self.slos.is_empty() && meets_slos(r, &self.slos) {
+            self.good += 1;
+        }
+        count(&mut self.outcomes, r.outcome.as_str());
+        if r.outcome != Outcome::Ok {
+            self.errors.add(r);
+            return;
+        }
+        self.completed += 1;
+        self.total_input_tokens += r.prompt_tokens.unwrap_or(0);
+        self.total_output_tokens += r.output_tokens.unwrap_or(0);
+        count(
+            &mut self.output_token_sources,
+            r.output_tokens_source.map_or("unknown", |s| s.as_str()),
+        );
+        if let Some(e) = r.e2el_us {
+            self.e2el.add(ms(e));
+        }
+        // TTFT, TPOT and ITL over streamed requests only: a request that is not streamed has
+        // no first token (older traces recorded its E2EL as TTFT, which this also leaves out).
+        if !r.stream {
+            return;
+        }
+        self.streamed_ok += 1;
+        if let Some(t) = ttft_ms(r) {
+            self.ttft.add(t);
+        }
+        if let Some(t) = tpot_ms(r) {
+            self.tpot.add(t);
+        }
+        if r.chunk_times_us.len() >= 2 {
+            self.itl_requests += 1;
+        }
         for (i, w) in r.chunk_times_us.windows(2).enumerate() {
             let gap = ms(w[1] - w[0]);
-            itl.push(gap);
+            self.itl.add(gap);
             if let Some(ct) = &r.chunk_tokens {
-                have_tokens = true;
+                self.have_tokens = true;
                 if let Some(&n) = ct.get(i + 1) {
                     if n > 0 {
-                        itl_tok.push(gap / f64::from(n));
+                        self.itl_tok.add(gap / f64::from(n));
                     }
                 }
             }
         }
     }
-    let mut lag: Vec<f64> = records
-        .iter()
-        .filter_map(|r| r.dispatch_lag_us.map(ms))
-        .collect();
-    let mut queue: Vec<f64> = records.iter().filter_map(|r| r.queue_us.map(ms)).collect();
-    let mut connect: Vec<f64> = records
-        .iter()
-        .filter(|r| r.new_connection == Some(true))
-        .filter_map(|r| r.connect_us.map(ms))
-        .collect();
 
-    let good = if slos.is_empty() {
-        None
-    } else {
-        Some(records.iter().filter(|r| meets_slos(r, slos)).count())
-    };
-    let mut outcomes = BTreeMap::new();
-    for r in records {
-        *outcomes.entry(r.outcome.to_string()).or_insert(0) += 1;
+    /// Rows added.
+    pub fn len(&self) -> usize {
+        self.requests
     }
-    let mut output_token_sources = BTreeMap::new();
-    for r in &ok {
-        let k = r
-            .output_tokens_source
-            .map_or("unknown".to_string(), |s| s.to_string());
-        *output_token_sources.entry(k).or_insert(0) += 1;
+
+    /// Whether no row was added.
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0
     }
-    let p = percentiles;
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        (!v.is_empty()).then(|| Summary::from_values(&mut v, &[]).median)
-    };
-    let (lo, hi) = records
+
+    /// Values, buckets, intervals and sampled rows held: bounded whatever the number of rows
+    /// added (see [`MetricsBuilder`]).
+    pub fn retained(&self) -> usize {
+        [
+            &self.ttft,
+            &self.tpot,
+            &self.itl,
+            &self.e2el,
+            &self.itl_tok,
+            &self.lag,
+            &self.queue,
+            &self.connect,
+        ]
         .iter()
-        .filter_map(|r| r.scheduled_offset_us)
-        .fold((i64::MAX, i64::MIN), |(a, b), o| (a.min(o), b.max(o)));
-    let gap = (records.len() >= 2 && hi > lo).then(|| ms(hi - lo) / (records.len() - 1) as f64);
-    let lag_allowance = lag_allowance_ms(gap, median(&e2el));
-    Metrics {
-        num_prompts: records.len(),
-        completed: ok.len(),
-        failed: records.len() - ok.len(),
-        duration_s,
-        total_input_tokens,
-        total_output_tokens,
-        request_throughput: ok.len() as f64 / duration_s,
-        request_goodput: good.map(|g| g as f64 / duration_s),
-        output_throughput: total_output_tokens as f64 / duration_s,
-        total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / duration_s,
-        max_concurrent_requests: max_overlap(&mut intervals),
-        ttft: Summary::from_values(&mut ttft, p),
-        tpot: Summary::from_values(&mut tpot, p),
-        itl: Summary::from_values(&mut itl, p),
-        e2el: Summary::from_values(&mut e2el, p),
-        coverage,
-        itl_per_token: have_tokens.then(|| Summary::from_values(&mut itl_tok, p)),
-        slo_attainment: good.map(|g| {
-            if records.is_empty() {
-                0.0
-            } else {
-                g as f64 / records.len() as f64
+        .map(|q| q.retained())
+        .sum::<usize>()
+            + self.classes.retained()
+            + self.overlap.retained()
+            + self.served.retained()
+            + self.errors.by.len()
+    }
+
+    /// The metrics of the rows added.
+    pub fn finish(mut self) -> Metrics {
+        let n = self.requests;
+        let duration_s = ((self.end_us - self.run_start_us).max(1)) as f64 / 1e6;
+        let good = (!self.slos.is_empty()).then_some(self.good);
+        let p = self.percentiles.as_slice();
+        let (lo, hi) = self.scheduled;
+        let gap = (n >= 2 && hi > lo).then(|| ms(hi - lo) / (n - 1) as f64);
+        let median_e2el = (!self.e2el.is_empty()).then(|| self.e2el.quantile(50.0));
+        let lag_allowance = lag_allowance_ms(gap, median_e2el);
+        let summary = |q: &Quantiles, p: &[f64]| Summary::from_quantiles(q, p);
+        let (total_input_tokens, total_output_tokens) =
+            (self.total_input_tokens, self.total_output_tokens);
+        Metrics {
+            num_prompts: n,
+            completed: self.completed,
+            failed: n - self.completed,
+            duration_s,
+            total_input_tokens,
+            total_output_tokens,
+            request_throughput: self.completed as f64 / duration_s,
+            request_goodput: good.map(|g| g as f64 / duration_s),
+            output_throughput: total_output_tokens as f64 / duration_s,
+            total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / duration_s,
+            max_concurrent_requests: self.overlap.max(),
+            ttft: summary(&self.ttft, p),
+            tpot: summary(&self.tpot, p),
+            itl: summary(&self.itl, p),
+            e2el: summary(&self.e2el, p),
+            coverage: Coverage {
+                ttft: self.ttft.len(),
+                tpot: self.tpot.len(),
+                itl: self.itl_requests,
+                e2el: self.e2el.len(),
+                not_streamed: self.completed - self.streamed_ok,
+            },
+            itl_per_token: self.have_tokens.then(|| summary(&self.itl_tok, p)),
+            slo_attainment: good.map(|g| if n == 0 { 0.0 } else { g as f64 / n as f64 }),
+            lag_allowance_ms: lag_allowance,
+            late_dispatches: self.lag.count_above(lag_allowance),
+            served: self.served.finish(),
+            by_class: self.classes.finish(p),
+            dispatch_lag: summary(&self.lag, &[50.0, 99.0]),
+            queue: summary(&self.queue, &[50.0, 99.0]),
+            new_connections: self.new_connections,
+            connect: summary(&self.connect, &[50.0, 99.0]),
+            outcomes: self.outcomes,
+            top_errors: self.errors.top(),
+            output_token_sources: self.output_token_sources,
+        }
+    }
+}
+
+fn count(map: &mut BTreeMap<String, usize>, key: &str) {
+    match map.get_mut(key) {
+        Some(c) => *c += 1,
+        None => {
+            map.insert(key.to_string(), 1);
+        }
+    }
+}
+
+/// Most distinct (outcome, error text) pairs counted. Exact while a run has no more; past
+/// it the least frequent is replaced and its count inherited (Space-Saving: a listed count
+/// is over by at most the smallest count held), so the most frequent texts still surface.
+pub const ERROR_KEYS: usize = 1000;
+
+/// Error texts of the failed requests and how often each occurred.
+#[derive(Default)]
+struct TopErrors {
+    by: BTreeMap<(String, String), usize>,
+}
+
+impl TopErrors {
+    fn add(&mut self, r: &TraceRecord) {
+        let text = r.error.as_deref().unwrap_or("(no error text)");
+        let text: String = text.chars().take(ERROR_TEXT).collect();
+        let key = (r.outcome.to_string(), text);
+        if let Some(c) = self.by.get_mut(&key) {
+            *c += 1;
+            return;
+        }
+        let mut inherited = 0;
+        if self.by.len() >= ERROR_KEYS {
+            let least = self
+                .by
+                .iter()
+                .min_by_key(|(_, &c)| c)
+                .map(|(k, &c)| (k.clone(), c));
+            if let Some((k, c)) = least {
+                self.by.remove(&k);
+                inherited = c;
             }
-        }),
-        lag_allowance_ms: lag_allowance,
-        late_dispatches: lag.iter().filter(|&&l| l > lag_allowance).count(),
-        served: crate::served::analyse(records, run_start_us),
-        by_class: by_class(records, p),
-        dispatch_lag: Summary::from_values(&mut lag, &[50.0, 99.0]),
-        queue: Summary::from_values(&mut queue, &[50.0, 99.0]),
-        new_connections: records
+        }
+        self.by.insert(key, inherited + 1);
+    }
+
+    /// The most frequent (outcome, error text), most frequent first (ties by text).
+    fn top(self) -> Vec<(String, String, usize)> {
+        let mut v: Vec<(String, String, usize)> =
+            self.by.into_iter().map(|((o, t), n)| (o, t, n)).collect();
+        v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
+        v.truncate(TOP_ERRORS);
+        v
+    }
+}
+
+/// The latencies of one class as they are added.
+#[derive(Default, Clone)]
+struct ClassAcc {
+    requests: usize,
+    completed: usize,
+    output_tokens: i64,
+    /// TTFT, TPOT, ITL, E2EL.
+    samples: [Quantiles; 4],
+}
+
+/// Rows by (endpoint, streamed). While the run has one class its latencies are the
+/// run-wide ones, so none are kept twice: when a second class appears, the first one's are
+/// copied from the run-wide samples (which hold only its rows so far).
+#[derive(Default)]
+struct Classes {
+    by: BTreeMap<String, [Option<ClassAcc>; 2]>,
+    mixed: bool,
+}
+
+impl Classes {
+    fn add(&mut self, r: &TraceRecord, run_wide: [&Quantiles; 4]) {
+        if !self.by.contains_key(r.endpoint.as_str()) {
+            self.by.insert(r.endpoint.clone(), [None, None]);
+        }
+        let first = !self.mixed && self.by.values().any(|s| s.iter().any(Option::is_some));
+        let Some(slots) = self.by.get_mut(r.endpoint.as_str()) else {
+            return;
+        };
+        let slot = &mut slots[usize::from(r.stream)];
+        if slot.is_none() {
+            *slot = Some(ClassAcc::default());
+            if first {
+                self.mixed = true;
+                // The class seen so far: every row added before this one.
+                if let Some(c) = self
+                    .by
+                    .values_mut()
+                    .flat_map(|s| s.iter_mut().flatten())
+                    .find(|c| c.requests > 0)
+                {
+                    c.samples = run_wide.map(Quantiles::clone);
+                }
+            }
+        }
+        let mixed = self.mixed;
+        let Some(c) = self
+            .by
+            .get_mut(r.endpoint.as_str())
+            .and_then(|s| s[usize::from(r.stream)].as_mut())
+        else {
+            return;
+        };
+        c.requests += 1;
+        if r.outcome != Outcome::Ok {
+            return;
+        }
+        c.completed += 1;
+        c.output_tokens += r.output_tokens.unwrap_or(0);
+        if !mixed {
+            return;
+        }
+        let [ttft, tpot, itl, e2el] = &mut c.samples;
+        if let Some(v) = ttft_ms(r) {
+            ttft.add(v);
+        }
+        if let Some(v) = tpot_ms(r) {
+            tpot.add(v);
+        }
+        itl_gaps_ms(r).for_each(|g| itl.add(g));
+        if let Some(e) = r.e2el_us {
+            e2el.add(ms(e));
+        }
+    }
+
+    fn retained(&self) -> usize {
+        let each = |c: &ClassAcc| c.samples.iter().map(Quantiles::retained).sum::<usize>();
+        self.by
+            .values()
+            .flat_map(|s| s.iter().flatten())
+            .map(each)
+            .sum()
+    }
+
+    fn finish(self, p: &[f64]) -> Vec<ClassMetrics> {
+        if !self.mixed {
+            return Vec::new();
+        }
+        // The console's table shows P99 whatever --metric-percentiles asks for.
+        let mut p = p.to_vec();
+        if !p.contains(&99.0) {
+            p.push(99.0);
+        }
+        let p = p.as_slice();
+        let mut out = Vec::new();
+        for (endpoint, slots) in self.by {
+            for (stream, c) in [false, true].into_iter().zip(slots) {
+                let Some(c) = c else { continue };
+                let [ttft, tpot, itl, e2el] = &c.samples;
+                let summary = |q: &Quantiles| Summary::from_quantiles(q, p);
+                out.push(ClassMetrics {
+                    endpoint: endpoint.clone(),
+                    stream,
+                    requests: c.requests,
+                    completed: c.completed,
+                    output_tokens: c.output_tokens,
+                    ttft: stream.then(|| summary(ttft)),
+                    tpot: stream.then(|| summary(tpot)),
+                    itl: stream.then(|| summary(itl)),
+                    e2el: summary(e2el),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Buckets of start and end counts once the intervals passed [`EXACT_CAP`] (4 MiB).
+const EVENT_BUCKETS: usize = 1 << 19;
+
+/// The requests' (start, end) for their peak concurrency: exact up to [`EXACT_CAP`], then
+/// starts and ends counted per time bucket (see [`Metrics::max_concurrent_requests`]).
+/// Requests that end as they start (a failed connect) are never in flight and not kept.
+#[derive(Default)]
+struct Overlap {
+    exact: Vec<(i64, i64)>,
+    events: Option<Events>,
+}
+
+impl Overlap {
+    fn add(&mut self, start: i64, end: i64) {
+        if end <= start {
+            return;
+        }
+        if let Some(ev) = &mut self.events {
+            ev.add(start, end);
+        } else if self.exact.len() < EXACT_CAP {
+            self.exact.push((start, end));
+        } else {
+            let mut ev = Events::default();
+            for &(s, e) in &self.exact {
+                ev.add(s, e);
+            }
+            ev.add(start, end);
+            self.exact = Vec::new();
+            self.events = Some(ev);
+        }
+    }
+
+    fn max(&mut self) -> usize {
+        match &self.events {
+            None => max_overlap(&mut self.exact),
+            Some(ev) => ev.max(),
+        }
+    }
+
+    fn retained(&self) -> usize {
+        self.exact.len() + self.events.as_ref().map_or(0, |e| e.counts.len())
+    }
+}
+
+/// Starts and ends per bucket of `width` µs (a power of two), `counts[0]` being bucket
+/// `lo` (µs / width); at most [`EVENT_BUCKETS`] buckets: a wider span doubles the width.
+struct Events {
+    width: i64,
+    lo: i64,
+    counts: Vec<(u32, u32)>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            width: 1,
+            lo: 0,
+            counts: Vec::new(),
+        }
+    }
+}
+
+impl Events {
+    fn add(&mut self, start: i64, end: i64) {
+        let i = self.slot(start);
+        self.counts[i].0 = self.counts[i].0.saturating_add(1);
+        let i = self.slot(end);
+        self.counts[i].1 = self.counts[i].1.saturating_add(1);
+    }
+
+    /// The index in `counts` of the bucket of `t`, widening or extending as needed.
+    fn slot(&mut self, t: i64) -> usize {
+        if self.counts.is_empty() {
+            self.lo = t.div_euclid(self.width);
+            self.counts.push((0, 0));
+        }
+        loop {
+            let b = t.div_euclid(self.width);
+            let hi = self.lo + self.counts.len() as i64 - 1;
+            let (lo, hi) = (self.lo.min(b), hi.max(b));
+            if hi - lo < EVENT_BUCKETS as i64 {
+                break;
+            }
+            if !self.trim() {
+                self.widen();
+            }
+        }
+        let b = t.div_euclid(self.width);
+        if b < self.lo {
+            // Extend by at least the current length (within the bound), so that rows
+            // arriving in descending order cost amortised O(1).
+            let need = (self.lo - b) as usize;
+            let room = EVENT_BUCKETS - self.counts.len() - need;
+            let grow = need + self.counts.len().min(room);
+            self.counts.splice(0..0, std::iter::repeat_n((0, 0), grow));
+            self.lo -= grow as i64;
+        }
+        let at = (b - self.lo) as usize;
+        if at >= self.counts.len() {
+            self.counts.resize(at + 1, (0, 0));
+        }
+        at
+    }
+
+    /// Drops empty buckets at either end (the room left by extending ahead); whether any.
+    fn trim(&mut self) -> bool {
+        let Some(first) = self.counts.iter().position(|&c| c != (0, 0)) else {
+            return false;
+        };
+        let last = self
+            .counts
             .iter()
-            .filter(|r| r.new_connection == Some(true))
-            .count(),
-        connect: Summary::from_values(&mut connect, &[50.0, 99.0]),
-        outcomes,
-        top_errors: top_errors(records),
-        output_token_sources,
+            .rposition(|&c| c != (0, 0))
+            .unwrap_or(first);
+        if first == 0 && last + 1 == self.counts.len() {
+            return false;
+        }
+        self.counts.truncate(last + 1);
+        self.counts.drain(..first);
+        self.lo += first as i64;
+        true
+    }
+
+    /// Doubles the width, merging pairs of buckets.
+    fn widen(&mut self) {
+        let lo = self.lo.div_euclid(2);
+        let hi = (self.lo + self.counts.len() as i64 - 1).div_euclid(2);
+        let mut counts = vec![(0u32, 0u32); (hi - lo + 1) as usize];
+        for (k, &(s, e)) in self.counts.iter().enumerate() {
+            let c = &mut counts[((self.lo + k as i64).div_euclid(2) - lo) as usize];
+            c.0 = c.0.saturating_add(s);
+            c.1 = c.1.saturating_add(e);
+        }
+        self.width *= 2;
+        self.lo = lo;
+        self.counts = counts;
+    }
+
+    /// An upper bound on the peak: the requests in flight when a bucket began plus those
+    /// that started in it.
+    fn max(&self) -> usize {
+        let (mut cur, mut best) = (0i64, 0i64);
+        for &(s, e) in &self.counts {
+            best = best.max(cur + i64::from(s));
+            cur += i64::from(s) - i64::from(e);
+        }
+        best.max(0) as usize
     }
 }
 
@@ -404,6 +785,7 @@ pub fn max_overlap(intervals: &mut [(i64, i64)]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trace_format::stats::percentile;
     use trace_format::TokenSource;
 
     fn ok(start_ms: i64, chunks_ms: &[i64], out: i64) -> TraceRecord {
@@ -530,5 +912,231 @@ mod tests {
     fn overlap_counts_concurrency() {
         assert_eq!(max_overlap(&mut [(0, 10), (5, 15), (10, 20), (30, 40)]), 2);
         assert_eq!(max_overlap(&mut []), 0);
+    }
+
+    /// splitmix64: a fixed pseudo-random sequence.
+    fn mix(i: usize) -> u64 {
+        let mut z = (i as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Two endpoints, streamed and not, failures with texts, lags, queues and connects.
+    fn mixed_run(n: usize) -> Vec<TraceRecord> {
+        (0..n)
+            .map(|i| {
+                let c = |k: usize| (mix(i) % k as u64) as i64;
+                let mut r = ok(
+                    i as i64 * 7,
+                    &[20 + c(13), 40 + c(17), 60 + c(29)],
+                    2 + c(5),
+                );
+                if i % 3 == 0 {
+                    r.endpoint = "/v1/chat/completions".into();
+                }
+                r.stream = i % 4 != 0;
+                if i % 11 == 0 {
+                    r.outcome = Outcome::HttpError;
+                    r.error = Some(format!("HTTP 50{}", c(3)));
+                }
+                r.scheduled_offset_us = Some(r.arrival_time_us - c(500));
+                r.dispatch_lag_us = Some(c(3000));
+                r.queue_us = Some(c(200));
+                r.new_connection = Some(i % 10 == 0);
+                r.connect_us = Some(300 + c(1000));
+                if i % 6 == 0 {
+                    r.chunk_tokens = Some(vec![1, 2, 1]);
+                }
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rows_in_any_order_give_the_same_metrics() {
+        let rs = mixed_run(500);
+        let slos = ["ttft:30".parse().unwrap(), "e2el:60".parse().unwrap()];
+        let p = [50.0, 90.0, 99.0];
+        let want = serde_json::to_value(compute(&rs, 0, &slos, &p)).unwrap();
+        assert_eq!(want["by_class"].as_array().unwrap().len(), 4);
+        let mut by_end = rs.clone();
+        by_end.sort_by_key(|r| r.arrival_time_us + r.e2el_us.unwrap_or(0));
+        assert_ne!(by_end, rs);
+        for order in [by_end, rs.iter().rev().cloned().collect()] {
+            let mut b = MetricsBuilder::new(0, &slos, &p);
+            order.iter().for_each(|r| b.add(r));
+            assert_eq!(b.len(), rs.len());
+            assert_eq!(serde_json::to_value(b.finish()).unwrap(), want);
+        }
+    }
+
+    /// Each class's latencies are those of its own rows alone, the first class's too (taken
+    /// from the run-wide samples when the second class appears).
+    #[test]
+    fn each_class_is_measured_on_its_own_rows() {
+        let rs = mixed_run(400);
+        let first = |r: &TraceRecord| r.endpoint == "/v1/completions" && r.stream;
+        let (a, rest): (Vec<TraceRecord>, Vec<TraceRecord>) = rs.into_iter().partition(first);
+        let rs: Vec<TraceRecord> = a[..60]
+            .iter()
+            .chain(&rest)
+            .chain(&a[60..])
+            .cloned()
+            .collect();
+        let m = compute(&rs, 0, &[], &[50.0]);
+        assert_eq!(m.by_class.len(), 4);
+        for c in &m.by_class {
+            let own: Vec<TraceRecord> = rs
+                .iter()
+                .filter(|r| r.endpoint == c.endpoint && r.stream == c.stream)
+                .cloned()
+                .collect();
+            let alone = compute(&own, 0, &[], &[50.0, 99.0]);
+            assert!(alone.by_class.is_empty());
+            assert_eq!((c.requests, c.completed), (own.len(), alone.completed));
+            assert_eq!(c.output_tokens, alone.total_output_tokens);
+            assert_eq!(c.e2el, alone.e2el, "{} {}", c.endpoint, c.stream);
+            if c.stream {
+                assert_eq!(c.ttft.as_ref(), Some(&alone.ttft));
+                assert_eq!(c.tpot.as_ref(), Some(&alone.tpot));
+                assert_eq!(c.itl.as_ref(), Some(&alone.itl));
+                assert!(alone.itl.count > 0);
+            } else {
+                assert!(c.ttft.is_none() && c.itl.is_none());
+            }
+        }
+    }
+
+    /// Past the cap the peak concurrency from bucket counts is an upper bound, over by at most
+    /// the requests started in one bucket, whatever order the rows come in.
+    #[test]
+    fn peak_concurrency_from_buckets_is_a_close_upper_bound() {
+        // 20,000 requests over 1,000 s (width 2,048 µs), 0.1 to 30 s long, added in reverse.
+        let iv: Vec<(i64, i64)> = (0..20_000)
+            .map(|i| {
+                let s = (mix(i) % 1_000_000_000) as i64;
+                (s, s + 100_000 + (mix(i + 7) % 30_000_000) as i64)
+            })
+            .collect();
+        let mut sorted = iv.clone();
+        sorted.sort_unstable();
+        let truth = max_overlap(&mut iv.clone());
+        for order in [iv.clone(), sorted.iter().rev().copied().collect()] {
+            let mut ev = Events::default();
+            order.iter().for_each(|&(s, e)| ev.add(s, e));
+            assert!(ev.counts.len() <= EVENT_BUCKETS);
+            let w = ev.width;
+            assert_eq!(w, 2048);
+            let most_in_a_bucket = (0..sorted.len())
+                .map(|k| {
+                    sorted[k..]
+                        .iter()
+                        .take_while(|x| x.0 < sorted[k].0 + w)
+                        .count()
+                })
+                .max()
+                .unwrap();
+            let est = ev.max();
+            assert!(
+                est >= truth && est <= truth + most_in_a_bucket,
+                "{est} vs {truth} (+{most_in_a_bucket})"
+            );
+        }
+    }
+
+    /// Millions of rows: what the builder holds stays bounded, percentiles are estimates
+    /// within the stated error, counts exact, the most frequent error still first.
+    #[test]
+    fn millions_of_rows_in_bounded_memory() {
+        use crate::served::SERVED_CAP;
+        use trace_format::quantiles::RELATIVE_ERROR;
+        const N: usize = 3_000_000;
+        let p = [50.0, 99.0, 99.9];
+        let mut b = MetricsBuilder::new(0, &["e2el:500".parse().unwrap()], &p);
+        let mut r = ok(0, &[10, 20, 30], 3);
+        let (mut e2el, mut lags, mut iv) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut peak, mut good) = (0, 0);
+        for i in 0..N {
+            // 1,000 requests a second, E2EL 20 ms to 2 s, one in 100 failing.
+            let x = mix(i);
+            let e = 20_000 + (x % 1_980_000) as i64;
+            r.arrival_time_us = i as i64 * 1000;
+            r.scheduled_offset_us = Some(r.arrival_time_us);
+            r.chunk_times_us.clear();
+            r.chunk_times_us.extend([e / 4, e / 2, e]);
+            (r.ttft_us, r.e2el_us) = (Some(e / 4), Some(e));
+            r.dispatch_lag_us = Some(((x >> 32) % 3000) as i64);
+            lags.push(((x >> 32) % 3000) as f64 / 1000.0);
+            iv.push((r.arrival_time_us, r.arrival_time_us + e));
+            if i % 100 == 0 {
+                r.outcome = Outcome::HttpError;
+                r.error = Some(if i % 300 == 0 {
+                    "HTTP 503: busy".into()
+                } else {
+                    format!("HTTP 500: request {i}")
+                });
+            } else {
+                r.outcome = Outcome::Ok;
+                r.error = None;
+                e2el.push(e as f64 / 1000.0);
+                good += usize::from(e <= 500_000);
+            }
+            b.add(&r);
+            if i % 50_000 == 0 {
+                peak = peak.max(b.retained());
+            }
+        }
+        let held = b.retained();
+        let m = b.finish();
+        assert!(
+            peak <= 9 * EXACT_CAP + SERVED_CAP + ERROR_KEYS,
+            "held {peak} at most"
+        );
+        assert!(
+            held <= EVENT_BUCKETS + SERVED_CAP + ERROR_KEYS + 8 * 20_000,
+            "held {held} at the end"
+        );
+        assert_eq!((m.num_prompts, m.completed), (N, e2el.len()));
+        assert_eq!(m.slo_attainment, Some(good as f64 / N as f64));
+        e2el.sort_by(f64::total_cmp);
+        assert_eq!(m.e2el.estimate, Some(RELATIVE_ERROR));
+        assert_eq!(m.e2el.count, e2el.len());
+        for q in p {
+            let (est, truth) = (m.e2el.get(q).unwrap(), percentile(&e2el, q));
+            assert!(
+                (est - truth).abs() <= RELATIVE_ERROR * truth,
+                "p{q}: {est} vs {truth}"
+            );
+        }
+        let mean = e2el.iter().sum::<f64>() / e2el.len() as f64;
+        assert!((m.e2el.mean - mean).abs() < 1e-9 * mean);
+        assert_eq!(m.e2el.min, e2el[0]);
+        // The allowance is 1 ms (10% of the 1 ms gap, floored): lags of exactly 1 ms may fall
+        // either side of it.
+        assert_eq!(m.lag_allowance_ms, 1.0);
+        let late = lags.iter().filter(|&&l| l > 1.0).count();
+        let at = lags.iter().filter(|&&l| l == 1.0).count();
+        assert!(
+            m.late_dispatches.abs_diff(late) <= at,
+            "{}",
+            m.late_dispatches
+        );
+        let truth = max_overlap(&mut iv);
+        let c = m.max_concurrent_requests;
+        assert!(c >= truth && c <= truth + 10, "{c} vs {truth}");
+        assert!((m.served.offered_rps.unwrap() - 1000.0).abs() < 1e-9);
+        let steady = m.served.steady.expect("steady");
+        assert!(
+            (steady.request_throughput / 990.0 - 1.0).abs() < 0.02,
+            "{steady:?}"
+        );
+        assert!(m.served.overload.is_none());
+        let (o, text, n) = &m.top_errors[0];
+        assert_eq!(
+            (o.as_str(), text.as_str()),
+            ("http_error", "HTTP 503: busy")
+        );
+        assert!((10_000..10_100).contains(n), "{n}");
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! Both are read from the rows alone, on the run's own clock: a request's *due* time is the
 //! run's start plus its scheduled offset; it *ends* at send + E2EL (a request without an end,
-//! such as a connect failure, ends when it was sent).
+//! such as a connect failure, ends when it was sent). [`ServedBuilder`] takes them one at a
+//! time in bounded memory ([`SERVED_CAP`]).
+
+use std::hash::{Hash, Hasher};
 
 use serde::{Deserialize, Serialize};
 use trace_format::{Outcome, TraceRecord};
@@ -105,6 +108,12 @@ fn median(v: &mut [f64]) -> Option<f64> {
     Some(trace_format::stats::percentile(v, 50.0))
 }
 
+/// Most rows [`ServedBuilder`] keeps (48 bytes each: 12 MiB). Below it the judgement is
+/// exact; above it is made on a uniform sample, 1 row in 2^k (by a hash of the request id
+/// and send time), its counts scaled by 2^k: half a million rows or more, where every window
+/// counted holds thousands of sampled rows, a sampling error of about 1%.
+pub const SERVED_CAP: usize = 1 << 18;
+
 /// One row on the run's clock, µs after its start.
 struct Row {
     due: i64,
@@ -112,153 +121,240 @@ struct Row {
     end: i64,
     ok: bool,
     output_tokens: i64,
+    /// Decides whether the row stays in the sample.
+    key: u64,
 }
 
-fn rows(records: &[TraceRecord], run_start_us: i64) -> Vec<Row> {
-    records
-        .iter()
-        .map(|r| {
-            let sent = r.arrival_time_us - run_start_us;
-            let span = r
-                .e2el_us
-                .or_else(|| r.chunk_times_us.last().copied())
-                .unwrap_or(0)
-                .max(0);
-            Row {
-                due: r.scheduled_offset_us.unwrap_or(sent),
-                sent,
-                end: sent + span,
-                ok: r.outcome == Outcome::Ok,
-                output_tokens: r.output_tokens.unwrap_or(0),
-            }
-        })
-        .collect()
+/// Judges a run from rows added one at a time, in any order, in bounded memory: at most
+/// [`SERVED_CAP`] rows (a uniform sample past it) and the exact count, first and last due,
+/// last send and last end.
+pub struct ServedBuilder {
+    run_start_us: i64,
+    rows: Vec<Row>,
+    /// The sample keeps rows whose key has its low `shift` bits zero.
+    shift: u32,
+    n: usize,
+    first_due: i64,
+    last_due: i64,
+    last_sent: i64,
+    last_end: i64,
+}
+
+impl ServedBuilder {
+    /// A run started at `run_start_us` (epoch µs).
+    pub fn new(run_start_us: i64) -> ServedBuilder {
+        ServedBuilder {
+            run_start_us,
+            rows: Vec::new(),
+            shift: 0,
+            n: 0,
+            first_due: i64::MAX,
+            last_due: i64::MIN,
+            last_sent: i64::MIN,
+            last_end: i64::MIN,
+        }
+    }
+
+    /// Adds one row of the run.
+    pub fn add(&mut self, r: &TraceRecord) {
+        let sent = r.arrival_time_us - self.run_start_us;
+        let span = r
+            .e2el_us
+            .or_else(|| r.chunk_times_us.last().copied())
+            .unwrap_or(0)
+            .max(0);
+        let due = r.scheduled_offset_us.unwrap_or(sent);
+        let end = sent + span;
+        self.n += 1;
+        self.first_due = self.first_due.min(due);
+        self.last_due = self.last_due.max(due);
+        self.last_sent = self.last_sent.max(sent);
+        self.last_end = self.last_end.max(end);
+        let mut h = std::hash::DefaultHasher::new();
+        (&r.request_id, r.arrival_time_us).hash(&mut h);
+        let key = h.finish();
+        if !self.keeps(key) {
+            return;
+        }
+        self.rows.push(Row {
+            due,
+            sent,
+            end,
+            ok: r.outcome == Outcome::Ok,
+            output_tokens: r.output_tokens.unwrap_or(0),
+            key,
+        });
+        while self.rows.len() > SERVED_CAP {
+            self.shift += 1;
+            let shift = self.shift;
+            self.rows.retain(|r| r.key.trailing_zeros() >= shift);
+        }
+    }
+
+    fn keeps(&self, key: u64) -> bool {
+        key.trailing_zeros() >= self.shift
+    }
+
+    /// Rows kept (at most [`SERVED_CAP`]).
+    pub fn retained(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The verdict.
+    pub fn finish(self) -> Served {
+        let n = self.n;
+        let (first_due, last_due) = if n == 0 {
+            (0, 0)
+        } else {
+            (self.first_due, self.last_due)
+        };
+        let span_us = last_due - first_due;
+        let offered_rps = (n >= 2 && span_us > 0).then(|| (n - 1) as f64 / (span_us as f64 / 1e6));
+        let sample = Sample {
+            rows: &self.rows,
+            weight: 1usize << self.shift,
+        };
+        let (steady, steady_missing) = match sample.steady(n, self.last_sent) {
+            Ok(s) => (Some(s), None),
+            Err(why) => (None, Some(why)),
+        };
+        let overload = if offered_rps.is_some() && n >= MIN_REQUESTS {
+            sample.overload(first_due, last_due, self.last_end)
+        } else {
+            None
+        };
+        Served {
+            offered_rps,
+            steady,
+            steady_missing,
+            overload,
+        }
+    }
 }
 
 /// Judges a run (rows of one target, started at `run_start_us`, epoch µs).
 pub fn analyse(records: &[TraceRecord], run_start_us: i64) -> Served {
-    let mut rows = rows(records, run_start_us);
-    rows.sort_by_key(|r| r.due);
-    let n = rows.len();
-    let first_due = rows.first().map_or(0, |r| r.due);
-    let last_due = rows.last().map_or(0, |r| r.due);
-    let span_us = last_due - first_due;
-    let offered_rps = (n >= 2 && span_us > 0).then(|| (n - 1) as f64 / (span_us as f64 / 1e6));
-    let (steady, steady_missing) = match steady(&rows) {
-        Ok(s) => (Some(s), None),
-        Err(why) => (None, Some(why)),
-    };
-    let overload = if offered_rps.is_some() && n >= MIN_REQUESTS {
-        overload(&rows, first_due, last_due)
-    } else {
-        None
-    };
-    Served {
-        offered_rps,
-        steady,
-        steady_missing,
-        overload,
-    }
+    let mut b = ServedBuilder::new(run_start_us);
+    records.iter().for_each(|r| b.add(r));
+    b.finish()
 }
 
-fn steady(rows: &[Row]) -> Result<Steady, String> {
-    if rows.len() < MIN_REQUESTS {
-        return Err(format!("fewer than {MIN_REQUESTS} requests"));
-    }
-    let mut e2el: Vec<f64> = rows
-        .iter()
-        .filter(|r| r.ok)
-        .map(|r| (r.end - r.sent) as f64)
-        .collect();
-    let Some(start) = median(&mut e2el) else {
-        return Err("no request succeeded".into());
-    };
-    let end = rows.iter().map(|r| r.sent).max().unwrap_or(0) as f64;
-    if end <= 0.0 || end - start < MIN_STEADY_FRACTION * end {
-        return Err(format!(
-            "the requests' median E2EL ({:.0} ms) is too close to the sending period ({:.0} ms): \
-             the level is too short to have one",
-            start / 1e3,
-            end / 1e3
-        ));
-    }
-    let inside: Vec<&Row> = rows
-        .iter()
-        .filter(|r| r.ok && (r.end as f64) > start && (r.end as f64) <= end)
-        .collect();
-    if inside.len() < MIN_STEADY_COMPLETIONS {
-        return Err(format!(
-            "fewer than {MIN_STEADY_COMPLETIONS} requests ended inside it"
-        ));
-    }
-    let secs = (end - start) / 1e6;
-    Ok(Steady {
-        start_s: start / 1e6,
-        end_s: end / 1e6,
-        completed: inside.len(),
-        request_throughput: inside.len() as f64 / secs,
-        output_throughput: inside.iter().map(|r| r.output_tokens).sum::<i64>() as f64 / secs,
-    })
+/// The rows kept, each standing for `weight` rows of the run.
+struct Sample<'a> {
+    rows: &'a [Row],
+    weight: usize,
 }
 
-fn overload(rows: &[Row], first_due: i64, last_due: i64) -> Option<Overload> {
-    let span = (last_due - first_due) as f64;
-    let at = |f: f64| first_due + (span * f) as i64;
-    let (half, end) = (at(0.5), last_due);
-    let due_2nd = rows.iter().filter(|r| r.due > half && r.due <= end).count();
-    let done_2nd = rows.iter().filter(|r| r.end > half && r.end <= end).count();
-    let half_s = (end - half) as f64 / 1e6;
-    if half_s <= 0.0 || (done_2nd as f64) >= SERVED_FRACTION * due_2nd as f64 {
-        return None;
+impl Sample<'_> {
+    /// Rows of the run matching `f` (estimated from the sample).
+    fn count(&self, f: impl Fn(&Row) -> bool) -> usize {
+        self.rows.iter().filter(|r| f(r)).count() * self.weight
     }
-    let sojourn = |r: &Row| (r.end - r.due) as f64 / 1e3;
-    let mut early: Vec<f64> = rows
-        .iter()
-        .filter(|r| r.due <= at(0.25))
-        .map(sojourn)
-        .collect();
-    let mut late: Vec<f64> = rows
-        .iter()
-        .filter(|r| r.due >= at(0.75))
-        .map(sojourn)
-        .collect();
-    let (e, l) = (median(&mut early)?, median(&mut late)?);
-    if l < SOJOURN_GROWTH * e || l - e < SOJOURN_GROWTH_FLOOR_MS {
-        return None;
-    }
-    // From when: the earliest of 20 window starts since which the target never caught up:
-    // from there to every later window end, fewer than 90% of the requests due ended. (A
-    // batching server slows every request in flight, so the early requests' own waits do not
-    // date the overload; the completions falling behind do.)
-    let windows = 20;
-    let edge = |k: usize| first_due + (span * k as f64 / windows as f64) as i64;
-    let count = |a: i64, b: i64| {
-        let due = rows.iter().filter(|r| r.due > a && r.due <= b).count();
-        let done = rows.iter().filter(|r| r.end > a && r.end <= b).count();
-        (due, done)
-    };
-    let behind_since = |w: usize| {
-        (w + 1..=windows).all(|k| {
-            let (due, done) = count(edge(w), edge(k));
-            due == 0 || (done as f64) < SERVED_FRACTION * due as f64
+
+    /// `n` rows in all, the last sent at `last_sent`.
+    fn steady(&self, n: usize, last_sent: i64) -> Result<Steady, String> {
+        if n < MIN_REQUESTS {
+            return Err(format!("fewer than {MIN_REQUESTS} requests"));
+        }
+        let mut e2el: Vec<f64> = self
+            .rows
+            .iter()
+            .filter(|r| r.ok)
+            .map(|r| (r.end - r.sent) as f64)
+            .collect();
+        let Some(start) = median(&mut e2el) else {
+            return Err("no request succeeded".into());
+        };
+        let end = last_sent as f64;
+        if end <= 0.0 || end - start < MIN_STEADY_FRACTION * end {
+            return Err(format!(
+                "the requests' median E2EL ({:.0} ms) is too close to the sending period ({:.0} ms): \
+                 the level is too short to have one",
+                start / 1e3,
+                end / 1e3
+            ));
+        }
+        let inside = |r: &Row| r.ok && (r.end as f64) > start && (r.end as f64) <= end;
+        let completed = self.count(inside);
+        if completed < MIN_STEADY_COMPLETIONS {
+            return Err(format!(
+                "fewer than {MIN_STEADY_COMPLETIONS} requests ended inside it"
+            ));
+        }
+        let tokens: i64 = self
+            .rows
+            .iter()
+            .filter(|r| inside(r))
+            .map(|r| r.output_tokens)
+            .sum();
+        let secs = (end - start) / 1e6;
+        Ok(Steady {
+            start_s: start / 1e6,
+            end_s: end / 1e6,
+            completed,
+            request_throughput: completed as f64 / secs,
+            output_throughput: (tokens * self.weight as i64) as f64 / secs,
         })
-    };
-    let from = (0..windows).find(|&w| behind_since(w)).map_or(half, edge);
-    let waiting_at_end = rows
-        .iter()
-        .filter(|r| r.due <= end)
-        .count()
-        .saturating_sub(rows.iter().filter(|r| r.end <= end).count());
-    let wall = rows.iter().map(|r| r.end).max().unwrap_or(end) - first_due;
-    Some(Overload {
-        from_s: (from - first_due) as f64 / 1e6,
-        offered_rps: due_2nd as f64 / half_s,
-        served_rps: done_2nd as f64 / half_s,
-        waiting_at_end,
-        early_sojourn_ms: e,
-        late_sojourn_ms: l,
-        run_over_schedule: wall as f64 / span.max(1.0),
-    })
+    }
+
+    fn overload(&self, first_due: i64, last_due: i64, last_end: i64) -> Option<Overload> {
+        let span = (last_due - first_due) as f64;
+        let at = |f: f64| first_due + (span * f) as i64;
+        let (half, end) = (at(0.5), last_due);
+        let due_2nd = self.count(|r| r.due > half && r.due <= end);
+        let done_2nd = self.count(|r| r.end > half && r.end <= end);
+        let half_s = (end - half) as f64 / 1e6;
+        if half_s <= 0.0 || (done_2nd as f64) >= SERVED_FRACTION * due_2nd as f64 {
+            return None;
+        }
+        let sojourn = |r: &Row| (r.end - r.due) as f64 / 1e3;
+        let rows = self.rows;
+        let mut early: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.due <= at(0.25))
+            .map(sojourn)
+            .collect();
+        let mut late: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.due >= at(0.75))
+            .map(sojourn)
+            .collect();
+        let (e, l) = (median(&mut early)?, median(&mut late)?);
+        if l < SOJOURN_GROWTH * e || l - e < SOJOURN_GROWTH_FLOOR_MS {
+            return None;
+        }
+        // From when: the earliest of 20 window starts since which the target never caught
+        // up: from there to every later window end, fewer than 90% of the requests due
+        // ended. (A batching server slows every request in flight, so the early requests' own
+        // waits do not date the overload; the completions falling behind do.)
+        let windows = 20;
+        let edge = |k: usize| first_due + (span * k as f64 / windows as f64) as i64;
+        let count = |a: i64, b: i64| {
+            let due = self.count(|r| r.due > a && r.due <= b);
+            let done = self.count(|r| r.end > a && r.end <= b);
+            (due, done)
+        };
+        let behind_since = |w: usize| {
+            (w + 1..=windows).all(|k| {
+                let (due, done) = count(edge(w), edge(k));
+                due == 0 || (done as f64) < SERVED_FRACTION * due as f64
+            })
+        };
+        let from = (0..windows).find(|&w| behind_since(w)).map_or(half, edge);
+        let waiting_at_end = self
+            .count(|r| r.due <= end)
+            .saturating_sub(self.count(|r| r.end <= end));
+        let wall = last_end - first_due;
+        Some(Overload {
+            from_s: (from - first_due) as f64 / 1e6,
+            offered_rps: due_2nd as f64 / half_s,
+            served_rps: done_2nd as f64 / half_s,
+            waiting_at_end,
+            early_sojourn_ms: e,
+            late_sojourn_ms: l,
+            run_over_schedule: wall as f64 / span.max(1.0),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod file_meta;
 pub mod inspect;
 pub mod journal;
 pub mod prefix_cache;
+pub mod quantiles;
 pub mod reader;
 pub mod redact;
 pub mod schema;

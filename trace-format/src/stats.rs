@@ -1,8 +1,11 @@
 //! Summary statistics with the definitions vLLM's benchmark uses: mean, median, population
 //! standard deviation, and percentiles by linear interpolation between closest ranks
-//! (numpy's default), so our numbers can be laid beside theirs.
+//! (numpy's default), so our numbers can be laid beside theirs. Over samples too large to
+//! hold, [`Summary::from_quantiles`] says when its percentiles are estimates.
 
 use serde::Serialize;
+
+use crate::quantiles::Quantiles;
 
 /// The `p`th percentile (0–100) of ascending `sorted` values; NaN when empty.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -36,6 +39,11 @@ pub struct Summary {
     pub max: f64,
     /// `(p, value)` for each asked percentile.
     pub percentiles: Vec<(f64, f64)>,
+    /// None when the percentiles are exact; else the bound on their relative error (the
+    /// sample passed [`EXACT_CAP`](crate::quantiles::EXACT_CAP) values). Count, mean, std,
+    /// min and max are exact either way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<f64>,
 }
 
 impl Summary {
@@ -52,6 +60,7 @@ impl Summary {
                 min: 0.0,
                 max: 0.0,
                 percentiles: percentiles.iter().map(|&p| (p, 0.0)).collect(),
+                estimate: None,
             };
         }
         // Sum in f64 over sorted values (small first) to keep precision.
@@ -68,6 +77,26 @@ impl Summary {
                 .iter()
                 .map(|&p| (p, percentile(values, p)))
                 .collect(),
+            estimate: None,
+        }
+    }
+
+    /// Summarises a bounded-memory sample: exactly [`from_values`](Self::from_values) over
+    /// the same values while `q` is exact, else its estimates with
+    /// [`estimate`](Self::estimate) set.
+    pub fn from_quantiles(q: &Quantiles, percentiles: &[f64]) -> Summary {
+        if let Some(v) = q.exact_values() {
+            return Summary::from_values(&mut v.to_vec(), percentiles);
+        }
+        Summary {
+            count: q.len(),
+            mean: q.mean(),
+            median: q.quantile(50.0),
+            std: q.std(),
+            min: q.min(),
+            max: q.max(),
+            percentiles: percentiles.iter().map(|&p| (p, q.quantile(p))).collect(),
+            estimate: Some(q.relative_error()),
         }
     }
 

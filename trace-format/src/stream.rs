@@ -144,8 +144,7 @@ impl TraceStream {
             return Ok(h.clone());
         }
         let mut h = ContentHash::default();
-        let mut keys = Merge::<Key>::new(&self.inputs, &self.files);
-        while let Some(key) = keys.next() {
+        for key in Merge::<Key>::new(&self.inputs, &self.files) {
             let Key(id, at) = key?;
             h.add(&id, at);
         }

@@ -178,30 +178,27 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
 }
 
 /// The note for rows export left out: how many of how many, per reason, and an example.
-fn skipped_note(skipped: &[(String, String)], rows: usize) -> String {
-    let mut reasons: Vec<(&str, usize)> = Vec::new();
-    for (_, why) in skipped {
-        match reasons.iter_mut().find(|(r, _)| *r == why.as_str()) {
-            Some((_, n)) => *n += 1,
-            None => reasons.push((why, 1)),
-        }
-    }
-    let by: Vec<String> = reasons.iter().map(|(r, n)| format!("{n}: {r}")).collect();
+fn skipped_note(e: &import::MooncakeExport, rows: usize) -> String {
+    let by: Vec<String> = e
+        .skipped_by
+        .iter()
+        .map(|(r, n)| format!("{n}: {r}"))
+        .collect();
     format!(
         "note: {} of {rows} rows skipped ({}); first: request {}",
-        skipped.len(),
+        e.skipped_rows(),
         by.join("; "),
-        skipped[0].0
+        e.skipped.first().map_or("?", |s| s.0.as_str())
     )
 }
 
-/// Runs `llmreplay export`.
+/// Runs `llmreplay export`: rows are read in arrival order and written as read.
 pub fn run_export(a: ExportArgs) -> Result<()> {
-    let trace = store::read_traces(&a.traces).context("reading the trace")?;
+    let stream = store::open_stream(&a.traces).context("reading the trace")?;
     match a.format {
         ExportFormat::Mooncake => {
-            let sizes: std::collections::BTreeSet<u32> = trace
-                .files
+            let sizes: std::collections::BTreeSet<u32> = stream
+                .files()
                 .iter()
                 .filter_map(|f| f.meta.block_size)
                 .collect();
@@ -210,21 +207,17 @@ pub fn run_export(a: ExportArgs) -> Result<()> {
                     "the trace files have prefix hashes of different block sizes ({sizes:?}); export them separately"
                 );
             }
-            let e = import::export_mooncake(&trace.records, &a.output)
+            let e = import::export_mooncake_stream(stream.records(), &a.output)
                 .with_context(|| format!("exporting to {}", a.output.display()))?;
             eprintln!(
                 "{} requests written to {} (mooncake JSONL)",
                 e.written,
                 a.output.display()
             );
-            if !e.skipped.is_empty() {
-                eprintln!("{}", skipped_note(&e.skipped, trace.records.len()));
+            if e.skipped_rows() > 0 {
+                eprintln!("{}", skipped_note(&e, stream.rows()));
             }
-            let with_hashes = e
-                .lines
-                .iter()
-                .filter(|l| l.contains("\"hash_ids\""))
-                .count();
+            let with_hashes = e.with_hashes;
             if with_hashes > 0 {
                 match sizes.iter().next() {
                     Some(512) => {}
@@ -255,14 +248,15 @@ mod tests {
     #[test]
     fn the_skipped_note_counts_rows_per_reason() {
         let s = |id: &str, why: &str| (id.to_string(), why.to_string());
-        let note = skipped_note(
-            &[
-                s("a", "no prompt_tokens"),
-                s("b", "no output_tokens"),
-                s("c", "no prompt_tokens"),
+        let e = import::MooncakeExport {
+            skipped: vec![s("a", "no prompt_tokens"), s("b", "no output_tokens")],
+            skipped_by: vec![
+                ("no prompt_tokens".into(), 2),
+                ("no output_tokens".into(), 1),
             ],
-            10,
-        );
+            ..Default::default()
+        };
+        let note = skipped_note(&e, 10);
         assert_eq!(
             note,
             "note: 3 of 10 rows skipped (2: no prompt_tokens; 1: no output_tokens); first: request a"

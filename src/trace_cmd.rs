@@ -80,8 +80,9 @@ pub(crate) fn run_synth(a: SynthArgs) -> Result<()> {
 
 pub(crate) fn run_inspect(a: InspectArgs) -> Result<()> {
     use std::io::Write;
-    let trace = store::read_traces(&a.traces).context("reading the trace")?;
-    let summary = trace_format::inspect::summarize_with(&trace, &a.cache_blocks);
+    let stream = store::open_stream(&a.traces).context("reading the trace")?;
+    let summary = trace_format::inspect::summarize_stream(&stream, &a.cache_blocks)
+        .context("reading the trace")?;
     let mut out = std::io::stdout().lock();
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;

@@ -46,7 +46,9 @@ use trace_format::{Error, FileMeta, Outcome, Producer, Result, TraceRecord};
 
 use crate::rows::split_csv_line;
 
-pub use mooncake::{export_mooncake, export_mooncake_lines, MooncakeExport};
+pub use mooncake::{
+    export_mooncake, export_mooncake_lines, export_mooncake_stream, MooncakeExport, SKIPPED_KEPT,
+};
 
 /// A source format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

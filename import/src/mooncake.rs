@@ -46,38 +46,51 @@ fn ms_to_us(v: &Value) -> Option<i64> {
 /// What an export wrote and what it left out.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MooncakeExport {
-    /// The JSON lines, sorted by arrival.
+    /// The JSON lines, sorted by arrival ([`export_mooncake_lines`] only: a file export
+    /// writes them as it goes and keeps none).
     pub lines: Vec<String>,
-    /// Lines written (equal to `lines.len()` once written).
+    /// Lines written (or made, by [`export_mooncake_lines`]).
     pub written: usize,
-    /// (request id, why) of every row left out: no `prompt_tokens` or no `output_tokens`.
+    /// Of those, lines with `hash_ids`.
+    pub with_hashes: usize,
+    /// (request id, why) of the first [`SKIPPED_KEPT`] rows left out: no `prompt_tokens` or
+    /// no `output_tokens`.
     pub skipped: Vec<(String, String)>,
+    /// Every row left out, per reason, in the order the reasons were first met.
+    pub skipped_by: Vec<(String, usize)>,
 }
 
-/// The Mooncake JSON lines of `records` (any order; written sorted by arrival, stable):
-/// `timestamp` in ms from the first arrival (an integer when whole, else a float to the µs),
-/// `input_length` = `prompt_tokens`, `output_length` = `output_tokens`, `hash_ids` =
-/// `prefix_hashes` when present. A row without `prompt_tokens` or `output_tokens` is skipped
-/// and listed in [`MooncakeExport::skipped`] (as replay skips a row it cannot build): nothing
-/// is guessed. No exportable row at all is an error naming the first reason.
-pub fn export_mooncake_lines(records: &[TraceRecord]) -> Result<MooncakeExport> {
-    let mut order: Vec<&TraceRecord> = records.iter().collect();
-    order.sort_by_key(|r| r.arrival_time_us);
-    let mut out = MooncakeExport::default();
-    let mut first = None;
-    for r in order {
+/// How many skipped rows an export names in [`MooncakeExport::skipped`] (it counts them all).
+pub const SKIPPED_KEPT: usize = 1000;
+
+impl MooncakeExport {
+    /// Rows left out.
+    pub fn skipped_rows(&self) -> usize {
+        self.skipped_by.iter().map(|(_, n)| n).sum()
+    }
+
+    fn skip(&mut self, id: &str, why: String) {
+        match self.skipped_by.iter_mut().find(|(r, _)| *r == why) {
+            Some((_, n)) => *n += 1,
+            None => self.skipped_by.push((why.clone(), 1)),
+        }
+        if self.skipped.len() < SKIPPED_KEPT {
+            self.skipped.push((id.to_string(), why));
+        }
+    }
+
+    /// The line of `r` (records come in arrival order), or None when it is skipped.
+    fn line(&mut self, first: &mut Option<i64>, r: &TraceRecord) -> Option<String> {
         let missing = |what: &str| format!("no {what}; the Mooncake format needs it");
         let (input, output) = match (r.prompt_tokens, r.output_tokens) {
             (Some(i), Some(o)) => (i, o),
             (None, _) => {
-                out.skipped
-                    .push((r.request_id.clone(), missing("prompt_tokens")));
-                continue;
+                self.skip(&r.request_id, missing("prompt_tokens"));
+                return None;
             }
             (_, None) => {
-                out.skipped
-                    .push((r.request_id.clone(), missing("output_tokens")));
-                continue;
+                self.skip(&r.request_id, missing("output_tokens"));
+                return None;
             }
         };
         // Timestamps from the first exported row, so the file starts at 0.
@@ -101,44 +114,91 @@ pub fn export_mooncake_lines(records: &[TraceRecord]) -> Result<MooncakeExport> 
                 line.push_str(&id.to_string());
             }
             line.push(']');
+            self.with_hashes += 1;
         }
         line.push('}');
-        out.lines.push(line);
+        self.written += 1;
+        Some(line)
     }
-    if out.lines.is_empty() {
-        if let Some((id, why)) = out.skipped.first() {
-            return Err(Error::Invalid(format!(
-                "none of the {} rows can be exported; first: request {id}: {why}",
-                out.skipped.len()
-            )));
+
+    /// The error when nothing could be exported.
+    fn nothing_exported(&self) -> Option<Error> {
+        if self.written > 0 {
+            return None;
+        }
+        let (id, why) = self.skipped.first()?;
+        Some(Error::Invalid(format!(
+            "none of the {} rows can be exported; first: request {id}: {why}",
+            self.skipped_rows()
+        )))
+    }
+}
+
+/// The Mooncake JSON lines of `records` (any order; written sorted by arrival, stable):
+/// `timestamp` in ms from the first arrival (an integer when whole, else a float to the µs),
+/// `input_length` = `prompt_tokens`, `output_length` = `output_tokens`, `hash_ids` =
+/// `prefix_hashes` when present. A row without `prompt_tokens` or `output_tokens` is skipped
+/// and listed in [`MooncakeExport::skipped`] (as replay skips a row it cannot build): nothing
+/// is guessed. No exportable row at all is an error naming the first reason.
+pub fn export_mooncake_lines(records: &[TraceRecord]) -> Result<MooncakeExport> {
+    let mut order: Vec<&TraceRecord> = records.iter().collect();
+    order.sort_by_key(|r| r.arrival_time_us);
+    let mut out = MooncakeExport::default();
+    let mut first = None;
+    for r in order {
+        if let Some(line) = out.line(&mut first, r) {
+            out.lines.push(line);
         }
     }
-    Ok(out)
+    match out.nothing_exported() {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// Writes `records` as Mooncake JSONL to `path` (see [`export_mooncake_lines`]); returns what
 /// was written and skipped. The file appears under its name only when complete.
 pub fn export_mooncake(records: &[TraceRecord], path: &Path) -> Result<MooncakeExport> {
-    let mut export = export_mooncake_lines(records)?;
-    let lines = &export.lines;
+    let mut order: Vec<&TraceRecord> = records.iter().collect();
+    order.sort_by_key(|r| r.arrival_time_us);
+    export_mooncake_stream(order.into_iter().cloned().map(Ok), path)
+}
+
+/// [`export_mooncake`] of records read as they come (in arrival order, as
+/// [`TraceStream::records`](trace_format::stream::TraceStream::records) yields them): each
+/// line is written as its row is read and none is kept, so memory does not grow with the
+/// rows. The first error of `records` stops the export (no file is left).
+pub fn export_mooncake_stream(
+    records: impl Iterator<Item = Result<TraceRecord>>,
+    path: &Path,
+) -> Result<MooncakeExport> {
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    let write = || -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        for l in lines {
-            w.write_all(l.as_bytes())?;
-            w.write_all(b"\n")?;
+    let mut out = MooncakeExport::default();
+    let write = || -> Result<()> {
+        let io = |e| Error::io(path, e);
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+        let mut first = None;
+        for r in records {
+            if let Some(line) = out.line(&mut first, &r?) {
+                w.write_all(line.as_bytes()).map_err(io)?;
+                w.write_all(b"\n").map_err(io)?;
+            }
         }
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, path)
+        if let Some(e) = out.nothing_exported() {
+            return Err(e);
+        }
+        w.into_inner()
+            .map_err(|e| io(e.into_error()))?
+            .sync_all()
+            .map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
     };
-    write().map_err(|e| {
+    write().inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
     })?;
-    export.written = export.lines.len();
-    Ok(export)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -243,9 +303,41 @@ mod tests {
             std::fs::read_to_string(&out).unwrap(),
             "{\"timestamp\": 0, \"input_length\": 6, \"output_length\": 3}\n"
         );
+        let why = |w: &str| format!("no {w}; the Mooncake format needs it");
+        assert_eq!(
+            e.skipped_by,
+            vec![(why("prompt_tokens"), 2), (why("output_tokens"), 1)]
+        );
+        assert_eq!((e.skipped_rows(), e.with_hashes), (3, 0));
         // Nothing exportable is still an error, naming why.
         let e = export_mooncake(&rows[1..3], &out).unwrap_err().to_string();
         assert!(e.contains("prompt_tokens"), "{e}");
+    }
+
+    /// A streamed export writes as it reads; an error of the input stops it and leaves no
+    /// file (neither the output nor its temporary).
+    #[test]
+    fn a_streamed_export_stops_at_an_input_error_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let mut r = TraceRecord::new("a", 1_000, ENDPOINT);
+        r.prompt_tokens = Some(5);
+        r.output_tokens = Some(2);
+        r.prefix_hashes = Some(vec![7]);
+        let rows = vec![
+            Ok(r.clone()),
+            Err(Error::Invalid("damaged row".into())),
+            Ok(r.clone()),
+        ];
+        let e = export_mooncake_stream(rows.into_iter(), &out).unwrap_err();
+        assert!(e.to_string().contains("damaged row"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let e = export_mooncake_stream([Ok(r)].into_iter(), &out).unwrap();
+        assert_eq!((e.written, e.with_hashes, e.lines.len()), (1, 1, 0));
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 2, \"hash_ids\": [7]}\n"
+        );
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! [`SpoolUploader`] moves each finished file to the store, deleting the local copy only once
 //! the upload succeeded: a store that is down delays files, it never loses them.
 //!
-//! [`read_traces`] and [`write_trace`] are the trace reader and writer of `trace-format` for
+//! [`read_traces`] (and [`open_stream`], the same inputs read in arrival order with bounded
+//! memory) and [`write_trace`] are the trace reader and writer of `trace-format` for
 //! inputs and outputs that may be URLs; [`write_bytes`] writes any other output (a result
 //! document) to a path or a URL alike.
 //!
@@ -33,7 +34,7 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme};
 use trace_format::reader::{RemoteFile, RemoteFiles};
-use trace_format::{FileMeta, Trace, TraceRecord};
+use trace_format::{FileMeta, Trace, TraceRecord, TraceStream};
 
 mod connector;
 mod uploader;
@@ -319,6 +320,14 @@ fn url_of(dest: &Path) -> Option<&str> {
 /// below the prefix, Hive partitions included; an object; or a glob of keys).
 pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
     trace_format::reader::read_traces_with(inputs, &ObjectStores)
+}
+
+/// Opens traces for streaming (see [`trace_format::stream::TraceStream`]) from the inputs
+/// [`read_traces`] reads: local files, directories and globs or object-store locations. An
+/// object is fetched whole each time the stream reads it (once for the first pass, once per
+/// pass over its records), one object at a time unless objects overlap in time.
+pub fn open_stream<S: AsRef<str>>(inputs: &[S]) -> Result<TraceStream> {
+    TraceStream::open_with(inputs, &ObjectStores)
 }
 
 /// The object stores as a source of trace files for [`trace_format::reader`].

@@ -6,16 +6,20 @@
 //! [`summarize`] computes a [`TraceSummary`]; it prints as a console block (`Display`) and
 //! serializes to JSON (`serde::Serialize`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use chrono::{DateTime, SecondsFormat};
 use serde::Serialize;
 
+use crate::error::Result;
 use crate::prefix_cache::{PrefixCacheSim, PrefixCacheSummary};
-use crate::reader::Trace;
-use crate::schema::Outcome;
-use crate::stats::percentile;
+use crate::quantiles::Quantiles;
+use crate::reader::{Trace, TraceFile};
+use crate::schema::{Outcome, TraceRecord};
+use crate::stream::TraceStream;
 
 /// Key used for requests without a model in [`TraceSummary::models`].
 pub const UNKNOWN_MODEL: &str = "(unknown)";
@@ -101,24 +105,42 @@ pub struct TokenStats {
     pub p95: f64,
     /// 99th percentile.
     pub p99: f64,
+    /// None when the percentiles are exact (up to
+    /// [`EXACT_CAP`](crate::quantiles::EXACT_CAP) rows with a value); else the bound on
+    /// their relative error. Known, sum and mean are exact either way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<f64>,
 }
 
-impl TokenStats {
-    fn of(values: impl Iterator<Item = i64>) -> Option<TokenStats> {
-        let mut v: Vec<i64> = values.collect();
-        if v.is_empty() {
+/// A token count's running figures, in memory bounded by [`Quantiles`].
+#[derive(Debug, Default)]
+struct TokenAcc {
+    sum: i64,
+    /// The exact sum, for the mean (every integer sum is exact in an `i128`).
+    exact_sum: i128,
+    values: Quantiles,
+}
+
+impl TokenAcc {
+    fn add(&mut self, v: i64) {
+        self.sum = self.sum.saturating_add(v);
+        self.exact_sum += i128::from(v);
+        self.values.add(v as f64);
+    }
+
+    fn finish(&self) -> Option<TokenStats> {
+        let known = self.values.len();
+        if known == 0 {
             return None;
         }
-        v.sort_unstable();
-        let sum = v.iter().fold(0i64, |a, &b| a.saturating_add(b));
-        let sorted: Vec<f64> = v.iter().map(|&x| x as f64).collect();
         Some(TokenStats {
-            known: v.len(),
-            sum,
-            mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
-            p50: percentile(&sorted, 50.0),
-            p95: percentile(&sorted, 95.0),
-            p99: percentile(&sorted, 99.0),
+            known,
+            sum: self.sum,
+            mean: self.exact_sum as f64 / known as f64,
+            p50: self.values.quantile(50.0),
+            p95: self.values.quantile(95.0),
+            p99: self.values.quantile(99.0),
+            estimate: (!self.values.is_exact()).then(|| self.values.relative_error()),
         })
     }
 }
@@ -138,151 +160,259 @@ pub fn summarize(trace: &Trace) -> TraceSummary {
 
 /// [`summarize`], with the prefix-cache hit rate also for LRU caches of `cache_blocks` blocks.
 pub fn summarize_with(trace: &Trace, cache_blocks: &[u64]) -> TraceSummary {
+    let mut s = Summarizer::new(&trace.files, cache_blocks);
     let recs = &trace.records;
-    let rows = recs.len();
-
-    let mut producers = BTreeMap::new();
-    for f in &trace.files {
-        *producers.entry(f.meta.producer.to_string()).or_insert(0) += 1;
+    if recs.is_sorted_by_key(|r| r.arrival_time_us) {
+        recs.iter().for_each(|r| s.add(r));
+    } else {
+        let mut order: Vec<usize> = (0..recs.len()).collect();
+        order.sort_by_key(|&i| recs[i].arrival_time_us);
+        order.into_iter().for_each(|i| s.add(&recs[i]));
     }
-
-    let mut arrivals: Vec<i64> = recs.iter().map(|r| r.arrival_time_us).collect();
-    arrivals.sort_unstable();
-    let first = arrivals.first().copied();
-    let last = arrivals.last().copied();
-    let duration_s = match (first, last) {
-        (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e6,
-        _ => 0.0,
-    };
-
-    let mut outcomes: BTreeMap<String, usize> =
-        Outcome::ALL.iter().map(|o| (o.to_string(), 0)).collect();
-    let mut endpoints = BTreeMap::new();
-    let mut models = BTreeMap::new();
-    let mut sessions = HashSet::new();
-    let mut streamed = 0;
-    for r in recs {
-        *outcomes.entry(r.outcome.to_string()).or_insert(0) += 1;
-        *endpoints.entry(r.endpoint.clone()).or_insert(0) += 1;
-        let model = r.model.as_deref().unwrap_or(UNKNOWN_MODEL);
-        *models.entry(model.to_string()).or_insert(0) += 1;
-        if let Some(s) = &r.session_id {
-            sessions.insert(s.as_str());
-        }
-        streamed += usize::from(r.stream);
-    }
-
-    TraceSummary {
-        rows,
-        files: trace.files.len(),
-        producers,
-        first_arrival: first.map(rfc3339),
-        last_arrival: last.map(rfc3339),
-        duration_s,
-        arrival_rate: arrival_rate(&arrivals),
-        in_flight: in_flight(trace),
-        prompt_tokens: TokenStats::of(recs.iter().filter_map(|r| r.prompt_tokens)),
-        output_tokens: TokenStats::of(recs.iter().filter_map(|r| r.output_tokens)),
-        outcomes,
-        streamed,
-        streamed_share: if rows == 0 {
-            0.0
-        } else {
-            streamed as f64 / rows as f64
-        },
-        sessions: sessions.len(),
-        endpoints,
-        models,
-        prefix_cache: prefix_cache(trace, cache_blocks),
-    }
+    s.finish()
 }
 
-/// The cache simulation over the rows with prefix hashes, in arrival order.
-fn prefix_cache(trace: &Trace, sizes: &[u64]) -> Option<PrefixCacheSummary> {
-    let mut blocks = trace.files.iter().map(|f| f.meta.block_size);
-    let block_size = blocks.next()??;
-    if blocks.any(|b| b != Some(block_size)) {
-        return None;
+/// [`summarize_with`] over a [`TraceStream`], read once, in memory bounded independently of
+/// the number of rows (see [`Summarizer`]).
+pub fn summarize_stream(stream: &TraceStream, cache_blocks: &[u64]) -> Result<TraceSummary> {
+    let mut s = Summarizer::new(stream.files(), cache_blocks);
+    for r in stream.records() {
+        s.add(&r?);
     }
-    let mut order: Vec<usize> = (0..trace.records.len())
-        .filter(|&i| {
-            trace.records[i]
-                .prefix_hashes
-                .as_ref()
-                .is_some_and(|h| !h.is_empty())
-        })
-        .collect();
-    order.sort_by_key(|&i| trace.records[i].arrival_time_us);
-    let mut sim = PrefixCacheSim::new(block_size, sizes);
-    for i in order {
-        let r = &trace.records[i];
-        sim.observe(r.prefix_hashes.as_deref().unwrap_or(&[]), r.prompt_tokens);
-    }
-    sim.finish()
+    Ok(s.finish())
 }
 
-/// Arrivals per 1-second bucket from sorted arrival times.
-fn arrival_rate(sorted: &[i64]) -> Option<ArrivalRate> {
-    let (&first, &last) = (sorted.first()?, sorted.last()?);
-    let bucket = |t: i64| t.saturating_sub(first) / 1_000_000;
-    let buckets = bucket(last).saturating_add(1);
-    let (mut peak, mut peak_bucket) = (0u64, 0i64);
-    let mut i = 0;
-    while i < sorted.len() {
-        let b = bucket(sorted[i]);
-        let mut n = 0u64;
-        while i < sorted.len() && bucket(sorted[i]) == b {
-            n += 1;
-            i += 1;
-        }
-        if n > peak {
-            (peak, peak_bucket) = (n, b);
-        }
-    }
-    Some(ArrivalRate {
-        mean_per_s: sorted.len() as f64 / buckets as f64,
-        peak_per_s: peak,
-        peak_at: rfc3339(first.saturating_add(peak_bucket.saturating_mul(1_000_000))),
-    })
+/// A [`TraceSummary`] built from records fed one at a time in arrival order. What it holds
+/// does not grow with the rows:
+/// - token percentiles: [`Quantiles`] (exact up to
+///   [`EXACT_CAP`](crate::quantiles::EXACT_CAP) values each, 8 bytes a value, then estimates
+///   within [`RELATIVE_ERROR`](crate::quantiles::RELATIVE_ERROR), which the summary states);
+/// - arrival rate: the current 1-second bucket;
+/// - requests in flight: the end times of the requests in flight (exact; 8 bytes per request
+///   in flight at the peak);
+/// - sessions: a 64-bit hash per distinct session id (grows with the sessions, not the rows);
+/// - endpoints, models, outcomes: one count per distinct value;
+/// - the prefix cache: see [`PrefixCacheSim`] (the unbounded cache is capped).
+pub struct Summarizer {
+    files: usize,
+    producers: BTreeMap<String, usize>,
+    rows: usize,
+    first: Option<i64>,
+    last: Option<i64>,
+    rate: RateAcc,
+    in_flight: InFlightAcc,
+    prompt: TokenAcc,
+    output: TokenAcc,
+    outcomes: BTreeMap<String, usize>,
+    endpoints: BTreeMap<String, usize>,
+    models: BTreeMap<String, usize>,
+    sessions: HashSet<u64>,
+    streamed: usize,
+    prefix: Option<PrefixCacheSim>,
 }
 
-/// Requests in flight from arrivals and end-to-end latencies (rows without one ignored).
-fn in_flight(trace: &Trace) -> Option<InFlight> {
-    let mut events: Vec<(i64, i8)> = Vec::new();
-    let mut busy_us: i128 = 0;
-    for r in &trace.records {
+impl Summarizer {
+    /// A summary of rows from `files`, with the prefix-cache hit rate of an unbounded cache
+    /// and of LRU caches of `cache_blocks` blocks (when every file records the same block
+    /// size).
+    pub fn new(files: &[TraceFile], cache_blocks: &[u64]) -> Summarizer {
+        let mut producers = BTreeMap::new();
+        for f in files {
+            *producers.entry(f.meta.producer.to_string()).or_insert(0) += 1;
+        }
+        let mut blocks = files.iter().map(|f| f.meta.block_size);
+        let block_size = blocks
+            .next()
+            .flatten()
+            .filter(|&b| blocks.all(|o| o == Some(b)));
+        Summarizer {
+            files: files.len(),
+            producers,
+            rows: 0,
+            first: None,
+            last: None,
+            rate: RateAcc::default(),
+            in_flight: InFlightAcc::default(),
+            prompt: TokenAcc::default(),
+            output: TokenAcc::default(),
+            outcomes: Outcome::ALL.iter().map(|o| (o.to_string(), 0)).collect(),
+            endpoints: BTreeMap::new(),
+            models: BTreeMap::new(),
+            sessions: HashSet::new(),
+            streamed: 0,
+            prefix: block_size.map(|b| PrefixCacheSim::new(b, cache_blocks)),
+        }
+    }
+
+    /// One record; records come in arrival order.
+    pub fn add(&mut self, r: &TraceRecord) {
+        let at = r.arrival_time_us;
+        self.rows += 1;
+        self.first.get_or_insert(at);
+        self.last = Some(self.last.map_or(at, |l| l.max(at)));
+        self.rate.add(at);
         if let Some(e) = r.e2el_us {
-            let e = e.max(0);
-            events.push((r.arrival_time_us, 1));
-            events.push((r.arrival_time_us.saturating_add(e), -1));
-            busy_us += i128::from(e);
+            self.in_flight.add(at, e);
+        }
+        if let Some(v) = r.prompt_tokens {
+            self.prompt.add(v);
+        }
+        if let Some(v) = r.output_tokens {
+            self.output.add(v);
+        }
+        *self.outcomes.entry(r.outcome.to_string()).or_insert(0) += 1;
+        count(&mut self.endpoints, &r.endpoint);
+        count(
+            &mut self.models,
+            r.model.as_deref().unwrap_or(UNKNOWN_MODEL),
+        );
+        if let Some(s) = &r.session_id {
+            let mut h = std::hash::DefaultHasher::new();
+            s.hash(&mut h);
+            self.sessions.insert(h.finish());
+        }
+        self.streamed += usize::from(r.stream);
+        if let (Some(sim), Some(h)) = (&mut self.prefix, &r.prefix_hashes) {
+            if !h.is_empty() {
+                sim.observe(h, r.prompt_tokens);
+            }
         }
     }
-    if events.is_empty() {
-        return None;
-    }
-    // Ends (-1) sort before starts (+1) at the same instant: intervals are half-open.
-    events.sort_unstable();
-    let start = events.iter().filter(|e| e.1 == 1).map(|e| e.0).min()?;
-    let end = events.iter().map(|e| e.0).max()?;
-    let (mut cur, mut peak, mut peak_at) = (0i64, 0i64, start);
-    for (t, d) in &events {
-        cur += i64::from(*d);
-        if cur > peak {
-            (peak, peak_at) = (cur, *t);
+
+    /// The summary.
+    pub fn finish(self) -> TraceSummary {
+        let rows = self.rows;
+        let duration_s = match (self.first, self.last) {
+            (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e6,
+            _ => 0.0,
+        };
+        TraceSummary {
+            rows,
+            files: self.files,
+            producers: self.producers,
+            first_arrival: self.first.map(rfc3339),
+            last_arrival: self.last.map(rfc3339),
+            duration_s,
+            arrival_rate: self.rate.finish(rows),
+            in_flight: self.in_flight.finish(),
+            prompt_tokens: self.prompt.finish(),
+            output_tokens: self.output.finish(),
+            outcomes: self.outcomes,
+            streamed: self.streamed,
+            streamed_share: if rows == 0 {
+                0.0
+            } else {
+                self.streamed as f64 / rows as f64
+            },
+            sessions: self.sessions.len(),
+            endpoints: self.endpoints,
+            models: self.models,
+            prefix_cache: self.prefix.and_then(PrefixCacheSim::finish),
         }
     }
-    let window = end.saturating_sub(start);
-    Some(InFlight {
-        mean: if window > 0 {
-            busy_us as f64 / window as f64
+}
+
+fn count(m: &mut BTreeMap<String, usize>, key: &str) {
+    match m.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            m.insert(key.to_string(), 1);
+        }
+    }
+}
+
+/// Arrivals per 1-second bucket from the first arrival, from arrivals in order.
+#[derive(Debug, Default)]
+struct RateAcc {
+    first: Option<i64>,
+    /// The current bucket and its count.
+    bucket: i64,
+    n: u64,
+    /// The first bucket with the most arrivals, and that count.
+    peak: u64,
+    peak_bucket: i64,
+}
+
+impl RateAcc {
+    fn add(&mut self, t: i64) {
+        let first = *self.first.get_or_insert(t);
+        let b = t.saturating_sub(first) / 1_000_000;
+        if b != self.bucket {
+            self.close();
+            (self.bucket, self.n) = (b, 0);
+        }
+        self.n += 1;
+    }
+
+    fn close(&mut self) {
+        if self.n > self.peak {
+            (self.peak, self.peak_bucket) = (self.n, self.bucket);
+        }
+    }
+
+    fn finish(mut self, rows: usize) -> Option<ArrivalRate> {
+        let first = self.first?;
+        self.close();
+        let buckets = self.bucket.saturating_add(1);
+        Some(ArrivalRate {
+            mean_per_s: rows as f64 / buckets as f64,
+            peak_per_s: self.peak,
+            peak_at: rfc3339(first.saturating_add(self.peak_bucket.saturating_mul(1_000_000))),
+        })
+    }
+}
+
+/// Requests in flight from arrivals in order and end-to-end latencies: the end times of the
+/// requests in flight, in a heap. Intervals are half-open (a request ending when another
+/// starts does not overlap it; one of zero length is never in flight).
+#[derive(Debug, Default)]
+struct InFlightAcc {
+    ends: BinaryHeap<Reverse<i64>>,
+    rows: usize,
+    busy_us: i128,
+    start: Option<i64>,
+    end: i64,
+    peak: usize,
+    peak_at: i64,
+}
+
+impl InFlightAcc {
+    fn add(&mut self, at: i64, e2el_us: i64) {
+        let e = e2el_us.max(0);
+        let end = at.saturating_add(e);
+        self.rows += 1;
+        self.busy_us += i128::from(e);
+        self.start.get_or_insert(at);
+        self.end = if self.rows == 1 {
+            end
         } else {
-            0.0
-        },
-        peak: peak as u64,
-        peak_at: rfc3339(peak_at),
-        rows_counted: events.len() / 2,
-    })
+            self.end.max(end)
+        };
+        while self.ends.peek().is_some_and(|Reverse(t)| *t <= at) {
+            self.ends.pop();
+        }
+        if end > at {
+            self.ends.push(Reverse(end));
+        }
+        if self.ends.len() > self.peak {
+            (self.peak, self.peak_at) = (self.ends.len(), at);
+        }
+    }
+
+    fn finish(&self) -> Option<InFlight> {
+        let start = self.start?;
+        let window = self.end.saturating_sub(start);
+        Some(InFlight {
+            mean: if window > 0 {
+                self.busy_us as f64 / window as f64
+            } else {
+                0.0
+            },
+            peak: self.peak as u64,
+            peak_at: rfc3339(if self.peak == 0 { start } else { self.peak_at }),
+            rows_counted: self.rows,
+        })
+    }
 }
 
 fn counts(f: &mut fmt::Formatter<'_>, m: &BTreeMap<String, usize>, all: bool) -> fmt::Result {
@@ -307,11 +437,17 @@ fn tokens(
 ) -> fmt::Result {
     match t {
         None => writeln!(f, "{name:<14} unknown"),
-        Some(t) => writeln!(
-            f,
-            "{name:<14} p50 {:.0}  p95 {:.0}  p99 {:.0}  mean {:.1}  sum {}  ({} of {rows} rows)",
-            t.p50, t.p95, t.p99, t.mean, t.sum, t.known
-        ),
+        Some(t) => {
+            write!(
+                f,
+                "{name:<14} p50 {:.0}  p95 {:.0}  p99 {:.0}  mean {:.1}  sum {}  ({} of {rows} rows)",
+                t.p50, t.p95, t.p99, t.mean, t.sum, t.known
+            )?;
+            match t.estimate {
+                Some(e) => writeln!(f, " (percentiles estimated, within {}%)", e * 100.0),
+                None => writeln!(f),
+            }
+        }
     }
 }
 
@@ -375,9 +511,13 @@ impl fmt::Display for TraceSummary {
         if let Some(p) = &self.prefix_cache {
             write!(f, "{:<14} ", "prefix cache")?;
             for (i, c) in p.caches.iter().enumerate() {
-                let size = c
-                    .cache_blocks
-                    .map_or("unbounded".to_string(), |n| format!("LRU {n} blocks"));
+                let size = match (c.cache_blocks, p.unbounded_capped_at) {
+                    (Some(n), _) => format!("LRU {n} blocks"),
+                    (None, None) => "unbounded".to_string(),
+                    (None, Some(cap)) => {
+                        format!("unbounded (at least; it kept the first {cap} distinct blocks)")
+                    }
+                };
                 let sep = if i == 0 { "" } else { "; " };
                 write!(
                     f,
@@ -389,9 +529,15 @@ impl fmt::Display for TraceSummary {
             writeln!(
                 f,
                 "{:<14} (theoretical, in arrival order: {} of {} rows with {}-token block hashes, \
-                 {} distinct of {} blocks; a replay's default prompt salt keeps this reuse within \
+                 {}{} distinct of {} blocks; a replay's default prompt salt keeps this reuse within \
                  the run, not from earlier runs)",
-                "", p.rows_with_hashes, self.rows, p.block_size, p.distinct_blocks, p.blocks
+                "",
+                p.rows_with_hashes,
+                self.rows,
+                p.block_size,
+                if p.unbounded_capped_at.is_some() { "at least " } else { "" },
+                p.distinct_blocks,
+                p.blocks
             )?;
         }
         Ok(())
@@ -402,8 +548,7 @@ impl fmt::Display for TraceSummary {
 mod tests {
     use super::*;
     use crate::file_meta::FileMeta;
-    use crate::reader::TraceFile;
-    use crate::schema::{Producer, TraceRecord};
+    use crate::schema::Producer;
 
     const T0: i64 = 1_700_000_000_000_000; // 2023-11-14T22:13:20Z
 
@@ -504,6 +649,134 @@ mod tests {
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["in_flight"]["peak"], 3);
         assert_eq!(json["arrival_rate"]["peak_per_s"], 2);
+    }
+
+    /// The old whole-trace figure: every start and end as an event, sorted (ends first at
+    /// an instant), counted.
+    fn in_flight_by_events(recs: &[TraceRecord]) -> Option<(u64, i64, f64)> {
+        let mut events: Vec<(i64, i8)> = Vec::new();
+        let mut busy: i128 = 0;
+        for r in recs {
+            if let Some(e) = r.e2el_us {
+                let e = e.max(0);
+                events.push((r.arrival_time_us, 1));
+                events.push((r.arrival_time_us + e, -1));
+                busy += i128::from(e);
+            }
+        }
+        events.sort_unstable();
+        let start = events.iter().filter(|e| e.1 == 1).map(|e| e.0).min()?;
+        let end = events.iter().map(|e| e.0).max()?;
+        let (mut cur, mut peak, mut at) = (0i64, 0i64, start);
+        for (t, d) in &events {
+            cur += i64::from(*d);
+            if cur > peak {
+                (peak, at) = (cur, *t);
+            }
+        }
+        let w = end - start;
+        Some((
+            peak as u64,
+            at,
+            if w > 0 { busy as f64 / w as f64 } else { 0.0 },
+        ))
+    }
+
+    proptest::proptest! {
+        /// The heap of end times gives the event count's figures exactly, ties, zero and
+        /// negative lengths included.
+        #[test]
+        fn in_flight_from_ends_in_flight_is_the_event_count(
+            rows in proptest::collection::vec((0i64..30, proptest::option::of(-2i64..12)), 0..40)
+        ) {
+            let mut recs: Vec<TraceRecord> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, &(at, e))| rec(&format!("r{i}"), at, e))
+                .collect();
+            recs.sort_by_key(|r| r.arrival_time_us);
+            let trace = Trace { records: recs.clone(), files: vec![] };
+            let got = summarize(&trace).in_flight;
+            match in_flight_by_events(&recs) {
+                None => proptest::prop_assert!(got.is_none()),
+                Some((peak, at, mean)) => {
+                    let got = got.unwrap();
+                    proptest::prop_assert_eq!(got.peak, peak);
+                    proptest::prop_assert_eq!(got.peak_at, rfc3339(at));
+                    proptest::prop_assert_eq!(got.mean, mean);
+                }
+            }
+        }
+    }
+
+    /// Over a stream of several files (one capture-like, out of order), the summary is the
+    /// whole trace's.
+    #[test]
+    fn the_summary_of_a_stream_is_the_summary_of_the_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut names = Vec::new();
+        for f in 0..3i64 {
+            let mut rows: Vec<TraceRecord> = (0..400)
+                .map(|i| {
+                    let mut r = rec(&format!("f{f}-{i}"), i * 7 + f, Some((i * 31) % 900));
+                    r.prompt_tokens = Some(100 + (i * 13) % 57);
+                    r.output_tokens = (i % 5 != 0).then_some(i % 17);
+                    r.session_id = Some(format!("s{}", i % 11));
+                    r.prefix_hashes = Some(vec![(i % 4) as u64, i as u64]);
+                    r
+                })
+                .collect();
+            if f == 1 {
+                rows.sort_by_key(|r| r.arrival_time_us + r.e2el_us.unwrap_or(0));
+            }
+            let p = dir.path().join(format!("{f}.parquet"));
+            let mut meta = FileMeta::new(Producer::Capture, "test");
+            meta.block_size = Some(16);
+            crate::write_trace_file(&p, &rows, &meta).unwrap();
+            names.push(p.to_str().unwrap().to_string());
+        }
+        let trace = crate::read_traces(&names).unwrap();
+        let stream = TraceStream::open(&names).unwrap();
+        let whole = summarize_with(&trace, &[8]);
+        let streamed = summarize_stream(&stream, &[8]).unwrap();
+        assert_eq!(streamed, whole);
+        assert!(whole.prefix_cache.is_some() && whole.in_flight.is_some());
+        assert_eq!(whole.sessions, 11);
+        // Unsorted records summarize the same.
+        let mut shuffled = trace.clone();
+        shuffled.records.reverse();
+        assert_eq!(summarize_with(&shuffled, &[8]), whole);
+    }
+
+    /// Past the exact cap the token percentiles are estimates and say so; sum and mean stay
+    /// exact.
+    #[test]
+    fn token_percentiles_past_the_cap_are_estimates_that_say_so() {
+        let mut acc = TokenAcc::default();
+        let n = crate::quantiles::EXACT_CAP as i64 + 1000;
+        for v in 0..n {
+            acc.add(v % 1000 + 1);
+        }
+        let t = acc.finish().unwrap();
+        assert_eq!(t.estimate, Some(crate::quantiles::RELATIVE_ERROR));
+        assert_eq!(t.known as i64, n);
+        assert!((t.p50 - 500.5).abs() <= 500.5 * 0.002, "{}", t.p50);
+        let sum: i64 = (0..n).map(|v| v % 1000 + 1).sum();
+        assert_eq!(t.sum, sum);
+        assert_eq!(t.mean, sum as f64 / n as f64);
+        let mut s = summarize(&Trace::default());
+        s.prompt_tokens = Some(t);
+        assert!(
+            s.to_string()
+                .contains("(percentiles estimated, within 0.1%)"),
+            "{s}"
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["prompt_tokens"]["estimate"], 0.001);
+        let mut exact = TokenAcc::default();
+        exact.add(3);
+        let json = serde_json::to_value(exact.finish().unwrap()).unwrap();
+        assert!(json.get("estimate").is_none(), "{json}");
     }
 
     #[test]

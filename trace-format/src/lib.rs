@@ -4,7 +4,8 @@
 //!
 //! One way down: [`schema`] and [`file_meta`] (what a file holds) ← [`encode`] (records into
 //! durable Parquet files) ← [`journal`] (a writer's journal and its recovery) ← [`writer`]
-//! (the rotating [`TraceWriter`]); [`reader`] reads what [`encode`] wrote. Local files only: object stores are the `store` crate's, importers of
+//! (the rotating [`TraceWriter`]); [`reader`] reads what [`encode`] wrote, whole, and
+//! [`stream`] in arrival order with bounded memory, through the same checks. Local files only: object stores are the `store` crate's, importers of
 //! public formats the `import` crate's, tokenizers the `tokenize` crate's.
 #![deny(missing_docs)]
 
@@ -20,6 +21,7 @@ pub mod reader;
 pub mod redact;
 pub mod schema;
 pub mod stats;
+pub mod stream;
 #[cfg(test)]
 mod test_records;
 pub mod writer;
@@ -29,4 +31,5 @@ pub use error::{Error, Result};
 pub use file_meta::FileMeta;
 pub use reader::{read_traces, Trace, TraceFile};
 pub use schema::{Outcome, Producer, TokenSource, TraceRecord, SCHEMA_VERSION};
+pub use stream::TraceStream;
 pub use writer::{TraceWriter, WriterConfig};

@@ -13,10 +13,21 @@
 //! counts all its tokens (an engine recomputes at least its last token). Hit tokens are
 //! `min(blocks hit × block size, prompt tokens)`: capture hashes full blocks only, Mooncake also
 //! names the last partial block.
+//!
+//! Memory: an LRU cache of `N` blocks holds at most `N` blocks (about 50 bytes each). The
+//! unbounded cache keeps every distinct block (about 10–20 bytes each) up to
+//! [`UNBOUNDED_CAP_BLOCKS`]; past that it keeps what it has and adds no new block, so its hit
+//! rate becomes a lower bound (a block first seen after the cap filled is a miss whenever it
+//! recurs) and [`PrefixCacheSummary::unbounded_capped_at`] says so. A 10-million-row capture
+//! of 1,000-token prompts in 16-token blocks names up to 600 million blocks: the cap keeps
+//! the unbounded line within ~100 MB.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
+
+/// The most distinct blocks the unbounded cache keeps (see the [module](self) documentation).
+pub const UNBOUNDED_CAP_BLOCKS: usize = 1 << 22;
 
 /// One cache size's result.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -44,19 +55,29 @@ pub struct PrefixCacheSummary {
     pub prompt_tokens: u64,
     /// Their blocks.
     pub blocks: u64,
-    /// Distinct blocks over the trace: the unbounded cache's final size.
+    /// Distinct blocks over the trace: the unbounded cache's final size (at most
+    /// [`UNBOUNDED_CAP_BLOCKS`]: at least this many when capped).
     pub distinct_blocks: u64,
+    /// Set (to the cap, [`UNBOUNDED_CAP_BLOCKS`]) when the trace had more distinct blocks than the
+    /// unbounded cache keeps: its hit rate is then a lower bound, and `distinct_blocks` too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unbounded_capped_at: Option<u64>,
     /// One entry per cache size, unbounded first.
     pub caches: Vec<CacheHitRate>,
 }
 
-/// An LRU cache of block hashes that counts what it serves.
+/// An LRU cache of block hashes (or an unbounded one) that counts what it serves.
 #[derive(Debug)]
 struct Lru {
     capacity: Option<usize>,
-    /// Block → the tick it was last used.
+    /// The unbounded cache's blocks (up to [`UNBOUNDED_CAP_BLOCKS`]).
+    seen: HashSet<u64>,
+    /// The most blocks `seen` keeps, and whether a block was left out for it.
+    seen_cap: usize,
+    capped: bool,
+    /// A bounded cache's blocks → the tick each was last used.
     last_use: HashMap<u64, u64>,
-    /// Tick → block, oldest first (only kept when the capacity is bounded).
+    /// Tick → block, oldest first.
     by_age: BTreeMap<u64, u64>,
     tick: u64,
     hit_tokens: u64,
@@ -68,6 +89,9 @@ impl Lru {
     fn new(capacity: Option<usize>) -> Lru {
         Lru {
             capacity,
+            seen: HashSet::new(),
+            seen_cap: UNBOUNDED_CAP_BLOCKS,
+            capped: false,
             last_use: HashMap::new(),
             by_age: BTreeMap::new(),
             tick: 0,
@@ -77,34 +101,43 @@ impl Lru {
         }
     }
 
+    fn contains(&self, h: &u64) -> bool {
+        match self.capacity {
+            None => self.seen.contains(h),
+            Some(_) => self.last_use.contains_key(h),
+        }
+    }
+
     fn observe(&mut self, hashes: &[u64], prompt_tokens: u64, block_size: u32) {
-        let hit = hashes
-            .iter()
-            .take_while(|h| self.last_use.contains_key(h))
-            .count() as u64;
+        let hit = hashes.iter().take_while(|h| self.contains(h)).count() as u64;
         self.hit_blocks += hit;
         self.hit_tokens += (hit * u64::from(block_size)).min(prompt_tokens);
         self.requests_hit += u64::from(hit > 0);
-        if self.capacity == Some(0) {
+        let Some(cap) = self.capacity else {
+            for &h in hashes {
+                if self.seen.len() < self.seen_cap {
+                    self.seen.insert(h);
+                } else if !self.seen.contains(&h) {
+                    self.capped = true;
+                }
+            }
+            return;
+        };
+        if cap == 0 {
             return;
         }
         for &h in hashes {
             self.tick += 1;
-            let old = self.last_use.insert(h, self.tick);
-            if self.capacity.is_some() {
-                if let Some(t) = old {
-                    self.by_age.remove(&t);
-                }
-                self.by_age.insert(self.tick, h);
+            if let Some(t) = self.last_use.insert(h, self.tick) {
+                self.by_age.remove(&t);
             }
+            self.by_age.insert(self.tick, h);
         }
-        if let Some(cap) = self.capacity {
-            while self.last_use.len() > cap {
-                let Some((_, h)) = self.by_age.pop_first() else {
-                    break;
-                };
-                self.last_use.remove(&h);
-            }
+        while self.last_use.len() > cap {
+            let Some((_, h)) = self.by_age.pop_first() else {
+                break;
+            };
+            self.last_use.remove(&h);
         }
     }
 }
@@ -114,7 +147,6 @@ impl Lru {
 pub struct PrefixCacheSim {
     block_size: u32,
     caches: Vec<Lru>,
-    distinct: std::collections::HashSet<u64>,
     rows: u64,
     prompt_tokens: u64,
     blocks: u64,
@@ -132,7 +164,6 @@ impl PrefixCacheSim {
         PrefixCacheSim {
             block_size: block_size.max(1),
             caches,
-            distinct: Default::default(),
             rows: 0,
             prompt_tokens: 0,
             blocks: 0,
@@ -149,7 +180,6 @@ impl PrefixCacheSim {
         for c in &mut self.caches {
             c.observe(hashes, tokens, self.block_size);
         }
-        self.distinct.extend(hashes.iter().copied());
     }
 
     /// The result (None when no request carried hashes).
@@ -158,12 +188,15 @@ impl PrefixCacheSim {
             return None;
         }
         let total = self.prompt_tokens;
+        let unbounded = &self.caches[0];
+        let (distinct_blocks, capped) = (unbounded.seen.len() as u64, unbounded.capped);
         Some(PrefixCacheSummary {
             block_size: self.block_size,
             rows_with_hashes: self.rows,
             prompt_tokens: total,
             blocks: self.blocks,
-            distinct_blocks: self.distinct.len() as u64,
+            distinct_blocks,
+            unbounded_capped_at: capped.then_some(unbounded.seen_cap as u64),
             caches: self
                 .caches
                 .into_iter()
@@ -215,6 +248,30 @@ mod tests {
             vec![(None, 18, 5, 2), (Some(3), 8, 2, 1), (Some(0), 0, 0, 0)]
         );
         assert!((r.caches[0].token_hit_rate - 18.0 / 41.0).abs() < 1e-12);
+    }
+
+    /// Past its cap the unbounded cache keeps what it has: blocks first seen after it filled
+    /// miss, so its rate is a lower bound and says so; bounded caches are unaffected.
+    #[test]
+    fn the_unbounded_cache_is_capped_and_then_a_lower_bound() {
+        let mut s = PrefixCacheSim::new(4, &[10]);
+        s.caches[0].seen_cap = 3;
+        s.observe(&[1, 2, 3], Some(12));
+        s.observe(&[1, 2, 3], Some(12)); // 3 hits
+        s.observe(&[4, 5], Some(8)); // 4, 5 left out of the full unbounded cache
+        s.observe(&[4, 5], Some(8)); // unbounded: misses; LRU 10: 2 hits
+        let r = s.finish().unwrap();
+        assert_eq!(r.unbounded_capped_at, Some(3));
+        assert_eq!(r.distinct_blocks, 3);
+        assert_eq!((r.caches[0].hit_blocks, r.caches[0].hit_tokens), (3, 12));
+        assert_eq!((r.caches[1].hit_blocks, r.caches[1].hit_tokens), (5, 20));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["unbounded_capped_at"], 3);
+
+        let mut s = PrefixCacheSim::new(4, &[]);
+        s.observe(&[1, 2, 3], Some(12));
+        let json = serde_json::to_value(s.finish().unwrap()).unwrap();
+        assert!(json.get("unbounded_capped_at").is_none(), "{json}");
     }
 
     #[test]

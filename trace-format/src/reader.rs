@@ -12,19 +12,19 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-
 use crate::error::{Error, Result};
 use crate::file_meta::FileMeta;
-use crate::schema::{meta, TraceRecord};
+use crate::schema::TraceRecord;
 
 mod columns;
+pub(crate) mod file;
 mod guard;
 mod pages;
 
 pub use columns::batch_to_records;
-use columns::{check_required, convert};
-use pages::{check_delta_pages, validate};
+pub(crate) use columns::{arrivals, convert, ids_and_arrivals};
+use file::{Columns, OpenFile, Source};
+
 /// One file of a [`Trace`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceFile {
@@ -47,6 +47,52 @@ pub struct Trace {
     pub records: Vec<TraceRecord>,
     /// The files read, in reading order.
     pub files: Vec<TraceFile>,
+}
+
+impl Trace {
+    /// The trace's content hash: [`content_hash`] of its records in order.
+    pub fn content_hash(&self) -> String {
+        content_hash(
+            self.records
+                .iter()
+                .map(|r| (r.request_id.as_str(), r.arrival_time_us)),
+        )
+    }
+}
+
+/// A stable hash (FNV-1a, 64 bits, hex) of the (request id, arrival time) of every row, in
+/// the order given (arrival order, as [`Trace::records`] and
+/// [`TraceStream::records`](crate::stream::TraceStream::records) yield them): what a result
+/// names its trace by.
+pub fn content_hash<'a>(rows: impl IntoIterator<Item = (&'a str, i64)>) -> String {
+    let mut h = ContentHash::default();
+    for (id, at) in rows {
+        h.add(id, at);
+    }
+    h.finish()
+}
+
+/// [`content_hash`], one row at a time.
+#[derive(Debug, Clone)]
+pub(crate) struct ContentHash(u64);
+
+impl Default for ContentHash {
+    fn default() -> Self {
+        ContentHash(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl ContentHash {
+    pub(crate) fn add(&mut self, id: &str, arrival_us: i64) {
+        for b in id.as_bytes().iter().chain(arrival_us.to_le_bytes().iter()) {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    pub(crate) fn finish(&self) -> String {
+        format!("{:016x}", self.0)
+    }
 }
 
 /// Reads traces from local inputs that are files, directories (every `*.parquet` below them,
@@ -74,12 +120,13 @@ pub trait RemoteFiles {
 pub struct RemoteFile {
     /// What errors and [`TraceFile::path`] call it (its URL).
     pub name: String,
-    /// Fetches its whole content.
-    pub fetch: Box<dyn FnOnce() -> Result<bytes::Bytes>>,
+    /// Fetches its whole content; called once per read of the file (a
+    /// [`TraceStream`](crate::stream::TraceStream) reads a file more than once).
+    pub fetch: Box<dyn Fn() -> Result<bytes::Bytes> + Send + Sync>,
 }
 
 /// No source besides the local file system.
-struct LocalOnly;
+pub(crate) struct LocalOnly;
 
 impl RemoteFiles for LocalOnly {
     fn claims(&self, _input: &str) -> bool {
@@ -92,6 +139,22 @@ impl RemoteFiles for LocalOnly {
 
 /// [`read_traces`], with the inputs `remote` claims listed and fetched through it.
 pub fn read_traces_with<S: AsRef<str>>(inputs: &[S], remote: &dyn RemoteFiles) -> Result<Trace> {
+    let mut trace = Trace::default();
+    for source in sources(inputs, remote)? {
+        let (file, records) = read_source(&source)?;
+        trace.files.push(file);
+        trace.records.extend(records);
+    }
+    trace.records.sort_by_key(|r| r.arrival_time_us);
+    Ok(trace)
+}
+
+/// The files the inputs name, in reading order, each once: the expansion, deduplication and
+/// errors of [`read_traces_with`].
+pub(crate) fn sources<S: AsRef<str>>(
+    inputs: &[S],
+    remote: &dyn RemoteFiles,
+) -> Result<Vec<Source>> {
     let mut seen = HashSet::new();
     let mut sources = Vec::new();
     for input in inputs {
@@ -122,24 +185,7 @@ pub fn read_traces_with<S: AsRef<str>>(inputs: &[S], remote: &dyn RemoteFiles) -
     if sources.is_empty() {
         return Err(Error::NoFiles(String::new()));
     }
-    let mut trace = Trace::default();
-    for source in sources {
-        let (file, records) = match source {
-            Source::Local(path) => {
-                // Read whole: the page check below and the decoder both read it.
-                let data = fs::read(&path).map_err(|e| Error::io(&path, e))?;
-                read_parquet(bytes::Bytes::from(data), &path)?
-            }
-            Source::Remote(file) => {
-                let bytes = (file.fetch)()?;
-                read_parquet(bytes, Path::new(&file.name))?
-            }
-        };
-        trace.files.push(file);
-        trace.records.extend(records);
-    }
-    trace.records.sort_by_key(|r| r.arrival_time_us);
-    Ok(trace)
+    Ok(sources)
 }
 
 /// The files an input names: itself, the `*.parquet` files below a directory, or the
@@ -192,91 +238,47 @@ fn walk_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// Where one trace file is read from.
-enum Source {
-    Local(PathBuf),
-    Remote(RemoteFile),
-}
-
 /// Reads one trace file held in memory (`name` is what errors and [`TraceFile::path`] call
 /// it): its metadata and its records in file order, with every check [`read_traces`] makes.
 /// Damaged bytes are an error naming `name`, never a panic.
 pub fn read_trace_bytes(data: bytes::Bytes, name: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
-    read_parquet(data, name)
+    read_parquet(&OpenFile::of_bytes(data, name)?)
 }
 
-/// Reads one file (named `path` in errors and in [`TraceFile::path`]; an object's URL for
-/// an object): its metadata (version checked) and its records in file order.
+/// Reads one source whole: its metadata and its records in file order.
+fn read_source(source: &Source) -> Result<(TraceFile, Vec<TraceRecord>)> {
+    read_parquet(&OpenFile::open(source)?)
+}
+
+/// Batch size of a whole-file read.
+const READ_BATCH_ROWS: usize = 8 * 1024;
+
+/// Reads one opened file (named, in errors and in [`TraceFile::path`], by its path or, for
+/// an object, its URL): its records in file order.
 ///
 /// Damaged bytes are [`Error::Format`] naming the file, never a panic. The `parquet` crate
 /// panics on some damaged pages inside its own decoders (a definition-level run longer than
 /// the page, a dictionary index into an empty dictionary, a truncated delta-encoded string;
 /// the files under `tests/fuzz-regressions/parquet/` are such pages), before any array
-/// reaches us, so no check of ours can come first. The decode of one file therefore runs
-/// under [`std::panic::catch_unwind`] as the last line of defense, and a panic in it becomes
-/// an error naming the file (the panic's message is kept in it, and kept off stderr by
-/// [`guard::install_quiet_hook`]). That is sound here: the decode owns everything it touches
-/// (the reader, the buffers it allocates, the records it builds), all dropped on the unwind,
-/// so nothing half-updated is observed afterwards. Arrays the decoder does return are
-/// validated in full (`ArrayData::validate_full`: offsets, lengths, bitmaps, UTF-8) before
-/// any value is read from them. This relies on unwinding: a build with `panic = "abort"`
-/// would lose the conversion.
-fn read_parquet(file: bytes::Bytes, path: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
-    guard::install_quiet_hook();
-    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        guard::quietly(|| decode_parquet(file, path))
-    }));
-    match decoded {
-        Ok(r) => r,
-        Err(payload) => {
-            let why = guard::take_message().unwrap_or_else(|| guard::payload_message(&payload));
-            Err(Error::format(
-                path,
-                format!("damaged Parquet file: the decoder failed ({why})"),
-            ))
-        }
-    }
-}
-
-/// [`read_parquet`] without the panic guard.
-fn decode_parquet(file: bytes::Bytes, path: &Path) -> Result<(TraceFile, Vec<TraceRecord>)> {
-    check_delta_pages(&file, path)?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| Error::format(path, format!("not a readable Parquet file: {e}")))?;
-    let kv = builder
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    let file_meta = FileMeta::from_kv(kv, path)?;
-    let get = |key: &str| {
-        kv.iter()
-            .find(|e| e.key == key)
-            .and_then(|e| e.value.clone())
-    };
-    let schema_version = get(meta::SCHEMA_VERSION).unwrap_or_default();
-    let tool_version = get(meta::TOOL_VERSION);
-    check_required(builder.schema(), path)?;
-    let reader = builder
-        .with_batch_size(8 * 1024)
-        .build()
-        .map_err(|e| Error::format(path, e))?;
+/// reaches us, so no check of ours can come first. Every call into the decoder (the footer,
+/// each row group's page check, each batch) therefore runs under
+/// [`std::panic::catch_unwind`] as the last line of defense ([`file::guarded`]), and a panic
+/// in it becomes an error naming the file (the panic's message is kept in it, and kept off
+/// stderr by [`guard::install_quiet_hook`]). That is sound here: the decode owns everything
+/// it touches (the reader, the buffers it allocates, the records it builds), all dropped on
+/// the unwind, so nothing half-updated is observed afterwards. Arrays the decoder does
+/// return are validated in full (`ArrayData::validate_full`: offsets, lengths, bitmaps,
+/// UTF-8) before any value is read from them. This relies on unwinding: a build with
+/// `panic = "abort"` would lose the conversion.
+fn read_parquet(file: &OpenFile) -> Result<(TraceFile, Vec<TraceRecord>)> {
     let mut records = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| Error::format(path, e))?;
-        validate(&batch, path)?;
-        let first_row = records.len();
-        records.extend(convert(&batch, path, first_row)?);
+    for batch in file.batches(Columns::All, READ_BATCH_ROWS)? {
+        let (first_row, batch) = batch?;
+        records.extend(convert(&batch, file.name(), first_row)?);
     }
-    let file = TraceFile {
-        path: path.to_path_buf(),
-        meta: file_meta,
-        rows: records.len(),
-        schema_version,
-        tool_version,
-    };
-    Ok((file, records))
+    let mut info = file.info.clone();
+    info.rows = records.len();
+    Ok((info, records))
 }
 
 #[cfg(test)]
@@ -294,7 +296,7 @@ mod tests {
 
     use super::*;
     use crate::encode::{records_to_batch, write_trace_file};
-    use crate::schema::{col, Outcome, Producer};
+    use crate::schema::{col, meta, Outcome, Producer};
     use crate::test_records::{full_record, test_meta};
 
     /// Writes a Parquet file with the given batch and metadata, bypassing our writer.

@@ -3,7 +3,8 @@
 //! without dictionaries, data pages v1 and v2, small pages so a file has many) are damaged
 //! with multi-byte mutations aimed mostly inside column chunks (page headers, definition
 //! levels, validity bitmaps, values), and every damaged file is read in-process. Any input
-//! must be a value or an error naming the file: never a panic.
+//! must be a value or an error naming the file: never a panic; and a [`TraceStream`] of the
+//! same bytes must read the same records or fail too.
 //!
 //! `LLMREPLAY_FUZZ_CASES` sets the number of mutated files per writer setting (default a
 //! few hundred, a few seconds in CI); `bench/fuzz.sh` runs many more. Inputs that ever
@@ -22,9 +23,9 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use trace_format::encode::records_to_batch;
-use trace_format::reader::read_trace_bytes;
+use trace_format::reader::{read_trace_bytes, RemoteFile, RemoteFiles};
 use trace_format::schema::{Outcome, TokenSource};
-use trace_format::{FileMeta, Producer, TraceRecord};
+use trace_format::{FileMeta, Producer, TraceRecord, TraceStream};
 
 /// Rows with every kind of column: nulls in every optional column (definition levels and
 /// validity bitmaps), empty and null lists, repeated strings (dictionaries).
@@ -184,14 +185,54 @@ enum Outcome2 {
 
 static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
 
-/// Reads `data` in-process, catching a panic (its message is kept by a quiet hook).
+/// One file held in memory, as a remote source, for the stream.
+struct OneFile(String, Bytes);
+
+impl RemoteFiles for OneFile {
+    fn claims(&self, _input: &str) -> bool {
+        true
+    }
+    fn list(&self, _input: &str) -> trace_format::Result<Vec<RemoteFile>> {
+        let data = self.1.clone();
+        Ok(vec![RemoteFile {
+            name: self.0.clone(),
+            fetch: Box::new(move || Ok(data.clone())),
+        }])
+    }
+}
+
+/// `data` read by a [`TraceStream`]: its records in arrival order, or its first error.
+fn stream(data: &[u8], name: &Path) -> trace_format::Result<Vec<TraceRecord>> {
+    let one = OneFile(name.display().to_string(), Bytes::copy_from_slice(data));
+    let s = TraceStream::open_with(&["mem"], &one)?;
+    s.records().collect()
+}
+
+/// Reads `data` in-process, whole and as a stream, catching a panic (its message is kept by
+/// a quiet hook). The stream must agree with the whole read: the same records (in arrival
+/// order), or an error too.
 fn read(data: &[u8], name: &Path) -> Outcome2 {
     let got = panic::catch_unwind(AssertUnwindSafe(|| {
-        read_trace_bytes(Bytes::copy_from_slice(data), name)
+        let whole = read_trace_bytes(Bytes::copy_from_slice(data), name);
+        (whole, stream(data, name))
     }));
     match got {
-        Ok(Ok(_)) => Outcome2::Read,
-        Ok(Err(e)) => Outcome2::Error(e.to_string()),
+        Ok((Ok((_, mut records)), streamed)) => {
+            records.sort_by_key(|r| r.arrival_time_us);
+            match streamed {
+                Ok(s) if s == records => Outcome2::Read,
+                Ok(_) => Outcome2::Panic("the stream read other records".into()),
+                Err(e) => Outcome2::Panic(format!("the stream failed where a read did not: {e}")),
+            }
+        }
+        Ok((Err(e), Ok(_))) => Outcome2::Panic(format!("the stream read what a read refused: {e}")),
+        Ok((Err(e), Err(s))) => {
+            if s.to_string().contains(&name.display().to_string()) {
+                Outcome2::Error(e.to_string())
+            } else {
+                Outcome2::Panic(format!("a stream error without the file: {s}"))
+            }
+        }
         Err(_) => Outcome2::Panic(
             LAST_PANIC
                 .lock()
@@ -275,8 +316,8 @@ fn mutated_trace_files_are_values_or_errors_never_panics() {
 }
 
 /// Every input that once crashed the reader (found by the sweep above; the file name says
-/// where it panicked) is an error naming the file, through the path API `inspect`, `replay`
-/// and `export` use and through the in-memory one. No panic is caught here: one fails the
+/// where it panicked) is an error naming the file, through the path API `replay` uses, the
+/// in-memory one and the stream `inspect` and `export` read. No panic is caught here: one fails the
 /// test.
 #[test]
 fn regression_files_are_errors_naming_the_file() {
@@ -294,6 +335,13 @@ fn regression_files_are_errors_naming_the_file() {
         assert!(msg.contains(&*p.to_string_lossy()), "{msg}");
         let data = std::fs::read(&p).unwrap();
         assert!(read_trace_bytes(Bytes::from(data), &p).is_err());
+        let streamed = TraceStream::open(&[p.to_str().unwrap()])
+            .and_then(|s| s.records().collect::<trace_format::Result<Vec<_>>>());
+        let msg = match streamed {
+            Ok(_) => panic!("{} streamed without error", p.display()),
+            Err(e) => e.to_string(),
+        };
+        assert!(msg.contains(&*p.to_string_lossy()), "{msg}");
     }
     assert!(n >= 9, "regression files missing");
 }

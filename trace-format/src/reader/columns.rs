@@ -45,7 +45,7 @@ pub fn batch_to_records(batch: &RecordBatch, path: &Path) -> Result<Vec<TraceRec
     convert(batch, path, 0)
 }
 
-pub(super) fn convert(
+pub(crate) fn convert(
     batch: &RecordBatch,
     path: &Path,
     first_row: usize,
@@ -151,6 +151,49 @@ pub(super) fn convert(
         out.push(rec);
     }
     Ok(out)
+}
+
+/// The arrival times of a batch (which may hold only that column), µs since the epoch; a
+/// null is an error naming the file and row, as in [`convert`].
+pub(crate) fn arrivals(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<i64>> {
+    let cx = Cx {
+        batch,
+        path,
+        first_row,
+    };
+    let arrival = cx.times(col::ARRIVAL_TIME)?;
+    (0..batch.num_rows())
+        .map(|i| {
+            arrival
+                .get(i)
+                .ok_or_else(|| cx.bad(i, col::ARRIVAL_TIME, "null in a required column"))
+        })
+        .collect()
+}
+
+/// The (request id, arrival time) of every row of a batch (which may hold only those
+/// columns), checked as in [`convert`].
+pub(crate) fn ids_and_arrivals(
+    batch: &RecordBatch,
+    path: &Path,
+    first_row: usize,
+) -> Result<Vec<(String, i64)>> {
+    let cx = Cx {
+        batch,
+        path,
+        first_row,
+    };
+    let ids = cx.strs(col::REQUEST_ID)?;
+    let at = arrivals(batch, path, first_row)?;
+    at.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let id = ids
+                .get(i)
+                .ok_or_else(|| cx.bad(i, col::REQUEST_ID, "null in a required column"))?;
+            Ok((id.to_string(), a))
+        })
+        .collect()
 }
 
 /// Conversion context: the batch, its file, and the file row of its first row.

@@ -6,29 +6,39 @@ use std::path::Path;
 
 use arrow_array::{Array, RecordBatch};
 
+use parquet::file::reader::{ChunkReader, FileReader, SerializedFileReader};
+
 use crate::error::{Error, Result};
 
-/// Refuses a data page whose `DELTA_*` header claims more values than the page holds.
+/// Refuses a data page of row group `group` whose `DELTA_*` header claims more values than
+/// the page holds; `leaves` limits the check to those leaf columns (the ones a projected
+/// read decodes), `None` checks them all.
 ///
 /// The parquet crate allocates what that header claims before decoding (found by
 /// `tests/fuzz_parquet.rs`: one damaged byte asked for 137 GB), and a failed allocation
 /// aborts the process: no panic, so the guard of [`read_parquet`](super::read_parquet) cannot catch it. Every page
-/// is read (and decompressed) once more for this; only `DELTA_*` pages are looked into. The
+/// of the row group is read (and decompressed) once more for this, right before the row
+/// group is decoded; only `DELTA_*` pages are looked into. The
 /// first header of a page is checked (the lengths of `DELTA_LENGTH_BYTE_ARRAY`, the prefix
 /// lengths of `DELTA_BYTE_ARRAY`); the suffix header of `DELTA_BYTE_ARRAY` comes after a
 /// whole encoded block and is not.
-pub(super) fn check_delta_pages(data: &bytes::Bytes, path: &Path) -> Result<()> {
+pub(super) fn check_row_group_pages<R: ChunkReader + 'static>(
+    reader: &SerializedFileReader<R>,
+    group: usize,
+    leaves: Option<&[usize]>,
+    path: &Path,
+) -> Result<()> {
     use parquet::basic::Encoding;
     use parquet::column::page::Page;
-    use parquet::file::reader::{FileReader, SerializedFileReader};
     let damaged = |why: String| Error::format(path, format!("damaged Parquet file: {why}"));
-    let reader = SerializedFileReader::new(data.clone())
-        .map_err(|e| Error::format(path, format!("not a readable Parquet file: {e}")))?;
-    for g in 0..reader.num_row_groups() {
+    {
         let rg = reader
-            .get_row_group(g)
+            .get_row_group(group)
             .map_err(|e| Error::format(path, e))?;
         for c in 0..rg.num_columns() {
+            if leaves.is_some_and(|l| !l.contains(&c)) {
+                continue;
+            }
             let descr = rg.metadata().column(c).column_descr_ptr();
             let mut pages = rg
                 .get_column_page_reader(c)

@@ -1,0 +1,487 @@
+//! Reading a trace of any size in arrival order with bounded memory: [`TraceStream`].
+//!
+//! [`TraceStream::open`] takes the inputs [`read_traces`](crate::read_traces) takes (files,
+//! directories, globs; object-store URLs through [`TraceStream::open_with`]), with the same
+//! expansion, deduplication and errors, and makes a first pass over each file that decodes
+//! only its `arrival_time` column, a row group at a time: its rows, first and last arrival,
+//! and its **disorder** — how far (in µs) a row arrived before the latest arrival above it in
+//! the file. A file `synth` or `import` wrote is sorted (disorder 0); capture appends a row
+//! when its request ends, so its rows are out of arrival order by at most the longest request
+//! in flight beside them.
+//!
+//! [`TraceStream::records`] (callable again, for soak passes) then yields every record in
+//! exactly the order [`read_traces`](crate::read_traces) sorts to — by arrival, stable, file
+//! order breaking ties — holding, per file open at that moment:
+//! - one row group's decoder and at most [`STREAM_BATCH_ROWS`] decoded rows, and
+//! - a reorder buffer of the rows that arrived within the file's disorder of its latest
+//!   arrival read so far (a row is released once no later row of the file can arrive before
+//!   it; with disorder 0 the buffer holds one row).
+//!
+//! A file is opened when the merge reaches its first arrival and closed after its last row,
+//! so a month of hourly captures holds one or two files at a time, and files that overlap in
+//! time (replicas of a proxy) are merged k-way. A file of an object store is fetched whole
+//! when it is opened (`RemoteFile::fetch`) and dropped when it is done: its bytes count
+//! towards the bound while it is open.
+//!
+//! Every check of the whole-file reader applies (page validation before each row group,
+//! the panic guard around each decoder call, strict values): the stream reads through the
+//! same code ([`crate::reader`]'s file module). A file that changed between the first pass
+//! and a read (rows out of the measured order, a different row count) is an error naming it.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use arrow_array::RecordBatch;
+
+use crate::error::{Error, Result};
+use crate::reader::file::{Batches, Columns, OpenFile, Source};
+use crate::reader::{
+    arrivals, convert, ids_and_arrivals, sources, ContentHash, LocalOnly, RemoteFiles, TraceFile,
+};
+use crate::schema::{col, TraceRecord};
+
+/// Rows decoded at a time from one file by a stream (the whole-file reader decodes 8,192).
+pub const STREAM_BATCH_ROWS: usize = 1024;
+
+/// How one file's rows are ordered, from the first pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileOrder {
+    /// Its earliest arrival, µs since the epoch (None: no rows).
+    pub first_arrival_us: Option<i64>,
+    /// Its latest arrival.
+    pub last_arrival_us: Option<i64>,
+    /// The most any row arrived before the latest arrival of the rows above it in the file,
+    /// µs (0: sorted by arrival).
+    pub disorder_us: i64,
+}
+
+struct Input {
+    source: Source,
+    order: FileOrder,
+}
+
+/// Trace files opened for reading in arrival order (see the [module](self) documentation).
+pub struct TraceStream {
+    files: Vec<TraceFile>,
+    inputs: Vec<Input>,
+    hash: OnceLock<String>,
+}
+
+impl std::fmt::Debug for TraceStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceStream")
+            .field("files", &self.files)
+            .field(
+                "order",
+                &self.inputs.iter().map(|i| i.order).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl TraceStream {
+    /// Opens local inputs (files, directories, globs), as [`read_traces`](crate::read_traces)
+    /// reads them, with the same errors, and makes the first pass.
+    pub fn open<S: AsRef<str>>(inputs: &[S]) -> Result<TraceStream> {
+        TraceStream::open_with(inputs, &LocalOnly)
+    }
+
+    /// [`TraceStream::open`], with the inputs `remote` claims listed and fetched through it.
+    pub fn open_with<S: AsRef<str>>(inputs: &[S], remote: &dyn RemoteFiles) -> Result<TraceStream> {
+        let mut files = Vec::new();
+        let mut opened = Vec::new();
+        for source in sources(inputs, remote)? {
+            let (info, order) = first_pass(&source)?;
+            files.push(info);
+            opened.push(Input { source, order });
+        }
+        Ok(TraceStream {
+            files,
+            inputs: opened,
+            hash: OnceLock::new(),
+        })
+    }
+
+    /// The files, in reading order (as [`Trace::files`](crate::Trace::files)).
+    pub fn files(&self) -> &[TraceFile] {
+        &self.files
+    }
+
+    /// How each file's rows are ordered, in the order of [`TraceStream::files`].
+    pub fn order(&self) -> Vec<FileOrder> {
+        self.inputs.iter().map(|i| i.order).collect()
+    }
+
+    /// Rows over every file.
+    pub fn rows(&self) -> usize {
+        self.files.iter().map(|f| f.rows).sum()
+    }
+
+    /// The earliest arrival over every file, µs since the epoch (None: no rows).
+    pub fn first_arrival_us(&self) -> Option<i64> {
+        self.inputs
+            .iter()
+            .filter_map(|i| i.order.first_arrival_us)
+            .min()
+    }
+
+    /// The latest arrival over every file.
+    pub fn last_arrival_us(&self) -> Option<i64> {
+        self.inputs
+            .iter()
+            .filter_map(|i| i.order.last_arrival_us)
+            .max()
+    }
+
+    /// The trace's content hash ([`crate::reader::content_hash`] of its rows in arrival
+    /// order, equal to [`Trace::content_hash`](crate::Trace::content_hash) of the same
+    /// inputs), from a merge over the `request_id` and `arrival_time` columns only, made on
+    /// the first call and kept.
+    pub fn content_hash(&self) -> Result<String> {
+        if let Some(h) = self.hash.get() {
+            return Ok(h.clone());
+        }
+        let mut h = ContentHash::default();
+        for key in Merge::<Key>::new(&self.inputs, &self.files) {
+            let Key(id, at) = key?;
+            h.add(&id, at);
+        }
+        let h = h.finish();
+        let _ = self.hash.set(h.clone());
+        Ok(h)
+    }
+
+    /// Every record in arrival order (stable: file order breaks ties), exactly as
+    /// [`read_traces`](crate::read_traces) sorts them, read as they are yielded. An error
+    /// (a damaged file, a bad value) is yielded once, and then nothing more.
+    pub fn records(&self) -> Records<'_> {
+        Records {
+            merge: Merge::new(&self.inputs, &self.files),
+        }
+    }
+}
+
+/// The first pass over one file: its metadata, rows and order, from its arrival column.
+fn first_pass(source: &Source) -> Result<(TraceFile, FileOrder)> {
+    let file = OpenFile::open(source)?;
+    let mut order = FileOrder::default();
+    let mut rows = 0usize;
+    let mut latest = i64::MIN;
+    for batch in file.batches(Columns::Only(&[col::ARRIVAL_TIME]), 64 * 1024)? {
+        let (first_row, batch) = batch?;
+        for at in arrivals(&batch, file.name(), first_row)? {
+            rows += 1;
+            latest = latest.max(at);
+            order.disorder_us = order.disorder_us.max(latest.saturating_sub(at));
+            order.first_arrival_us = Some(order.first_arrival_us.map_or(at, |f| f.min(at)));
+        }
+    }
+    order.last_arrival_us = (rows > 0).then_some(latest);
+    let mut info = file.info.clone();
+    info.rows = rows;
+    Ok((info, order))
+}
+
+/// What a merge reads of each row.
+trait Row: Sized + Send {
+    /// The columns it decodes.
+    const COLUMNS: Columns;
+    /// The rows of one batch.
+    fn decode(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<Self>>;
+    /// Its arrival, µs since the epoch.
+    fn arrival_us(&self) -> i64;
+}
+
+impl Row for TraceRecord {
+    const COLUMNS: Columns = Columns::All;
+    fn decode(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<Self>> {
+        convert(batch, path, first_row)
+    }
+    fn arrival_us(&self) -> i64 {
+        self.arrival_time_us
+    }
+}
+
+/// A row's (request id, arrival): what the content hash reads.
+struct Key(String, i64);
+
+impl Row for Key {
+    const COLUMNS: Columns = Columns::Only(&[col::REQUEST_ID, col::ARRIVAL_TIME]);
+    fn decode(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<Self>> {
+        Ok(ids_and_arrivals(batch, path, first_row)?
+            .into_iter()
+            .map(|(id, at)| Key(id, at))
+            .collect())
+    }
+    fn arrival_us(&self) -> i64 {
+        self.1
+    }
+}
+
+/// A row waiting in a file's reorder buffer, ordered by (arrival, position in the file).
+struct Pending<T> {
+    at: i64,
+    seq: u64,
+    row: T,
+}
+
+impl<T> PartialEq for Pending<T> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl<T> Eq for Pending<T> {}
+impl<T> PartialOrd for Pending<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Pending<T> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// One open file's rows in arrival order (stable), through a reorder buffer bounded by its
+/// measured disorder.
+struct FileRows<T: Row> {
+    name: PathBuf,
+    batches: Batches,
+    batch: std::vec::IntoIter<T>,
+    buffer: BinaryHeap<Reverse<Pending<T>>>,
+    seq: u64,
+    latest: i64,
+    disorder: i64,
+    expected_rows: usize,
+    exhausted: bool,
+}
+
+impl<T: Row> FileRows<T> {
+    fn open(input: &Input, info: &TraceFile) -> Result<FileRows<T>> {
+        let file = OpenFile::open(&input.source)?;
+        Ok(FileRows {
+            name: file.name().to_path_buf(),
+            batches: file.batches(T::COLUMNS, STREAM_BATCH_ROWS)?,
+            batch: Vec::new().into_iter(),
+            buffer: BinaryHeap::new(),
+            seq: 0,
+            latest: i64::MIN,
+            disorder: input.order.disorder_us,
+            expected_rows: info.rows,
+            exhausted: false,
+        })
+    }
+
+    /// Rows decoded and not yet yielded.
+    fn held(&self) -> usize {
+        self.buffer.len() + self.batch.len()
+    }
+
+    fn changed(&self, what: &str) -> Error {
+        Error::format(
+            &self.name,
+            format!("the file changed while it was read ({what})"),
+        )
+    }
+
+    fn next(&mut self) -> Option<Result<T>> {
+        loop {
+            if let Some(Reverse(top)) = self.buffer.peek() {
+                if self.exhausted || top.at <= self.latest.saturating_sub(self.disorder) {
+                    return self.buffer.pop().map(|Reverse(p)| Ok(p.row));
+                }
+            } else if self.exhausted {
+                return None;
+            }
+            if let Some(row) = self.batch.next() {
+                let at = row.arrival_us();
+                if at < self.latest.saturating_sub(self.disorder) {
+                    return Some(Err(self.changed("a row out of the order first measured")));
+                }
+                self.latest = self.latest.max(at);
+                self.buffer.push(Reverse(Pending {
+                    at,
+                    seq: self.seq,
+                    row,
+                }));
+                self.seq += 1;
+                continue;
+            }
+            match self.batches.next() {
+                Some(Ok((first_row, batch))) => match T::decode(&batch, &self.name, first_row) {
+                    Ok(rows) => self.batch = rows.into_iter(),
+                    Err(e) => return Some(Err(e)),
+                },
+                Some(Err(e)) => return Some(Err(e)),
+                None => {
+                    self.exhausted = true;
+                    if self.seq as usize != self.expected_rows {
+                        return Some(Err(self.changed(&format!(
+                            "{} rows, {} when it was opened",
+                            self.seq, self.expected_rows
+                        ))));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The k-way merge of the files' ordered rows, each file opened when the merge reaches its
+/// first arrival.
+struct Merge<'a, T: Row> {
+    inputs: &'a [Input],
+    files: &'a [TraceFile],
+    /// Files with rows, by (first arrival, file index); those before `next_unopened` are open
+    /// or done.
+    unopened: Vec<usize>,
+    next_unopened: usize,
+    open: Vec<Option<FileRows<T>>>,
+    /// Each open file's next row, and the (arrival, file) heap over them.
+    head_rows: Vec<Option<T>>,
+    heads: BinaryHeap<Reverse<(i64, usize)>>,
+    held: usize,
+    peak_held: usize,
+    open_files: usize,
+    peak_open_files: usize,
+    failed: Option<Error>,
+    done: bool,
+}
+
+impl<'a, T: Row> Merge<'a, T> {
+    fn new(inputs: &'a [Input], files: &'a [TraceFile]) -> Merge<'a, T> {
+        let mut unopened: Vec<usize> = (0..inputs.len())
+            .filter(|&i| inputs[i].order.first_arrival_us.is_some())
+            .collect();
+        unopened.sort_by_key(|&i| (inputs[i].order.first_arrival_us, i));
+        Merge {
+            inputs,
+            files,
+            unopened,
+            next_unopened: 0,
+            open: (0..inputs.len()).map(|_| None).collect(),
+            head_rows: (0..inputs.len()).map(|_| None).collect(),
+            heads: BinaryHeap::new(),
+            held: 0,
+            peak_held: 0,
+            open_files: 0,
+            peak_open_files: 0,
+            failed: None,
+            done: false,
+        }
+    }
+
+    fn held_by(&self, i: usize) -> usize {
+        self.open[i].as_ref().map_or(0, FileRows::held) + usize::from(self.head_rows[i].is_some())
+    }
+
+    /// Moves file `i`'s next row to its head (closing the file after its last).
+    fn advance(&mut self, i: usize) -> Result<()> {
+        let before = self.held_by(i);
+        let Some(file) = self.open[i].as_mut() else {
+            return Ok(());
+        };
+        match file.next() {
+            Some(Ok(row)) => {
+                self.heads.push(Reverse((row.arrival_us(), i)));
+                self.head_rows[i] = Some(row);
+            }
+            Some(Err(e)) => return Err(e),
+            None => {
+                self.open[i] = None;
+                self.open_files -= 1;
+            }
+        }
+        self.held = self.held + self.held_by(i) - before;
+        self.peak_held = self.peak_held.max(self.held);
+        Ok(())
+    }
+
+    /// Opens every file whose first row comes before the best head.
+    fn open_due(&mut self) -> Result<()> {
+        while let Some(&j) = self.unopened.get(self.next_unopened) {
+            let first = self.inputs[j].order.first_arrival_us.unwrap_or(i64::MIN);
+            if self
+                .heads
+                .peek()
+                .is_some_and(|Reverse(best)| *best < (first, j))
+            {
+                return Ok(());
+            }
+            self.next_unopened += 1;
+            self.open[j] = Some(FileRows::open(&self.inputs[j], &self.files[j])?);
+            self.open_files += 1;
+            self.peak_open_files = self.peak_open_files.max(self.open_files);
+            self.advance(j)?;
+        }
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<Option<T>> {
+        self.open_due()?;
+        let Some(Reverse((_, i))) = self.heads.pop() else {
+            return Ok(None);
+        };
+        let row = self.head_rows[i].take();
+        self.held -= 1;
+        if let Err(e) = self.advance(i) {
+            self.failed = Some(e);
+        }
+        Ok(row)
+    }
+}
+
+impl<T: Row> Iterator for Merge<'_, T> {
+    type Item = Result<T>;
+
+    fn next(&mut self) -> Option<Result<T>> {
+        if self.done {
+            return None;
+        }
+        if let Some(e) = self.failed.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
+        let r = self.step().transpose();
+        if !matches!(r, Some(Ok(_))) {
+            self.done = true;
+        }
+        r
+    }
+}
+
+/// The records of a [`TraceStream`] in arrival order (see [`TraceStream::records`]), with
+/// what they hold in memory (for tests and benches).
+pub struct Records<'a> {
+    merge: Merge<'a, TraceRecord>,
+}
+
+impl Records<'_> {
+    /// Rows decoded and not yet yielded, over every open file.
+    pub fn held_rows(&self) -> usize {
+        self.merge.held
+    }
+
+    /// The most rows held at once so far.
+    pub fn peak_held_rows(&self) -> usize {
+        self.merge.peak_held
+    }
+
+    /// The most files open at once so far (each with one row group's decoder).
+    pub fn peak_open_files(&self) -> usize {
+        self.merge.peak_open_files
+    }
+}
+
+impl Iterator for Records<'_> {
+    type Item = Result<TraceRecord>;
+
+    fn next(&mut self) -> Option<Result<TraceRecord>> {
+        self.merge.next()
+    }
+}
+
+#[cfg(test)]
+mod tests;

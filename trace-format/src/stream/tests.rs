@@ -1,0 +1,360 @@
+use std::fs::{self, File};
+use std::sync::Arc;
+
+use arrow_array::{RecordBatch, StringArray};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use proptest::prelude::*;
+
+use super::*;
+use crate::encode::{records_to_batch, write_trace_file};
+use crate::reader::{read_traces, RemoteFile};
+use crate::test_records::{full_record, test_meta};
+
+const T0: i64 = 1_700_000_000_000_000;
+
+/// A record arriving at `T0 + at_us`, lasting `e2el_us`.
+fn rec(id: &str, at_us: i64, e2el_us: i64) -> TraceRecord {
+    let mut r = full_record(0);
+    r.request_id = id.to_string();
+    r.arrival_time_us = T0 + at_us;
+    r.e2el_us = Some(e2el_us);
+    r
+}
+
+/// Writes `records` in the order given, in row groups of `group_rows` rows.
+fn write_grouped(path: &Path, records: &[TraceRecord], group_rows: usize) {
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(test_meta().to_kv()))
+        .set_max_row_group_row_count(Some(group_rows))
+        .build();
+    let batch = records_to_batch(records).unwrap();
+    let mut w =
+        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
+    for start in (0..batch.num_rows()).step_by(group_rows.max(1)) {
+        let len = group_rows.min(batch.num_rows() - start);
+        w.write(&batch.slice(start, len)).unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Rows as capture writes them: appended when each request ends.
+fn capture_order(mut records: Vec<TraceRecord>) -> Vec<TraceRecord> {
+    records.sort_by_key(|r| r.arrival_time_us + r.e2el_us.unwrap_or(0));
+    records
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The stream's records, files and hash equal the whole-file reader's.
+fn assert_same_as_read_traces(inputs: &[&str]) -> TraceStream {
+    let trace = read_traces(inputs).unwrap();
+    let stream = TraceStream::open(inputs).unwrap();
+    let streamed: Vec<TraceRecord> = stream.records().collect::<Result<_>>().unwrap();
+    assert_eq!(streamed.len(), trace.records.len());
+    assert!(streamed == trace.records, "the stream's order differs");
+    assert_eq!(stream.files(), &trace.files[..]);
+    assert_eq!(stream.rows(), trace.records.len());
+    assert_eq!(stream.content_hash().unwrap(), trace.content_hash());
+    assert_eq!(
+        stream.first_arrival_us(),
+        trace.records.first().map(|r| r.arrival_time_us)
+    );
+    assert_eq!(
+        stream.last_arrival_us(),
+        trace.records.last().map(|r| r.arrival_time_us)
+    );
+    stream
+}
+
+#[test]
+fn overlapping_files_ties_disorder_empty_files_and_many_row_groups_read_as_read_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    // a: sorted, in row groups of 7 rows, with ties inside it and with b.
+    let a: Vec<_> = (0..100)
+        .map(|i| rec(&format!("a{i}"), (i / 3) * 1000, 10))
+        .collect();
+    // b: capture-like (appended at the end), overlapping a, ties with a on the ms grid.
+    let b: Vec<_> = (0..150)
+        .map(|i| rec(&format!("b{i}"), i * 500, (i * 7919) % 20_000))
+        .collect();
+    let b = capture_order(b);
+    // c: empty. d: after everything, one row group. e: one row tying a's first.
+    let pa = dir.path().join("a.parquet");
+    let pb = dir.path().join("b.parquet");
+    let pc = dir.path().join("c.parquet");
+    let pd = dir.path().join("d.parquet");
+    let pe = dir.path().join("e.parquet");
+    write_grouped(&pa, &a, 7);
+    write_grouped(&pb, &b, 16);
+    write_trace_file(&pc, &[], &test_meta()).unwrap();
+    let d: Vec<_> = (0..30)
+        .map(|i| rec(&format!("d{i}"), 200_000 + i, 1))
+        .collect();
+    write_trace_file(&pd, &d, &test_meta()).unwrap();
+    write_trace_file(&pe, &[rec("e0", 0, 5)], &test_meta()).unwrap();
+
+    let stream = assert_same_as_read_traces(&[
+        path_str(&pa),
+        path_str(&pb),
+        path_str(&pc),
+        path_str(&pd),
+        path_str(&pe),
+    ]);
+    let order = stream.order();
+    assert_eq!(order[0].disorder_us, 0);
+    assert!(order[1].disorder_us > 0, "{order:?}");
+    assert_eq!(order[2].first_arrival_us, None);
+    assert_eq!(stream.files()[2].rows, 0);
+    // In another file order, ties break the other way, exactly as read_traces does.
+    assert_same_as_read_traces(&[path_str(&pe), path_str(&pb), path_str(&pa)]);
+    // A directory, as read_traces expands it.
+    assert_same_as_read_traces(&[path_str(dir.path())]);
+}
+
+#[test]
+fn records_can_be_read_again_and_stop_after_an_error_naming_the_file_and_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.parquet");
+    let rows: Vec<_> = (0..3000).map(|i| rec(&format!("r{i}"), i, 1)).collect();
+    write_grouped(&p, &rows, 1000);
+    let stream = TraceStream::open(&[path_str(&p)]).unwrap();
+    let first: Vec<_> = stream.records().collect::<Result<_>>().unwrap();
+    let again: Vec<_> = stream.records().collect::<Result<_>>().unwrap();
+    assert_eq!(first, again);
+    assert_eq!(first, rows);
+
+    // An unknown outcome at file row 2500: the first pass (arrivals only) does not see it,
+    // the records stop at it with an error naming the file and the row.
+    let bad = dir.path().join("bad.parquet");
+    let batch = records_to_batch(&rows).unwrap();
+    let idx = batch.schema().index_of(col::OUTCOME).unwrap();
+    let mut cols = batch.columns().to_vec();
+    let outcomes: Vec<&str> = (0..3000)
+        .map(|i| if i == 2500 { "exploded" } else { "ok" })
+        .collect();
+    cols[idx] = Arc::new(StringArray::from(outcomes));
+    let batch = RecordBatch::try_new(batch.schema(), cols).unwrap();
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(test_meta().to_kv()))
+        .set_max_row_group_row_count(Some(1000))
+        .build();
+    let mut w =
+        ArrowWriter::try_new(File::create(&bad).unwrap(), batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let stream = TraceStream::open(&[path_str(&bad)]).unwrap();
+    let mut it = stream.records();
+    let ok = it.by_ref().take_while(Result::is_ok).count();
+    assert!(ok <= 2500, "{ok}");
+    assert!(it.next().is_none(), "nothing after the error");
+    let err = stream.records().find_map(Result::err).unwrap().to_string();
+    assert!(
+        err.contains("bad.parquet") && err.contains("row 2500") && err.contains("exploded"),
+        "{err}"
+    );
+}
+
+#[test]
+fn open_errors_are_read_traces_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("nope.parquet");
+    assert!(matches!(
+        TraceStream::open(&[path_str(&none)]),
+        Err(Error::NoFiles(_))
+    ));
+    let junk = dir.path().join("junk.parquet");
+    fs::write(&junk, b"not parquet").unwrap();
+    let err = TraceStream::open(&[path_str(&junk)]).unwrap_err();
+    assert!(
+        matches!(&err, Error::Format { path, .. } if path == &junk),
+        "{err}"
+    );
+    let good = dir.path().join("good.parquet");
+    write_trace_file(&good, &[full_record(0), full_record(1)], &test_meta()).unwrap();
+    let bytes = fs::read(&good).unwrap();
+    let cut = dir.path().join("cut.parquet");
+    fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let err = TraceStream::open(&[path_str(&cut)]).unwrap_err();
+    assert!(
+        matches!(&err, Error::Format { path, .. } if path == &cut),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_rewritten_between_the_first_pass_and_the_read_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.parquet");
+    let sorted: Vec<_> = (0..50).map(|i| rec(&format!("r{i}"), i * 10, 1)).collect();
+    write_trace_file(&p, &sorted, &test_meta()).unwrap();
+    let stream = TraceStream::open(&[path_str(&p)]).unwrap();
+    let mut reversed = sorted.clone();
+    reversed.reverse();
+    write_grouped(&p, &reversed, 50);
+    let err = stream.records().find_map(Result::err).unwrap().to_string();
+    assert!(err.contains("changed while it was read"), "{err}");
+    write_trace_file(&p, &sorted[..40], &test_meta()).unwrap();
+    let err = stream.records().find_map(Result::err).unwrap().to_string();
+    assert!(err.contains("40 rows, 50 when it was opened"), "{err}");
+}
+
+/// Memory: a sorted file holds one batch; a capture-like file adds the rows within its
+/// disorder; files apart in time are open one at a time.
+#[test]
+fn rows_held_are_bounded_by_a_batch_and_the_disorder_not_by_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let sorted = dir.path().join("sorted.parquet");
+    let n = 20_000;
+    let rows: Vec<_> = (0..n)
+        .map(|i| rec(&format!("r{i}"), i * 1000, 10))
+        .collect();
+    write_grouped(&sorted, &rows, 4096);
+    let stream = TraceStream::open(&[path_str(&sorted)]).unwrap();
+    let mut it = stream.records();
+    assert_eq!(it.by_ref().count(), n as usize);
+    assert!(
+        it.peak_held_rows() <= STREAM_BATCH_ROWS + 1,
+        "{}",
+        it.peak_held_rows()
+    );
+    assert_eq!(it.held_rows(), 0);
+
+    // One request per ms, each lasting up to 50 ms: at most ~50 rows of disorder.
+    let capture = dir.path().join("capture.parquet");
+    let rows: Vec<_> = (0..n)
+        .map(|i| rec(&format!("c{i}"), i * 1000, (i * 7919) % 50_000))
+        .collect();
+    write_grouped(&capture, &capture_order(rows), 4096);
+    let stream = TraceStream::open(&[path_str(&capture)]).unwrap();
+    let disorder = stream.order()[0].disorder_us;
+    assert!(disorder > 20_000 && disorder < 50_000, "{disorder}");
+    let mut it = stream.records();
+    assert_eq!(it.by_ref().count(), n as usize);
+    let window_rows = (disorder / 1000 + 1) as usize;
+    assert!(
+        it.peak_held_rows() <= STREAM_BATCH_ROWS + window_rows + 1,
+        "{} held, window {window_rows}",
+        it.peak_held_rows()
+    );
+
+    // Ten files one after another in time: never more than one open.
+    let hourly = dir.path().join("hourly");
+    fs::create_dir(&hourly).unwrap();
+    for f in 0..10 {
+        let rows: Vec<_> = (0..500)
+            .map(|i| rec(&format!("h{f}-{i}"), f * 1_000_000 + i * 100, 5))
+            .collect();
+        write_trace_file(&hourly.join(format!("{f:02}.parquet")), &rows, &test_meta()).unwrap();
+    }
+    let stream = TraceStream::open(&[path_str(&hourly)]).unwrap();
+    let mut it = stream.records();
+    assert_eq!(it.by_ref().count(), 5000);
+    assert_eq!(it.peak_open_files(), 1);
+    assert!(it.peak_held_rows() <= 501, "{}", it.peak_held_rows());
+}
+
+/// Files of a remote source: fetched when read, read like local ones.
+#[test]
+fn remote_files_stream_like_local_ones() {
+    struct Mem(
+        Vec<(String, bytes::Bytes)>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
+    impl RemoteFiles for Mem {
+        fn claims(&self, input: &str) -> bool {
+            input.starts_with("mem://")
+        }
+        fn list(&self, _input: &str) -> Result<Vec<RemoteFile>> {
+            Ok(self
+                .0
+                .iter()
+                .map(|(name, data)| {
+                    let (data, fetches) = (data.clone(), self.1.clone());
+                    RemoteFile {
+                        name: name.clone(),
+                        fetch: Box::new(move || {
+                            fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Ok(data.clone())
+                        }),
+                    }
+                })
+                .collect())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for f in 0..3i64 {
+        let p = dir.path().join(format!("{f}.parquet"));
+        let rows: Vec<_> = (0..40)
+            .map(|i| rec(&format!("m{f}-{i}"), i * 3 + f, 2))
+            .collect();
+        write_trace_file(&p, &rows, &test_meta()).unwrap();
+        files.push((
+            format!("mem://b/{f}.parquet"),
+            bytes::Bytes::from(fs::read(&p).unwrap()),
+        ));
+    }
+    let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mem = Mem(files, fetches.clone());
+    let whole = crate::reader::read_traces_with(&["mem://b"], &mem).unwrap();
+    let stream = TraceStream::open_with(&["mem://b"], &mem).unwrap();
+    let before = fetches.load(std::sync::atomic::Ordering::Relaxed);
+    let streamed: Vec<_> = stream.records().collect::<Result<_>>().unwrap();
+    assert_eq!(streamed, whole.records);
+    assert_eq!(stream.files(), &whole.files[..]);
+    assert_eq!(
+        fetches.load(std::sync::atomic::Ordering::Relaxed) - before,
+        3
+    );
+}
+
+/// The content hash is the one results have named traces by (FNV-1a over the request id's
+/// bytes and the arrival's little-endian bytes), pinned.
+#[test]
+fn content_hash_is_pinned() {
+    assert_eq!(content_hash_of(&[]), "cbf29ce484222325");
+    assert_eq!(
+        content_hash_of(&[("a", 1), ("b", 2)]),
+        crate::reader::content_hash([("a", 1), ("b", 2)])
+    );
+    assert_eq!(content_hash_of(&[("a", 1)]), "dedf9f982e43402d");
+}
+
+fn content_hash_of(rows: &[(&str, i64)]) -> String {
+    crate::reader::content_hash(rows.iter().copied())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Any files, any disorder, any ties, any row groups: the stream is read_traces.
+    #[test]
+    fn any_files_stream_as_read_traces(
+        files in prop::collection::vec(
+            (prop::collection::vec((0i64..40, 0i64..25), 0..60), 1usize..9, any::<bool>()),
+            1..5,
+        )
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut names = Vec::new();
+        for (f, (rows, group, capture)) in files.iter().enumerate() {
+            let recs: Vec<_> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, &(at, len))| rec(&format!("f{f}-{i}"), at * 1000, len * 1000))
+                .collect();
+            let recs = if *capture { capture_order(recs) } else { recs };
+            let p = dir.path().join(format!("{f}.parquet"));
+            if recs.is_empty() {
+                write_trace_file(&p, &recs, &test_meta()).unwrap();
+            } else {
+                write_grouped(&p, &recs, *group);
+            }
+            names.push(p.to_str().unwrap().to_string());
+        }
+        let inputs: Vec<&str> = names.iter().map(String::as_str).collect();
+        assert_same_as_read_traces(&inputs);
+    }
+}

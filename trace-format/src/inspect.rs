@@ -6,7 +6,7 @@
 //! [`summarize`] computes a [`TraceSummary`]; it prints as a console block (`Display`) and
 //! serializes to JSON (`serde::Serialize`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, SecondsFormat};
@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::prefix_cache::{PrefixCacheSim, PrefixCacheSummary};
 use crate::reader::Trace;
 use crate::schema::Outcome;
+use crate::sessions::{SessionStats, SessionSummary};
 use crate::stats::percentile;
 
 /// Key used for requests without a model in [`TraceSummary::models`].
@@ -49,8 +50,10 @@ pub struct TraceSummary {
     pub streamed: usize,
     /// Streamed requests / rows (0 when empty).
     pub streamed_share: f64,
-    /// Distinct non-null session ids.
-    pub sessions: usize,
+    /// Sessions: how many, turns per session, think time, multi-turn share (absent when no
+    /// row has a session id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionSummary>,
     /// Requests per endpoint.
     pub endpoints: BTreeMap<String, usize>,
     /// Requests per model ([`UNKNOWN_MODEL`] for requests without one).
@@ -159,16 +162,14 @@ pub fn summarize_with(trace: &Trace, cache_blocks: &[u64]) -> TraceSummary {
         Outcome::ALL.iter().map(|o| (o.to_string(), 0)).collect();
     let mut endpoints = BTreeMap::new();
     let mut models = BTreeMap::new();
-    let mut sessions = HashSet::new();
+    let mut sessions = SessionStats::new();
     let mut streamed = 0;
     for r in recs {
         *outcomes.entry(r.outcome.to_string()).or_insert(0) += 1;
         *endpoints.entry(r.endpoint.clone()).or_insert(0) += 1;
         let model = r.model.as_deref().unwrap_or(UNKNOWN_MODEL);
         *models.entry(model.to_string()).or_insert(0) += 1;
-        if let Some(s) = &r.session_id {
-            sessions.insert(s.as_str());
-        }
+        sessions.add(r);
         streamed += usize::from(r.stream);
     }
 
@@ -190,7 +191,7 @@ pub fn summarize_with(trace: &Trace, cache_blocks: &[u64]) -> TraceSummary {
         } else {
             streamed as f64 / rows as f64
         },
-        sessions: sessions.len(),
+        sessions: sessions.finish(),
         endpoints,
         models,
         prefix_cache: prefix_cache(trace, cache_blocks),
@@ -365,7 +366,9 @@ impl fmt::Display for TraceSummary {
             self.streamed,
             self.streamed_share * 100.0
         )?;
-        writeln!(f, "{:<14} {}", "sessions", self.sessions)?;
+        if let Some(s) = &self.sessions {
+            writeln!(f, "{:<14} {s}", "sessions")?;
+        }
         write!(f, "{:<14} {} (", "endpoints", self.endpoints.len())?;
         counts(f, &self.endpoints, true)?;
         writeln!(f, ")")?;
@@ -493,7 +496,8 @@ mod tests {
         assert_eq!(s.outcomes.get("timeout"), Some(&1));
         assert_eq!(s.outcomes.get("http_error"), Some(&0));
         assert_eq!((s.streamed, s.streamed_share), (2, 0.5));
-        assert_eq!(s.sessions, 2);
+        let sessions = s.sessions.as_ref().expect("sessions");
+        assert_eq!((sessions.sessions, sessions.multi_turn_sessions), (2, 1));
         assert_eq!(s.endpoints.get("/v1/chat/completions"), Some(&3));
         assert_eq!(s.models.get("m1"), Some(&2));
         assert_eq!(s.models.get(UNKNOWN_MODEL), Some(&1));
@@ -524,5 +528,8 @@ mod tests {
         assert!(s.arrival_rate.is_none() && s.first_arrival.is_none());
         assert_eq!(s.streamed_share, 0.0);
         assert!(s.to_string().contains("empty"));
+        assert!(s.sessions.is_none() && !s.to_string().contains("sessions"));
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("sessions").is_none(), "{json}");
     }
 }

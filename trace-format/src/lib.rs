@@ -18,6 +18,7 @@ pub mod prefix_cache;
 pub mod reader;
 pub mod redact;
 pub mod schema;
+pub mod sessions;
 pub mod stats;
 #[cfg(test)]
 mod test_records;

@@ -180,6 +180,11 @@ pub fn ks_distance(a: &mut [f64], b: &mut [f64]) -> f64 {
     d
 }
 
+/// A quantile ratio within [1/RATIO_TOL, RATIO_TOL] (NaN: no captured value to compare).
+fn within_tol(r: f64) -> bool {
+    r.is_nan() || (1.0 / RATIO_TOL..=RATIO_TOL).contains(&r)
+}
+
 fn latency(metric: &'static str, mut cap: Vec<f64>, mut rep: Vec<f64>) -> LatencyFidelity {
     let ks = ks_distance(&mut cap, &mut rep);
     let quantiles: Vec<(f64, f64, f64, f64)> = if cap.is_empty() || rep.is_empty() {
@@ -193,10 +198,7 @@ fn latency(metric: &'static str, mut cap: Vec<f64>, mut rep: Vec<f64>) -> Latenc
             })
             .collect()
     };
-    let reproduced = ks <= KS_TOL
-        && quantiles
-            .iter()
-            .all(|q| q.3.is_nan() || (q.3 <= RATIO_TOL && q.3 >= 1.0 / RATIO_TOL));
+    let reproduced = ks <= KS_TOL && quantiles.iter().all(|q| within_tol(q.3));
     LatencyFidelity {
         metric,
         samples: (cap.len(), rep.len()),
@@ -566,7 +568,6 @@ fn verdict(
     let mut prefill_drift = Vec::new();
     let mut decode_drift = Vec::new();
     let mut stalls = Vec::new();
-    let within = |r: f64| r.is_nan() || (r <= RATIO_TOL && r >= 1.0 / RATIO_TOL);
     for c in classes {
         for l in &c.latencies {
             if l.reproduced {
@@ -580,7 +581,7 @@ fn verdict(
             let far = |r: f64| {
                 !r.is_nan() && (r > RATIO_TOL * RATIO_TOL || r * RATIO_TOL * RATIO_TOL < 1.0)
             };
-            if within(p50) && l.ks <= KS_TOL {
+            if within_tol(p50) && l.ks <= KS_TOL {
                 if let Some(&(q, _, _, r)) = l.quantiles.iter().rev().find(|q| far(q.3)) {
                     stalls.push(format!(
                         "{} {} ×{r:.2} at p{q:.0} (×{p50:.2} at p50, KS {:.2})",

@@ -38,6 +38,7 @@ use bytes::{Bytes, BytesMut};
 use wire::sse::{classify, SseParser, StreamEvent, Usage, DEFAULT_MAX_EVENT};
 
 use crate::jsonscan::member_removal_range;
+use crate::sessions::{push_answer_text, TextHash};
 
 /// What to remove from a stream because the proxy injected it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -100,6 +101,9 @@ pub struct StreamObserver {
     /// tokenizer counts when the upstream sends no usage. None when not kept, or once it
     /// passed [`OUTPUT_TEXT_CAP`].
     pub output_text: Option<String>,
+    /// The hash of the answer so far (see [`StreamObserver::keep_answer_hash`]): what session
+    /// linking needs of the answer, without its text.
+    pub answer: Option<TextHash>,
 }
 
 /// Most generated text kept per stream for counting, bytes (~250k tokens): past it the text
@@ -139,6 +143,12 @@ impl StreamObserver {
         self.output_text = Some(String::new());
     }
 
+    /// Hash the answer's content as it streams ([`crate::sessions::push_answer_text`]), for
+    /// session linking; no text is kept for it.
+    pub fn keep_answer_hash(&mut self) {
+        self.answer = Some(TextHash::default());
+    }
+
     /// Observes one frame received `t_us` after t0 and pushes the bytes to forward onto `out`
     /// (the frame itself when nothing is stripped).
     pub fn observe(&mut self, t_us: i64, frame: Bytes, out: &mut VecDeque<Bytes>) {
@@ -153,6 +163,7 @@ impl StreamObserver {
                 stream_error,
                 invalid,
                 output_text,
+                answer,
                 ..
             } = self;
             parser.feed(&frame, |ev| {
@@ -160,6 +171,7 @@ impl StreamObserver {
                     classify(ev),
                     ev,
                     output_text,
+                    answer,
                     t_us,
                     chunk_times_us,
                     last_chunk_us,
@@ -322,7 +334,7 @@ impl StreamObserver {
             return Action::Forward;
         }
         let mut kind = None;
-        let keep = self.output_text.is_some();
+        let keep = self.output_text.is_some() || self.answer.is_some();
         let mut data = Vec::new();
         self.parser.feed(raw, |ev| {
             kind = Some(classify(ev));
@@ -342,6 +354,7 @@ impl StreamObserver {
             kind,
             &data,
             &mut self.output_text,
+            &mut self.answer,
             t_us,
             &mut self.chunk_times_us,
             &mut self.last_chunk_us,
@@ -375,6 +388,7 @@ fn note_event(
     kind: StreamEvent,
     data: &[u8],
     output_text: &mut Option<String>,
+    answer: &mut Option<TextHash>,
     t_us: i64,
     chunk_times_us: &mut Vec<i64>,
     last_chunk_us: &mut Option<i64>,
@@ -389,10 +403,18 @@ fn note_event(
             *last_chunk_us = Some(t_us);
             if output {
                 chunk_times_us.push(t_us);
-                if let Some(text) = output_text.as_mut() {
-                    wire::sse::append_output_text(data, text);
-                    if text.len() > OUTPUT_TEXT_CAP {
-                        *output_text = None;
+                if output_text.is_some() || answer.is_some() {
+                    // One parse for both the text to count and the answer's hash.
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) {
+                        if let Some(text) = output_text.as_mut() {
+                            wire::sse::append_chunk_output_text(&v, text);
+                            if text.len() > OUTPUT_TEXT_CAP {
+                                *output_text = None;
+                            }
+                        }
+                        if let Some(h) = answer.as_mut() {
+                            push_answer_text(&v, h);
+                        }
                     }
                 }
             }

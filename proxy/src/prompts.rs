@@ -19,14 +19,26 @@ use serde_json::{Map, Value};
 use tokenize::Tokenizer;
 
 use crate::prefix::{prompt_blocks, PromptBlocks};
-use crate::sink::PendingPrompt;
+use crate::sessions::chat_chain;
+
+/// What the writer thread gets of a request's prompt, computed off the request path.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct PromptInfo {
+    /// Prefix hashes and token count (None when the body has no prompt this can read).
+    pub(crate) blocks: Option<PromptBlocks>,
+    /// The chat chain for session linking ([`chat_chain`]; None for non-chat requests).
+    pub(crate) chain: Option<Vec<u64>>,
+}
+
+/// The result of tokenizing a row's prompt, computed off the request path.
+pub(crate) type PendingPrompt = std::sync::mpsc::Receiver<PromptInfo>;
 
 /// How long a new runner waits for more jobs before it starts.
 pub(crate) const LINGER: Duration = Duration::from_millis(5);
 /// Queued jobs per running runner above which another one starts.
 const BACKLOG_PER_RUNNER: usize = 4;
 
-type Job = (Map<String, Value>, SyncSender<Option<PromptBlocks>>);
+type Job = (Map<String, Value>, SyncSender<PromptInfo>);
 
 /// The queue of prompts to tokenize; shared by every connection.
 pub(crate) struct PromptQueue {
@@ -58,7 +70,7 @@ impl PromptQueue {
         })
     }
 
-    /// Queues the tokenizing of one request body (must be called within a tokio runtime);
+    /// Queues the tokenizing (and the chat chain) of one request body (must be called within a tokio runtime);
     /// the writer thread receives the result.
     pub(crate) fn submit(self: &Arc<Self>, body: Map<String, Value>) -> PendingPrompt {
         let (tx, rx) = sync_channel(1);
@@ -94,7 +106,10 @@ impl PromptQueue {
         std::thread::sleep(LINGER);
         loop {
             while let Some((body, tx)) = self.pop() {
-                let _ = tx.send(prompt_blocks(&body, self.block_size, &self.tokenizer));
+                let _ = tx.send(PromptInfo {
+                    blocks: prompt_blocks(&body, self.block_size, &self.tokenizer),
+                    chain: chat_chain(&body),
+                });
             }
             self.runners.fetch_sub(1, Ordering::AcqRel);
             // A job queued after the last pop may have seen this runner still counted and
@@ -141,6 +156,7 @@ mod tests {
             let got = rx
                 .recv_timeout(Duration::from_secs(10))
                 .expect("tokenized")
+                .blocks
                 .expect("a prompt");
             assert_eq!(got.tokens, n);
             assert_eq!(got.hashes.len(), n / 2);
@@ -159,6 +175,9 @@ mod tests {
         let mut m = Map::new();
         m.insert("model".into(), Value::from("m"));
         let rx = q.submit(m);
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            PromptInfo::default()
+        );
     }
 }

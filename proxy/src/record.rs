@@ -25,7 +25,9 @@ use wire::sse::{error_message, response_usage};
 
 use crate::metrics::Metrics;
 use crate::observe::{StreamObserver, Strip};
-use crate::sink::{OutputText, PendingPrompt, Sink};
+use crate::prompts::PendingPrompt;
+use crate::sessions::{push_answer_text, TextHash};
+use crate::sink::{OutputText, Sink};
 use crate::upstream::LeanBody;
 
 /// Error type of response bodies.
@@ -61,6 +63,8 @@ pub(crate) struct Recording {
     pub(crate) prompt: Option<PendingPrompt>,
     /// The generated text of a response without usage, for the writer thread to count.
     output: Option<OutputText>,
+    /// The answer's [`TextHash`], for session linking.
+    answer: Option<u64>,
     sampled: bool,
     done: bool,
 }
@@ -80,6 +84,7 @@ impl Recording {
             rec,
             prompt: None,
             output: None,
+            answer: None,
             sampled,
             done: false,
         }
@@ -144,7 +149,7 @@ impl Recording {
             let rec = std::mem::replace(r, TraceRecord::new(String::new(), 0, String::new()));
             self.recorder
                 .sink
-                .send(rec, self.prompt.take(), self.output.take());
+                .send(rec, self.prompt.take(), self.output.take(), self.answer);
         }
         if m.in_flight.fetch_sub(1, Relaxed) == 1 {
             self.recorder.idle.notify_waiters();
@@ -176,6 +181,14 @@ impl Drop for Recording {
             self.finish(o, Some(e), Instant::now());
         }
     }
+}
+
+/// The [`TextHash`] of a whole JSON response's answer (None when it is not JSON).
+fn answer_of_body(body: &[u8]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut h = TextHash::default();
+    push_answer_text(&v, &mut h);
+    Some(h.finish())
 }
 
 /// The upstream's response body: from hyper's client, or read in this task
@@ -246,6 +259,7 @@ impl ObservedBody {
             let mut o = StreamObserver::with_max_event(strip, cap, max_event);
             if rec.sampled() {
                 o.keep_output_text();
+                o.keep_answer_hash();
             }
             Mode::Sse(Box::new(o))
         } else {
@@ -313,6 +327,7 @@ impl ObservedBody {
                     // No usage: the writer thread counts the text with the tokenizer.
                     self.rec.output = o.output_text.take().map(OutputText::Text);
                 }
+                self.rec.answer = o.answer.map(|h| h.finish());
                 let r = &mut self.rec.rec;
                 r.prompt_tokens_source = r.prompt_tokens.map(|_| TokenSource::Usage);
                 r.output_tokens_source = r.output_tokens.map(|_| TokenSource::Usage);
@@ -370,6 +385,10 @@ impl ObservedBody {
                             r.output_tokens_source =
                                 u.completion_tokens.map(|_| TokenSource::Usage);
                         }
+                        if self.rec.sampled {
+                            self.rec.answer = answer_of_body(copy);
+                        }
+                        let r = &mut self.rec.rec;
                         if r.output_tokens.is_none() && self.rec.sampled {
                             // No usage: the writer thread counts the text with the tokenizer.
                             self.rec.output = Some(OutputText::Body(std::mem::take(copy)));

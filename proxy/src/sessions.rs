@@ -14,11 +14,18 @@
 //! answered the same way), the key is ambiguous; the child goes to the most recently finished
 //! candidate that no other turn has continued yet, then to the most recent one.
 //!
-//! No text is kept: 64-bit FNV-1a hashes of the role and the text of each message, so linking
-//! works under `--record-bodies hashes`. Content given as parts counts its `text` parts in
-//! order; other parts (images, audio) and tool calls do not enter the hash. Completions
-//! (`prompt` strings) are not linked: a completion prompt has no message boundaries to hash
-//! at; a session header (`--session-header`) names them.
+//! No text is kept: each message's text is reduced to a 64-bit FNV-1a hash ([`TextHash`],
+//! which the capture observer also feeds with the answer as it streams, so the answer's text
+//! is never held for linking), and the chain mixes role and text hash; linking works under
+//! `--record-bodies hashes`. Content given as parts counts its `text` parts in order; other
+//! parts (images, audio) and tool calls do not enter the hash. Completions (`prompt`
+//! strings) are not linked: a completion prompt has no message boundaries to hash at; a
+//! session header (`--session-header`) names them.
+//!
+//! Memory: the [`Linker`] remembers the answer keys of the last `max_keys` finished chat
+//! requests ([`DEFAULT_MAX_KEYS`], ~150 bytes each) and at most [`MAX_CANDIDATES`] requests
+//! per key; a conversation idle for longer than that many other finished turns starts a new
+//! session.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -26,28 +33,88 @@ use serde_json::{Map, Value};
 
 use crate::prefix::{fnv, FNV_OFFSET};
 
-/// The chain hash of one more message on top of `parent`.
-fn step(parent: u64, role: &str, text: &str) -> u64 {
+/// The FNV-1a hash of a text with surrounding whitespace trimmed, fed piece by piece (a
+/// streamed answer arrives in chunks): `TextHash` of `"  a b\n"` in any split equals that of
+/// `"a b"`. Clients resend the answer they displayed, so surrounding whitespace is not
+/// significant. Holds nothing of the text: whitespace after the last non-space character is
+/// hashed into a tentative state that only becomes the hash when more text follows.
+#[derive(Debug, Clone, Copy)]
+pub struct TextHash {
+    committed: u64,
+    tentative: u64,
+    started: bool,
+}
+
+impl Default for TextHash {
+    fn default() -> Self {
+        TextHash {
+            committed: FNV_OFFSET,
+            tentative: FNV_OFFSET,
+            started: false,
+        }
+    }
+}
+
+impl TextHash {
+    /// Appends a piece of the text.
+    pub fn push(&mut self, piece: &str) {
+        let mut rest = piece;
+        while !rest.is_empty() {
+            // A run of whitespace, then a run of other characters.
+            let ws_end = rest
+                .find(|c: char| !c.is_whitespace())
+                .unwrap_or(rest.len());
+            let (ws, tail) = rest.split_at(ws_end);
+            if self.started && !ws.is_empty() {
+                self.tentative = fnv(self.tentative, ws.as_bytes());
+            }
+            let word_end = tail.find(char::is_whitespace).unwrap_or(tail.len());
+            let (word, tail) = tail.split_at(word_end);
+            if !word.is_empty() {
+                self.started = true;
+                self.committed = fnv(self.tentative, word.as_bytes());
+                self.tentative = self.committed;
+            }
+            rest = tail;
+        }
+    }
+
+    /// The hash of the trimmed text so far.
+    pub fn finish(&self) -> u64 {
+        self.committed
+    }
+
+    /// The hash of one whole text.
+    pub fn of(text: &str) -> u64 {
+        let mut h = TextHash::default();
+        h.push(text);
+        h.finish()
+    }
+}
+
+/// The chain hash of one more message (its role and [`TextHash`]) on top of `parent`.
+fn step(parent: u64, role: &str, text: u64) -> u64 {
     let h = fnv(FNV_OFFSET, &parent.to_le_bytes());
     let h = fnv(h, role.as_bytes());
     let h = fnv(h, &[0x1f]);
-    // Clients resend the answer they displayed: surrounding whitespace is not significant.
-    let h = fnv(h, text.trim().as_bytes());
+    let h = fnv(h, &text.to_le_bytes());
     fnv(h, &[0x1e])
 }
 
-fn content_text(content: &Value, out: &mut String) {
+fn content_hash(content: &Value) -> u64 {
+    let mut h = TextHash::default();
     match content {
-        Value::String(s) => out.push_str(s),
+        Value::String(s) => h.push(s),
         Value::Array(parts) => {
             for p in parts {
                 if let Some(t) = p.get("text").and_then(Value::as_str) {
-                    out.push_str(t);
+                    h.push(t);
                 }
             }
         }
         _ => {}
     }
+    h.finish()
 }
 
 /// The chained hash after each message of a chat request (`messages`); None when the body has
@@ -58,30 +125,52 @@ pub fn chat_chain(body: &Map<String, Value>) -> Option<Vec<u64>> {
         return None;
     }
     let mut h = 0u64;
-    let mut text = String::new();
     let mut chain = Vec::with_capacity(messages.len());
     for m in messages {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-        text.clear();
-        if let Some(c) = m.get("content") {
-            content_text(c, &mut text);
-        }
-        h = step(h, role, &text);
+        let text = m.get("content").map_or(TextHash::of(""), content_hash);
+        h = step(h, role, text);
         chain.push(h);
     }
     Some(chain)
 }
 
-/// The key a finished chat request leaves: its chain continued by its answer.
-pub fn answer_key(chain: &[u64], answer: &str) -> Option<u64> {
+/// The key a finished chat request leaves: its chain continued by its answer (the
+/// [`TextHash`] of the answer's content).
+pub fn answer_key(chain: &[u64], answer: u64) -> Option<u64> {
     chain.last().map(|&h| step(h, "assistant", answer))
+}
+
+/// The text of the answer a client shows and resends as the next turn's `assistant`
+/// message: the first choice's `content` (chat, `delta` when streamed, `message` when not) or
+/// `text` (completions). Reasoning and tool calls are not part of it.
+pub fn push_answer_text(payload: &Value, h: &mut TextHash) {
+    let Some(choices) = payload.get("choices").and_then(Value::as_array) else {
+        return;
+    };
+    for c in choices {
+        if c.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+            continue;
+        }
+        for inner in ["delta", "message"] {
+            if let Some(t) = c
+                .pointer(&format!("/{inner}/content"))
+                .and_then(Value::as_str)
+            {
+                h.push(t);
+            }
+        }
+        if let Some(t) = c.get("text").and_then(Value::as_str) {
+            h.push(t);
+        }
+    }
 }
 
 /// What linking says about one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
-    /// The conversation: the parent's, else a new one named after this request (or the
-    /// request's own session header).
+    /// The conversation: the parent's, else a new one named after this request (its
+    /// request id), or the request's own session header.
     pub session_id: String,
     /// The request this one continues.
     pub parent_request_id: Option<String>,
@@ -91,6 +180,7 @@ pub struct Link {
 
 #[derive(Debug, Clone)]
 struct Candidate {
+    seq: u64,
     request_id: String,
     session_id: String,
     end_us: i64,
@@ -102,13 +192,20 @@ struct Candidate {
 #[derive(Debug)]
 pub struct Linker {
     index: HashMap<u64, Vec<Candidate>>,
-    order: VecDeque<u64>,
+    /// Keys in the order they were remembered, with the candidate's sequence number.
+    order: VecDeque<(u64, u64)>,
     max_keys: usize,
+    seq: u64,
 }
 
 /// Answer keys kept by default: the oldest is forgotten beyond this, so a conversation idle
-/// for longer than this many other turns starts a new session. About 150 bytes each.
+/// for longer than this many other turns starts a new session. About 150 bytes each (30 MB).
 pub const DEFAULT_MAX_KEYS: usize = 200_000;
+
+/// Requests remembered per answer key: identical prompts answered identically (a fixed
+/// health-check conversation sent in a loop) are ambiguous beyond a few, and a longer list
+/// would cost every lookup.
+pub const MAX_CANDIDATES: usize = 32;
 
 impl Linker {
     /// A linker that remembers the answers of the last `max_keys` finished chat requests.
@@ -117,33 +214,41 @@ impl Linker {
             index: HashMap::new(),
             order: VecDeque::new(),
             max_keys: max_keys.max(1),
+            seq: 0,
         }
+    }
+
+    /// Answer keys remembered now (at most `max_keys`).
+    pub fn remembered(&self) -> usize {
+        self.order.len()
     }
 
     /// Links one finished request and remembers its answer for its children.
     /// `chain`: [`chat_chain`] of its body (None: not a chat request, never linked);
-    /// `answer`: the generated text (None: failed or unknown, so nothing can continue it);
-    /// `header_session`: the session its request header named, which wins.
+    /// `answer`: the [`TextHash`] of its answer (None: failed or unknown, so nothing can
+    /// continue it); `header_session`: the session its request header named, which wins.
     pub fn observe(
         &mut self,
         request_id: &str,
         arrival_us: i64,
         end_us: i64,
         chain: Option<&[u64]>,
-        answer: Option<&str>,
+        answer: Option<u64>,
         header_session: Option<&str>,
     ) -> Link {
         let parent = chain.and_then(|c| self.parent_of(c, arrival_us));
         let session_id = match (header_session, &parent) {
             (Some(s), _) => s.to_string(),
             (None, Some(p)) => p.session_id.clone(),
-            (None, None) => format!("conv-{request_id}"),
+            (None, None) => request_id.to_string(),
         };
         if let (Some(c), Some(a)) = (chain, answer) {
             if let Some(key) = answer_key(c, a) {
+                self.seq += 1;
                 self.remember(
                     key,
                     Candidate {
+                        seq: self.seq,
                         request_id: request_id.to_string(),
                         session_id: session_id.clone(),
                         end_us,
@@ -186,14 +291,20 @@ impl Linker {
     }
 
     fn remember(&mut self, key: u64, c: Candidate) {
-        self.index.entry(key).or_default().push(c);
-        self.order.push_back(key);
+        self.order.push_back((key, c.seq));
+        let v = self.index.entry(key).or_default();
+        v.push(c);
+        if v.len() > MAX_CANDIDATES {
+            v.remove(0);
+        }
         while self.order.len() > self.max_keys {
-            let Some(old) = self.order.pop_front() else {
+            let Some((old, seq)) = self.order.pop_front() else {
                 break;
             };
             if let Some(v) = self.index.get_mut(&old) {
-                if !v.is_empty() {
+                // Candidates are in the order remembered; one already pushed out by the
+                // per-key bound is gone.
+                if v.first().is_some_and(|c| c.seq == seq) {
                     v.remove(0);
                 }
                 if v.is_empty() {
@@ -231,10 +342,10 @@ mod tests {
             0,
             1_000,
             chat_chain(&t1).as_deref(),
-            Some("hello!"),
+            Some(TextHash::of("hello!")),
             None,
         );
-        assert_eq!(a.session_id, "conv-r1");
+        assert_eq!(a.session_id, "r1");
         assert_eq!(a.parent_request_id, None);
         // The client resends the answer (with a trailing newline) and asks again.
         let t2 = body(&[
@@ -248,10 +359,10 @@ mod tests {
             3_500,
             4_000,
             chat_chain(&t2).as_deref(),
-            Some("fine"),
+            Some(TextHash::of("fine")),
             None,
         );
-        assert_eq!(b.session_id, "conv-r1");
+        assert_eq!(b.session_id, "r1");
         assert_eq!(b.parent_request_id.as_deref(), Some("r1"));
         assert_eq!(b.think_time_us, Some(2_500));
         // A different answer in the history is another conversation.
@@ -262,10 +373,7 @@ mod tests {
             ("user", "how are you?".into()),
         ]);
         let c = l.observe("r3", 5_000, 6_000, chat_chain(&t3).as_deref(), None, None);
-        assert_eq!(
-            (c.session_id.as_str(), c.parent_request_id),
-            ("conv-r3", None)
-        );
+        assert_eq!((c.session_id.as_str(), c.parent_request_id), ("r3", None));
         // Content as parts hashes as the same text.
         let parts = json!({"messages": [
             {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
@@ -286,9 +394,23 @@ mod tests {
         let mut l = Linker::new(1);
         let t1 = body(&[("user", "q1".into())]);
         let t2 = body(&[("user", "q2".into())]);
-        let a = l.observe("a", 0, 10, chat_chain(&t1).as_deref(), Some("x"), Some("H"));
+        let a = l.observe(
+            "a",
+            0,
+            10,
+            chat_chain(&t1).as_deref(),
+            Some(TextHash::of("x")),
+            Some("H"),
+        );
         assert_eq!(a.session_id, "H");
-        l.observe("b", 0, 10, chat_chain(&t2).as_deref(), Some("y"), None);
+        l.observe(
+            "b",
+            0,
+            10,
+            chat_chain(&t2).as_deref(),
+            Some(TextHash::of("y")),
+            None,
+        );
         let t1b = body(&[
             ("user", "q1".into()),
             ("assistant", "x".into()),
@@ -296,6 +418,84 @@ mod tests {
         ]);
         let c = l.observe("c", 20, 30, chat_chain(&t1b).as_deref(), None, None);
         assert_eq!(c.parent_request_id, None, "a's answer was evicted by b's");
+    }
+
+    /// A streamed answer hashes as the whole answer trimmed, however it is split, so the
+    /// observer never needs its text; inner whitespace still counts.
+    #[test]
+    fn text_hash_is_the_trimmed_text_in_any_split() {
+        let text = "  \n Bonjour, ça va ?\n\n Très  bien.\t \n";
+        let want = TextHash::of(text.trim());
+        for a in 0..=text.len() {
+            for b in a..=text.len() {
+                if !(text.is_char_boundary(a) && text.is_char_boundary(b)) {
+                    continue;
+                }
+                let mut h = TextHash::default();
+                for piece in [&text[..a], &text[a..b], &text[b..]] {
+                    h.push(piece);
+                }
+                assert_eq!(h.finish(), want, "split at {a}, {b}");
+            }
+        }
+        assert_ne!(TextHash::of("Très bien."), TextHash::of("Très  bien."));
+        assert_ne!(TextHash::of("ab"), TextHash::of("a b"));
+        assert_eq!(TextHash::of(" \n "), TextHash::of(""));
+    }
+
+    #[test]
+    fn the_answer_is_the_first_choices_content_only() {
+        let mut h = TextHash::default();
+        for chunk in [
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+            json!({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "Hel"}}, {"index": 1, "delta": {"content": "other"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "lo"}}]}),
+            json!({"choices": [], "usage": {"completion_tokens": 2}}),
+        ] {
+            push_answer_text(&chunk, &mut h);
+        }
+        assert_eq!(h.finish(), TextHash::of("Hello"));
+        let mut whole = TextHash::default();
+        push_answer_text(
+            &json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello\n"}}]}),
+            &mut whole,
+        );
+        assert_eq!(whole.finish(), TextHash::of("Hello"));
+        let mut completion = TextHash::default();
+        push_answer_text(&json!({"choices": [{"text": " 42"}]}), &mut completion);
+        assert_eq!(completion.finish(), TextHash::of("42"));
+    }
+
+    /// The same conversation replayed in a loop (one key, thousands of requests): each key
+    /// keeps at most MAX_CANDIDATES, the linker its max_keys, and every repeat still links.
+    #[test]
+    fn identical_conversations_in_a_loop_stay_bounded() {
+        let mut l = Linker::new(1_000);
+        let t1 = body(&[("user", "ping".into())]);
+        let t2 = body(&[
+            ("user", "ping".into()),
+            ("assistant", "pong".into()),
+            ("user", "again".into()),
+        ]);
+        let (c1, c2) = (chat_chain(&t1).unwrap(), chat_chain(&t2).unwrap());
+        let key = answer_key(&c1, TextHash::of("pong")).unwrap();
+        for i in 0..5_000i64 {
+            let t = i * 100;
+            l.observe(
+                &format!("a{i}"),
+                t,
+                t + 10,
+                Some(&c1),
+                Some(TextHash::of("pong")),
+                None,
+            );
+            let b = l.observe(&format!("b{i}"), t + 20, t + 30, Some(&c2), None, None);
+            assert_eq!(b.parent_request_id, Some(format!("a{i}")), "repeat {i}");
+            assert_eq!(b.think_time_us, Some(10));
+            assert!(l.index[&key].len() <= MAX_CANDIDATES);
+            assert!(l.remembered() <= 1_000);
+        }
     }
 
     /// The figure, on the linker alone: 200 interleaved conversations of 2–10 turns,
@@ -381,7 +581,14 @@ mod tests {
                 continue;
             };
             now = end;
-            let link = l.observe(&id, arrival, end, Some(&chain), Some(&answer), None);
+            let link = l.observe(
+                &id,
+                arrival,
+                end,
+                Some(&chain),
+                Some(TextHash::of(&answer)),
+                None,
+            );
             let conv = &mut convs[c];
             if conv.done > 0 {
                 links += 1;

@@ -15,6 +15,11 @@
 //! `prefix_hashes`, and `prompt_tokens` (source `tokenizer`) when the upstream reported none.
 //! When the upstream sent no usage, it also counts the generated text with the tokenizer
 //! (`output_tokens`, source `tokenizer`), off the request path.
+//!
+//! Rows reach this thread in the order their requests finished, so it also links chat turns
+//! into sessions ([`crate::sessions::Linker`]): a turn's parent finished before the turn was
+//! sent, and is always linked first. The row gets `session_id` (the header's, else the
+//! conversation's first request id), `parent_request_id` and `think_time_us`.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -24,14 +29,12 @@ use std::time::{Duration, Instant};
 
 use tokenize::Tokenizer;
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
-use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
+use trace_format::{Outcome, TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
-use crate::prefix::PromptBlocks;
-
-/// The result of tokenizing a row's prompt, computed off the request path.
-pub(crate) type PendingPrompt = Receiver<Option<PromptBlocks>>;
+use crate::prompts::PendingPrompt;
+use crate::sessions::{Linker, DEFAULT_MAX_KEYS};
 
 /// Longest time a queued record waits for the writer thread: the queue's default 16 Ki
 /// records then absorb over 300k records/s.
@@ -65,6 +68,8 @@ struct Queued {
     rec: TraceRecord,
     prompt: Option<PendingPrompt>,
     output: Option<OutputText>,
+    /// The hash of the answer's text, for session linking.
+    answer: Option<u64>,
 }
 
 enum Msg {
@@ -72,12 +77,18 @@ enum Msg {
     Close,
 }
 
-/// The row with what its prompt's tokenization gave.
-fn resolve(q: Queued, keep_hashes: bool, tokenizer: &Tokenizer) -> TraceRecord {
+/// The row with what its prompt's tokenization gave, linked into its session.
+fn resolve(
+    q: Queued,
+    keep_hashes: bool,
+    tokenizer: &Tokenizer,
+    linker: &mut Linker,
+) -> TraceRecord {
     let Queued {
         mut rec,
         prompt,
         output,
+        answer,
     } = q;
     if rec.output_tokens.is_none() {
         if let Some(n) = output
@@ -89,7 +100,10 @@ fn resolve(q: Queued, keep_hashes: bool, tokenizer: &Tokenizer) -> TraceRecord {
             rec.output_tokens_source = Some(TokenSource::Tokenizer);
         }
     }
-    if let Some(p) = prompt.and_then(|rx| rx.recv_timeout(PROMPT_WAIT).ok().flatten()) {
+    let info = prompt
+        .and_then(|rx| rx.recv_timeout(PROMPT_WAIT).ok())
+        .unwrap_or_default();
+    if let Some(p) = info.blocks {
         if keep_hashes {
             rec.prefix_hashes = Some(p.hashes);
         }
@@ -98,7 +112,31 @@ fn resolve(q: Queued, keep_hashes: bool, tokenizer: &Tokenizer) -> TraceRecord {
             rec.prompt_tokens_source = Some(TokenSource::Tokenizer);
         }
     }
+    link(&mut rec, info.chain.as_deref(), answer, linker);
     rec
+}
+
+/// Links a chat row into its session (rows without a chat chain keep their header session,
+/// if any, and no parent). Only a complete answer can be continued.
+fn link(rec: &mut TraceRecord, chain: Option<&[u64]>, answer: Option<u64>, linker: &mut Linker) {
+    if chain.is_none() {
+        return;
+    }
+    let end_us = rec
+        .arrival_time_us
+        .saturating_add(rec.e2el_us.unwrap_or(0).max(0));
+    let answer = answer.filter(|_| rec.outcome == Outcome::Ok);
+    let l = linker.observe(
+        &rec.request_id,
+        rec.arrival_time_us,
+        end_us,
+        chain,
+        answer,
+        rec.session_id.as_deref(),
+    );
+    rec.session_id = Some(l.session_id);
+    rec.parent_request_id = l.parent_request_id;
+    rec.think_time_us = l.think_time_us;
 }
 
 /// The sending side; cheap to share.
@@ -153,10 +191,11 @@ fn run(
     let mut last_tick = Instant::now();
     let mut mirror = Mirror::default();
     let mut log = ErrorLog::default();
+    let mut linker = Linker::new(DEFAULT_MAX_KEYS);
     // A record is either written or counted by the writer (`stats`), so the result of an
     // append needs no handling here.
-    let append = |writer: &mut TraceWriter, q: Box<Queued>| {
-        let _ = writer.append(resolve(*q, keep_hashes, tokenizer));
+    let mut append = |writer: &mut TraceWriter, q: Box<Queued>| {
+        let _ = writer.append(resolve(*q, keep_hashes, tokenizer, &mut linker));
     };
     loop {
         mirror.sync(writer.stats(), metrics);
@@ -299,18 +338,20 @@ impl ErrorLog {
 }
 
 impl Sink {
-    /// Queues a record (with its prompt's pending tokenization), or drops and counts it when
+    /// Queues a record (with its prompt's pending tokenization and its answer's hash), or drops and counts it when
     /// the queue is full.
     pub(crate) fn send(
         &self,
         rec: TraceRecord,
         prompt: Option<PendingPrompt>,
         output: Option<OutputText>,
+        answer: Option<u64>,
     ) {
         match self.tx.try_send(Msg::Record(Box::new(Queued {
             rec,
             prompt,
             output,
+            answer,
         }))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -346,6 +387,70 @@ impl WriterThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chat(id: &str, at: i64, e2el: i64, outcome: Outcome) -> TraceRecord {
+        let mut r = TraceRecord::new(id, at, "/v1/chat/completions");
+        r.e2el_us = Some(e2el);
+        r.outcome = outcome;
+        r
+    }
+
+    /// The writer thread's linking: a turn continues the ok request whose answer it carries
+    /// (think time from the end of that response); a failed or cancelled request leaves no
+    /// answer to continue; a row without a chat chain is not given a session; a header
+    /// session stays.
+    #[test]
+    fn rows_are_linked_in_the_order_they_finish() {
+        use crate::sessions::{chat_chain, TextHash};
+        let body = |msgs: &[(&str, &str)]| {
+            let m: Vec<serde_json::Value> = msgs
+                .iter()
+                .map(|(r, t)| serde_json::json!({"role": r, "content": t}))
+                .collect();
+            chat_chain(serde_json::json!({"messages": m}).as_object().unwrap()).unwrap()
+        };
+        let mut l = Linker::new(100);
+        let t1 = body(&[("user", "hi")]);
+        let t2 = body(&[("user", "hi"), ("assistant", "hello"), ("user", "more")]);
+        let answer = Some(TextHash::of("hello"));
+
+        let mut first = chat("a1", 1_000, 2_000, Outcome::Ok);
+        link(&mut first, Some(&t1), answer, &mut l);
+        assert_eq!(first.session_id.as_deref(), Some("a1"));
+        let mut second = chat("a2", 3_500, 1_000, Outcome::Ok);
+        link(&mut second, Some(&t2), None, &mut l);
+        assert_eq!(
+            (
+                second.session_id.as_deref(),
+                second.parent_request_id.as_deref()
+            ),
+            (Some("a1"), Some("a1"))
+        );
+        assert_eq!(second.think_time_us, Some(500), "3.5 ms − (1 ms + 2 ms)");
+
+        let mut l = Linker::new(100);
+        for (id, outcome) in [
+            ("b0", Outcome::UpstreamError),
+            ("b1", Outcome::ClientCancelled),
+        ] {
+            let mut failed = chat(id, 0, 100, outcome);
+            link(&mut failed, Some(&t1), answer, &mut l);
+        }
+        let mut next = chat("b2", 1_000, 100, Outcome::Ok);
+        link(&mut next, Some(&t2), None, &mut l);
+        assert_eq!(
+            next.parent_request_id, None,
+            "a failed answer is not continued"
+        );
+
+        let mut completion = TraceRecord::new("c1", 0, "/v1/completions");
+        link(&mut completion, None, answer, &mut l);
+        assert_eq!(completion.session_id, None);
+        let mut named = chat("d1", 0, 10, Outcome::Ok);
+        named.session_id = Some("H".into());
+        link(&mut named, Some(&t1), answer, &mut l);
+        assert_eq!(named.session_id.as_deref(), Some("H"));
+    }
 
     /// A disk failing on every tick (every 25 ms) for a minute: the first error at once,
     /// then one summary line per 10 s with the count, and one line when writes succeed.

@@ -71,6 +71,8 @@ pub struct Fidelity {
     pub classes: Vec<ClassFidelity>,
     /// Outcomes over all rows: outcome → (captured, replayed).
     pub outcomes: BTreeMap<String, (usize, usize)>,
+    /// Matched requests whose outcome changed: `"captured → replayed"` → requests.
+    pub outcome_changes: BTreeMap<String, usize>,
     /// Which part drifts, in one sentence per finding; the first says whether the replay
     /// reproduces the capture.
     pub verdict: Vec<String>,
@@ -178,6 +180,11 @@ pub fn ks_distance(a: &mut [f64], b: &mut [f64]) -> f64 {
     d
 }
 
+/// A quantile ratio within [1/RATIO_TOL, RATIO_TOL] (NaN: no captured value to compare).
+fn within_tol(r: f64) -> bool {
+    r.is_nan() || (1.0 / RATIO_TOL..=RATIO_TOL).contains(&r)
+}
+
 fn latency(metric: &'static str, mut cap: Vec<f64>, mut rep: Vec<f64>) -> LatencyFidelity {
     let ks = ks_distance(&mut cap, &mut rep);
     let quantiles: Vec<(f64, f64, f64, f64)> = if cap.is_empty() || rep.is_empty() {
@@ -191,10 +198,7 @@ fn latency(metric: &'static str, mut cap: Vec<f64>, mut rep: Vec<f64>) -> Latenc
             })
             .collect()
     };
-    let reproduced = ks <= KS_TOL
-        && quantiles
-            .iter()
-            .all(|q| q.3.is_nan() || (q.3 <= RATIO_TOL && q.3 >= 1.0 / RATIO_TOL));
+    let reproduced = ks <= KS_TOL && quantiles.iter().all(|q| within_tol(q.3));
     LatencyFidelity {
         metric,
         samples: (cap.len(), rep.len()),
@@ -242,8 +246,25 @@ pub fn assess(captured: &[TraceRecord], replayed: &[TraceRecord], opts: Options)
         outcomes.entry(r.outcome.to_string()).or_default().1 += 1;
     }
 
+    let mut outcome_changes: BTreeMap<String, usize> = BTreeMap::new();
+    for (c, r) in &pairs {
+        if c.outcome != r.outcome {
+            *outcome_changes
+                .entry(format!("{} → {}", c.outcome, r.outcome))
+                .or_default() += 1;
+        }
+    }
+    let changes = OutcomeChanges::of(&pairs);
+
     let classes = classes(captured, replayed, &pairs);
-    let verdict_parts = verdict(&schedule, &classes, &outcomes, pairs.len(), captured.len());
+    let verdict_parts = verdict(
+        &schedule,
+        &classes,
+        &outcomes,
+        &changes,
+        pairs.len(),
+        captured.len(),
+    );
     Fidelity {
         captured: captured.len(),
         replayed: replayed.len(),
@@ -253,6 +274,7 @@ pub fn assess(captured: &[TraceRecord], replayed: &[TraceRecord], opts: Options)
         schedule,
         classes,
         outcomes,
+        outcome_changes,
         verdict: verdict_parts.0,
         load_reproduced: verdict_parts.1,
         schedule_reproduced: verdict_parts.2,
@@ -329,6 +351,47 @@ fn schedule(pairs: &[(&TraceRecord, &TraceRecord)], speedup: f64) -> Schedule {
         bound_ms,
         sessions: multi.len(),
         sessions_in_order: in_order,
+    }
+}
+
+/// Matched requests whose outcome changed, by who changed it: the client's cancellations are
+/// the replay's to reproduce, every other outcome is the server's answer.
+#[derive(Debug, Default)]
+struct OutcomeChanges {
+    /// Cancelled in the capture, not in the replay.
+    not_cancelled: usize,
+    /// Cancelled in the replay only.
+    cancelled: usize,
+    /// Succeeded in the capture, failed in the replay.
+    now_failed: usize,
+    /// Failed in the capture, succeeded in the replay.
+    now_ok: usize,
+    /// Failed both times, differently.
+    other_failure: usize,
+}
+
+impl OutcomeChanges {
+    fn of(pairs: &[(&TraceRecord, &TraceRecord)]) -> OutcomeChanges {
+        let mut ch = OutcomeChanges::default();
+        for (c, r) in pairs {
+            match (c.outcome, r.outcome) {
+                (a, b) if a == b => {}
+                (Outcome::ClientCancelled, _) => ch.not_cancelled += 1,
+                (_, Outcome::ClientCancelled) => ch.cancelled += 1,
+                (Outcome::Ok, _) => ch.now_failed += 1,
+                (_, Outcome::Ok) => ch.now_ok += 1,
+                _ => ch.other_failure += 1,
+            }
+        }
+        ch
+    }
+
+    fn by_client(&self) -> bool {
+        self.not_cancelled + self.cancelled > 0
+    }
+
+    fn by_server(&self) -> bool {
+        self.now_failed + self.now_ok + self.other_failure > 0
     }
 }
 
@@ -409,6 +472,7 @@ fn verdict(
     s: &Schedule,
     classes: &[ClassFidelity],
     outcomes: &BTreeMap<String, (usize, usize)>,
+    changes: &OutcomeChanges,
     matched: usize,
     captured: usize,
 ) -> (Vec<String>, bool, bool, bool) {
@@ -460,10 +524,28 @@ fn verdict(
         .map(|(o, (a, b))| format!("{o} {a} → {b}"))
         .collect();
     if !diff.is_empty() {
-        load_ok = false;
         findings.push(format!(
             "The outcomes differ (captured → replayed): {}.",
             diff.join(", ")
+        ));
+    }
+    if changes.by_client() {
+        // What the server was asked to do differs: a request cut short, or not.
+        load_ok = false;
+        findings.push(format!(
+            "The client differs: {} request(s) cancelled in the capture were not cancelled in \
+             the replay, {} cancelled in the replay only (the replay cancels at the recorded \
+             point: after as many chunks, or as long, as the captured client waited).",
+            changes.not_cancelled, changes.cancelled
+        ));
+    }
+    if changes.by_server() {
+        findings.push(format!(
+            "The server answered differently: {} requests that succeeded in the capture failed \
+             in the replay, {} that failed succeeded, {} failed otherwise; the replay sent them \
+             as captured, so this is the server's doing (its errors, limits or health), not the \
+             traffic's.",
+            changes.now_failed, changes.now_ok, changes.other_failure
         ));
     }
     let schedule_ok = s.abs_error_p99_ms <= s.bound_ms && s.sessions_in_order == s.sessions;
@@ -485,6 +567,7 @@ fn verdict(
     let mut lat_ok = true;
     let mut prefill_drift = Vec::new();
     let mut decode_drift = Vec::new();
+    let mut stalls = Vec::new();
     for c in classes {
         for l in &c.latencies {
             if l.reproduced {
@@ -492,6 +575,23 @@ fn verdict(
             }
             lat_ok = false;
             let p50 = l.quantiles.first().map_or(f64::NAN, |q| q.3);
+            // The median and the distribution hold, and a tail quantile is far out (beyond
+            // the tolerance squared: a jump, not a nudge): a few requests waited, the rest did
+            // not move.
+            let far = |r: f64| {
+                !r.is_nan() && (r > RATIO_TOL * RATIO_TOL || r * RATIO_TOL * RATIO_TOL < 1.0)
+            };
+            if within_tol(p50) && l.ks <= KS_TOL {
+                if let Some(&(q, _, _, r)) = l.quantiles.iter().rev().find(|q| far(q.3)) {
+                    stalls.push(format!(
+                        "{} {} ×{r:.2} at p{q:.0} (×{p50:.2} at p50, KS {:.2})",
+                        class_name(c),
+                        l.metric.to_uppercase(),
+                        l.ks
+                    ));
+                    continue;
+                }
+            }
             let text = format!(
                 "{} {} ×{:.2} at p50 (KS {:.2})",
                 class_name(c),
@@ -505,6 +605,14 @@ fn verdict(
                 decode_drift.push(text);
             }
         }
+    }
+    if !stalls.is_empty() {
+        findings.push(format!(
+            "The server stalled: {}: the median holds and only the tail drifts — a few requests \
+             waited (a stall, a queueing burst, a pause of the server), not a shift of the \
+             whole distribution.",
+            stalls.join(", ")
+        ));
     }
     let stream_held = classes.iter().any(|c| {
         c.latencies
@@ -529,9 +637,13 @@ fn verdict(
         };
         findings.push(format!("The latencies drift: {}: {cause}.", all.join(", ")));
     }
-    let head = if load_ok && schedule_ok && lat_ok {
+    let head = if load_ok && schedule_ok && lat_ok && !changes.by_server() {
         "The replay reproduces the capture: same requests, tokens and outcomes, sent within the \
          schedule bound, with latencies within tolerance."
+            .to_string()
+    } else if load_ok && schedule_ok && changes.by_server() {
+        "The replay reproduces the captured traffic (requests, tokens, cancellations and \
+         schedule), but the server answered it differently."
             .to_string()
     } else if load_ok && schedule_ok {
         "The replay reproduces the captured traffic (requests, tokens, outcomes and schedule), \
@@ -650,6 +762,14 @@ impl fmt::Display for Fidelity {
             .map(|(o, (a, b))| format!("{o} {a}/{b}"))
             .collect();
         writeln!(f, "Outcomes (captured/replayed): {}", outs.join(", "))?;
+        if !self.outcome_changes.is_empty() {
+            let ch: Vec<String> = self
+                .outcome_changes
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            writeln!(f, "Outcome changes per request: {}", ch.join(", "))?;
+        }
         writeln!(f, "{:-^78}", " load and latencies by class ")?;
         for c in &self.classes {
             writeln!(
@@ -716,9 +836,8 @@ mod tests {
         r.scheduled_offset_us = Some(off);
         r.dispatch_lag_us = Some(late_ms * 1000);
         r.queue_us = Some(0);
-        let ttft = c.ttft_us.unwrap() * ttft_scale;
-        let shift = ttft - c.ttft_us.unwrap();
-        r.ttft_us = Some(ttft);
+        let shift = c.ttft_us.map_or(0, |t| t * (ttft_scale - 1));
+        r.ttft_us = c.ttft_us.map(|t| t + shift);
         r.chunk_times_us = c.chunk_times_us.iter().map(|t| t + shift).collect();
         r.e2el_us = c.e2el_us.map(|e| e + shift);
         r
@@ -818,6 +937,91 @@ mod tests {
         let f = assess(&c, &r, Options { speedup: 2.0 });
         assert_eq!(f.schedule.sessions_in_order, 4);
         assert!(!f.schedule_reproduced);
+    }
+
+    fn fail(r: &mut TraceRecord, outcome: Outcome, status: Option<u16>) {
+        r.outcome = outcome;
+        r.status = status;
+        r.error = Some(format!("{outcome}"));
+        r.ttft_us = None;
+        r.chunk_times_us.clear();
+        r.e2el_us = Some(3_000);
+    }
+
+    /// Captured and replayed both hold cancelled and failed rows; the replayed server fails
+    /// four requests production served and stalls three more for two seconds. The verdict
+    /// must say the server did it — outcomes side by side, the per-request changes, the tail
+    /// that stalled — and not blame the traffic, which the replay reproduced.
+    #[test]
+    fn a_misbehaving_server_is_blamed_for_its_errors_and_stalls_not_the_replay() {
+        let mut c = trace();
+        for i in [5, 6] {
+            c[i].outcome = Outcome::ClientCancelled;
+            c[i].chunk_times_us.truncate(3);
+            c[i].e2el_us = c[i].chunk_times_us.last().copied();
+        }
+        fail(&mut c[7], Outcome::HttpError, Some(429));
+        let mut r: Vec<_> = c.iter().map(|x| rep(x, 0, 1)).collect();
+        for i in [10, 11, 12] {
+            fail(&mut r[i], Outcome::HttpError, Some(500));
+        }
+        fail(&mut r[13], Outcome::UpstreamError, None);
+        for i in [20, 21, 22] {
+            let x = &mut r[i];
+            x.ttft_us = x.ttft_us.map(|t| t + 2_000_000);
+            x.chunk_times_us.iter_mut().for_each(|t| *t += 2_000_000);
+            x.e2el_us = x.e2el_us.map(|t| t + 2_000_000);
+        }
+        let f = assess(&c, &r, Options::default());
+        eprintln!("{f}");
+        let text = f.verdict.join("\n");
+        // Side by side, and per request.
+        assert_eq!(f.outcomes["ok"], (37, 33), "{f}");
+        assert_eq!(f.outcomes["client_cancelled"], (2, 2));
+        assert_eq!(f.outcomes["http_error"], (1, 4));
+        assert_eq!(f.outcomes["upstream_error"], (0, 1));
+        assert_eq!(
+            f.outcome_changes,
+            BTreeMap::from([
+                ("ok → http_error".to_string(), 3),
+                ("ok → upstream_error".to_string(), 1)
+            ])
+        );
+        assert!(f.to_string().contains("ok → http_error 3"), "{f}");
+        // The traffic was the capture's: same requests, tokens, cancellations and times.
+        assert!(f.load_reproduced && f.schedule_reproduced, "{text}");
+        assert!(!f.latencies_reproduced);
+        assert!(
+            text.contains("The server answered differently")
+                && text.contains("4 requests that succeeded in the capture failed"),
+            "{text}"
+        );
+        assert!(text.contains("The server stalled"), "{text}");
+        assert!(text.contains("TTFT ×"), "{text}");
+        assert!(text.contains("at p99"), "{text}");
+        assert!(!text.contains("did not send the same traffic"), "{text}");
+        assert!(
+            !text.contains("prefix cache"),
+            "a stall is not a cold cache: {text}"
+        );
+        assert!(!text.contains("The client"), "{text}");
+
+        // A replay that did not cancel what the capture's client cancelled: the client's
+        // doing, and the load (what the server was asked to do) differs.
+        let mut r: Vec<_> = c.iter().map(|x| rep(x, 0, 1)).collect();
+        r[5] = rep(&cap("r5", 500, 55, 10, 20), 0, 1);
+        let f = assess(&c, &r, Options::default());
+        let text = f.verdict.join("\n");
+        assert_eq!(
+            f.outcome_changes,
+            BTreeMap::from([("client_cancelled → ok".to_string(), 1)])
+        );
+        assert!(!f.load_reproduced, "{text}");
+        assert!(
+            text.contains("The client differs: 1 request(s) cancelled in the capture were not"),
+            "{text}"
+        );
+        assert!(!text.contains("The server answered differently"), "{text}");
     }
 
     #[test]

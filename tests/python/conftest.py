@@ -45,6 +45,29 @@ DOCUMENTED_COLUMNS = [
     "response_bytes",
 ]
 
+# Columns added by a minor version: present in files of that version or later.
+COLUMNS_SINCE = {
+    (1, 1): ["parent_request_id", "think_time_us"],
+}
+
+
+def schema_version(path) -> tuple:
+    """`llmreplay.schema_version` of a trace file as (major, minor)."""
+    import pyarrow.parquet as pq
+
+    v = pq.read_metadata(path).metadata[b"llmreplay.schema_version"].decode()
+    major, minor = v.split(".")[:2]
+    return int(major), int(minor)
+
+
+def columns_of_version(version) -> list:
+    """The documented columns a file of schema `version` has."""
+    cols = list(DOCUMENTED_COLUMNS)
+    for since, added in sorted(COLUMNS_SINCE.items()):
+        if version >= since:
+            cols += added
+    return cols
+
 OUTCOMES = ["ok", "http_error", "upstream_error", "client_cancelled", "timeout"]
 
 

@@ -16,10 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import (
-    DOCUMENTED_COLUMNS,
     OUTCOMES,
     REPLAY_PARQUET,
     SYNTH_PARQUET,
+    columns_of_version,
+    llmreplay_binary,
+    schema_version,
 )
 
 FILES = {"replay": REPLAY_PARQUET, "synth": SYNTH_PARQUET}
@@ -191,7 +193,8 @@ libs = pytest.mark.parametrize("lib", LIBRARIES)
 @both
 @libs
 def test_documented_columns_present(lib, which):
-    missing = [c for c in DOCUMENTED_COLUMNS if c not in summary(lib, which)["columns"]]
+    cols = columns_of_version(schema_version(FILES[which]))
+    missing = [c for c in cols if c not in summary(lib, which)["columns"]]
     assert not missing, f"{lib} does not see columns {missing} in {FILES[which].name}"
 
 
@@ -302,8 +305,43 @@ def test_sample_replay_has_the_promised_mix(replay_inspect, synth_inspect):
 )
 def test_parquet_key_value_metadata(which, producer):
     md = pq.read_metadata(FILES[which]).metadata
-    assert md[b"llmreplay.schema_version"] == b"1.0"
+    assert schema_version(FILES[which])[0] == 1, md[b"llmreplay.schema_version"]
     assert md[b"llmreplay.producer"] == producer.encode()
+
+
+@libs
+def test_a_fresh_trace_has_every_column_of_its_version(lib, tmp_path):
+    """A file the current build writes (its version, 1.1 or later) has the session columns,
+    typed as documented, and each library reads them (null where nothing was linked)."""
+    import subprocess
+
+    binary = llmreplay_binary()
+    if not binary.exists():
+        pytest.skip(f"{binary} not built")
+    out = tmp_path / "fresh.parquet"
+    subprocess.run(
+        [str(binary), "synth", "-o", str(out), "--num-prompts", "5", "--seed", "1"],
+        check=True,
+        capture_output=True,
+    )
+    version = schema_version(out)
+    assert version >= (1, 1), version
+    cols = columns_of_version(version)
+    types = {f.name: str(f.type) for f in pq.read_schema(out)}
+    assert types["parent_request_id"] == "string" and types["think_time_us"] == "int64"
+    if lib == "duckdb":
+        names = [r[0] for r in duckdb.sql(f"DESCRIBE SELECT * FROM {lit(out)}").fetchall()]
+        nulls = duckdb.sql(
+            f"SELECT count(*) FROM {lit(out)} WHERE parent_request_id IS NULL"
+        ).fetchone()[0]
+    elif lib == "pandas":
+        df = pd.read_parquet(out, engine="pyarrow")
+        names, nulls = list(df.columns), int(df["parent_request_id"].isna().sum())
+    else:
+        df = pl.read_parquet(out)
+        names, nulls = df.columns, df["parent_request_id"].null_count()
+    assert [c for c in cols if c not in names] == []
+    assert nulls == 5
 
 
 def test_trace_identity_hash_matches_result(result):

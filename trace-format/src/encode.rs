@@ -44,6 +44,8 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         |f: fn(&TraceRecord) -> Option<&str>| StringBuilder::with_capacity(n, str_bytes(f));
     let mut request_id = str_builder(|r| Some(&r.request_id));
     let mut session_id = str_builder(|r| r.session_id.as_deref());
+    let mut parent_request_id = str_builder(|r| r.parent_request_id.as_deref());
+    let mut think_time = Int64Builder::with_capacity(n);
     let mut arrival = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
     let mut endpoint = str_builder(|r| Some(&r.endpoint));
     let mut model = str_builder(|r| r.model.as_deref());
@@ -85,6 +87,8 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     for r in records {
         request_id.append_value(&r.request_id);
         session_id.append_option(r.session_id.as_deref());
+        parent_request_id.append_option(r.parent_request_id.as_deref());
+        think_time.append_option(r.think_time_us);
         arrival.append_value(r.arrival_time_us);
         endpoint.append_value(redact::redact_text(&r.endpoint));
         model.append_option(r.model.as_deref());
@@ -131,6 +135,8 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let columns: Vec<ArrayRef> = vec![
         Arc::new(request_id.finish()),
         Arc::new(session_id.finish()),
+        Arc::new(parent_request_id.finish()),
+        Arc::new(think_time.finish()),
         Arc::new(arrival.finish()),
         Arc::new(endpoint.finish()),
         Arc::new(model.finish()),

@@ -7,9 +7,8 @@
 //! serializes to JSON (`serde::Serialize`).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
-use std::hash::{Hash, Hasher};
 
 use chrono::{DateTime, SecondsFormat};
 use serde::Serialize;
@@ -19,6 +18,7 @@ use crate::prefix_cache::{PrefixCacheSim, PrefixCacheSummary};
 use crate::quantiles::Quantiles;
 use crate::reader::{Trace, TraceFile};
 use crate::schema::{Outcome, TraceRecord};
+use crate::sessions::{SessionStats, SessionSummary};
 use crate::stream::TraceStream;
 
 /// Key used for requests without a model in [`TraceSummary::models`].
@@ -53,8 +53,10 @@ pub struct TraceSummary {
     pub streamed: usize,
     /// Streamed requests / rows (0 when empty).
     pub streamed_share: f64,
-    /// Distinct non-null session ids.
-    pub sessions: usize,
+    /// Sessions: how many, turns per session, think time, multi-turn share (absent when no
+    /// row has a session id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionSummary>,
     /// Requests per endpoint.
     pub endpoints: BTreeMap<String, usize>,
     /// Requests per model ([`UNKNOWN_MODEL`] for requests without one).
@@ -190,7 +192,8 @@ pub fn summarize_stream(stream: &TraceStream, cache_blocks: &[u64]) -> Result<Tr
 /// - arrival rate: the current 1-second bucket;
 /// - requests in flight: the end times of the requests in flight (exact; 8 bytes per request
 ///   in flight at the peak);
-/// - sessions: a 64-bit hash per distinct session id (grows with the sessions, not the rows);
+/// - sessions: see [`SessionStats`] (a hash and a count per distinct session id: grows with
+///   the sessions, not the rows);
 /// - endpoints, models, outcomes: one count per distinct value;
 /// - the prefix cache: see [`PrefixCacheSim`] (the unbounded cache is capped).
 pub struct Summarizer {
@@ -206,7 +209,7 @@ pub struct Summarizer {
     outcomes: BTreeMap<String, usize>,
     endpoints: BTreeMap<String, usize>,
     models: BTreeMap<String, usize>,
-    sessions: HashSet<u64>,
+    sessions: SessionStats,
     streamed: usize,
     prefix: Option<PrefixCacheSim>,
 }
@@ -238,7 +241,7 @@ impl Summarizer {
             outcomes: Outcome::ALL.iter().map(|o| (o.to_string(), 0)).collect(),
             endpoints: BTreeMap::new(),
             models: BTreeMap::new(),
-            sessions: HashSet::new(),
+            sessions: SessionStats::new(),
             streamed: 0,
             prefix: block_size.map(|b| PrefixCacheSim::new(b, cache_blocks)),
         }
@@ -266,11 +269,7 @@ impl Summarizer {
             &mut self.models,
             r.model.as_deref().unwrap_or(UNKNOWN_MODEL),
         );
-        if let Some(s) = &r.session_id {
-            let mut h = std::hash::DefaultHasher::new();
-            s.hash(&mut h);
-            self.sessions.insert(h.finish());
-        }
+        self.sessions.add(r);
         self.streamed += usize::from(r.stream);
         if let (Some(sim), Some(h)) = (&mut self.prefix, &r.prefix_hashes) {
             if !h.is_empty() {
@@ -304,7 +303,7 @@ impl Summarizer {
             } else {
                 self.streamed as f64 / rows as f64
             },
-            sessions: self.sessions.len(),
+            sessions: self.sessions.finish(),
             endpoints: self.endpoints,
             models: self.models,
             prefix_cache: self.prefix.and_then(PrefixCacheSim::finish),
@@ -501,7 +500,9 @@ impl fmt::Display for TraceSummary {
             self.streamed,
             self.streamed_share * 100.0
         )?;
-        writeln!(f, "{:<14} {}", "sessions", self.sessions)?;
+        if let Some(s) = &self.sessions {
+            writeln!(f, "{:<14} {s}", "sessions")?;
+        }
         write!(f, "{:<14} {} (", "endpoints", self.endpoints.len())?;
         counts(f, &self.endpoints, true)?;
         writeln!(f, ")")?;
@@ -638,7 +639,8 @@ mod tests {
         assert_eq!(s.outcomes.get("timeout"), Some(&1));
         assert_eq!(s.outcomes.get("http_error"), Some(&0));
         assert_eq!((s.streamed, s.streamed_share), (2, 0.5));
-        assert_eq!(s.sessions, 2);
+        let sessions = s.sessions.as_ref().expect("sessions");
+        assert_eq!((sessions.sessions, sessions.multi_turn_sessions), (2, 1));
         assert_eq!(s.endpoints.get("/v1/chat/completions"), Some(&3));
         assert_eq!(s.models.get("m1"), Some(&2));
         assert_eq!(s.models.get(UNKNOWN_MODEL), Some(&1));
@@ -741,7 +743,7 @@ mod tests {
         let streamed = summarize_stream(&stream, &[8]).unwrap();
         assert_eq!(streamed, whole);
         assert!(whole.prefix_cache.is_some() && whole.in_flight.is_some());
-        assert_eq!(whole.sessions, 11);
+        assert_eq!(whole.sessions.as_ref().map(|s| s.sessions), Some(11));
         // Unsorted records summarize the same.
         let mut shuffled = trace.clone();
         shuffled.records.reverse();
@@ -797,5 +799,8 @@ mod tests {
         assert!(s.arrival_rate.is_none() && s.first_arrival.is_none());
         assert_eq!(s.streamed_share, 0.0);
         assert!(s.to_string().contains("empty"));
+        assert!(s.sessions.is_none() && !s.to_string().contains("sessions"));
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("sessions").is_none(), "{json}");
     }
 }

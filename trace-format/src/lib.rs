@@ -20,6 +20,7 @@ pub mod quantiles;
 pub mod reader;
 pub mod redact;
 pub mod schema;
+pub mod sessions;
 pub mod stats;
 pub mod stream;
 #[cfg(test)]

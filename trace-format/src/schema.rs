@@ -1,5 +1,9 @@
 //! The trace schema v1: one row per request, defined once.
 //!
+//! Versions: `1.0`; `1.1` added `parent_request_id` and `think_time_us` (sessions linked at
+//! capture). A minor version only adds nullable columns, so every `1.x` file reads: a column
+//! the file lacks reads as null.
+//!
 //! Captures, imports, synthetic traces and replay results all use this schema, so the same
 //! SQL answers questions about production and about a candidate, and the two join on
 //! `request_id`. Column names are constants here; [`schema`] builds the Arrow schema from
@@ -15,7 +19,7 @@ use serde::{Deserialize, Serialize};
 /// The schema version written into every file (`llmreplay.schema_version`).
 ///
 /// Readers accept any `1.x`; a different major version is an error.
-pub const SCHEMA_VERSION: &str = "1.0";
+pub const SCHEMA_VERSION: &str = "1.1";
 /// The major version this build reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 
@@ -25,6 +29,12 @@ pub mod col {
     pub const REQUEST_ID: &str = "request_id";
     /// Conversation/session key when known (utf8, null).
     pub const SESSION_ID: &str = "session_id";
+    /// The request this one continues in its session: its prompt carries that request's
+    /// prompt and answer (utf8, null; since 1.1).
+    pub const PARENT_REQUEST_ID: &str = "parent_request_id";
+    /// This request's arrival minus the end of its parent's response, µs (int64, null;
+    /// since 1.1).
+    pub const THINK_TIME_US: &str = "think_time_us";
     /// When the request arrived (timestamp µs, UTC).
     pub const ARRIVAL_TIME: &str = "arrival_time";
     /// Request path, e.g. `/v1/chat/completions`.
@@ -196,6 +206,12 @@ pub struct TraceRecord {
     pub request_id: String,
     /// Conversation/session key when known.
     pub session_id: Option<String>,
+    /// The request this one continues in its session (since schema 1.1).
+    #[serde(default)]
+    pub parent_request_id: Option<String>,
+    /// This request's arrival minus the end of its parent's response, µs (since 1.1).
+    #[serde(default)]
+    pub think_time_us: Option<i64>,
     /// Arrival (capture) or send (replay) time, µs since the Unix epoch, UTC.
     pub arrival_time_us: i64,
     /// Request path.
@@ -263,6 +279,8 @@ impl TraceRecord {
         TraceRecord {
             request_id: request_id.into(),
             session_id: None,
+            parent_request_id: None,
+            think_time_us: None,
             arrival_time_us,
             endpoint: endpoint.into(),
             model: None,
@@ -298,6 +316,7 @@ impl TraceRecord {
         128 + self.request_id.len()
             + self.endpoint.len()
             + self.session_id.as_ref().map_or(0, String::len)
+            + self.parent_request_id.as_ref().map_or(0, String::len)
             + self.model.as_ref().map_or(0, String::len)
             + self.error.as_ref().map_or(0, String::len)
             + self.body.as_ref().map_or(0, String::len)
@@ -314,6 +333,8 @@ pub fn schema() -> Schema {
     Schema::new(vec![
         Field::new(REQUEST_ID, DataType::Utf8, false),
         Field::new(SESSION_ID, DataType::Utf8, true),
+        Field::new(PARENT_REQUEST_ID, DataType::Utf8, true),
+        Field::new(THINK_TIME_US, DataType::Int64, true),
         Field::new(
             ARRIVAL_TIME,
             DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
@@ -367,12 +388,73 @@ mod tests {
         assert!(err.contains("http_error"), "{err}");
     }
 
+    /// A 1.0 file (written before the session columns existed) reads, those columns null;
+    /// so does a journal line of a 1.0 writer (capture's crash recovery).
+    #[test]
+    fn files_and_journals_without_the_1_1_columns_still_read() {
+        use crate::encode::records_to_batch;
+        use crate::test_records::full_record;
+        use parquet::arrow::ArrowWriter;
+        use parquet::file::metadata::KeyValue;
+        use parquet::file::properties::WriterProperties;
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut batch = records_to_batch(&[full_record(1), full_record(2)]).unwrap();
+        for name in [col::PARENT_REQUEST_ID, col::THINK_TIME_US] {
+            let idx = batch.schema().index_of(name).unwrap();
+            batch.remove_column(idx);
+        }
+        let p = dir.path().join("v1_0.parquet");
+        let kv = vec![
+            KeyValue::new(meta::SCHEMA_VERSION.into(), "1.0".to_string()),
+            KeyValue::new(meta::PRODUCER.into(), "capture".to_string()),
+        ];
+        let props = WriterProperties::builder()
+            .set_key_value_metadata(Some(kv))
+            .build();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&p).unwrap(),
+            batch.schema(),
+            Some(props),
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let t = crate::read_traces(&[p.to_str().unwrap()]).unwrap();
+        assert_eq!(t.files[0].schema_version, "1.0");
+        let mut want = full_record(1);
+        (want.parent_request_id, want.think_time_us) = (None, None);
+        assert_eq!(t.records[0], want);
+        assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
+
+        // The committed samples were written by 1.0 writers (until they are remade).
+        let sample = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../samples/sim-replay-300.parquet"
+        );
+        let t = crate::read_traces(&[sample]).unwrap();
+        assert_eq!(t.records.len(), 300);
+        if t.files[0].schema_version == "1.0" {
+            assert!(t.records.iter().all(|r| r.think_time_us.is_none()));
+        }
+
+        // A journal line has no key for a column its writer did not know.
+        let mut line = serde_json::to_value(full_record(3)).unwrap();
+        let o = line.as_object_mut().unwrap();
+        o.remove("parent_request_id");
+        o.remove("think_time_us");
+        let r: TraceRecord = serde_json::from_value(line).unwrap();
+        assert_eq!((r.parent_request_id, r.think_time_us), (None, None));
+    }
+
     #[test]
     fn schema_has_the_documented_columns() {
         let s = schema();
         for name in [
             "request_id",
             "session_id",
+            "parent_request_id",
+            "think_time_us",
             "arrival_time",
             "endpoint",
             "model",

@@ -8,6 +8,8 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
     TraceRecord {
         request_id: format!("req-{i}"),
         session_id: Some(format!("sess-{}", i % 3)),
+        parent_request_id: (i > 0).then(|| format!("req-{}", i - 1)),
+        think_time_us: (i > 0).then_some(2_500),
         arrival_time_us: 1_700_000_000_000_000 + i * 1_000,
         endpoint: "/v1/chat/completions".into(),
         model: Some("llama-3-8b".into()),

@@ -393,17 +393,22 @@ pub fn error_message(e: &serde_json::Value) -> String {
 pub fn append_output_text(data: &[u8], out: &mut String) -> bool {
     match serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) {
         Ok(v) => {
-            for c in v
-                .get("choices")
-                .and_then(|c| c.as_array())
-                .into_iter()
-                .flatten()
-            {
-                push_choice_text(c, "delta", out);
-            }
+            append_chunk_output_text(&v, out);
             v.is_object()
         }
         Err(_) => false,
+    }
+}
+
+/// [`append_output_text`] of a payload already parsed.
+pub fn append_chunk_output_text(v: &serde_json::Value, out: &mut String) {
+    for c in v
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+    {
+        push_choice_text(c, "delta", out);
     }
 }
 

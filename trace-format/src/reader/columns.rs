@@ -58,6 +58,8 @@ pub(crate) fn convert(
     check_required(batch.schema_ref(), path)?;
     let request_id = cx.strs(col::REQUEST_ID)?;
     let session_id = cx.strs(col::SESSION_ID)?;
+    let parent_request_id = cx.strs(col::PARENT_REQUEST_ID)?;
+    let think_time = cx.ints(col::THINK_TIME_US)?;
     let arrival = cx.times(col::ARRIVAL_TIME)?;
     let endpoint = cx.strs(col::ENDPOINT)?;
     let model = cx.strs(col::MODEL)?;
@@ -110,6 +112,8 @@ pub(crate) fn convert(
         let rec = TraceRecord {
             request_id: required_str(&request_id, col::REQUEST_ID)?,
             session_id: s(&session_id),
+            parent_request_id: s(&parent_request_id),
+            think_time_us: i64_of(&think_time, col::THINK_TIME_US)?,
             arrival_time_us: arrival
                 .get(i)
                 .ok_or_else(|| cx.bad(i, col::ARRIVAL_TIME, "null in a required column"))?,

@@ -358,3 +358,20 @@ proptest! {
         assert_same_as_read_traces(&inputs);
     }
 }
+
+/// A stream is shared with the engine's builder thread(s) (`Sync`) and its records are moved
+/// to one (`Send`).
+#[test]
+fn a_stream_is_sync_and_its_records_are_send() {
+    fn sync<T: Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.parquet");
+    write_trace_file(&p, &[full_record(0)], &test_meta()).unwrap();
+    let stream = TraceStream::open(&[path_str(&p)]).unwrap();
+    sync(&stream);
+    let records = stream.records();
+    send(&records);
+    let rows = std::thread::scope(|s| s.spawn(move || records.count()).join().unwrap());
+    assert_eq!(rows, 1);
+}

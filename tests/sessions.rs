@@ -8,8 +8,9 @@
 //!
 //! The workload: 200 conversations of 2–10 turns, started over ~1.5 s and interleaved (each
 //! its own client thread and connection), a third with no system prompt and the rest sharing
-//! one of two, every 10th opening with the same question and the same `max_tokens` (so their
-//! first turns and answers are identical: the ambiguous case), some turns not streamed, some
+//! one of two, every 10th opening with the same question, every 20th also with the same
+//! `max_tokens` (so their first turns and answers are identical: the ambiguous case, at most
+//! 10 of ~980 links, so the 98% bound holds whatever the guess), some turns not streamed, some
 //! clients resending the answer trimmed. Each request carries its conversation and turn in the
 //! body's `user` field, which capture records under `--record-bodies full`; linking itself
 //! reads hashes only (the second test records hashes and checks no text is kept).
@@ -86,8 +87,9 @@ fn workload(n: usize, seed: u64) -> Vec<Conv> {
             let turns = rng.range(2, 10) as usize;
             let plan = (0..turns)
                 .map(|t| {
-                    // Every 10th conversation opens identically: same question, same length.
-                    let max_tokens = if t == 0 && id % 10 == 0 {
+                    // Every 10th conversation opens with the same question; every 20th also
+                    // with the same length, so the same answer: indistinguishable openings.
+                    let max_tokens = if t == 0 && id % 20 == 0 {
                         8
                     } else {
                         rng.range(3, 16)
@@ -271,7 +273,15 @@ fn pct(sorted: &[i64], p: f64) -> i64 {
 fn capture_links_at_least_98_percent_of_synthetic_turns_to_their_parents() {
     let convs = workload(200, 20);
     let (sent, rows, out) = run_through_capture("links", &convs, &["--record-bodies", "full"]);
+    let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
+        .arg("inspect")
+        .arg(&out)
+        .arg("--json")
+        .output()
+        .expect("run llmreplay inspect");
     let _ = std::fs::remove_dir_all(&out);
+    assert!(inspect.status.success(), "{inspect:?}");
+    let summary: Value = serde_json::from_slice(&inspect.stdout).expect("inspect JSON");
 
     assert_eq!(
         sent.len(),
@@ -363,6 +373,21 @@ fn capture_links_at_least_98_percent_of_synthetic_turns_to_their_parents() {
         pct(&think_err, 50.0),
         pct(&think_err, 95.0),
     );
+    // What inspect makes of it: about one session per conversation (a swap of two
+    // identical openings keeps the count), their turns, the 5–60 ms thinks.
+    let ss = &summary["sessions"];
+    let max_turns = convs.iter().map(|c| c.turns).max().unwrap() as u64;
+    assert_eq!(ss["sessions"], json!(convs.len()), "{ss}");
+    assert_eq!(
+        ss["linked"],
+        json!(links),
+        "every later turn names a parent: {ss}"
+    );
+    assert_eq!(ss["turns"]["max"], json!(max_turns), "{ss}");
+    assert_eq!(ss["multi_turn_share"], json!(1.0), "{ss}");
+    let think_p50 = ss["think_time_ms"]["p50"].as_f64().unwrap();
+    assert!((5.0..60.0).contains(&think_p50), "{ss}");
+    eprintln!("inspect sessions: {ss}");
     assert!(links > 800, "{links} links");
     assert!(
         share >= 0.98,
@@ -372,11 +397,11 @@ fn capture_links_at_least_98_percent_of_synthetic_turns_to_their_parents() {
         together as f64 >= 0.98 * links as f64,
         "{together} of {links} turns in their previous turn's session"
     );
-    // The links that go wrong are between conversations whose first turns are identical
+    // The links that go wrong are between the conversations whose first turns are identical
     // (prompt and answer): nothing in the content tells them apart, and the linker's guess
     // (the most recently finished one not yet continued) swaps two when the first to finish
     // is the last to continue. Every other conversation comes back whole.
-    let ambiguous = convs.iter().filter(|c| c.id % 10 == 0).count();
+    let ambiguous = convs.iter().filter(|c| c.id % 20 == 0).count();
     assert!(
         whole + ambiguous >= convs.len(),
         "{whole} of {} conversations whole ({ambiguous} open identically); wrong: {wrong:#?}",

@@ -358,3 +358,64 @@ proptest! {
         assert_same_as_read_traces(&inputs);
     }
 }
+
+/// A stream is shared with the engine's builder thread(s) (`Sync`) and its records are moved
+/// to one (`Send`).
+#[test]
+fn a_stream_is_sync_and_its_records_are_send() {
+    fn sync<T: Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.parquet");
+    write_trace_file(&p, &[full_record(0)], &test_meta()).unwrap();
+    let stream = TraceStream::open(&[path_str(&p)]).unwrap();
+    sync(&stream);
+    let records = stream.records();
+    send(&records);
+    let rows = std::thread::scope(|s| s.spawn(move || records.count()).join().unwrap());
+    assert_eq!(rows, 1);
+}
+
+/// What capture leaves: its writer appends each row when the request ends and rotates
+/// files by size, so a long request lands in a later file than shorter ones that arrived
+/// after it (the files overlap in time). The stream reads them in exactly read_traces'
+/// order, a few files open at once.
+#[test]
+fn capture_writer_files_rotated_mid_request_stream_as_read_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = crate::WriterConfig::new(dir.path(), "capture", test_meta());
+    cfg.max_file_bytes = 256 * 1024;
+    let (mut w, _) = crate::TraceWriter::open(cfg).unwrap();
+    // One request per ms; most last 5–40 ms, every 500th lasts 2 s.
+    let n = 6000i64;
+    let rows: Vec<_> = (0..n)
+        .map(|i| {
+            let len = if i % 500 == 0 {
+                2_000_000
+            } else {
+                5_000 + (i * 7919) % 35_000
+            };
+            rec(&format!("c{i}"), i * 1000, len)
+        })
+        .collect();
+    for r in capture_order(rows) {
+        w.append(r).unwrap();
+    }
+    let files = w.close().unwrap();
+    assert!(files.len() >= 4, "{} files", files.len());
+    let stream = assert_same_as_read_traces(&[path_str(dir.path())]);
+    let mut it = stream.records();
+    assert_eq!(it.by_ref().count(), n as usize);
+    assert!(
+        it.peak_open_files() < files.len(),
+        "{} of {} files open at once",
+        it.peak_open_files(),
+        files.len()
+    );
+    // Each open file: a batch and the rows within its disorder (2 s of requests at most).
+    assert!(
+        it.peak_held_rows() <= it.peak_open_files() * (STREAM_BATCH_ROWS + 2001),
+        "{} rows held",
+        it.peak_held_rows()
+    );
+}

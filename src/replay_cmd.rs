@@ -250,6 +250,9 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             slice: a.slice,
         },
         start_at_us: a.start_at,
+        keep_rows: true,
+        drain_timeout: replay::config::DEFAULT_DRAIN_TIMEOUT,
+        lookahead: Default::default(),
     }
 }
 
@@ -378,6 +381,8 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         &trace.records,
         block_size,
         &progress_bar(cfg.progress),
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
     )?;
     drop(sim_guard);
     reporting::outputs::write(

@@ -260,6 +260,11 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             slice: a.slice,
         },
         start_at_us: a.start_at,
+        // Rows stay in memory only where an output needs them all at the end: the
+        // per-request arrays of --save-detailed and the time slices of --slice.
+        keep_rows: a.save_detailed || a.slice.is_some(),
+        drain_timeout: a.drain_timeout,
+        lookahead: Default::default(),
     }
 }
 
@@ -395,22 +400,21 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         .transpose()?;
     let stop = replay::Stop::new();
     stop_on_signals(&stop, a.drain_timeout)?;
-    let ran = (|| {
-        // TODO(lead, issue 21): replay::replay(&cfg, &trace.records[..], block_size, &progress_bar(cfg.progress), sink, &stop), with cfg.drain_timeout = a.drain_timeout and cfg.keep_rows = a.save_detailed || a.slice.is_some(); then delete feed_rows.
-        let runs = replay::replay(
-            &cfg,
-            &trace.records,
-            block_size,
-            &progress_bar(cfg.progress),
-        )?;
+    let ran = {
         let mut no_rows = replay::sink::NoSink;
         let sink: &mut dyn replay::RowSink = match results.as_mut() {
             Some(s) => s,
             None => &mut no_rows,
         };
-        feed_rows(sink, &runs)?;
-        Ok::<_, replay::ReplayError>(runs)
-    })();
+        replay::replay(
+            &cfg,
+            &trace.records,
+            block_size,
+            &progress_bar(cfg.progress),
+            sink,
+            &stop,
+        )
+    };
     drop(sim_guard);
     let runs = match ran {
         Ok(runs) => runs,
@@ -456,20 +460,6 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
 
 /// Hands the rows of finished runs to `sink` as the engine would while they run.
 // TODO(lead, issue 21): delete with the old `replay::replay` call above.
-fn feed_rows(
-    sink: &mut dyn replay::RowSink,
-    runs: &[(replay::RunOutput, replay::Metrics)],
-) -> Result<(), replay::ReplayError> {
-    for (run, _) in runs {
-        sink.start(&run.target, &run.run_id)?;
-        for r in &run.records {
-            sink.row(r)?;
-        }
-        sink.finish(run)?;
-    }
-    Ok(())
-}
-
 /// Exit status of a replay in which more than `--max-failed` of a target's requests failed.
 const EXIT_FAILED_REQUESTS: i32 = 4;
 

@@ -469,7 +469,39 @@ pub struct ReplayConfig {
     /// Wall-clock start of the schedule, µs since the epoch (`--start-at`), so separate
     /// processes start their clocks at the same instant; None = as soon as ready.
     pub start_at_us: Option<i64>,
+    /// Keep every result row in [`crate::RunOutput::records`] (sweeps, repeats, soak slices,
+    /// `--save-detailed`); false: rows go to the run's [`crate::RowSink`] only, so a run of
+    /// any length needs memory for its requests in flight only.
+    pub keep_rows: bool,
+    /// After a first stop request, how long requests in flight may finish before they are
+    /// cancelled (recorded `client_cancelled`).
+    pub drain_timeout: Duration,
+    /// How far ahead of the clock requests are built.
+    pub lookahead: Lookahead,
 }
+
+/// How far ahead of the clock the feed builds requests: at most `time` of schedule ahead,
+/// and at most `bytes` of built requests not yet finished (one request always fits). The
+/// run's memory is bounded by these and by the requests in flight, not by the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookahead {
+    /// Schedule time built ahead of the clock.
+    pub time: Duration,
+    /// Bytes of built requests (in the look-ahead or in flight).
+    pub bytes: usize,
+}
+
+impl Default for Lookahead {
+    fn default() -> Self {
+        Lookahead {
+            time: Duration::from_secs(5),
+            bytes: 128 << 20,
+        }
+    }
+}
+
+/// The default of [`ReplayConfig::drain_timeout`].
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ReplayConfig {
     /// A configuration for `targets` with the defaults of `llmreplay replay` (recorded
@@ -515,6 +547,9 @@ impl ReplayConfig {
             server_metrics: false,
             soak: Soak::default(),
             start_at_us: None,
+            keep_rows: true,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            lookahead: Lookahead::default(),
         }
     }
 
@@ -575,6 +610,9 @@ impl ReplayConfig {
         }
         if self.soak.slice.is_some_and(|d| d.is_zero()) {
             return bad("--slice must be positive".into());
+        }
+        if self.lookahead.time.is_zero() || self.lookahead.bytes == 0 {
+            return bad("the look-ahead must be positive (time and bytes)".into());
         }
         if self.start_at_us.is_some() && self.targets.len() > 1 {
             return bad("--start-at starts one run: give a single --target".into());

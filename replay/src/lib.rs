@@ -7,7 +7,9 @@ pub mod client;
 pub mod config;
 pub mod cpu;
 pub mod error;
+pub mod feed;
 pub mod metrics;
+mod metrics_shim;
 pub mod pacer;
 pub mod pct;
 pub mod plan;
@@ -18,45 +20,66 @@ pub mod served;
 pub mod server_metrics;
 pub mod sink;
 pub mod soak;
+pub mod source;
 pub mod stop;
 pub mod synth;
+mod task;
 
 pub use config::{ReplayConfig, ValidatedConfig};
 pub use error::ReplayError;
 pub use metrics::Metrics;
 pub use run::{Progress, RunOutput};
 pub use sink::RowSink;
+pub use source::RecordSource;
 pub use stop::{Interrupted, Stop};
 
-/// Replays `records` against every target in turn (same schedule, `cooldown` between), and
-/// returns each run with its metrics.
+/// Replays `source` against every target in turn (same schedule, `cooldown` between), and
+/// returns each run with its metrics. Rows go to `sink` as requests finish; `stop` ends the
+/// run early (the runs so far are returned, the one stopped marked
+/// [`RunOutput::interrupted`]; later targets are not run). An error of the sink stops the run
+/// as a stop would, and is returned.
 pub fn replay(
     cfg: &ValidatedConfig,
-    records: &[trace_format::TraceRecord],
+    source: &dyn RecordSource,
     block_size: Option<usize>,
     progress: &dyn Fn(&config::Target, Progress),
+    sink: &mut dyn RowSink,
+    stop: &Stop,
 ) -> Result<Vec<(RunOutput, Metrics)>, ReplayError> {
-    // Soak: the trace's passes back to back; the selection then applies to the looped rows.
+    // Soak: the trace's passes back to back, read again per pass; the selection then applies
+    // to the looped rows.
     let looped;
-    let records = match cfg.soak.loops {
+    let source = match cfg.soak.loops {
         Some(l) => {
+            let span = source.arrival_span()?;
             let n = soak::passes(
-                records,
+                span,
                 l,
                 cfg.selection.start_offset,
                 cfg.selection.duration,
+                cfg.keep_rows,
             )?;
-            looped = soak::loop_records(records, n);
-            looped.as_slice()
+            looped = soak::Looped::new(source, n, span);
+            &looped as &dyn RecordSource
         }
-        None => records,
+        None => source,
     };
     let rt = run::client_runtime(cfg.client_threads)?;
     let mut out = Vec::with_capacity(cfg.targets.len());
     let run_base = format!("{:x}", wire::clock::epoch_us());
     for (i, target) in cfg.targets.iter().enumerate() {
         if i > 0 && !cfg.cooldown.is_zero() {
-            std::thread::sleep(cfg.cooldown);
+            let until = std::time::Instant::now() + cfg.cooldown;
+            while stop.level() == 0 && std::time::Instant::now() < until {
+                std::thread::sleep(
+                    until
+                        .saturating_duration_since(std::time::Instant::now())
+                        .min(std::time::Duration::from_millis(50)),
+                );
+            }
+        }
+        if stop.level() > 0 {
+            break;
         }
         let run_id = format!("{run_base}-{i}");
         // The server's histograms before and after: its own view of exactly this run.
@@ -68,20 +91,23 @@ pub fn replay(
         let before = scraper
             .as_ref()
             .and_then(|c| rt.block_on(server_metrics::scrape(c)));
-        let mut run = run::run_target(&rt, cfg, records, block_size, target, &run_id, &|p| {
-            progress(target, p)
-        })?;
+        let (mut run, m) = run::run_target(
+            &rt,
+            cfg,
+            source,
+            block_size,
+            target,
+            &run_id,
+            &|p| progress(target, p),
+            sink,
+            stop,
+        )?;
         if let (Some(c), Some(b)) = (&scraper, &before) {
             if let Some(a) = rt.block_on(server_metrics::scrape(c)) {
                 run.server_histograms = server_metrics::delta(b, &a);
             }
         }
-        let m = metrics::compute(
-            &run.records,
-            run.started_at_us,
-            &cfg.goodput,
-            &cfg.metric_percentiles,
-        );
+        sink.finish(&run)?;
         out.push((run, m));
     }
     Ok(out)

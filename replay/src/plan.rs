@@ -1,282 +1,287 @@
-//! The schedule of a run: which rows are replayed, when each is sent, and (in closed
-//! session mode) which turns wait for which.
+//! The schedule of a run, computed row by row as the trace is read: which rows are replayed
+//! ([`Selector`]: window, sample, max, shard), when each is sent (recorded arrivals ÷ the
+//! speedup, or the gamma process drawn lazily), and, in closed session mode, which turns wait
+//! for which ([`Assembler`]). Nothing here needs the whole trace: the feed
+//! ([`crate::feed`]) runs these steps on its threads ahead of the clock.
 //!
 //! Offsets are absolute from the run's start (`start + offset`), never gaps to the previous
-//! send, so timing errors do not accumulate. Everything here is computed before the clock
-//! starts, including every request body, so nothing but sending happens at send time.
+//! send, so timing errors do not accumulate. Request bodies are built before their send time,
+//! so nothing but sending happens at send time.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use trace_format::arrivals::GammaArrivals;
 use trace_format::TraceRecord;
 
-use crate::config::{Arrivals, RequestOptions, Selection, SessionMode, Shard};
+use crate::config::{Arrivals, Selection, SessionMode};
 use crate::error::ReplayError;
 use crate::prompt::stable_hash;
-use crate::request::{build_request, BuiltRequest};
+use crate::request::BuiltRequest;
 
 /// One request of the schedule.
 #[derive(Debug, Clone)]
 pub struct PlannedRequest {
+    /// Position in the schedule (0, 1, ...: the order rows were selected in).
+    pub seq: u64,
     /// The trace row's request id.
     pub request_id: String,
     /// The trace row's session.
     pub session_id: Option<String>,
-    /// Scheduled send offset from the run start (open mode, and first turns in closed mode).
+    /// Scheduled send offset from the run start (open mode, and first turns in closed mode;
+    /// for a later turn, the offset its row would have had open, which bounds the look-ahead).
     pub offset: Duration,
     /// Closed mode: think time between the previous turn's end and this one.
     pub think: Duration,
-    /// Closed mode: the next turn of this request's session (index into the plan).
-    pub next_turn: Option<usize>,
-    /// Closed mode: whether this turn waits for a previous one.
-    pub waits_for_previous: bool,
+    /// Closed mode: the turn (its `seq`) this one waits for.
+    pub waits_for: Option<u64>,
+    /// Closed mode: whether a later turn may wait for this one (it has a session).
+    pub chained: bool,
     /// The request to send.
     pub req: BuiltRequest,
     /// The recorded prompt length.
     pub prompt_tokens: Option<i64>,
+    /// The recorded end-to-end latency, for the preconnect estimate.
+    pub recorded_e2el_us: Option<i64>,
 }
 
-/// The whole schedule.
+/// A selected row and its send offset, before its request is built.
 #[derive(Debug, Clone)]
-pub struct Plan {
-    /// Requests, ordered by offset.
-    pub items: Vec<PlannedRequest>,
+pub struct Selected {
+    /// The row.
+    pub rec: TraceRecord,
+    /// Its send offset in the whole selection's schedule.
+    pub offset: Duration,
+}
+
+/// What [`Selector::offer`] made of a row.
+#[derive(Debug)]
+pub enum Step {
+    /// Replayed (in this shard).
+    Take(Selected),
+    /// Not replayed; read on.
+    Pass,
+    /// No later row can be selected (past the window, or `max_requests` reached).
+    Done,
+}
+
+/// The selection (`sel`) and send offsets, row by row, over rows in arrival order: the first
+/// row's arrival starts the window; the sample is a hash of the session (else request) id;
+/// `max_requests` keeps the earliest; the shard applies last and keeps the offsets of the
+/// whole selection, so shards started at the same instant reproduce the full arrival shape.
+#[derive(Debug)]
+pub struct Selector {
+    sel: Selection,
+    arrivals: Arrivals,
+    seed: u64,
+    gamma: Option<GammaArrivals>,
+    /// `[lo, hi)` of the window, µs since the epoch, from the first row.
+    window: Option<(i64, Option<i64>)>,
+    rows: usize,
+    selected: usize,
+    first_selected_us: Option<i64>,
+    last_selected_us: i64,
+}
+
+impl Selector {
+    /// A selector for `sel` with send times from `arrivals` (checked by `validate`).
+    pub fn new(sel: &Selection, arrivals: Arrivals, seed: u64) -> Result<Self, ReplayError> {
+        let gamma = match arrivals {
+            Arrivals::Recorded { .. } => None,
+            Arrivals::Rate { rate, burstiness } => {
+                Some(GammaArrivals::new(rate, burstiness, seed)?)
+            }
+        };
+        Ok(Selector {
+            sel: sel.clone(),
+            arrivals,
+            seed,
+            gamma,
+            window: None,
+            rows: 0,
+            selected: 0,
+            first_selected_us: None,
+            last_selected_us: 0,
+        })
+    }
+
+    fn sampled(&self, r: &TraceRecord) -> bool {
+        match self.sel.sample_ratio {
+            None => true,
+            Some(ratio) => {
+                let key = r.session_id.as_deref().unwrap_or(&r.request_id);
+                let h = stable_hash(key) ^ self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                ((h >> 11) as f64 / (1u64 << 53) as f64) < ratio
+            }
+        }
+    }
+
+    /// Offers the next row (rows come in arrival order).
+    pub fn offer(&mut self, rec: TraceRecord) -> Step {
+        if self.sel.max_requests.is_some_and(|m| self.selected >= m) {
+            return Step::Done;
+        }
+        self.rows += 1;
+        let t = rec.arrival_time_us;
+        let (lo, hi) = *self.window.get_or_insert_with(|| {
+            let lo = t.saturating_add(self.sel.start_offset.as_micros() as i64);
+            let hi = self
+                .sel
+                .duration
+                .map(|d| lo.saturating_add(d.as_micros() as i64));
+            (lo, hi)
+        });
+        if hi.is_some_and(|h| t >= h) {
+            return Step::Done;
+        }
+        if t < lo || !self.sampled(&rec) {
+            return Step::Pass;
+        }
+        self.selected += 1;
+        let first = *self.first_selected_us.get_or_insert(t);
+        self.last_selected_us = self.last_selected_us.max(t);
+        let offset = match (self.arrivals, &mut self.gamma) {
+            (_, Some(g)) => g.next().unwrap_or_default(),
+            (Arrivals::Recorded { speedup }, None) => {
+                Duration::from_secs_f64(((t - first).max(0) as f64 / 1e6) / speedup)
+            }
+            (Arrivals::Rate { .. }, None) => Duration::ZERO,
+        };
+        if self.sel.shard.is_some_and(|s| !s.contains(&rec)) {
+            return Step::Pass;
+        }
+        Step::Take(Selected { rec, offset })
+    }
+
+    /// Rows offered so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Rows selected so far (before the shard).
+    pub fn selected(&self) -> usize {
+        self.selected
+    }
+
     /// Span of the selected rows in trace time (last arrival − first).
-    pub trace_span: Duration,
-    /// Rows in the input trace.
-    pub trace_rows: usize,
+    pub fn trace_span(&self) -> Duration {
+        let first = self.first_selected_us.unwrap_or(self.last_selected_us);
+        Duration::from_micros((self.last_selected_us - first).max(0) as u64)
+    }
+
+    /// Why nothing can be replayed, once every row was offered and none became a request;
+    /// `skipped` are the rows whose request could not be built.
+    pub fn empty_error(&self, skipped: &[(String, String)]) -> ReplayError {
+        ReplayError::Empty(if self.rows == 0 {
+            "the trace has no rows".into()
+        } else if self.selected == 0 {
+            "the window/sample selected no rows".into()
+        } else if skipped.is_empty() {
+            let shard = self.sel.shard.map_or(String::new(), |s| s.to_string());
+            format!(
+                "shard {shard} has none of the {} selected rows (fewer sessions than shards?)",
+                self.selected
+            )
+        } else {
+            format!(
+                "none of the {} selected rows can be replayed; first: {}",
+                skipped.len(),
+                skipped.first().map_or("", |(_, r)| r.as_str())
+            )
+        })
+    }
+}
+
+/// Turns selected rows and their built requests into the schedule's items, in order:
+/// numbers them, keeps the rows that could not be built (reported, never silently dropped:
+/// the others keep their offsets), and in closed mode chains each session's turns.
+#[derive(Debug)]
+pub struct Assembler {
+    closed: bool,
+    speedup: f64,
+    next_seq: u64,
+    /// Closed mode: each session's last turn: (its seq, its recorded end, µs since epoch).
+    last_of: HashMap<String, (u64, i64)>,
     /// Selected rows that could not become a request: (request id, why).
     pub skipped: Vec<(String, String)>,
     /// Requests that send their row's recorded body (the others' prompts are synthesized).
     pub bodies: usize,
 }
 
-impl Plan {
-    /// Offset of the last scheduled first-send.
-    pub fn last_offset(&self) -> Duration {
-        self.items
-            .iter()
-            .map(|p| p.offset)
-            .max()
-            .unwrap_or_default()
+impl Assembler {
+    /// An assembler for `session_mode`, with offsets from `arrivals`.
+    pub fn new(session_mode: SessionMode, arrivals: Arrivals) -> Self {
+        Assembler {
+            closed: session_mode == SessionMode::Closed,
+            speedup: match arrivals {
+                Arrivals::Recorded { speedup } => speedup,
+                Arrivals::Rate { .. } => 1.0,
+            },
+            next_seq: 0,
+            last_of: HashMap::new(),
+            skipped: Vec::new(),
+            bodies: 0,
+        }
     }
-}
 
-/// Positions (into `chosen`) of the rows of `chosen` that belong to `shard`.
-pub fn shard_positions(records: &[TraceRecord], chosen: &[usize], shard: Shard) -> Vec<usize> {
-    chosen
-        .iter()
-        .enumerate()
-        .filter(|(_, &i)| shard.contains(&records[i]))
-        .map(|(k, _)| k)
-        .collect()
-}
+    /// Items assembled so far.
+    pub fn len(&self) -> u64 {
+        self.next_seq
+    }
 
-/// Indices of the rows `sel` keeps, in arrival order, before sharding (`sel.shard` is
-/// applied by [`build_plan`] after offsets are computed over this whole selection, so a
-/// shard keeps the offsets of the full schedule). `records` must be sorted by arrival.
-pub fn select(records: &[TraceRecord], sel: &Selection, seed: u64) -> Vec<usize> {
-    let Some(first) = records.first().map(|r| r.arrival_time_us) else {
-        return Vec::new();
-    };
-    let lo = first.saturating_add(sel.start_offset.as_micros() as i64);
-    let hi = sel
-        .duration
-        .map(|d| lo.saturating_add(d.as_micros() as i64));
-    let mut out: Vec<usize> = records
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.arrival_time_us >= lo && hi.is_none_or(|h| r.arrival_time_us < h))
-        .filter(|(_, r)| match sel.sample_ratio {
-            None => true,
-            Some(ratio) => {
-                let key = r.session_id.as_deref().unwrap_or(&r.request_id);
-                let h = stable_hash(key) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                let h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                ((h >> 11) as f64 / (1u64 << 53) as f64) < ratio
+    /// Whether no item was assembled.
+    pub fn is_empty(&self) -> bool {
+        self.next_seq == 0
+    }
+
+    /// The next item, from a selected row and its built request (None: skipped).
+    pub fn add(
+        &mut self,
+        s: Selected,
+        built: Result<BuiltRequest, String>,
+    ) -> Option<PlannedRequest> {
+        let Selected { rec, offset } = s;
+        let req = match built {
+            Ok(req) => req,
+            Err(reason) => {
+                self.skipped.push((rec.request_id, reason));
+                return None;
             }
-        })
-        .map(|(i, _)| i)
-        .collect();
-    if let Some(m) = sel.max_requests {
-        out.truncate(m);
-    }
-    out
-}
-
-/// Send offsets for `n` requests: recorded arrivals (µs since epoch, ascending) scaled by
-/// the speedup, or vLLM's gamma process.
-pub fn offsets(arrivals_us: &[i64], mode: Arrivals, seed: u64) -> Vec<Duration> {
-    match mode {
-        Arrivals::Recorded { speedup } => {
-            let first = arrivals_us.first().copied().unwrap_or(0);
-            arrivals_us
-                .iter()
-                .map(|a| Duration::from_secs_f64(((a - first).max(0) as f64 / 1e6) / speedup))
-                .collect()
-        }
-        Arrivals::Rate { rate, burstiness } => {
-            // vLLM's gamma process; `ReplayConfig::validate` has checked the parameters.
-            trace_format::arrivals::gamma_offsets(arrivals_us.len(), rate, burstiness, seed)
-                .expect("validated rate and burstiness")
-        }
-    }
-}
-
-/// Builds the request of every chosen row, in order. Prompt synthesis with a tokenizer
-/// re-tokenizes every prompt (tens of ms for a 100k-token one), so the rows are split across
-/// the machine's cores; the result does not depend on the split.
-fn build_requests(
-    records: &[TraceRecord],
-    chosen: &[usize],
-    opts: &RequestOptions,
-    default_model: &str,
-    block_size: Option<usize>,
-) -> Vec<Result<BuiltRequest, String>> {
-    let build = |i: &usize| build_request(&records[*i], opts, default_model, block_size);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if opts.tokenizer.is_none() || threads < 2 || chosen.len() < 64 {
-        return chosen.iter().map(build).collect();
-    }
-    let per = chosen.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = chosen
-            .chunks(per)
-            .map(|part| s.spawn(move || part.iter().map(build).collect::<Vec<_>>()))
-            .collect();
-        let mut out = Vec::with_capacity(chosen.len());
-        for h in handles {
-            out.extend(h.join().expect("prompt synthesis does not panic"));
-        }
-        out
-    })
-}
-
-/// Builds the schedule for `records` (sorted by arrival).
-#[allow(clippy::too_many_arguments)]
-pub fn build_plan(
-    records: &[TraceRecord],
-    sel: &Selection,
-    arrivals: Arrivals,
-    session_mode: SessionMode,
-    opts: &RequestOptions,
-    default_model: &str,
-    block_size: Option<usize>,
-    seed: u64,
-) -> Result<Plan, ReplayError> {
-    let chosen = select(records, sel, seed);
-    if chosen.is_empty() {
-        return Err(ReplayError::Empty(if records.is_empty() {
-            "the trace has no rows".into()
-        } else {
-            "the window/sample selected no rows".into()
-        }));
-    }
-    let arrivals_us: Vec<i64> = chosen.iter().map(|&i| records[i].arrival_time_us).collect();
-    let offs = offsets(&arrivals_us, arrivals, seed);
-    // A shard keeps its rows' offsets in the whole selection's schedule, so shards started
-    // at the same instant reproduce the full arrival shape together.
-    let (chosen, offs) = match sel.shard {
-        None => (chosen, offs),
-        Some(shard) => {
-            let keep = shard_positions(records, &chosen, shard);
-            if keep.is_empty() {
-                return Err(ReplayError::Empty(format!(
-                    "shard {shard} has none of the {} selected rows (fewer sessions than shards?)",
-                    chosen.len()
-                )));
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.bodies += usize::from(rec.body.is_some());
+        let (mut think, mut waits_for) = (Duration::ZERO, None);
+        let chained = self.closed && rec.session_id.is_some();
+        if let (true, Some(sid)) = (self.closed, rec.session_id.as_deref()) {
+            let end = rec.arrival_time_us + rec.e2el_us.unwrap_or(0).max(0);
+            if let Some((prev, prev_end)) = self.last_of.insert(sid.to_string(), (seq, end)) {
+                let think_us = (rec.arrival_time_us - prev_end).max(0);
+                think = Duration::from_secs_f64(think_us as f64 / 1e6 / self.speedup);
+                waits_for = Some(prev);
             }
-            (
-                keep.iter().map(|&k| chosen[k]).collect::<Vec<_>>(),
-                keep.iter().map(|&k| offs[k]).collect::<Vec<_>>(),
-            )
         }
-    };
-    let speedup = match arrivals {
-        Arrivals::Recorded { speedup } => speedup,
-        Arrivals::Rate { .. } => 1.0,
-    };
-    // Rows that cannot become a request (no body and no recorded length, ...) are skipped
-    // and reported, never silently: the others keep their offsets.
-    let mut skipped = Vec::new();
-    let mut kept = Vec::with_capacity(chosen.len());
-    let mut kept_offs = Vec::with_capacity(chosen.len());
-    let mut reqs = Vec::with_capacity(chosen.len());
-    for ((k, &i), built) in chosen.iter().enumerate().zip(build_requests(
-        records,
-        &chosen,
-        opts,
-        default_model,
-        block_size,
-    )) {
-        match built {
-            Ok(req) => {
-                kept.push(i);
-                kept_offs.push(offs[k]);
-                reqs.push(req);
-            }
-            Err(reason) => skipped.push((records[i].request_id.clone(), reason)),
-        }
-    }
-    if kept.is_empty() {
-        return Err(ReplayError::Empty(format!(
-            "none of the {} selected rows can be replayed; first: {}",
-            skipped.len(),
-            skipped.first().map_or("", |(_, r)| r.as_str())
-        )));
-    }
-    let (chosen, offs) = (kept, kept_offs);
-    let mut items = Vec::with_capacity(chosen.len());
-    for ((k, &i), req) in chosen.iter().enumerate().zip(reqs) {
-        let rec = &records[i];
-        items.push(PlannedRequest {
-            request_id: rec.request_id.clone(),
-            session_id: rec.session_id.clone(),
-            offset: offs[k],
-            think: Duration::ZERO,
-            next_turn: None,
-            waits_for_previous: false,
+        Some(PlannedRequest {
+            seq,
+            request_id: rec.request_id,
+            session_id: rec.session_id,
+            offset,
+            think,
+            waits_for,
+            chained,
             req,
             prompt_tokens: rec.prompt_tokens,
-        });
+            recorded_e2el_us: rec.e2el_us,
+        })
     }
-    if session_mode == SessionMode::Closed {
-        let mut last_of: HashMap<&str, usize> = HashMap::new();
-        for k in 0..items.len() {
-            let Some(sid) = records[chosen[k]].session_id.as_deref() else {
-                continue;
-            };
-            if let Some(&prev) = last_of.get(sid) {
-                let p = &records[chosen[prev]];
-                let c = &records[chosen[k]];
-                let prev_end = p.arrival_time_us + p.e2el_us.unwrap_or(0).max(0);
-                let think_us = (c.arrival_time_us - prev_end).max(0);
-                items[k].think = Duration::from_secs_f64(think_us as f64 / 1e6 / speedup);
-                items[k].waits_for_previous = true;
-                items[prev].next_turn = Some(k);
-            }
-            last_of.insert(sid, k);
-        }
-    }
-    let bodies = chosen
-        .iter()
-        .filter(|&&i| records[i].body.is_some())
-        .count();
-    Ok(Plan {
-        bodies,
-        trace_span: Duration::from_micros(
-            (arrivals_us[arrivals_us.len() - 1] - arrivals_us[0]).max(0) as u64,
-        ),
-        trace_rows: records.len(),
-        items,
-        skipped,
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::OutputLen;
+    use crate::config::{OutputLen, RequestOptions, Shard};
+    use crate::request::build_request;
 
     fn rec(id: &str, t_ms: i64, session: Option<&str>) -> TraceRecord {
         let mut r = TraceRecord::new(id, 1_700_000_000_000_000 + t_ms * 1000, "/v1/completions");
@@ -286,18 +291,56 @@ mod tests {
         r
     }
 
-    /// The plan of `rs` with recorded arrivals at speed 1, open sessions and default options.
-    fn open_plan(rs: &[TraceRecord]) -> Result<Plan, ReplayError> {
-        build_plan(
+    /// The whole schedule, by the feed's steps run inline: select, build, assemble.
+    struct Schedule {
+        items: Vec<PlannedRequest>,
+        skipped: Vec<(String, String)>,
+        trace_span: Duration,
+    }
+
+    fn schedule(
+        rs: &[TraceRecord],
+        sel: &Selection,
+        arrivals: Arrivals,
+        mode: SessionMode,
+        seed: u64,
+    ) -> Result<Schedule, ReplayError> {
+        let mut s = Selector::new(sel, arrivals, seed)?;
+        let mut asm = Assembler::new(mode, arrivals);
+        let mut items = Vec::new();
+        for r in rs {
+            match s.offer(r.clone()) {
+                Step::Take(sel) => {
+                    let b = build_request(&sel.rec, &opts(), "m", None);
+                    items.extend(asm.add(sel, b));
+                }
+                Step::Pass => {}
+                Step::Done => break,
+            }
+        }
+        if items.is_empty() {
+            return Err(s.empty_error(&asm.skipped));
+        }
+        Ok(Schedule {
+            items,
+            skipped: asm.skipped,
+            trace_span: s.trace_span(),
+        })
+    }
+
+    /// The schedule of `rs` with recorded arrivals at speed 1, open sessions.
+    fn open_plan(rs: &[TraceRecord]) -> Result<Schedule, ReplayError> {
+        schedule(
             rs,
             &Selection::default(),
             Arrivals::Recorded { speedup: 1.0 },
             SessionMode::Open,
-            &opts(),
-            "m",
-            None,
             0,
         )
+    }
+
+    fn ids(s: &Schedule) -> Vec<&str> {
+        s.items.iter().map(|i| i.request_id.as_str()).collect()
     }
 
     fn opts() -> RequestOptions {
@@ -317,13 +360,19 @@ mod tests {
         }
     }
 
+    fn offsets(rs: &[TraceRecord], arrivals: Arrivals, seed: u64) -> Vec<Duration> {
+        let s = schedule(rs, &Selection::default(), arrivals, SessionMode::Open, seed);
+        s.unwrap().items.iter().map(|i| i.offset).collect()
+    }
+
     #[test]
     fn recorded_offsets_scale_with_speedup() {
-        let o = offsets(
-            &[10_000_000, 10_500_000, 12_000_000],
-            Arrivals::Recorded { speedup: 2.0 },
-            0,
-        );
+        let rs = [
+            rec("a", 10_000, None),
+            rec("b", 10_500, None),
+            rec("c", 12_000, None),
+        ];
+        let o = offsets(&rs, Arrivals::Recorded { speedup: 2.0 }, 0);
         assert_eq!(
             o,
             vec![
@@ -332,31 +381,39 @@ mod tests {
                 Duration::from_millis(1000)
             ]
         );
+        // The window starts at the first row; offsets at the first selected one.
+        let sel = Selection {
+            start_offset: Duration::from_millis(400),
+            ..Default::default()
+        };
+        let s = schedule(
+            &rs,
+            &sel,
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            0,
+        )
+        .unwrap();
+        assert_eq!(ids(&s), vec!["b", "c"]);
+        assert_eq!(s.items[1].offset, Duration::from_millis(1500));
+        assert_eq!(s.trace_span, Duration::from_millis(1500));
     }
 
     #[test]
-    fn gamma_offsets_have_the_asked_rate_and_are_seeded() {
-        let a = offsets(
-            &vec![0; 20_000],
-            Arrivals::Rate {
-                rate: 100.0,
-                burstiness: 1.0,
-            },
-            3,
+    fn gamma_offsets_are_the_processes_drawn_row_by_row() {
+        let rs: Vec<TraceRecord> = (0..2_000).map(|i| rec(&format!("r{i}"), 0, None)).collect();
+        let rate = Arrivals::Rate {
+            rate: 100.0,
+            burstiness: 1.0,
+        };
+        let a = offsets(&rs, rate, 3);
+        assert_eq!(
+            a,
+            trace_format::arrivals::gamma_offsets(2_000, 100.0, 1.0, 3).unwrap()
         );
-        let b = offsets(
-            &vec![0; 20_000],
-            Arrivals::Rate {
-                rate: 100.0,
-                burstiness: 1.0,
-            },
-            3,
-        );
-        assert_eq!(a, b);
-        let rate = 19_999.0 / a.last().unwrap().as_secs_f64();
-        assert!((rate - 100.0).abs() < 3.0, "rate {rate}");
+        assert_ne!(a, offsets(&rs, rate, 4));
         let inf = offsets(
-            &[0, 0, 0],
+            &rs[..3],
             Arrivals::Rate {
                 rate: f64::INFINITY,
                 burstiness: 1.0,
@@ -367,7 +424,7 @@ mod tests {
     }
 
     #[test]
-    fn window_sample_and_max_select_rows() {
+    fn window_sample_and_max_select_rows_and_stop_reading() {
         let rs: Vec<TraceRecord> = (0..100)
             .map(|i| rec(&format!("r{i}"), i * 100, None))
             .collect();
@@ -376,19 +433,63 @@ mod tests {
             duration: Some(Duration::from_secs(2)),
             ..Default::default()
         };
-        let s = select(&rs, &sel, 0);
-        assert_eq!(s, (10..30).collect::<Vec<_>>());
+        let mut s = Selector::new(&sel, Arrivals::Recorded { speedup: 1.0 }, 0).unwrap();
+        let mut taken = Vec::new();
+        for (i, r) in rs.iter().enumerate() {
+            match s.offer(r.clone()) {
+                Step::Take(_) => taken.push(i),
+                Step::Pass => {}
+                Step::Done => break,
+            }
+        }
+        assert_eq!(taken, (10..30).collect::<Vec<_>>());
+        assert_eq!(
+            s.rows(),
+            31,
+            "reading stops at the first row past the window"
+        );
         let sel = Selection {
             max_requests: Some(5),
             ..Default::default()
         };
-        assert_eq!(select(&rs, &sel, 0).len(), 5);
+        let p = schedule(
+            &rs,
+            &sel,
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            0,
+        );
+        assert_eq!(p.unwrap().items.len(), 5);
         let sel = Selection {
             sample_ratio: Some(0.5),
             ..Default::default()
         };
-        let n = select(&rs, &sel, 0).len();
+        let p = schedule(
+            &rs,
+            &sel,
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            0,
+        );
+        let n = p.unwrap().items.len();
         assert!((30..70).contains(&n), "{n}");
+        let sel = Selection {
+            start_offset: Duration::from_secs(100),
+            ..Default::default()
+        };
+        let err = schedule(
+            &rs,
+            &sel,
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            0,
+        );
+        assert!(err.err().unwrap().to_string().contains("selected no rows"));
+        assert!(open_plan(&[])
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("no rows"));
     }
 
     #[test]
@@ -400,11 +501,19 @@ mod tests {
             sample_ratio: Some(0.5),
             ..Default::default()
         };
-        let kept = select(&rs, &sel, 42);
+        let p = schedule(
+            &rs,
+            &sel,
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            42,
+        )
+        .unwrap();
         for s in 0..20 {
-            let n = kept
+            let n = p
+                .items
                 .iter()
-                .filter(|&&i| rs[i].session_id.as_deref() == Some(&format!("s{s}")))
+                .filter(|i| i.session_id.as_deref() == Some(&format!("s{s}")))
                 .count();
             assert!(n == 0 || n == 10, "session s{s} split: {n}");
         }
@@ -420,58 +529,65 @@ mod tests {
             })
             .collect();
         let n = 4;
-        let full = open_plan(&rs).unwrap();
-        let full_off: HashMap<&str, Duration> = full
-            .items
-            .iter()
-            .map(|p| (p.request_id.as_str(), p.offset))
-            .collect();
-        let mut seen: HashMap<String, u32> = HashMap::new();
-        let mut session_shard: HashMap<String, u32> = HashMap::new();
-        for k in 0..n {
-            let sel = Selection {
-                shard: Some(Shard::new(k, n).unwrap()),
-                ..Default::default()
-            };
-            let p = build_plan(
-                &rs,
-                &sel,
-                Arrivals::Recorded { speedup: 1.0 },
-                SessionMode::Open,
-                &opts(),
-                "m",
-                None,
-                0,
-            )
-            .unwrap();
-            assert!(!p.items.is_empty(), "shard {k} is empty");
-            for it in &p.items {
-                assert!(
-                    seen.insert(it.request_id.clone(), k).is_none(),
-                    "{} in two shards",
-                    it.request_id
-                );
-                assert_eq!(
-                    it.offset,
-                    full_off[it.request_id.as_str()],
-                    "a shard keeps the full schedule's offsets"
-                );
-                if let Some(s) = &it.session_id {
-                    let prev = session_shard.insert(s.clone(), k);
-                    assert!(prev.is_none_or(|p| p == k), "session {s} split");
+        let gamma = Arrivals::Rate {
+            rate: 50.0,
+            burstiness: 1.0,
+        };
+        for arrivals in [Arrivals::Recorded { speedup: 1.0 }, gamma] {
+            let full =
+                schedule(&rs, &Selection::default(), arrivals, SessionMode::Open, 0).unwrap();
+            let full_off: HashMap<&str, Duration> = full
+                .items
+                .iter()
+                .map(|p| (p.request_id.as_str(), p.offset))
+                .collect();
+            let mut seen: HashMap<String, u32> = HashMap::new();
+            let mut session_shard: HashMap<String, u32> = HashMap::new();
+            for k in 0..n {
+                let sel = Selection {
+                    shard: Some(Shard::new(k, n).unwrap()),
+                    ..Default::default()
+                };
+                let p = schedule(&rs, &sel, arrivals, SessionMode::Open, 0).unwrap();
+                assert!(!p.items.is_empty(), "shard {k} is empty");
+                for it in &p.items {
+                    assert!(
+                        seen.insert(it.request_id.clone(), k).is_none(),
+                        "{} in two shards",
+                        it.request_id
+                    );
+                    assert_eq!(
+                        it.offset,
+                        full_off[it.request_id.as_str()],
+                        "a shard keeps the full schedule's offsets"
+                    );
+                    if let Some(s) = &it.session_id {
+                        let prev = session_shard.insert(s.clone(), k);
+                        assert!(prev.is_none_or(|p| p == k), "session {s} split");
+                    }
                 }
             }
+            assert_eq!(seen.len(), rs.len(), "the shards cover every row");
         }
-        assert_eq!(seen.len(), rs.len(), "the shards cover every row");
-        // Deterministic: the same shard twice is the same rows.
+        // A shard that gets nothing says so.
+        let one = [rec("only", 0, Some("s1"))];
+        let k = Shard::of_key("s1", 2);
         let sel = Selection {
-            shard: Some("2/4".parse().unwrap()),
+            shard: Some(Shard::new(1 - k, 2).unwrap()),
             ..Default::default()
         };
-        assert_eq!(
-            shard_positions(&rs, &select(&rs, &sel, 0), sel.shard.unwrap()),
-            shard_positions(&rs, &select(&rs, &sel, 9), sel.shard.unwrap())
+        let err = schedule(
+            &one,
+            &sel,
+            Arrivals::Recorded { speedup: 1.0 },
+            SessionMode::Open,
+            0,
         );
+        assert!(err
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("has none of the 1 selected rows"));
     }
 
     #[test]
@@ -491,17 +607,15 @@ mod tests {
         let mut rs = vec![rec("a", 0, None), rec("b", 10, None), rec("c", 20, None)];
         rs[1].prompt_tokens = None; // e.g. a cancelled capture with no readable prompt
         let p = open_plan(&rs).unwrap();
-        assert_eq!(
-            p.items
-                .iter()
-                .map(|i| i.request_id.as_str())
-                .collect::<Vec<_>>(),
-            vec!["a", "c"]
-        );
+        assert_eq!(ids(&p), vec!["a", "c"]);
         assert_eq!(
             p.items[1].offset,
             Duration::from_millis(20),
             "others keep their offsets"
+        );
+        assert_eq!(
+            p.items.iter().map(|i| i.seq).collect::<Vec<_>>(),
+            vec![0, 1]
         );
         assert_eq!(p.skipped.len(), 1);
         assert!(
@@ -511,7 +625,7 @@ mod tests {
         );
         rs[0].prompt_tokens = None;
         rs[2].prompt_tokens = None;
-        let err = open_plan(&rs).unwrap_err();
+        let err = open_plan(&rs).err().unwrap();
         assert!(
             err.to_string().contains("none of the 3 selected rows"),
             "{err}"
@@ -524,22 +638,25 @@ mod tests {
             rec("a1", 0, Some("a")),
             rec("b1", 100, Some("b")),
             rec("a2", 1000, Some("a")),
+            rec("x", 1100, None),
         ];
         rs[0].e2el_us = Some(400_000);
-        let p = build_plan(
+        let p = schedule(
             &rs,
             &Selection::default(),
             Arrivals::Recorded { speedup: 1.0 },
             SessionMode::Closed,
-            &opts(),
-            "m",
-            None,
             0,
         )
         .unwrap();
-        assert_eq!(p.items[0].next_turn, Some(2));
-        assert!(p.items[2].waits_for_previous);
+        assert_eq!(p.items[2].waits_for, Some(0));
         assert_eq!(p.items[2].think, Duration::from_millis(600));
-        assert!(!p.items[1].waits_for_previous);
+        assert_eq!(p.items[1].waits_for, None);
+        assert!(p.items[0].chained && p.items[2].chained && !p.items[3].chained);
+        let open = open_plan(&rs).unwrap();
+        assert!(open
+            .items
+            .iter()
+            .all(|i| i.waits_for.is_none() && !i.chained));
     }
 }

@@ -1,22 +1,36 @@
-//! Running a plan against one target: discovery, warm-up, preconnect, the paced run, and
-//! the per-request result rows.
+//! Running the schedule against one target: discovery, warm-up, preconnect, the paced run,
+//! and the per-request result rows, handed to the run's [`RowSink`] as requests finish.
+//!
+//! Three parts run at once: the feed ([`crate::feed`]) builds requests ahead of the clock,
+//! the pacer ([`crate::pacer`]) releases each at its deadline onto the client runtime, and
+//! the run loop here takes the rows as they finish (schedules closed-session successors,
+//! attributes bursts, feeds the metrics and the sink) and watches the [`Stop`].
 //!
 //! The client runs on its own tokio runtime (threads named `llmreplay-client`) so its CPU
 //! can be measured apart from anything else in the process, such as an in-process sim.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, Semaphore};
-use trace_format::{Outcome, TokenSource, TraceRecord};
+use tokio::sync::{mpsc, watch, Semaphore};
+use trace_format::{Outcome, TraceRecord};
 
 use crate::client::Client;
 use crate::config::{ReplayConfig, Target, ValidatedConfig};
 use crate::cpu;
 use crate::error::ReplayError;
-use crate::pacer::{spawn_pacer, Release};
-use crate::plan::{build_plan, Plan};
+use crate::feed::{Fed, FeedMsg, ToPacer};
+use crate::metrics::Metrics;
+use crate::metrics_shim::MetricsBuilder;
+use crate::pacer::{spawn_pacer, Input, Outlet, PacerEnd};
+use crate::plan::PlannedRequest;
+use crate::sink::RowSink;
+use crate::source::RecordSource;
+use crate::stop::{Interrupted, Stop};
+use crate::task::{one_request, Bursts, RunMsg, Shared};
 
 /// Name prefix of the client runtime's threads.
 pub const CLIENT_THREAD: &str = "llmreplay-clien";
@@ -56,9 +70,10 @@ pub struct RunOutput {
     pub run_id: String,
     /// Wall-clock time of the schedule's start, µs since the epoch.
     pub started_at_us: i64,
-    /// One row per request, in plan order.
+    /// One row per request, in schedule order (kept only with [`ReplayConfig::keep_rows`];
+    /// else empty: the rows went to the run's sink).
     pub records: Vec<TraceRecord>,
-    /// The plan that was replayed.
+    /// Requests in the schedule (of an interrupted run: those the feed had built).
     pub plan_len: usize,
     /// Of which sent their row's recorded body (the others' prompts were synthesized).
     pub bodies_replayed: usize,
@@ -127,76 +142,147 @@ pub async fn discover(client: &Client, target: &Target) -> Result<TargetInfo, Re
     Ok(info)
 }
 
-/// How many connections to open before the clock starts: the concurrency the run will reach.
-fn preconnect_count(plan: &Plan, records: &[TraceRecord], cfg: &ReplayConfig) -> usize {
-    let n = plan.items.len();
+/// Longest the run waits, once the first request is built, for more of the schedule to
+/// estimate the connections to open: the first request leaves within a second of the start.
+const PREFIX_WAIT: Duration = Duration::from_millis(300);
+
+/// How many connections to open before the clock starts: the concurrency the run will reach,
+/// estimated from the first part of the schedule (`prefix`; `total` when the whole schedule is
+/// known).
+fn preconnect_count(prefix: &[&PlannedRequest], total: Option<u64>, cfg: &ReplayConfig) -> usize {
+    let n = total.map_or(prefix.len(), |t| t as usize);
     let estimate = match cfg.max_concurrency {
         Some(c) => c.min(n),
         None => {
             // Peak overlap of [offset, offset + recorded e2el], when the trace has latencies;
             // otherwise the most sends in any 5 s of the schedule (most requests end sooner).
-            let by_id: std::collections::HashMap<&str, i64> = records
+            let known = prefix.iter().any(|p| p.recorded_e2el_us.is_some());
+            let mut iv: Vec<(i64, i64)> = prefix
                 .iter()
-                .filter_map(|r| Some((r.request_id.as_str(), r.e2el_us?)))
+                .map(|p| {
+                    let s = p.offset.as_micros() as i64;
+                    let len = match known {
+                        true => p.recorded_e2el_us.unwrap_or(1_000_000),
+                        false => 5_000_000,
+                    };
+                    (s, s + len)
+                })
                 .collect();
-            if by_id.is_empty() {
-                let mut iv: Vec<(i64, i64)> = plan
-                    .items
-                    .iter()
-                    .map(|p| {
-                        let s = p.offset.as_micros() as i64;
-                        (s, s + 5_000_000)
-                    })
-                    .collect();
-                crate::metrics::max_overlap(&mut iv)
-            } else {
-                let mut iv: Vec<(i64, i64)> = plan
-                    .items
-                    .iter()
-                    .map(|p| {
-                        let s = p.offset.as_micros() as i64;
-                        (
-                            s,
-                            s + by_id
-                                .get(p.request_id.as_str())
-                                .copied()
-                                .unwrap_or(1_000_000),
-                        )
-                    })
-                    .collect();
-                crate::metrics::max_overlap(&mut iv) + 4
-            }
+            crate::metrics::max_overlap(&mut iv) + if known { 4 } else { 0 }
         }
     };
-    estimate.clamp(1, 4096).min(n)
+    estimate.clamp(1, 4096).min(n.max(1))
 }
 
-struct Shared {
-    plan: Plan,
-    client: Arc<Client>,
-    sem: Option<Semaphore>,
-    start: Instant,
-    started_at_us: i64,
-    /// (plan index, row, end of the request, whether it waited for a concurrency slot).
-    results: mpsc::UnboundedSender<(usize, TraceRecord, Instant, bool)>,
-    in_flight: AtomicUsize,
-    target: String,
-    run_id: String,
-    model: String,
-    /// Counts the generated text of responses that carry no usage (`--tokenizer`).
-    tokenizer: Option<Arc<crate::prompt::PromptTokenizer>>,
+/// The first part of the schedule, read before the clock starts.
+struct Prefix {
+    inputs: Vec<ToPacer>,
+    first_row: Option<TraceRecord>,
+    total: Option<u64>,
 }
 
-/// Runs the plan built from `records` against `target` on runtime `rt`.
+/// Waits for the first request, then for more until the feed is as far ahead as it may go,
+/// has fed everything, or [`PREFIX_WAIT`] passed. An error of the feed before the clock
+/// starts (nothing to replay, an unreadable trace) is the run's error.
+fn read_prefix(
+    rx: &Receiver<Vec<ToPacer>>,
+    feed: &crate::feed::FeedCtl,
+) -> Result<Prefix, ReplayError> {
+    let mut p = Prefix {
+        inputs: Vec::new(),
+        first_row: None,
+        total: None,
+    };
+    let mut first_at: Option<Instant> = None;
+    loop {
+        if p.total.is_some() || first_at.is_some_and(|t| t.elapsed() >= PREFIX_WAIT) {
+            return Ok(p);
+        }
+        match rx.recv_timeout(Duration::from_millis(5)) {
+            Ok(batch) => {
+                for i in batch {
+                    match i {
+                        Input::Pass(FeedMsg::First(r)) => p.first_row = Some(*r),
+                        Input::Pass(FeedMsg::Failed(e)) => return Err(e),
+                        Input::Pass(FeedMsg::Done(n)) => {
+                            p.total = Some(n);
+                            p.inputs.push(Input::Pass(FeedMsg::Done(n)));
+                        }
+                        i => {
+                            first_at.get_or_insert_with(Instant::now);
+                            p.inputs.push(i);
+                        }
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) if first_at.is_some() && feed.stalled() => return Ok(p),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(ReplayError::Runtime("the feed ended without a word".into()))
+            }
+        }
+    }
+}
+
+/// The pacer's outlet: spawns each released request as a task, numbering bursts (the runs
+/// of releases at one µs instant) and closing each when the pacer moves past it.
+struct Dispatch {
+    handle: tokio::runtime::Handle,
+    sh: Arc<Shared>,
+    gid: u64,
+    instant_us: Option<i64>,
+    members: usize,
+}
+
+impl Dispatch {
+    fn close(&mut self) {
+        if self.members > 0 {
+            let _ = self.sh.results.send(RunMsg::Closed {
+                gid: self.gid,
+                members: self.members,
+            });
+        }
+    }
+}
+
+impl Outlet<Box<Fed>, FeedMsg> for Dispatch {
+    fn dispatch(&mut self, item: Box<Fed>, offset: Duration, scheduled: Instant) {
+        let us = offset.as_micros() as i64;
+        if self.instant_us != Some(us) {
+            self.close();
+            self.gid += 1;
+            self.members = 0;
+            self.instant_us = Some(us);
+        }
+        self.members += 1;
+        self.handle
+            .spawn(one_request(self.sh.clone(), item, self.gid, scheduled));
+    }
+
+    fn pass(&mut self, msg: FeedMsg) {
+        let _ = self.sh.results.send(RunMsg::Feed(msg));
+    }
+
+    fn end(&mut self, end: PacerEnd) {
+        self.close();
+        let _ = self.sh.results.send(RunMsg::PacerEnd(end));
+    }
+}
+
+/// Runs the schedule of `source` against `target` on runtime `rt`: rows go to `sink` as they
+/// finish, and to the returned metrics; `stop` ends it early.
+#[allow(clippy::too_many_arguments)]
 pub fn run_target(
     rt: &tokio::runtime::Runtime,
     cfg: &ValidatedConfig,
-    records: &[TraceRecord],
+    source: &dyn RecordSource,
     block_size: Option<usize>,
     target: &Target,
     run_id: &str,
     progress: &dyn Fn(Progress),
-) -> Result<RunOutput, ReplayError> {
+    sink: &mut dyn RowSink,
+    stop: &Stop,
+) -> Result<(RunOutput, Metrics), ReplayError> {
     let client = Client::new(&target.url, &cfg.request, cfg.request.timeout)?;
     let info = rt.block_on(discover(&client, target))?;
     let model = cfg
@@ -205,40 +291,90 @@ pub fn run_target(
         .clone()
         .or_else(|| info.models.first().cloned())
         .unwrap_or_else(|| "default".into());
-    let plan = build_plan(
-        records,
-        &cfg.selection,
-        cfg.arrivals,
-        cfg.session_mode,
-        &cfg.request,
-        &model,
-        block_size,
-        cfg.seed,
-    )?;
+    std::thread::scope(|scope| {
+        let (feed_tx, feed_rx) = std::sync::mpsc::channel::<Vec<ToPacer>>();
+        let feed = crate::feed::start(
+            scope,
+            cfg,
+            source,
+            model.clone(),
+            block_size,
+            feed_tx.clone(),
+        )?;
+        let ctl = feed.ctl.clone();
+        let out = run_fed(
+            rt, cfg, block_size, target, run_id, progress, sink, stop, client, info, model, &ctl,
+            feed_tx, feed_rx,
+        );
+        let summary = feed.finish();
+        let (mut run, m, err) = out?;
+        run.plan_len = if summary.complete {
+            summary.total as usize
+        } else {
+            run.plan_len.max(summary.total as usize)
+        };
+        run.skipped = summary.skipped;
+        run.bodies_replayed = summary.bodies;
+        run.trace_span = summary.trace_span;
+        if let Some(i) = run.interrupted.as_mut() {
+            i.not_sent = summary
+                .complete
+                .then(|| (summary.total as usize).saturating_sub(i.sent));
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok((run, m)),
+        }
+    })
+}
 
+/// The run proper, once the feed runs: warm-up, preconnect, the clock, the run loop.
+/// Returns the run and an error that stopped it (a sink that could not write, a trace that
+/// could not be read further), if any.
+#[allow(clippy::too_many_arguments)]
+fn run_fed(
+    rt: &tokio::runtime::Runtime,
+    cfg: &ValidatedConfig,
+    block_size: Option<usize>,
+    target: &Target,
+    run_id: &str,
+    progress: &dyn Fn(Progress),
+    sink: &mut dyn RowSink,
+    stop: &Stop,
+    client: Arc<Client>,
+    info: TargetInfo,
+    model: String,
+    feed: &crate::feed::FeedCtl,
+    successor_tx: Sender<Vec<ToPacer>>,
+    feed_rx: Receiver<Vec<ToPacer>>,
+) -> Result<(RunOutput, Metrics, Option<ReplayError>), ReplayError> {
+    let prefix = read_prefix(&feed_rx, feed)?;
     // Warm-ups: same shape as the first request, different salt, not counted.
-    if cfg.num_warmups > 0 {
+    if let (true, Some(first)) = (cfg.num_warmups > 0, &prefix.first_row) {
         let mut wopts = cfg.request.clone();
         wopts.prompt_salt ^= 0x5741_524d; // "WARM"
-        let first = records
-            .iter()
-            .find(|r| r.request_id == plan.items[0].request_id);
-        if let Some(first) = first {
-            let req = crate::request::build_request(first, &wopts, &model, block_size)
-                .map_err(ReplayError::Config)?;
-            rt.block_on(async {
-                for _ in 0..cfg.num_warmups {
-                    client.execute(&req, None).await;
-                }
-            });
-        }
+        let req = crate::request::build_request(first, &wopts, &model, block_size)
+            .map_err(ReplayError::Config)?;
+        rt.block_on(async {
+            for _ in 0..cfg.num_warmups {
+                client.execute(&req, None).await;
+            }
+        });
     }
     // The pool is opened before any wait, so a target that cannot be reached fails at once,
     // and opened again (refreshed) right before the clock starts: a connection the target
     // closed during a `--start-at` wait, or that idled past the idle timeout, never meets
     // the first request.
     let want = if cfg.preconnect {
-        preconnect_count(&plan, records, cfg)
+        let items: Vec<&PlannedRequest> = prefix
+            .inputs
+            .iter()
+            .filter_map(|i| match i {
+                Input::At(_, _, f) | Input::Pass(FeedMsg::Waiting(f)) => Some(&f.item),
+                _ => None,
+            })
+            .collect();
+        preconnect_count(&items, prefix.total, cfg)
     } else {
         0
     };
@@ -254,18 +390,6 @@ pub fn run_target(
         Ok(t.elapsed())
     };
     let preconnect_took = refresh("preconnect")?;
-    let total = plan.items.len();
-    let initial: Vec<Release> = plan
-        .items
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| !p.waits_for_previous)
-        .map(|(i, p)| (p.offset, i))
-        .collect();
-    let trace_span = plan.trace_span;
-    let skipped = plan.skipped.clone();
-    let bodies_replayed = plan.bodies;
-    let (tx, mut rx) = mpsc::unbounded_channel();
     let lead = Duration::from_millis(20);
     let (start, started_at_us) = match cfg.start_at_us {
         None => (
@@ -309,10 +433,11 @@ pub fn run_target(
                 .saturating_duration_since(Instant::now()),
         );
     }
+    sink.start(target, run_id)?;
     let pool_at_start = client.pool_stats();
+    let (tx, mut rx) = mpsc::unbounded_channel::<RunMsg>();
     let shared = Arc::new(Shared {
         sem: cfg.max_concurrency.map(Semaphore::new),
-        plan,
         client,
         start,
         started_at_us,
@@ -322,6 +447,8 @@ pub fn run_target(
         run_id: run_id.to_string(),
         model: model.clone(),
         tokenizer: cfg.request.tokenizer.clone(),
+        stop: stop.clone(),
+        abort: watch::channel(false).0,
     });
     let sampler = cfg.server_metrics.then(|| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -338,47 +465,91 @@ pub fn run_target(
     });
     let cpu0 = cpu::threads_cpu(CLIENT_THREAD);
     let pacer_cpu0 = cpu::threads_cpu("llmreplay-pacer").unwrap_or_default();
-    let handle = rt.handle().clone();
-    let sh = shared.clone();
-    let (successor_tx, pacer) = spawn_pacer(shared.start, initial, total, move |idx, scheduled| {
-        handle.spawn(one_request(sh.clone(), idx, scheduled));
-    })
+    feed.started(start);
+    let pacer = spawn_pacer(
+        start,
+        prefix.inputs,
+        feed_rx,
+        stop.clone(),
+        Dispatch {
+            handle: rt.handle().clone(),
+            sh: shared.clone(),
+            gid: 0,
+            instant_us: None,
+            members: 0,
+        },
+    )
     .map_err(|e| ReplayError::Runtime(format!("pacer thread: {e}")))?;
 
-    let mut rows: Vec<Option<TraceRecord>> = vec![None; total];
-    let mut waited = vec![false; total];
-    let mut done = 0usize;
-    let mut failed = 0usize;
+    let mut lp = Loop {
+        cfg,
+        sh: &shared,
+        sink,
+        metrics: MetricsBuilder::new(started_at_us, &cfg.goodput, &cfg.metric_percentiles),
+        bursts: Bursts::default(),
+        kept: Vec::new(),
+        successors: Some(successor_tx),
+        waiting: HashMap::new(),
+        ended: HashMap::new(),
+        total: prefix.total,
+        pacer_end: None,
+        finished: 0,
+        done: 0,
+        failed: 0,
+        unsent: 0,
+        cancelled: 0,
+        // A stop requested before the clock started: nothing is sent.
+        stopped_at: (stop.level() > 0).then(Instant::now),
+        error: None,
+    };
     let wall0 = Instant::now();
     rt.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
-        while done < total {
+        let mut stop_rx = stop.subscribe();
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
+        while !lp.over() {
+            let drain = async {
+                match drain_deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 got = rx.recv() => {
-                    let Some((idx, rec, end, slot_wait)) = got else { break };
-                    waited[idx] = slot_wait;
-                    // Closed sessions: a finished turn schedules its successor after its think time.
-                    if let Some(next) = shared.plan.items[idx].next_turn {
-                        let at = end.saturating_duration_since(shared.start) + shared.plan.items[next].think;
-                        let _ = successor_tx.send((at, next));
-                    }
-                    if rec.outcome != Outcome::Ok { failed += 1; }
-                    rows[idx] = Some(rec);
-                    done += 1;
+                    let Some(msg) = got else { break };
+                    lp.on(msg);
                 }
-                _ = tick.tick() => {
-                    progress(Progress { done, failed, in_flight: shared.in_flight.load(Ordering::Relaxed), total });
+                _ = tick.tick() => progress(lp.progress(feed)),
+                _ = stop_rx.changed() => {
+                    if drain_deadline.is_none() {
+                        lp.stopped_at.get_or_insert_with(Instant::now);
+                        drain_deadline = Some(tokio::time::Instant::now() + cfg.drain_timeout);
+                    }
+                    if stop.level() >= 2 {
+                        shared.abort.send_replace(true);
+                    }
+                }
+                _ = drain => {
+                    shared.abort.send_replace(true);
+                    drain_deadline = None;
                 }
             }
         }
     });
-    progress(Progress {
-        done,
-        failed,
-        in_flight: 0,
-        total,
-    });
+    let mut pr = lp.progress(feed);
+    pr.in_flight = 0;
+    progress(pr);
+    // The schedule is over: the pacer ends once nothing can be sent to it any more.
+    lp.successors = None;
+    lp.waiting.clear();
+    feed.cancel();
     let _ = pacer.join();
+    while let Ok(msg) = rx.try_recv() {
+        lp.on(msg);
+    }
+    for (seq, rec) in lp.bursts.flush() {
+        lp.emit(seq, rec);
+    }
     let wall = wall0.elapsed().saturating_sub(lead);
     let pool = shared.client.pool_stats().since(&pool_at_start);
     let client_load = match (cpu0, cpu::threads_cpu(CLIENT_THREAD)) {
@@ -404,25 +575,26 @@ pub fn run_target(
         }
         _ => Default::default(),
     };
-    if let Some(missing) = rows.iter().position(Option::is_none) {
-        return Err(ReplayError::Runtime(format!(
-            "{} of {total} requests reported no result (the first: plan item {missing})",
-            rows.iter().filter(|r| r.is_none()).count()
-        )));
-    }
-    let mut records_out: Vec<TraceRecord> = rows.into_iter().flatten().collect();
-    attribute_bursts(&mut records_out, &waited);
-    Ok(RunOutput {
+    let interrupted = lp.stopped_at.map(|at| Interrupted {
+        reason: stop.state().reason().unwrap_or("stopped").to_string(),
+        after: at.saturating_duration_since(start),
+        sent: lp.done,
+        not_sent: None,
+        cancelled: lp.cancelled,
+    });
+    let mut kept = std::mem::take(&mut lp.kept);
+    kept.sort_unstable_by_key(|(seq, _)| *seq);
+    let run = RunOutput {
         target: target.clone(),
         target_info: info,
         model,
         run_id: run_id.to_string(),
-        started_at_us: shared.started_at_us,
-        records: records_out,
-        plan_len: total,
-        bodies_replayed,
-        skipped,
-        trace_span,
+        started_at_us,
+        records: kept.into_iter().map(|(_, r)| r).collect(),
+        plan_len: feed.emitted() as usize,
+        bodies_replayed: 0,
+        skipped: Vec::new(),
+        trace_span: Duration::ZERO,
         wall,
         preconnected: pool_at_start.preconnected as usize,
         pool: Some(pool),
@@ -430,41 +602,148 @@ pub fn run_target(
         client_load,
         server_gauges,
         server_histograms: Default::default(),
-        interrupted: None,
-    })
+        interrupted,
+    };
+    let error = lp.error.take();
+    Ok((run, lp.metrics.finish(), error))
 }
 
-/// Requests due at one instant (identical timestamps in a trace, `--request-rate inf`) leave
-/// one after another: no client writes a thousand requests at once. Each such request waits
-/// for the ones of its instant sent before it, and that wait is client queue time, like the
-/// wait for a `--max-concurrency` slot; its dispatch lag is only the time after its turn came
-/// (the previous one was sent). So a burst shows as queue time and a client that sends it
-/// promptly keeps a lag of microseconds, while a stall between two sends, or a burst that
-/// starts late, is still lag. Requests that waited for a slot (`waited`) are due when they got
-/// it and are left out. The row invariant holds: send = start + scheduled offset + queue +
-/// lag + connect.
-pub(crate) fn attribute_bursts(rows: &mut [TraceRecord], waited: &[bool]) {
-    let mut by_instant: std::collections::HashMap<i64, Vec<usize>> = Default::default();
-    for (i, r) in rows.iter().enumerate() {
-        if let (Some(off), false) = (
-            r.scheduled_offset_us,
-            waited.get(i).copied().unwrap_or(true),
-        ) {
-            by_instant.entry(off).or_default().push(i);
+/// The run loop's state: rows as they finish, closed-session successors, the stop.
+struct Loop<'a> {
+    cfg: &'a ValidatedConfig,
+    sh: &'a Arc<Shared>,
+    sink: &'a mut dyn RowSink,
+    metrics: MetricsBuilder,
+    bursts: Bursts,
+    /// Rows kept for [`RunOutput::records`] (`keep_rows`), with their schedule position.
+    kept: Vec<(u64, TraceRecord)>,
+    /// To the pacer: successors of finished turns.
+    successors: Option<Sender<Vec<ToPacer>>>,
+    /// Closed sessions: turns waiting for their predecessor (by the predecessor's seq).
+    waiting: HashMap<u64, Box<Fed>>,
+    /// Closed sessions: turns that finished before their successor was fed: when they ended.
+    ended: HashMap<u64, Instant>,
+    /// Requests in the schedule, once the feed has fed them all.
+    total: Option<u64>,
+    pacer_end: Option<PacerEnd>,
+    /// Requests released that finished (with a row) or were not sent.
+    finished: usize,
+    /// Rows.
+    done: usize,
+    failed: usize,
+    unsent: usize,
+    /// Rows of requests a stop cancelled.
+    cancelled: usize,
+    stopped_at: Option<Instant>,
+    error: Option<ReplayError>,
+}
+
+impl Loop<'_> {
+    /// Whether every request of the schedule finished, or the stopped pacer's releases did.
+    fn over(&self) -> bool {
+        match (self.total, self.pacer_end) {
+            (_, Some(e)) if e.stopped => self.finished >= e.released,
+            (Some(t), _) => self.finished as u64 >= t,
+            _ => false,
         }
     }
-    for mut burst in by_instant.into_values().filter(|b| b.len() > 1) {
-        burst.sort_by_key(|&i| rows[i].arrival_time_us);
-        for w in burst.windows(2) {
-            let before = rows[w[0]].arrival_time_us;
-            let r = &mut rows[w[1]];
-            let (lag, queue) = (r.dispatch_lag_us.unwrap_or(0), r.queue_us.unwrap_or(0));
-            let behind = lag + queue;
-            // The instant the request was due (start + scheduled offset), from its own row.
-            let due = r.arrival_time_us - behind - r.connect_us.unwrap_or(0);
-            let wait = (before - due).clamp(0, behind);
-            r.queue_us = Some(wait);
-            r.dispatch_lag_us = Some(behind - wait);
+
+    fn progress(&self, feed: &crate::feed::FeedCtl) -> Progress {
+        Progress {
+            done: self.done,
+            failed: self.failed,
+            in_flight: self.sh.in_flight.load(Ordering::Relaxed),
+            total: self.total.unwrap_or_else(|| feed.emitted()) as usize,
+        }
+    }
+
+    /// Stops the run for an error of its own (the first one is returned).
+    fn fail(&mut self, e: ReplayError) {
+        if self.error.is_none() {
+            self.sh.stop.request(&format!("error: {e}"));
+            self.error = Some(e);
+        }
+    }
+
+    /// Sends `fed`, a turn whose predecessor ended at `end`, after its think time.
+    fn release(&mut self, end: Instant, fed: Box<Fed>) {
+        let at = end.saturating_duration_since(self.sh.start) + fed.item.think;
+        let seq = fed.item.seq;
+        let sent = self
+            .successors
+            .as_ref()
+            .is_some_and(|tx| tx.send(vec![Input::At(at, seq, fed)]).is_ok());
+        if !sent {
+            self.unsent += 1;
+        }
+    }
+
+    fn on(&mut self, msg: RunMsg) {
+        match msg {
+            RunMsg::Row {
+                seq,
+                gid,
+                rec,
+                end,
+                waited,
+                chained,
+                cancelled,
+            } => {
+                self.finished += 1;
+                self.done += 1;
+                self.cancelled += usize::from(cancelled);
+                if rec.outcome != Outcome::Ok {
+                    self.failed += 1;
+                }
+                // Closed sessions: a finished turn schedules its successor after its think time.
+                if chained && self.stopped_at.is_none() {
+                    match self.waiting.remove(&seq) {
+                        Some(next) => self.release(end, next),
+                        None => {
+                            self.ended.insert(seq, end);
+                        }
+                    }
+                }
+                for (s, r) in self.bursts.finished(gid, Some((seq, *rec, waited))) {
+                    self.emit(s, r);
+                }
+            }
+            RunMsg::Unsent { gid } => {
+                self.finished += 1;
+                self.unsent += 1;
+                for (s, r) in self.bursts.finished(gid, None) {
+                    self.emit(s, r);
+                }
+            }
+            RunMsg::Closed { gid, members } => {
+                for (s, r) in self.bursts.closed(gid, members) {
+                    self.emit(s, r);
+                }
+            }
+            RunMsg::Feed(FeedMsg::Waiting(fed)) => {
+                let prev = fed.item.waits_for.unwrap_or(u64::MAX);
+                match self.ended.remove(&prev) {
+                    Some(end) => self.release(end, fed),
+                    None => {
+                        self.waiting.insert(prev, fed);
+                    }
+                }
+            }
+            RunMsg::Feed(FeedMsg::Done(n)) => self.total = Some(n),
+            RunMsg::Feed(FeedMsg::Failed(e)) => self.fail(e),
+            RunMsg::Feed(FeedMsg::First(_)) => {}
+            RunMsg::PacerEnd(e) => self.pacer_end = Some(e),
+        }
+    }
+
+    /// A finished row, attributed: to the metrics, the sink, and the kept rows.
+    fn emit(&mut self, seq: u64, rec: TraceRecord) {
+        self.metrics.add(&rec);
+        if let Err(e) = self.sink.row(&rec) {
+            self.fail(e);
+        }
+        if self.cfg.keep_rows {
+            self.kept.push((seq, rec));
         }
     }
 }
@@ -480,225 +759,4 @@ pub struct Progress {
     pub in_flight: usize,
     /// Requests in the plan.
     pub total: usize,
-}
-
-/// Sends a result row even if the request task is torn down early, so the run never waits
-/// for a row that will not come.
-struct RowGuard {
-    shared: Arc<Shared>,
-    idx: usize,
-    sent: bool,
-}
-
-impl Drop for RowGuard {
-    fn drop(&mut self) {
-        if !self.sent {
-            let item = &self.shared.plan.items[self.idx];
-            let mut rec = TraceRecord::new(
-                item.request_id.clone(),
-                wire::clock::epoch_us(),
-                item.req.endpoint.clone(),
-            );
-            rec.outcome = Outcome::ClientCancelled;
-            rec.error = Some("request task ended before its result was recorded".into());
-            rec.target = Some(self.shared.target.clone());
-            rec.run_id = Some(self.shared.run_id.clone());
-            let _ = self
-                .shared
-                .results
-                .send((self.idx, rec, Instant::now(), false));
-        }
-    }
-}
-
-async fn one_request(sh: Arc<Shared>, idx: usize, scheduled: Instant) {
-    let mut guard = RowGuard {
-        shared: sh.clone(),
-        idx,
-        sent: false,
-    };
-    // When the request is due: its scheduled time or, when it had to wait for a
-    // `--max-concurrency` slot, the moment it got one. Only the time after that is the
-    // client's own delay (dispatch lag); a request that waits for a slot anyway is not
-    // charged for having been released late.
-    let (_permit, slot_at) = match &sh.sem {
-        Some(s) => match s.try_acquire() {
-            Ok(p) => (Some(p), None),
-            Err(_) => {
-                let p = s.acquire().await.ok();
-                (p, Some(Instant::now()))
-            }
-        },
-        None => (None, None),
-    };
-    let due = slot_at.map_or(scheduled, |at| at.max(scheduled));
-    let waited = slot_at.is_some();
-    sh.in_flight.fetch_add(1, Ordering::Relaxed);
-    let item = &sh.plan.items[idx];
-    let ex = sh.client.execute(&item.req, Some(&item.request_id)).await;
-    let end = ex.end;
-    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
-
-    let t0_off = ex.t0.saturating_duration_since(sh.start);
-    let mut rec = TraceRecord::new(
-        item.request_id.clone(),
-        sh.started_at_us + t0_off.as_micros() as i64,
-        item.req.endpoint.clone(),
-    );
-    rec.session_id = item.session_id.clone();
-    rec.model = Some(sh.model.clone());
-    rec.stream = item.req.stream;
-    match ex.prompt_tokens {
-        Some(p) => {
-            rec.prompt_tokens = Some(p);
-            rec.prompt_tokens_source = Some(TokenSource::Usage);
-        }
-        None => {
-            rec.prompt_tokens = item.prompt_tokens;
-            rec.prompt_tokens_source = item.prompt_tokens.map(|_| TokenSource::Estimate);
-        }
-    }
-    // Output tokens: the server's usage; without it, the generated text counted by the
-    // tokenizer (--tokenizer); with neither, the output chunks (labelled an estimate: a
-    // chunk may carry several tokens).
-    let counted = ex.output_text.as_deref().and_then(|t| {
-        let tok = sh.tokenizer.as_ref()?;
-        tok.tokenizer().count(t).ok()
-    });
-    match (ex.completion_tokens, counted) {
-        (Some(c), _) => {
-            rec.output_tokens = Some(c);
-            rec.output_tokens_source = Some(TokenSource::Usage);
-        }
-        (None, Some(n)) => {
-            rec.output_tokens = Some(n as i64);
-            rec.output_tokens_source = Some(TokenSource::Tokenizer);
-        }
-        (None, None) if !ex.chunk_times_us.is_empty() => {
-            rec.output_tokens = Some(ex.chunk_times_us.len() as i64);
-            rec.output_tokens_source = Some(TokenSource::Estimate);
-        }
-        (None, None) => {}
-    }
-    rec.max_tokens = item.req.max_tokens;
-    rec.status = ex.status;
-    rec.outcome = ex.outcome;
-    // Redacted here, not only by the writer: the error also goes to the JSON result
-    // (--save-detailed) and the console. An upstream may echo the key in a 401.
-    rec.error = ex
-        .error
-        .map(|e| trace_format::redact::redact_text(&e).into_owned());
-    rec.ttft_us = ex.ttft_us;
-    rec.e2el_us = ex.e2el_us;
-    rec.chunk_times_us = ex.chunk_times_us;
-    rec.chunk_tokens = ex.chunk_tokens;
-    rec.request_bytes = item.req.body.len() as i64;
-    rec.response_bytes = ex.response_bytes;
-    let sched_off = scheduled.saturating_duration_since(sh.start);
-    rec.scheduled_offset_us = Some(sched_off.as_micros() as i64);
-    let queue = due.saturating_duration_since(scheduled);
-    let lag = ex
-        .t0
-        .saturating_duration_since(due)
-        .saturating_sub(ex.connect);
-    rec.dispatch_lag_us = Some(lag.as_micros() as i64);
-    rec.queue_us = Some(queue.as_micros() as i64);
-    rec.new_connection = Some(ex.new_connection);
-    rec.connect_us = ex.new_connection.then_some(ex.connect.as_micros() as i64);
-    rec.target = Some(sh.target.clone());
-    rec.run_id = Some(sh.run_id.clone());
-    guard.sent = true;
-    let _ = sh.results.send((idx, rec, end, waited));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A row as `one_request` leaves it: due at `start + offset`, sent `lag + queue + connect`
-    /// later.
-    fn row(id: &str, offset: i64, lag: i64, queue: i64, connect: Option<i64>) -> TraceRecord {
-        const START: i64 = 1_700_000_000_000_000;
-        let mut r = TraceRecord::new(
-            id,
-            START + offset + lag + queue + connect.unwrap_or(0),
-            "/v1/completions",
-        );
-        r.scheduled_offset_us = Some(offset);
-        r.dispatch_lag_us = Some(lag);
-        r.queue_us = Some(queue);
-        r.connect_us = connect;
-        r
-    }
-
-    fn send_minus_parts(r: &TraceRecord) -> i64 {
-        r.arrival_time_us
-            - r.scheduled_offset_us.unwrap()
-            - r.dispatch_lag_us.unwrap()
-            - r.queue_us.unwrap()
-            - r.connect_us.unwrap_or(0)
-    }
-
-    #[test]
-    fn a_burst_is_queue_time_and_only_gaps_between_sends_are_lag() {
-        // Four requests due at 0, sent 30, 50, 2_050 and 2_060 µs late (the third after a
-        // 2 ms stall), listed out of send order; one at 5_000 on its own; two due at 9_000
-        // of which one waited for a concurrency slot (its lag is already from the slot).
-        let mut rows = vec![
-            row("c", 0, 2_050, 0, None),
-            row("a", 0, 30, 0, None),
-            row("d", 0, 2_060, 0, None),
-            row("b", 0, 50, 0, None),
-            row("e", 5_000, 40, 0, None),
-            row("f", 9_000, 25, 0, None),
-            row("g", 9_000, 10, 700, None),
-        ];
-        let waited = [false, false, false, false, false, false, true];
-        let before: Vec<i64> = rows.iter().map(send_minus_parts).collect();
-        attribute_bursts(&mut rows, &waited);
-        let got: Vec<(&str, i64, i64)> = rows
-            .iter()
-            .map(|r| {
-                (
-                    r.request_id.as_str(),
-                    r.dispatch_lag_us.unwrap(),
-                    r.queue_us.unwrap(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("c", 2_000, 50),
-                ("a", 30, 0),
-                ("d", 10, 2_050),
-                ("b", 20, 30),
-                ("e", 40, 0),
-                ("f", 25, 0),
-                ("g", 10, 700),
-            ]
-        );
-        // Every row still adds up to its send time.
-        let after: Vec<i64> = rows.iter().map(send_minus_parts).collect();
-        assert_eq!(before, after);
-    }
-
-    #[test]
-    fn connect_time_in_a_burst_is_neither_queue_nor_lag() {
-        // Both due at 0; "y" opened a connection for 400 µs, in parallel with "x"'s send.
-        let mut rows = vec![row("x", 0, 20, 0, None), row("y", 0, 30, 0, Some(400))];
-        attribute_bursts(&mut rows, &[false, false]);
-        // "y" was sent at 430, after "x" (20): of its 30 µs behind schedule (connect apart),
-        // the 20 before "x" left are queue, the 10 after are lag.
-        assert_eq!(rows[1].queue_us, Some(20));
-        assert_eq!(rows[1].dispatch_lag_us, Some(10));
-        assert_eq!(rows[1].connect_us, Some(400));
-        // "y" connected while "x" was sent (at 300) and left at 405: it cannot have queued
-        // longer than the 5 µs it was behind, and its lag does not go below zero.
-        let mut rows = vec![row("x", 0, 300, 0, None), row("y", 0, 5, 0, Some(400))];
-        attribute_bursts(&mut rows, &[false, false]);
-        assert_eq!(rows[1].queue_us, Some(5));
-        assert_eq!(rows[1].dispatch_lag_us, Some(0));
-        assert_eq!(send_minus_parts(&rows[1]), 1_700_000_000_000_000);
-    }
 }

@@ -3,13 +3,14 @@
 //! an hour — memory growth, KV-cache fragmentation, throttling — shows as a trend in the
 //! JSON and on the report's timeline instead of vanishing into one percentile.
 //!
-//! Looping happens on the trace rows before the schedule is built: pass `k` is a copy of the
-//! trace shifted by `k` periods (the trace's span plus one mean inter-arrival gap), with
-//! `~k` appended to request and session ids. Synthesized prompts are keyed by request id, so
-//! every pass sends fresh prompt text while shared prefixes (`prefix_hashes`) stay shared —
-//! the cache behaviour of production traffic, not of a replay of identical prompts. The
-//! selection (`--start-offset`, `--duration`, `--max-requests`) then applies to the looped
-//! trace: with `--loop`, `--duration` is the soak's length in trace time.
+//! Looping happens on the trace rows before the schedule is built: pass `k` is the trace
+//! read again ([`Looped`], never a copy held in memory) and shifted by `k` periods (the
+//! trace's span plus one mean inter-arrival gap), with `~k` appended to request and session
+//! ids. Synthesized prompts are keyed by request id, so every pass sends fresh prompt text
+//! while shared prefixes (`prefix_hashes`) stay shared — the cache behaviour of production
+//! traffic, not of a replay of identical prompts. The selection (`--start-offset`,
+//! `--duration`, `--max-requests`) then applies to the looped trace: with `--loop`,
+//! `--duration` is the soak's length in trace time.
 
 use std::time::Duration;
 
@@ -20,23 +21,21 @@ use trace_format::{Outcome, TraceRecord};
 use crate::config::{Loops, Slo};
 use crate::error::ReplayError;
 use crate::metrics::{itl_gaps_ms, meets_slos, tpot_ms, ttft_ms};
+use crate::source::{ArrivalSpan, RecordSource, Records};
 
-/// At most this many looped rows (a guard against `--loop inf --duration 1000h`).
+/// At most this many looped rows when the run keeps every row in memory
+/// ([`crate::ReplayConfig::keep_rows`]; a guard against `--loop inf --duration 1000h`).
 pub const MAX_LOOPED_ROWS: usize = 20_000_000;
 
-/// The period of one pass: the span of `records` (sorted by arrival) plus one mean
-/// inter-arrival gap (1 s for a single row), so a pass's first request never lands on the
-/// previous pass's last.
-pub fn period_us(records: &[TraceRecord]) -> i64 {
-    let (Some(first), Some(last)) = (
-        records.iter().map(|r| r.arrival_time_us).min(),
-        records.iter().map(|r| r.arrival_time_us).max(),
-    ) else {
+/// The period of one pass: the span of the trace plus one mean inter-arrival gap (1 s for a
+/// trace without rows), so a pass's first request never lands on the previous pass's last.
+pub fn period_us(span: Option<ArrivalSpan>) -> i64 {
+    let Some(s) = span else {
         return 1_000_000;
     };
-    let span = last - first;
-    let gap = if records.len() > 1 {
-        span / (records.len() as i64 - 1)
+    let span = s.last_us - s.first_us;
+    let gap = if s.rows > 1 {
+        span / (s.rows as i64 - 1)
     } else {
         0
     };
@@ -44,12 +43,13 @@ pub fn period_us(records: &[TraceRecord]) -> i64 {
 }
 
 /// Passes needed: `Count(n)` is n; `UntilDuration` covers `start_offset + duration` of trace
-/// time.
+/// time. `bounded`: the rows are kept in memory, so at most [`MAX_LOOPED_ROWS`].
 pub fn passes(
-    records: &[TraceRecord],
+    span: Option<ArrivalSpan>,
     loops: Loops,
     start_offset: Duration,
     duration: Option<Duration>,
+    bounded: bool,
 ) -> Result<usize, ReplayError> {
     let n = match loops {
         Loops::Count(n) => n,
@@ -60,13 +60,13 @@ pub fn passes(
                 ));
             };
             let want = (start_offset + d).as_micros() as f64;
-            (want / period_us(records) as f64).ceil().max(1.0) as usize
+            (want / period_us(span) as f64).ceil().max(1.0) as usize
         }
     };
-    if n.saturating_mul(records.len()) > MAX_LOOPED_ROWS {
+    let rows = span.map_or(0, |s| s.rows);
+    if bounded && n.saturating_mul(rows) > MAX_LOOPED_ROWS {
         return Err(ReplayError::Config(format!(
-            "--loop: {n} passes of {} rows exceed {MAX_LOOPED_ROWS} requests",
-            records.len()
+            "--loop: {n} passes of {rows} rows exceed {MAX_LOOPED_ROWS} requests kept in memory"
         )));
     }
     Ok(n)
@@ -80,22 +80,85 @@ fn suffixed(id: &str, pass: usize) -> String {
     }
 }
 
-/// `passes` copies of `records` (sorted by arrival) back to back, pass `k` shifted by `k`
-/// periods, its request and session ids suffixed with `~k` (pass 0 keeps the recorded ids).
-pub fn loop_records(records: &[TraceRecord], passes: usize) -> Vec<TraceRecord> {
-    let period = period_us(records);
-    let mut out = Vec::with_capacity(records.len() * passes);
-    for k in 0..passes {
-        let shift = period * k as i64;
-        out.extend(records.iter().map(|r| {
-            let mut c = r.clone();
-            c.arrival_time_us = r.arrival_time_us + shift;
-            c.request_id = suffixed(&r.request_id, k);
-            c.session_id = r.session_id.as_deref().map(|s| suffixed(s, k));
-            c
-        }));
+/// A source read `passes` times back to back: pass `k` shifted by `k` periods, its request
+/// and session ids suffixed with `~k` (pass 0 keeps the recorded ids).
+pub struct Looped<'a> {
+    inner: &'a dyn RecordSource,
+    passes: usize,
+    period: i64,
+    span: Option<ArrivalSpan>,
+}
+
+impl<'a> Looped<'a> {
+    /// `passes` passes of `inner`, whose arrival span is `span`.
+    pub fn new(inner: &'a dyn RecordSource, passes: usize, span: Option<ArrivalSpan>) -> Self {
+        Looped {
+            inner,
+            passes,
+            period: period_us(span),
+            span,
+        }
     }
-    out
+}
+
+impl RecordSource for Looped<'_> {
+    fn records(&self) -> Result<Records<'_>, ReplayError> {
+        if self.passes == 0 {
+            return Ok(Box::new(std::iter::empty()));
+        }
+        let first = self.inner.records()?;
+        let (inner, period) = (self.inner, self.period);
+        let later = (1..self.passes).flat_map(move |k| -> Records<'_> {
+            match inner.records() {
+                Ok(rows) => Box::new(shifted(rows, k, period)),
+                Err(ReplayError::Trace(e)) => Box::new(std::iter::once(Err(e))),
+                Err(e) => Box::new(std::iter::once(Err(trace_format::Error::Invalid(
+                    e.to_string(),
+                )))),
+            }
+        });
+        Ok(Box::new(shifted(first, 0, period).chain(later)))
+    }
+
+    fn rows_hint(&self) -> Option<usize> {
+        self.inner.rows_hint().map(|n| n * self.passes)
+    }
+
+    fn arrival_span(&self) -> Result<Option<ArrivalSpan>, ReplayError> {
+        Ok(self.span.filter(|_| self.passes > 0).map(|s| ArrivalSpan {
+            first_us: s.first_us,
+            last_us: s.last_us + self.period * (self.passes as i64 - 1),
+            rows: s.rows * self.passes,
+        }))
+    }
+}
+
+/// Pass `k` of `rows`: shifted by `k` periods, ids suffixed.
+fn shifted(
+    rows: Records<'_>,
+    k: usize,
+    period: i64,
+) -> impl Iterator<Item = trace_format::Result<TraceRecord>> + Send + '_ {
+    let shift = period * k as i64;
+    rows.map(move |r| {
+        r.map(|mut c| {
+            c.arrival_time_us += shift;
+            if k > 0 {
+                c.request_id = suffixed(&c.request_id, k);
+                c.session_id = c.session_id.as_deref().map(|s| suffixed(s, k));
+            }
+            c
+        })
+    })
+}
+
+/// `passes` copies of `records` (sorted by arrival) back to back, as [`Looped`] reads them.
+pub fn loop_records(records: &[TraceRecord], passes: usize) -> Vec<TraceRecord> {
+    let span = records.arrival_span().unwrap_or_default();
+    Looped::new(&records, passes, span)
+        .records()
+        .map(|rows| rows.filter_map(Result::ok).collect())
+        .unwrap_or_default()
 }
 
 /// Passes a run's rows came from (1 + the largest `~k` suffix of their request ids).
@@ -333,7 +396,8 @@ mod tests {
     fn looped_passes_shift_by_the_period_and_get_their_own_ids() {
         let mut rs = vec![rec("a", 0, 1, 2, 2), rec("b", 2_000_000, 1, 2, 2)];
         rs[1].session_id = Some("s".into());
-        assert_eq!(period_us(&rs), 4_000_000); // span 2 s + mean gap 2 s
+        let span = rs.arrival_span().unwrap();
+        assert_eq!(period_us(span), 4_000_000); // span 2 s + mean gap 2 s
         let l = loop_records(&rs, 3);
         assert_eq!(l.len(), 6);
         let at: Vec<i64> = l.iter().map(|r| r.arrival_time_us).collect();
@@ -346,16 +410,37 @@ mod tests {
         assert_eq!(l[3].session_id.as_deref(), Some("s~1"));
         // Until a duration: 10 s of trace time needs 3 passes of 4 s.
         let n = passes(
-            &rs,
+            span,
             Loops::UntilDuration,
             Duration::ZERO,
             Some(Duration::from_secs(10)),
+            true,
         );
         assert_eq!(n.unwrap(), 3);
-        assert!(passes(&rs, Loops::UntilDuration, Duration::ZERO, None).is_err());
+        assert!(passes(span, Loops::UntilDuration, Duration::ZERO, None, true).is_err());
         assert_eq!(
-            passes(&rs, Loops::Count(5), Duration::ZERO, None).unwrap(),
+            passes(span, Loops::Count(5), Duration::ZERO, None, true).unwrap(),
             5
+        );
+        // Kept in memory, the looped rows are capped; streamed to a sink, they are not.
+        let many = Loops::Count(MAX_LOOPED_ROWS / 2 + 1);
+        assert!(passes(span, many, Duration::ZERO, None, true).is_err());
+        assert!(passes(span, many, Duration::ZERO, None, false).is_ok());
+        // The looped source is read again per pass, and says so in its span and size.
+        let looped = Looped::new(&rs, 3, span);
+        assert_eq!(looped.rows_hint(), Some(6));
+        assert_eq!(
+            looped.arrival_span().unwrap(),
+            Some(ArrivalSpan {
+                first_us: 0,
+                last_us: 10_000_000,
+                rows: 6
+            })
+        );
+        let again: Vec<TraceRecord> = looped.records().unwrap().map(Result::unwrap).collect();
+        assert_eq!(
+            again.iter().map(|r| &r.request_id).collect::<Vec<_>>(),
+            l.iter().map(|r| &r.request_id).collect::<Vec<_>>()
         );
     }
 

@@ -6,9 +6,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use trace_format::{TokenSource, TraceRecord};
 
-use crate::config::{Arrivals, EndpointKind};
+use crate::config::EndpointKind;
 use crate::error::ReplayError;
-use crate::plan::offsets;
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -78,14 +77,12 @@ pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
             "--request-rate and --burstiness must be positive".into(),
         ));
     }
-    let offs = offsets(
-        &vec![0; spec.num_prompts],
-        Arrivals::Rate {
-            rate: spec.request_rate,
-            burstiness: spec.burstiness,
-        },
+    let offs = trace_format::arrivals::gamma_offsets(
+        spec.num_prompts,
+        spec.request_rate,
+        spec.burstiness,
         spec.seed,
-    );
+    )?;
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed ^ 0x5157_4e54_4845_5349);
     Ok(offs
         .iter()

@@ -53,6 +53,8 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
         &trace(100, true),
         None,
         &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
     )
     .expect("replay runs");
     let (run, m) = &runs[0];
@@ -140,8 +142,15 @@ fn non_streamed_requests_use_the_whole_response() {
         rate: f64::INFINITY,
         burstiness: 1.0,
     };
-    let runs = replay::replay(&cfg.validate().unwrap(), &trace(5, false), None, &|_, _| {})
-        .expect("replay runs");
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &trace(5, false),
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .expect("replay runs");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 5);
     for r in &run.records {
@@ -168,8 +177,15 @@ fn unreachable_target_is_an_error_not_a_hang() {
         name: "gone".into(),
         url: format!("http://127.0.0.1:{port}"),
     }]);
-    let err =
-        replay::replay(&cfg.validate().unwrap(), &trace(3, true), None, &|_, _| {}).unwrap_err();
+    let err = replay::replay(
+        &cfg.validate().unwrap(),
+        &trace(3, true),
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("unreachable"), "{err}");
 }
 
@@ -196,8 +212,15 @@ fn failed_requests_are_recorded_outcomes() {
             url: sim.url(),
         }]);
         cfg.request.headers = vec![("x-sim-fault".into(), fault.into())];
-        let runs = replay::replay(&cfg.validate().unwrap(), &trace(2, true), None, &|_, _| {})
-            .expect("a failing server still gives a run");
+        let runs = replay::replay(
+            &cfg.validate().unwrap(),
+            &trace(2, true),
+            None,
+            &|_, _| {},
+            &mut replay::sink::NoSink,
+            &replay::Stop::new(),
+        )
+        .expect("a failing server still gives a run");
         out.push((fault, runs.into_iter().next().unwrap()));
     }
     for (fault, (run, m)) in &out {

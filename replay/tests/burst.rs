@@ -45,8 +45,15 @@ fn a_burst_waits_in_the_client_queue_and_every_row_adds_up() {
         url: server.url(),
     }]);
     cfg.max_concurrency = Some(50);
-    let runs = replay::replay(&cfg.validate().unwrap(), &burst(200), None, &|_, _| {})
-        .expect("replay runs");
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &burst(200),
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .expect("replay runs");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 200, "outcomes: {:?}", m.outcomes);
     // Send time = start + scheduled offset + queue + lag + connect, for every row alike.

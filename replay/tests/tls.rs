@@ -92,8 +92,15 @@ fn replays_over_https_with_a_private_ca() {
         url: url.clone(),
     }]);
     cfg.request.ca_cert = Some(data("ca.pem"));
-    let runs = replay::replay(&cfg.validate().unwrap(), &trace(10), None, &|_, _| {})
-        .expect("replay over https");
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &trace(10),
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .expect("replay over https");
     let (run, m) = &runs[0];
     assert_eq!(m.completed, 10, "{:?}", m.outcomes);
     assert!(run
@@ -106,9 +113,16 @@ fn replays_over_https_with_a_private_ca() {
         name: "tls".into(),
         url,
     }]);
-    let err = replay::replay(&cfg.validate().unwrap(), &trace(2), None, &|_, _| {})
-        .unwrap_err()
-        .to_string();
+    let err = replay::replay(
+        &cfg.validate().unwrap(),
+        &trace(2),
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("unreachable") && err.contains("TLS"), "{err}");
     rt.block_on(sim.shutdown());
 }

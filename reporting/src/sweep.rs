@@ -178,7 +178,14 @@ pub fn run_sweep(
                 std::thread::sleep(base.cooldown);
             }
             let cfg = level_config(base, spec, opts, li, run)?;
-            for (output, metrics) in replay::replay(&cfg, records, block_size, progress)? {
+            for (output, metrics) in replay::replay(
+                &cfg,
+                &records,
+                block_size,
+                progress,
+                &mut replay::sink::NoSink,
+                &replay::Stop::new(),
+            )? {
                 let lr = LevelRun {
                     level_index: li,
                     level: spec.levels[li],

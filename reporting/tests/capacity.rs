@@ -240,7 +240,15 @@ fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noi
         records: records.clone(),
         files: vec![],
     });
-    let runs = replay::replay(&cfg.validate().unwrap(), &records, None, &|_, _| {}).unwrap();
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &records,
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .unwrap();
     let results: Vec<_> = runs
         .iter()
         .map(|(run, m)| {

@@ -302,29 +302,36 @@ fn fresh(cfg: &ReplayConfig, recs: &[trace_format::TraceRecord], detailed: bool)
         records: recs.to_vec(),
         files: vec![],
     });
-    replay::replay(&cfg.validate().unwrap(), recs, None, &|_, _| {})
-        .unwrap()
-        .iter()
-        .map(|(run, m)| {
-            let doc = reporting::report::result_doc(&reporting::report::ResultInputs {
-                cfg,
-                run,
-                metrics: m,
-                trace: &identity,
-                command: "llmreplay replay t",
-                detailed,
-            });
-            // Read back, the typed document keeps every key and value (compared as parsed:
-            // serde_json's float parsing may move a last digit, in any reader).
-            let v: Value = serde_json::from_slice(&doc.to_bytes()).unwrap();
-            assert_eq!(
-                ResultDoc::from_value(&v).unwrap().to_value(),
-                v,
-                "round trip"
-            );
-            v
-        })
-        .collect()
+    replay::replay(
+        &cfg.validate().unwrap(),
+        &recs,
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .unwrap()
+    .iter()
+    .map(|(run, m)| {
+        let doc = reporting::report::result_doc(&reporting::report::ResultInputs {
+            cfg,
+            run,
+            metrics: m,
+            trace: &identity,
+            command: "llmreplay replay t",
+            detailed,
+        });
+        // Read back, the typed document keeps every key and value (compared as parsed:
+        // serde_json's float parsing may move a last digit, in any reader).
+        let v: Value = serde_json::from_slice(&doc.to_bytes()).unwrap();
+        assert_eq!(
+            ResultDoc::from_value(&v).unwrap().to_value(),
+            v,
+            "round trip"
+        );
+        v
+    })
+    .collect()
 }
 
 #[test]

@@ -50,7 +50,15 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
         slice: Some(Duration::from_millis(500)),
     };
     let records = trace(8, 8.0); // ~1 s of trace per pass
-    let runs = replay::replay(&cfg.validate().unwrap(), &records, None, &|_, _| {}).unwrap();
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &records,
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .unwrap();
     let (run, m) = &runs[0];
     assert_eq!(m.num_prompts, 24, "three passes of 8");
     assert_eq!(
@@ -143,7 +151,15 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
     };
     assert!(cfg.validate().is_err(), "--loop inf needs --duration");
     cfg.selection.duration = Some(Duration::from_millis(2500));
-    let runs = replay::replay(&cfg.validate().unwrap(), &records, None, &|_, _| {}).unwrap();
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &records,
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &replay::Stop::new(),
+    )
+    .unwrap();
     let (run, m) = &runs[0];
     let last = run
         .records

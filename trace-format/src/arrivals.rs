@@ -31,23 +31,55 @@ pub fn validate(rate: f64, burstiness: f64) -> Result<()> {
 
 /// Offsets from the start of `n` arrivals of the gamma process (see the module doc).
 pub fn gamma_offsets(n: usize, rate: f64, burstiness: f64, seed: u64) -> Result<Vec<Duration>> {
-    validate(rate, burstiness)?;
-    if rate.is_infinite() {
-        return Ok(vec![Duration::ZERO; n]);
-    }
-    let gamma = Gamma::new(burstiness, 1.0 / (rate * burstiness)).map_err(|e| {
-        Error::Invalid(format!("gamma({burstiness}, 1/({rate}·{burstiness})): {e}"))
-    })?;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut t = 0.0f64;
-    Ok((0..n)
-        .map(|i| {
-            if i > 0 {
-                t += gamma.sample(&mut rng);
-            }
-            Duration::from_secs_f64(t)
-        })
+    Ok(GammaArrivals::new(rate, burstiness, seed)?
+        .take(n)
         .collect())
+}
+
+/// The gamma process's offsets one at a time, without end: the same values as
+/// [`gamma_offsets`] for the same parameters, for a schedule built as its rows are read.
+#[derive(Debug, Clone)]
+pub struct GammaArrivals {
+    /// None: an infinite rate (every offset 0).
+    gamma: Option<Gamma<f64>>,
+    rng: ChaCha8Rng,
+    t: f64,
+    first: bool,
+}
+
+impl GammaArrivals {
+    /// The process of `rate` requests per second and shape `burstiness`, drawn from `seed`.
+    pub fn new(rate: f64, burstiness: f64, seed: u64) -> Result<Self> {
+        validate(rate, burstiness)?;
+        let gamma = if rate.is_infinite() {
+            None
+        } else {
+            Some(
+                Gamma::new(burstiness, 1.0 / (rate * burstiness)).map_err(|e| {
+                    Error::Invalid(format!("gamma({burstiness}, 1/({rate}·{burstiness})): {e}"))
+                })?,
+            )
+        };
+        Ok(GammaArrivals {
+            gamma,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            t: 0.0,
+            first: true,
+        })
+    }
+}
+
+impl Iterator for GammaArrivals {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if let Some(g) = &self.gamma {
+            if !std::mem::take(&mut self.first) {
+                self.t += g.sample(&mut self.rng);
+            }
+        }
+        Some(Duration::from_secs_f64(self.t))
+    }
 }
 
 #[cfg(test)]
@@ -77,6 +109,11 @@ mod tests {
             .iter()
             .all(|d| d.is_zero()));
         assert!(gamma_offsets(3, 0.0, 1.0, 0).is_err());
+        // Read lazily, the process is the same sequence however far it is read: a schedule
+        // built row by row has the offsets of one built at once.
+        let mut lazy = GammaArrivals::new(100.0, 0.25, 3).unwrap();
+        assert!(lazy.by_ref().take(5_000).eq(b[..5_000].iter().copied()));
+        assert!(lazy.take(15_000).eq(b[5_000..].iter().copied()));
         assert!(gamma_offsets(3, 1.0, f64::NAN, 0).is_err());
     }
 }

@@ -1,0 +1,435 @@
+//! The feed: reads a [`RecordSource`] row by row and builds the schedule's requests ahead of
+//! the clock, within a bounded look-ahead, on threads of its own; the pacer receives them
+//! through a channel. So a run holds the requests of the look-ahead and those in flight,
+//! never the whole trace, and the first request leaves as soon as the first rows are built.
+//!
+//! Three stages, each on its own thread(s): a reader (the [`Selector`]: selection and send
+//! offsets), builders (request bodies; prompt synthesis with a tokenizer takes tens of ms
+//! for a 100k-token prompt, so with a tokenizer one builder per core), and a collector that
+//! takes the builders' chunks back in order (so the schedule never depends on the split),
+//! assembles the items ([`Assembler`]) and holds each until it fits the look-ahead: at most
+//! [`Lookahead::time`] of schedule ahead of the clock and [`Lookahead::bytes`] of built
+//! requests not yet finished (an item's bytes are given back when its request ends).
+//! Between the reader and the collector at most [`IN_TRANSIT`] chunks are in transit (the one
+//! being filled, one waiting to be handed over, two queued and one being built per builder,
+//! two built, one being assembled), so the rows read but not yet in the look-ahead are at
+//! most `IN_TRANSIT × CHUNK_ROWS` per builder.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::{Scope, ScopedJoinHandle};
+use std::time::{Duration, Instant};
+
+use trace_format::TraceRecord;
+
+use crate::config::{Lookahead, ValidatedConfig};
+use crate::error::ReplayError;
+use crate::pacer::Input;
+use crate::plan::{Assembler, PlannedRequest, Selected, Selector, Step};
+use crate::request::build_request;
+use crate::source::RecordSource;
+
+/// Rows per builder chunk, at most.
+pub const CHUNK_ROWS: usize = 64;
+/// Recorded prompt tokens per builder chunk, at most (a chunk of long prompts is small, so
+/// the first request does not wait for many of them to be synthesized).
+const CHUNK_TOKENS: i64 = 32_768;
+/// Chunks in transit between reader and collector, at most, with one builder.
+pub const IN_TRANSIT: usize = 8;
+/// How often a waiting feed thread looks at the clock and at cancellation.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A scheduled request in the look-ahead; its bytes are given back when it is dropped.
+#[derive(Debug)]
+pub struct Fed {
+    /// The request.
+    pub item: PlannedRequest,
+    _ticket: Ticket,
+}
+
+/// What the feed tells the run besides the requests to pace.
+#[derive(Debug)]
+pub enum FeedMsg {
+    /// The first request's row (only when warm-ups are asked for).
+    First(Box<TraceRecord>),
+    /// A closed-session turn that waits for its predecessor (`item.waits_for`).
+    Waiting(Box<Fed>),
+    /// Every request was fed: the schedule has this many.
+    Done(u64),
+    /// The trace could not be read, or nothing in it can be replayed.
+    Failed(ReplayError),
+}
+
+/// What goes to the pacer.
+pub type ToPacer = Input<Box<Fed>, FeedMsg>;
+
+/// What the feed learned once it ended.
+#[derive(Debug, Clone, Default)]
+pub struct FeedSummary {
+    /// Requests fed.
+    pub total: u64,
+    /// Whether the whole selection was fed (false: the run stopped it first).
+    pub complete: bool,
+    /// Selected rows that could not become a request: (request id, why).
+    pub skipped: Vec<(String, String)>,
+    /// Requests that send their row's recorded body.
+    pub bodies: usize,
+    /// Span of the selected rows in trace time.
+    pub trace_span: Duration,
+}
+
+/// Bytes of built requests not yet finished, and the cap.
+#[derive(Debug)]
+struct Budget {
+    used: Mutex<usize>,
+    freed: Condvar,
+    cap: usize,
+}
+
+#[derive(Debug)]
+struct Ticket {
+    bytes: usize,
+    budget: Arc<Budget>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(self.bytes);
+        self.budget.freed.notify_all();
+    }
+}
+
+/// The handle the run keeps on its feed.
+#[derive(Debug)]
+pub struct FeedCtl {
+    start: OnceLock<Instant>,
+    cancel: AtomicBool,
+    stalled: AtomicBool,
+    emitted: AtomicU64,
+    budget: Arc<Budget>,
+    lookahead: Duration,
+}
+
+impl FeedCtl {
+    /// The clock started at `start`: the look-ahead now runs from it.
+    pub fn started(&self, start: Instant) {
+        let _ = self.start.set(start);
+    }
+
+    /// Stops the feed (the run ended or stopped).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        self.budget.freed.notify_all();
+    }
+
+    /// Whether the feed waits for the look-ahead to move (it is as far ahead as allowed).
+    pub fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::SeqCst)
+    }
+
+    /// Requests fed so far.
+    pub fn emitted(&self) -> u64 {
+        self.emitted.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of built requests held now (in the look-ahead or in flight).
+    pub fn bytes_held(&self) -> usize {
+        *self.budget.used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
+    /// How long before an item due at `offset` fits the look-ahead's time bound (zero: it
+    /// fits). `first` is the schedule's first offset: before the clock starts, the
+    /// look-ahead runs from there.
+    fn time_to_room(&self, offset: Duration, first: Duration) -> Duration {
+        let now = self.start.get().map_or(Duration::ZERO, |s| {
+            Instant::now().saturating_duration_since(*s)
+        });
+        offset.saturating_sub(now.max(first) + self.lookahead)
+    }
+
+    /// Whether `bytes` more fit beside `used`: one item always fits, however large, so the
+    /// look-ahead never stops a run.
+    fn bytes_fit(&self, used: usize, bytes: usize) -> bool {
+        used == 0 || used + bytes <= self.budget.cap
+    }
+
+    /// Whether an item fits the look-ahead now.
+    fn has_room(&self, offset: Duration, first: Duration, bytes: usize) -> bool {
+        self.time_to_room(offset, first).is_zero() && self.bytes_fit(self.bytes_held(), bytes)
+    }
+
+    /// Waits until an item due at `offset` of `bytes` fits the look-ahead, and takes its
+    /// bytes (false: cancelled).
+    fn wait_for_room(&self, offset: Duration, first: Duration, bytes: usize) -> bool {
+        loop {
+            if self.cancelled() {
+                return false;
+            }
+            let wait = self.time_to_room(offset, first);
+            if wait.is_zero() {
+                break;
+            }
+            self.stalled.store(true, Ordering::SeqCst);
+            std::thread::sleep(wait.min(POLL));
+        }
+        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
+        while !self.bytes_fit(*used, bytes) {
+            if self.cancelled() {
+                return false;
+            }
+            self.stalled.store(true, Ordering::SeqCst);
+            used = self
+                .budget
+                .freed
+                .wait_timeout(used, POLL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *used += bytes;
+        self.stalled.store(false, Ordering::SeqCst);
+        true
+    }
+}
+
+/// A running feed: its control handle, and the collector thread (which returns the summary).
+pub struct Feed<'scope> {
+    /// Shared with the run.
+    pub ctl: Arc<FeedCtl>,
+    collector: ScopedJoinHandle<'scope, FeedSummary>,
+}
+
+impl Feed<'_> {
+    /// Stops the feed and waits for its summary.
+    pub fn finish(self) -> FeedSummary {
+        self.ctl.cancel();
+        self.collector.join().unwrap_or_default()
+    }
+}
+
+enum Work {
+    Rows(Vec<Selected>),
+    End(Result<Selector, ReplayError>),
+}
+
+enum Built {
+    Rows(Vec<(Selected, Result<crate::request::BuiltRequest, String>)>),
+    End(Result<Selector, ReplayError>),
+}
+
+/// Builder threads for `cfg`: one per core with a tokenizer, else one.
+fn builders(cfg: &ValidatedConfig) -> usize {
+    match cfg.request.tokenizer {
+        Some(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        None => 1,
+    }
+}
+
+/// Starts the feed of `source` for a run of `cfg` with model `model`; requests go to `tx`.
+pub fn start<'scope, 'env>(
+    scope: &'scope Scope<'scope, 'env>,
+    cfg: &'env ValidatedConfig,
+    source: &'env dyn RecordSource,
+    model: String,
+    block_size: Option<usize>,
+    tx: Sender<Vec<ToPacer>>,
+) -> Result<Feed<'scope>, ReplayError> {
+    let Lookahead { time, bytes } = cfg.lookahead;
+    let ctl = Arc::new(FeedCtl {
+        start: OnceLock::new(),
+        cancel: AtomicBool::new(false),
+        stalled: AtomicBool::new(false),
+        emitted: AtomicU64::new(0),
+        budget: Arc::new(Budget {
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            cap: bytes.max(1),
+        }),
+        lookahead: time,
+    });
+    let selector = Selector::new(&cfg.selection, cfg.arrivals, cfg.seed)?;
+    let spawn_err = |e: std::io::Error| ReplayError::Runtime(format!("feed thread: {e}"));
+    let n = builders(cfg);
+    let mut to_builders = Vec::with_capacity(n);
+    let mut from_builders = Vec::with_capacity(n);
+    for w in 0..n {
+        let (in_tx, in_rx) = sync_channel::<Work>(2);
+        let (out_tx, out_rx) = sync_channel::<Built>(2);
+        let model = model.clone();
+        std::thread::Builder::new()
+            .name(format!("llmreplay-build{w}"))
+            .spawn_scoped(scope, move || {
+                for work in in_rx {
+                    let out = match work {
+                        Work::Rows(rows) => Built::Rows(
+                            rows.into_iter()
+                                .map(|s| {
+                                    let b = build_request(&s.rec, &cfg.request, &model, block_size);
+                                    (s, b)
+                                })
+                                .collect(),
+                        ),
+                        Work::End(e) => Built::End(e),
+                    };
+                    if out_tx.send(out).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(spawn_err)?;
+        to_builders.push(in_tx);
+        from_builders.push(out_rx);
+    }
+    let c = ctl.clone();
+    std::thread::Builder::new()
+        .name("llmreplay-read".into())
+        .spawn_scoped(scope, move || read(source, selector, &to_builders, &c))
+        .map_err(spawn_err)?;
+    let c = ctl.clone();
+    let warmups = cfg.num_warmups > 0;
+    let asm = Assembler::new(cfg.session_mode, cfg.arrivals);
+    let collector = std::thread::Builder::new()
+        .name("llmreplay-feed".into())
+        .spawn_scoped(scope, move || {
+            collect(&from_builders, asm, &c, &tx, warmups)
+        })
+        .map_err(spawn_err)?;
+    Ok(Feed { ctl, collector })
+}
+
+/// The reader: rows through the selector, in chunks to the builders in turn.
+fn read(source: &dyn RecordSource, mut sel: Selector, to: &[SyncSender<Work>], ctl: &FeedCtl) {
+    let mut next = 0usize;
+    let mut send = |w: Work| -> bool {
+        let ok = to[next % to.len()].send(w).is_ok();
+        next += 1;
+        ok
+    };
+    let mut chunk: Vec<Selected> = Vec::new();
+    let mut tokens = 0i64;
+    let rows = match source.records() {
+        Ok(r) => r,
+        Err(e) => {
+            send(Work::End(Err(e)));
+            return;
+        }
+    };
+    for row in rows {
+        if ctl.cancelled() {
+            return;
+        }
+        let rec = match row {
+            Ok(r) => r,
+            Err(e) => {
+                if send(Work::Rows(std::mem::take(&mut chunk))) {
+                    send(Work::End(Err(e.into())));
+                }
+                return;
+            }
+        };
+        match sel.offer(rec) {
+            Step::Take(s) => {
+                tokens += s.rec.prompt_tokens.unwrap_or(0).max(0);
+                chunk.push(s);
+                if chunk.len() >= CHUNK_ROWS || tokens >= CHUNK_TOKENS {
+                    tokens = 0;
+                    if !send(Work::Rows(std::mem::take(&mut chunk))) {
+                        return;
+                    }
+                }
+            }
+            Step::Pass => {}
+            Step::Done => break,
+        }
+    }
+    if send(Work::Rows(chunk)) {
+        send(Work::End(Ok(sel)));
+    }
+}
+
+/// The collector: the builders' chunks in order, assembled, each sent once it fits the
+/// look-ahead (a batch per chunk, so the pacer wakes per chunk, not per request).
+fn collect(
+    from: &[Receiver<Built>],
+    mut asm: Assembler,
+    ctl: &FeedCtl,
+    tx: &Sender<Vec<ToPacer>>,
+    warmups: bool,
+) -> FeedSummary {
+    let mut first_offset: Option<Duration> = None;
+    let mut k = 0usize;
+    loop {
+        let Ok(built) = from[k % from.len()].recv() else {
+            return summary(asm, None, false);
+        };
+        k += 1;
+        let rows = match built {
+            Built::Rows(rows) => rows,
+            Built::End(Ok(sel)) => {
+                let msg = if asm.is_empty() {
+                    FeedMsg::Failed(sel.empty_error(&asm.skipped))
+                } else {
+                    FeedMsg::Done(asm.len())
+                };
+                let _ = tx.send(vec![Input::Pass(msg)]);
+                return summary(asm, Some(&sel), true);
+            }
+            Built::End(Err(e)) => {
+                let _ = tx.send(vec![Input::Pass(FeedMsg::Failed(e))]);
+                return summary(asm, None, false);
+            }
+        };
+        let mut batch: Vec<ToPacer> = Vec::with_capacity(rows.len());
+        for (s, built) in rows {
+            let first_row = (warmups && asm.is_empty() && built.is_ok()).then(|| s.rec.clone());
+            let Some(item) = asm.add(s, built) else {
+                continue;
+            };
+            if let Some(r) = first_row {
+                batch.push(Input::Pass(FeedMsg::First(Box::new(r))));
+            }
+            let first = *first_offset.get_or_insert(item.offset);
+            let bytes = item.req.body.len() + item.request_id.len() + 256;
+            // Hand over what is ready before waiting for room, so the pacer never waits
+            // for the feed while the feed waits for the clock.
+            if !batch.is_empty() && !ctl.has_room(item.offset, first, bytes) {
+                if tx.send(std::mem::take(&mut batch)).is_err() {
+                    return summary(asm, None, false);
+                }
+            }
+            if !ctl.wait_for_room(item.offset, first, bytes) {
+                return summary(asm, None, false);
+            }
+            let fed = Box::new(Fed {
+                _ticket: Ticket {
+                    bytes,
+                    budget: ctl.budget.clone(),
+                },
+                item,
+            });
+            batch.push(match fed.item.waits_for {
+                Some(_) => Input::Pass(FeedMsg::Waiting(fed)),
+                None => Input::At(fed.item.offset, fed.item.seq, fed),
+            });
+            ctl.emitted.fetch_add(1, Ordering::Relaxed);
+        }
+        if !batch.is_empty() && tx.send(batch).is_err() {
+            return summary(asm, None, false);
+        }
+    }
+}
+
+fn summary(asm: Assembler, sel: Option<&Selector>, complete: bool) -> FeedSummary {
+    FeedSummary {
+        total: asm.len(),
+        complete,
+        trace_span: sel.map(Selector::trace_span).unwrap_or_default(),
+        skipped: asm.skipped,
+        bodies: asm.bodies,
+    }
+}

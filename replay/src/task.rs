@@ -1,0 +1,489 @@
+//! One request of a run, as a task on the client runtime: it owns its request (freed, and its
+//! look-ahead bytes given back, when it ends), sends it, and reports its row; and the burst
+//! attribution of rows due at one instant, on a buffer that holds a burst only until the
+//! pacer has moved past its instant and every member has finished.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, watch, Semaphore};
+use trace_format::{Outcome, TokenSource, TraceRecord};
+
+use crate::client::Client;
+use crate::feed::{Fed, FeedMsg};
+use crate::pacer::PacerEnd;
+use crate::stop::{Stop, StopState};
+
+/// What a run's tasks and pacer tell its run loop.
+#[derive(Debug)]
+pub(crate) enum RunMsg {
+    /// A request's row.
+    Row {
+        /// Its schedule position.
+        seq: u64,
+        /// Its burst (the run of releases at one instant it was released in).
+        gid: u64,
+        rec: Box<TraceRecord>,
+        end: Instant,
+        /// Whether it waited for a concurrency slot.
+        waited: bool,
+        /// Whether a later turn of its session may wait for it.
+        chained: bool,
+        /// Cancelled by a stop (in flight at the drain deadline, or at a second stop).
+        cancelled: bool,
+    },
+    /// A released request that was not sent: the run was stopping when its turn came.
+    Unsent { gid: u64 },
+    /// The burst `gid` is closed: the pacer released a later instant; it has `members`.
+    Closed { gid: u64, members: usize },
+    /// From the feed, through the pacer.
+    Feed(FeedMsg),
+    /// The pacer ended.
+    PacerEnd(PacerEnd),
+}
+
+/// What every task of a run shares.
+pub(crate) struct Shared {
+    pub client: Arc<Client>,
+    pub sem: Option<Semaphore>,
+    pub start: Instant,
+    pub started_at_us: i64,
+    pub results: mpsc::UnboundedSender<RunMsg>,
+    pub in_flight: AtomicUsize,
+    pub target: String,
+    pub run_id: String,
+    pub model: String,
+    /// Counts the generated text of responses that carry no usage (`--tokenizer`).
+    pub tokenizer: Option<Arc<crate::prompt::PromptTokenizer>>,
+    pub stop: Stop,
+    /// Set when requests in flight are to be cancelled (drain deadline, second stop).
+    pub abort: watch::Sender<bool>,
+}
+
+/// Sends a result row even if the request task is torn down early (cancelled by a stop, or
+/// the runtime shut down), so the run never waits for a row that will not come.
+struct RowGuard {
+    shared: Arc<Shared>,
+    seq: u64,
+    gid: u64,
+    request_id: String,
+    endpoint: String,
+    chained: bool,
+    done: bool,
+}
+
+impl RowGuard {
+    fn unsent(mut self) {
+        self.done = true;
+        let _ = self.shared.results.send(RunMsg::Unsent { gid: self.gid });
+    }
+}
+
+impl Drop for RowGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut rec = TraceRecord::new(
+                std::mem::take(&mut self.request_id),
+                wire::clock::epoch_us(),
+                std::mem::take(&mut self.endpoint),
+            );
+            rec.outcome = Outcome::ClientCancelled;
+            let stopping = self.shared.stop.level() > 0;
+            rec.error = Some(if stopping {
+                "cancelled: the run was stopped and the request was still in flight".into()
+            } else {
+                "request task ended before its result was recorded".into()
+            });
+            rec.target = Some(self.shared.target.clone());
+            rec.run_id = Some(self.shared.run_id.clone());
+            let _ = self.shared.results.send(RunMsg::Row {
+                seq: self.seq,
+                gid: self.gid,
+                rec: Box::new(rec),
+                end: Instant::now(),
+                waited: false,
+                chained: self.chained,
+                cancelled: stopping,
+            });
+        }
+    }
+}
+
+/// Sends `fed`, released by the pacer at `scheduled` in burst `gid`, and reports its row.
+pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, scheduled: Instant) {
+    let item = &fed.item;
+    let mut guard = RowGuard {
+        shared: sh.clone(),
+        seq: item.seq,
+        gid,
+        request_id: item.request_id.clone(),
+        endpoint: item.req.endpoint.clone(),
+        chained: item.chained,
+        done: false,
+    };
+    // When the request is due: its scheduled time or, when it had to wait for a
+    // `--max-concurrency` slot, the moment it got one. Only the time after that is the
+    // client's own delay (dispatch lag); a request that waits for a slot anyway is not
+    // charged for having been released late.
+    let (_permit, slot_at) = match &sh.sem {
+        Some(s) => match s.try_acquire() {
+            Ok(p) => (Some(p), None),
+            Err(_) => {
+                let mut stop = sh.stop.subscribe();
+                tokio::select! {
+                    p = s.acquire() => (p.ok(), Some(Instant::now())),
+                    _ = stop.wait_for(|s| *s != StopState::Running) => {
+                        guard.unsent();
+                        return;
+                    }
+                }
+            }
+        },
+        None => (None, None),
+    };
+    // Stopping: nothing more is sent, not even what was released just before.
+    if sh.stop.level() > 0 {
+        guard.unsent();
+        return;
+    }
+    let due = slot_at.map_or(scheduled, |at| at.max(scheduled));
+    let waited = slot_at.is_some();
+    sh.in_flight.fetch_add(1, Ordering::Relaxed);
+    let mut abort = sh.abort.subscribe();
+    let ex = tokio::select! {
+        ex = sh.client.execute(&item.req, Some(&item.request_id)) => ex,
+        _ = abort.wait_for(|a| *a) => {
+            sh.in_flight.fetch_sub(1, Ordering::Relaxed);
+            return; // the guard records it cancelled
+        }
+    };
+    let end = ex.end;
+    sh.in_flight.fetch_sub(1, Ordering::Relaxed);
+
+    let t0_off = ex.t0.saturating_duration_since(sh.start);
+    let mut rec = TraceRecord::new(
+        item.request_id.clone(),
+        sh.started_at_us + t0_off.as_micros() as i64,
+        item.req.endpoint.clone(),
+    );
+    rec.session_id = item.session_id.clone();
+    rec.model = Some(sh.model.clone());
+    rec.stream = item.req.stream;
+    match ex.prompt_tokens {
+        Some(p) => {
+            rec.prompt_tokens = Some(p);
+            rec.prompt_tokens_source = Some(TokenSource::Usage);
+        }
+        None => {
+            rec.prompt_tokens = item.prompt_tokens;
+            rec.prompt_tokens_source = item.prompt_tokens.map(|_| TokenSource::Estimate);
+        }
+    }
+    // Output tokens: the server's usage; without it, the generated text counted by the
+    // tokenizer (--tokenizer); with neither, the output chunks (labelled an estimate: a
+    // chunk may carry several tokens).
+    let counted = ex.output_text.as_deref().and_then(|t| {
+        let tok = sh.tokenizer.as_ref()?;
+        tok.tokenizer().count(t).ok()
+    });
+    match (ex.completion_tokens, counted) {
+        (Some(c), _) => {
+            rec.output_tokens = Some(c);
+            rec.output_tokens_source = Some(TokenSource::Usage);
+        }
+        (None, Some(n)) => {
+            rec.output_tokens = Some(n as i64);
+            rec.output_tokens_source = Some(TokenSource::Tokenizer);
+        }
+        (None, None) if !ex.chunk_times_us.is_empty() => {
+            rec.output_tokens = Some(ex.chunk_times_us.len() as i64);
+            rec.output_tokens_source = Some(TokenSource::Estimate);
+        }
+        (None, None) => {}
+    }
+    rec.max_tokens = item.req.max_tokens;
+    rec.status = ex.status;
+    rec.outcome = ex.outcome;
+    // Redacted here, not only by the writer: the error also goes to the JSON result
+    // (--save-detailed) and the console. An upstream may echo the key in a 401.
+    rec.error = ex
+        .error
+        .map(|e| trace_format::redact::redact_text(&e).into_owned());
+    rec.ttft_us = ex.ttft_us;
+    rec.e2el_us = ex.e2el_us;
+    rec.chunk_times_us = ex.chunk_times_us;
+    rec.chunk_tokens = ex.chunk_tokens;
+    rec.request_bytes = item.req.body.len() as i64;
+    rec.response_bytes = ex.response_bytes;
+    let sched_off = scheduled.saturating_duration_since(sh.start);
+    rec.scheduled_offset_us = Some(sched_off.as_micros() as i64);
+    let queue = due.saturating_duration_since(scheduled);
+    let lag = ex
+        .t0
+        .saturating_duration_since(due)
+        .saturating_sub(ex.connect);
+    rec.dispatch_lag_us = Some(lag.as_micros() as i64);
+    rec.queue_us = Some(queue.as_micros() as i64);
+    rec.new_connection = Some(ex.new_connection);
+    rec.connect_us = ex.new_connection.then_some(ex.connect.as_micros() as i64);
+    rec.target = Some(sh.target.clone());
+    rec.run_id = Some(sh.run_id.clone());
+    guard.done = true;
+    let _ = sh.results.send(RunMsg::Row {
+        seq: item.seq,
+        gid,
+        rec: Box::new(rec),
+        end,
+        waited,
+        chained: item.chained,
+        cancelled: false,
+    });
+}
+
+/// Requests due at one instant (identical timestamps in a trace, `--request-rate inf`) leave
+/// one after another: no client writes a thousand requests at once. Each such request waits
+/// for the ones of its instant sent before it, and that wait is client queue time, like the
+/// wait for a `--max-concurrency` slot; its dispatch lag is only the time after its turn came
+/// (the previous one was sent). So a burst shows as queue time and a client that sends it
+/// promptly keeps a lag of microseconds, while a stall between two sends, or a burst that
+/// starts late, is still lag. Requests that waited for a slot (`waited`) are due when they got
+/// it and are left out. The row invariant holds: send = start + scheduled offset + queue +
+/// lag + connect.
+pub(crate) fn attribute_bursts(rows: &mut [TraceRecord], waited: &[bool]) {
+    let mut by_instant: std::collections::HashMap<i64, Vec<usize>> = Default::default();
+    for (i, r) in rows.iter().enumerate() {
+        if let (Some(off), false) = (
+            r.scheduled_offset_us,
+            waited.get(i).copied().unwrap_or(true),
+        ) {
+            by_instant.entry(off).or_default().push(i);
+        }
+    }
+    for mut burst in by_instant.into_values().filter(|b| b.len() > 1) {
+        burst.sort_by_key(|&i| rows[i].arrival_time_us);
+        for w in burst.windows(2) {
+            let before = rows[w[0]].arrival_time_us;
+            let r = &mut rows[w[1]];
+            let (lag, queue) = (r.dispatch_lag_us.unwrap_or(0), r.queue_us.unwrap_or(0));
+            let behind = lag + queue;
+            // The instant the request was due (start + scheduled offset), from its own row.
+            let due = r.arrival_time_us - behind - r.connect_us.unwrap_or(0);
+            let wait = (before - due).clamp(0, behind);
+            r.queue_us = Some(wait);
+            r.dispatch_lag_us = Some(behind - wait);
+        }
+    }
+}
+
+/// Rows held for burst attribution: a burst (the requests released at one instant) is held
+/// until it is closed (the pacer released a later instant) and every member finished, then
+/// attributed as [`attribute_bursts`] would over the whole run. Rows of bursts of one are
+/// held only until the pacer moves on.
+#[derive(Debug, Default)]
+pub(crate) struct Bursts {
+    groups: HashMap<u64, Burst>,
+}
+
+#[derive(Debug, Default)]
+struct Burst {
+    /// (schedule position, row, waited for a slot), in completion order.
+    rows: Vec<(u64, TraceRecord, bool)>,
+    finished: usize,
+    members: Option<usize>,
+}
+
+impl Bursts {
+    /// A member of `gid` finished with `row` (None: it was not sent). Returns the burst's
+    /// rows when it is complete.
+    pub fn finished(
+        &mut self,
+        gid: u64,
+        row: Option<(u64, TraceRecord, bool)>,
+    ) -> Vec<(u64, TraceRecord)> {
+        let g = self.groups.entry(gid).or_default();
+        g.finished += 1;
+        g.rows.extend(row);
+        self.ready(gid)
+    }
+
+    /// The pacer closed `gid` with `members`.
+    pub fn closed(&mut self, gid: u64, members: usize) -> Vec<(u64, TraceRecord)> {
+        self.groups.entry(gid).or_default().members = Some(members);
+        self.ready(gid)
+    }
+
+    /// Rows held now.
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.groups.values().map(|g| g.rows.len()).sum()
+    }
+
+    fn ready(&mut self, gid: u64) -> Vec<(u64, TraceRecord)> {
+        match self.groups.get(&gid) {
+            Some(g) if g.members == Some(g.finished) => {}
+            _ => return Vec::new(),
+        }
+        let g = self.groups.remove(&gid).unwrap_or_default();
+        attribute(g)
+    }
+
+    /// Every row still held (the run ended: no member is still in flight), burst by burst.
+    pub fn flush(&mut self) -> Vec<(u64, TraceRecord)> {
+        let mut ids: Vec<u64> = self.groups.keys().copied().collect();
+        ids.sort_unstable();
+        ids.into_iter()
+            .flat_map(|id| attribute(self.groups.remove(&id).unwrap_or_default()))
+            .collect()
+    }
+}
+
+fn attribute(g: Burst) -> Vec<(u64, TraceRecord)> {
+    let waited: Vec<bool> = g.rows.iter().map(|r| r.2).collect();
+    let (seqs, mut rows): (Vec<u64>, Vec<TraceRecord>) =
+        g.rows.into_iter().map(|(s, r, _)| (s, r)).unzip();
+    attribute_bursts(&mut rows, &waited);
+    seqs.into_iter().zip(rows).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row as `one_request` leaves it: due at `start + offset`, sent `lag + queue + connect`
+    /// later.
+    fn row(id: &str, offset: i64, lag: i64, queue: i64, connect: Option<i64>) -> TraceRecord {
+        const START: i64 = 1_700_000_000_000_000;
+        let mut r = TraceRecord::new(
+            id,
+            START + offset + lag + queue + connect.unwrap_or(0),
+            "/v1/completions",
+        );
+        r.scheduled_offset_us = Some(offset);
+        r.dispatch_lag_us = Some(lag);
+        r.queue_us = Some(queue);
+        r.connect_us = connect;
+        r
+    }
+
+    fn send_minus_parts(r: &TraceRecord) -> i64 {
+        r.arrival_time_us
+            - r.scheduled_offset_us.unwrap()
+            - r.dispatch_lag_us.unwrap()
+            - r.queue_us.unwrap()
+            - r.connect_us.unwrap_or(0)
+    }
+
+    #[test]
+    fn a_burst_is_queue_time_and_only_gaps_between_sends_are_lag() {
+        // Four requests due at 0, sent 30, 50, 2_050 and 2_060 µs late (the third after a
+        // 2 ms stall), listed out of send order; one at 5_000 on its own; two due at 9_000
+        // of which one waited for a concurrency slot (its lag is already from the slot).
+        let mut rows = vec![
+            row("c", 0, 2_050, 0, None),
+            row("a", 0, 30, 0, None),
+            row("d", 0, 2_060, 0, None),
+            row("b", 0, 50, 0, None),
+            row("e", 5_000, 40, 0, None),
+            row("f", 9_000, 25, 0, None),
+            row("g", 9_000, 10, 700, None),
+        ];
+        let waited = [false, false, false, false, false, false, true];
+        let before: Vec<i64> = rows.iter().map(send_minus_parts).collect();
+        attribute_bursts(&mut rows, &waited);
+        let got: Vec<(&str, i64, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.request_id.as_str(),
+                    r.dispatch_lag_us.unwrap(),
+                    r.queue_us.unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("c", 2_000, 50),
+                ("a", 30, 0),
+                ("d", 10, 2_050),
+                ("b", 20, 30),
+                ("e", 40, 0),
+                ("f", 25, 0),
+                ("g", 10, 700),
+            ]
+        );
+        // Every row still adds up to its send time.
+        let after: Vec<i64> = rows.iter().map(send_minus_parts).collect();
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn connect_time_in_a_burst_is_neither_queue_nor_lag() {
+        // Both due at 0; "y" opened a connection for 400 µs, in parallel with "x"'s send.
+        let mut rows = vec![row("x", 0, 20, 0, None), row("y", 0, 30, 0, Some(400))];
+        attribute_bursts(&mut rows, &[false, false]);
+        // "y" was sent at 430, after "x" (20): of its 30 µs behind schedule (connect apart),
+        // the 20 before "x" left are queue, the 10 after are lag.
+        assert_eq!(rows[1].queue_us, Some(20));
+        assert_eq!(rows[1].dispatch_lag_us, Some(10));
+        assert_eq!(rows[1].connect_us, Some(400));
+        // "y" connected while "x" was sent (at 300) and left at 405: it cannot have queued
+        // longer than the 5 µs it was behind, and its lag does not go below zero.
+        let mut rows = vec![row("x", 0, 300, 0, None), row("y", 0, 5, 0, Some(400))];
+        attribute_bursts(&mut rows, &[false, false]);
+        assert_eq!(rows[1].queue_us, Some(5));
+        assert_eq!(rows[1].dispatch_lag_us, Some(0));
+        assert_eq!(send_minus_parts(&rows[1]), 1_700_000_000_000_000);
+    }
+
+    #[test]
+    fn bursts_held_until_closed_and_finished_equal_attribution_over_the_whole_run() {
+        // Three instants: a burst of four, one alone, a burst of two with a slot wait.
+        let rows = vec![
+            row("c", 0, 2_050, 0, None),
+            row("a", 0, 30, 0, None),
+            row("d", 0, 2_060, 0, None),
+            row("b", 0, 50, 0, None),
+            row("e", 5_000, 40, 0, None),
+            row("f", 9_000, 25, 0, None),
+            row("g", 9_000, 10, 700, None),
+        ];
+        let waited = [false, false, false, false, false, false, true];
+        let mut whole = rows.clone();
+        attribute_bursts(&mut whole, &waited);
+        let gid = |r: &TraceRecord| r.scheduled_offset_us.unwrap() as u64;
+        // Rows finish in another order than sent; the pacer closes each burst when it
+        // releases the next instant, before or after its members finish.
+        let mut b = Bursts::default();
+        let mut out: Vec<(u64, TraceRecord)> = Vec::new();
+        for &k in &[4usize, 1, 0] {
+            out.extend(b.finished(gid(&rows[k]), Some((k as u64, rows[k].clone(), waited[k]))));
+        }
+        assert!(out.is_empty(), "nothing leaves before its burst is closed");
+        out.extend(b.closed(0, 4));
+        assert!(out.is_empty(), "nor before every member finished");
+        out.extend(b.closed(5_000, 1));
+        assert_eq!(out.len(), 1, "a burst of one leaves once closed");
+        for &k in &[3usize, 2, 6] {
+            out.extend(b.finished(gid(&rows[k]), Some((k as u64, rows[k].clone(), waited[k]))));
+        }
+        assert_eq!(out.len(), 5);
+        assert_eq!(b.held(), 1);
+        out.extend(b.finished(9_000, None)); // a member not sent (the run was stopping)
+        out.extend(b.finished(9_000, Some((5, rows[5].clone(), waited[5]))));
+        assert!(out.len() == 5 && b.held() == 2);
+        out.extend(b.flush());
+        assert_eq!(b.held(), 0);
+        out.sort_by_key(|(k, _)| *k);
+        let got: Vec<TraceRecord> = out.into_iter().map(|(_, r)| r).collect();
+        assert_eq!(got.len(), 7);
+        for (g, w) in got.iter().zip(&whole) {
+            assert_eq!(
+                (&g.request_id, g.dispatch_lag_us, g.queue_us),
+                (&w.request_id, w.dispatch_lag_us, w.queue_us)
+            );
+        }
+    }
+}

@@ -9,7 +9,6 @@ pub mod cpu;
 pub mod error;
 pub mod feed;
 pub mod metrics;
-mod metrics_shim;
 pub mod pacer;
 pub mod pct;
 pub mod plan;

@@ -24,7 +24,7 @@ use crate::cpu;
 use crate::error::ReplayError;
 use crate::feed::{Fed, FeedMsg, ToPacer};
 use crate::metrics::Metrics;
-use crate::metrics_shim::MetricsBuilder;
+use crate::metrics::MetricsBuilder;
 use crate::pacer::{spawn_pacer, Input, Outlet, PacerEnd};
 use crate::plan::PlannedRequest;
 use crate::sink::RowSink;

@@ -396,7 +396,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
     let stop = replay::Stop::new();
     stop_on_signals(&stop, a.drain_timeout)?;
     let ran = (|| {
-        // TODO(lead, issue 21): replay::replay(&cfg, &trace.records[..], block_size, &progress_bar(cfg.progress), sink, &stop), with cfg.drain_timeout = a.drain_timeout and cfg.keep_rows = a.save_detailed || a.slice.is_some(); then delete feed_rows.
+        // TODO(lead, issue 21): replay::replay(&cfg, &trace.records[..], block_size, &progress_bar(cfg.progress), sink, &stop), with cfg.drain_timeout = a.drain_timeout and cfg.keep_rows = a.save_detailed || a.slice.is_some() || a.loops.is_some() (soak passes are counted from rows); then delete feed_rows.
         let runs = replay::replay(
             &cfg,
             &trace.records,

@@ -306,9 +306,11 @@ fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
 }
 
 pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
-    let trace = store::read_traces(&a.traces).context("reading the trace")?;
-    let block_size = trace
-        .files
+    // The trace is streamed: a first pass over its arrival column now, its rows as the run
+    // reaches them (a sweep or repeats read it whole below).
+    let stream = store::open_stream(&a.traces).context("reading the trace")?;
+    let block_size = stream
+        .files()
         .iter()
         .find_map(|f| f.meta.block_size)
         .map(|b| b as usize);
@@ -326,7 +328,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
     // Against the in-process sim word filler is exact: the note is for real targets.
     if !a.targets.is_empty() {
         let tok = cfg.request.tokenizer.as_ref().map(|t| t.tokenizer().name());
-        if let Some(n) = replay::request::prompt_source_note(&trace.records, tok) {
+        if let Some(n) = prompt_note(&stream, tok)? {
             eprintln!("{n}");
         }
     }
@@ -371,6 +373,8 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         if cfg.start_at_us.is_some() {
             bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
         }
+        // Every level replays the same rows: they are read once, into memory.
+        let trace = store::read_traces(&a.traces).context("reading the trace")?;
         let r = crate::report_cmd::run_sweep(
             &cfg,
             &spec,
@@ -388,7 +392,15 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         drop(sim_guard);
         return r;
     }
-    let identity = reporting::report::trace_identity(&trace);
+    let identity = reporting::report::TraceIdentity {
+        files: stream
+            .files()
+            .iter()
+            .map(|f| f.path.display().to_string())
+            .collect(),
+        rows: stream.rows(),
+        content_hash: stream.content_hash().context("reading the trace")?,
+    };
     // Rows go to --results as they finish; what a kill leaves is in its journal.
     let mut results = a
         .results
@@ -408,7 +420,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         };
         replay::replay(
             &cfg,
-            &trace.records,
+            &stream,
             block_size,
             &progress_bar(cfg.progress),
             sink,
@@ -459,7 +471,29 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
 }
 
 /// Hands the rows of finished runs to `sink` as the engine would while they run.
-// TODO(lead, issue 21): delete with the old `replay::replay` call above.
+/// Rows [`prompt_note`] looks at: enough to say how prompts are made, without reading a long
+/// trace before the run.
+const NOTE_ROWS: usize = 10_000;
+
+/// How the run's prompts are made (recorded bodies or synthesized), judged from the first
+/// [`NOTE_ROWS`] rows.
+fn prompt_note(stream: &trace_format::TraceStream, tok: Option<&str>) -> Result<Option<String>> {
+    let (mut seen, mut bodies) = (0, 0);
+    for r in stream.records().take(NOTE_ROWS) {
+        seen += 1;
+        bodies += usize::from(r.context("reading the trace")?.body.is_some());
+    }
+    Ok(
+        replay::request::prompt_source_note(seen, bodies, tok).map(|n| {
+            if seen < stream.rows() {
+                format!("{n} (judged from the first {seen} of {} rows)", stream.rows())
+            } else {
+                n
+            }
+        }),
+    )
+}
+
 /// Exit status of a replay in which more than `--max-failed` of a target's requests failed.
 const EXIT_FAILED_REQUESTS: i32 = 4;
 

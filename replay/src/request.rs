@@ -145,12 +145,11 @@ pub fn build_request(
 
 /// What replay sends for the rows of a trace, as one console note: their recorded bodies
 /// (`--record-bodies full`, ShareGPT), or prompts it synthesizes — word filler without a
-/// `--tokenizer` (`tokenizer` = None), exact lengths with one — counted over `records`.
+/// `--tokenizer` (`tokenizer` = None), exact lengths with one — for `n` rows of which
+/// `bodies` have a recorded body.
 /// None when there is nothing worth saying (no rows; every prompt built with a tokenizer).
-pub fn prompt_source_note(records: &[TraceRecord], tokenizer: Option<&str>) -> Option<String> {
-    let n = records.len();
-    let bodies = records.iter().filter(|r| r.body.is_some()).count();
-    let synth = n - bodies;
+pub fn prompt_source_note(n: usize, bodies: usize, tokenizer: Option<&str>) -> Option<String> {
+    let synth = n.saturating_sub(bodies);
     let filler = "word filler, so their token lengths on the target are approximate (give --tokenizer for exact ones)";
     match (bodies, synth, tokenizer) {
         (_, _, _) if n == 0 => None,

@@ -78,6 +78,28 @@ impl RecordSource for [TraceRecord] {
     }
 }
 
+impl RecordSource for trace_format::TraceStream {
+    fn records(&self) -> Result<Records<'_>, ReplayError> {
+        Ok(Box::new(trace_format::TraceStream::records(self)))
+    }
+
+    fn rows_hint(&self) -> Option<usize> {
+        Some(self.rows())
+    }
+
+    /// Known from the stream's first pass over the arrival column: no second read.
+    fn arrival_span(&self) -> Result<Option<ArrivalSpan>, ReplayError> {
+        Ok(match (self.first_arrival_us(), self.last_arrival_us()) {
+            (Some(first_us), Some(last_us)) => Some(ArrivalSpan {
+                first_us,
+                last_us,
+                rows: self.rows(),
+            }),
+            _ => None,
+        })
+    }
+}
+
 impl RecordSource for Vec<TraceRecord> {
     fn records(&self) -> Result<Records<'_>, ReplayError> {
         self.as_slice().records()

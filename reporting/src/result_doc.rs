@@ -37,6 +37,11 @@ pub struct SummaryDoc {
     pub min: f64,
     /// Largest value.
     pub max: f64,
+    /// Set when the percentiles are estimates (a sample past
+    /// `trace_format::quantiles::EXACT_CAP` values): their relative error bound. Absent
+    /// while exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<f64>,
     /// `p50`, `p99`, `p99.9`, … (the asked percentiles).
     #[serde(flatten)]
     pub percentiles: BTreeMap<String, f64>,
@@ -52,6 +57,7 @@ impl SummaryDoc {
             std: s.std,
             min: s.min,
             max: s.max,
+            estimate: s.estimate,
             percentiles: s
                 .percentiles
                 .iter()

@@ -85,7 +85,7 @@ synth_run() {
 # prompts synthesized exactly for cl100k_base (the prompts' 512-token blocks shared as the
 # trace's hash ids say).
 mooncake_run() {
-  local src=../shared/data/mooncake_synthetic_trace.jsonl trace="$OUT/mooncake.parquet" speed=${MOONCAKE_SPEEDUP:-4}
+  local src=../shared/data/mooncake_synthetic_trace.jsonl trace="$OUT/mooncake.parquet" speed=${MOONCAKE_SPEEDUP:-20}
   [ -f "$src" ] || { echo "mooncake: $src not found: skipped"; return 0; }
   "$BIN" import "$src" --format mooncake -o "$trace" 2>/dev/null
   start_gt 1 1

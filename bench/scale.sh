@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Replay at production scale (issue 21): a long synthetic trace and the Mooncake trace with a
+# real tokenizer, replayed against the ground-truth server on 127.0.0.1, by this build and (for
+# a before/after in the same run) another one. Per run: peak RSS of the replay process and its
+# slope over the second half of the run (sampled from /proc/PID/status every 0.5 s), time from
+# the process start to the first request's send, throughput, and dispatch lag p50/p99. Every
+# run is bounded (a request count) and stops by itself; figures go to
+# bench/out/<timestamp>/scale.md.
+#
+# usage: bench/scale.sh [synth N RATE]... [mooncake] [schedule]    (default: the README's set)
+#   BEFORE_BIN=/path/to/llmreplay   also run the same traces with that build (before/after)
+#   LLMREPLAY_BIN=...               the build measured (default target/release/llmreplay)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=bench/out/$(date -u +%Y%m%dT%H%M%SZ)-scale
+mkdir -p "$OUT"
+python3 -m pip install -q numpy pyarrow >/dev/null 2>&1 || true
+[ -n "${LLMREPLAY_BIN:-}" ] || cargo build --release --bin llmreplay 2>&1 | tail -1
+BIN=${LLMREPLAY_BIN:-target/release/llmreplay}
+BEFORE=${BEFORE_BIN:-}
+ulimit -n 65536 2>/dev/null || true
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "server on $1 did not start" >&2; return 1; }
+start_gt() { # TTFT ms, ITL ms
+  GT_PORT=$(free_port)
+  "$BIN" sim --ground-truth --fixed-timing "$1,$2" --tokens-per-chunk 1 --listen "127.0.0.1:$GT_PORT" 2>/dev/null &
+  GT_PID=$!
+  wait_port "$GT_PORT"
+}
+stop_gt() { kill -TERM "$GT_PID"; wait "$GT_PID" || true; }
+
+# measure TAG BIN TRACE [replay flags...]: one replay, its RSS sampled while it runs.
+measure() {
+  local tag=$1 bin=$2 trace=$3; shift 3
+  local t0; t0=$(python3 -c 'import time; print(int(time.time()*1e6))')
+  "$bin" replay "$trace" --target "gt=http://127.0.0.1:$GT_PORT" --save-result "$OUT/$tag.json" \
+    --results "$OUT/$tag-results.parquet" -q "$@" > "$OUT/$tag.txt" 2>&1 &
+  local pid=$!
+  : > "$OUT/$tag-rss.tsv"
+  while kill -0 "$pid" 2>/dev/null; do
+    awk -v t="$(date +%s.%N)" '/^VmRSS/{print t "\t" $2}' "/proc/$pid/status" >> "$OUT/$tag-rss.tsv" 2>/dev/null || true
+    sleep 0.5
+  done
+  wait "$pid" || echo "$tag: replay exited $?" >&2
+  python3 - "$OUT" "$tag" "$t0" >> "$OUT/scale.tsv" <<'PY'
+import json, sys
+import pyarrow.parquet as pq
+out, tag, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rss = [tuple(map(float, l.split("\t"))) for l in open(f"{out}/{tag}-rss.tsv") if l.strip()]
+r = json.load(open(f"{out}/{tag}.json"))
+first = pq.read_table(f"{out}/{tag}-results.parquet", columns=["arrival_time_us"]).column(0)
+first_s = (min(first.to_pylist()) - t0) / 1e6
+peak = max(k for _, k in rss) / 1024
+# Least-squares slope of RSS over the second half of the samples, MiB per minute.
+half = rss[len(rss) // 2:]
+if len(half) >= 3:
+    n = len(half); mt = sum(t for t, _ in half) / n; mk = sum(k for _, k in half) / n
+    slope = sum((t - mt) * (k - mk) for t, k in half) / max(sum((t - mt) ** 2 for t, _ in half), 1e-9) * 60 / 1024
+else:
+    slope = float("nan")
+lag = r["llmreplay"]["dispatch_lag_ms"]
+dur = r.get("duration") or r.get("duration_s") or 0
+print("\t".join(str(x) for x in [tag, r["num_prompts"], r["completed"], f"{peak:.0f}", f"{slope:.1f}",
+      f"{first_s:.2f}", f"{r['completed'] / dur if dur else float('nan'):.0f}", f"{lag['p50']:.3f}", f"{lag['p99']:.3f}",
+      f"{rss[-1][0] - t0 / 1e6:.1f}" if rss else "-"]))
+PY
+  rm -f "$OUT/$tag-results.parquet"
+  echo "scale: $tag done"
+}
+
+# synth N RATE: N requests of 256 → 2 tokens at RATE req/s (Poisson), this build and BEFORE.
+synth_run() {
+  local n=$1 rate=$2 trace="$OUT/synth-$1.parquet"
+  "$BIN" synth -o "$trace" --num-prompts "$n" --input-len 256 --output-len 2 --request-rate "$rate" --seed 3 2>/dev/null
+  start_gt 1 1
+  measure "synth-$n-$rate-after" "$BIN" "$trace"
+  [ -n "$BEFORE" ] && measure "synth-$n-$rate-before" "$BEFORE" "$trace"
+  stop_gt
+  rm -f "$trace"
+}
+
+# The Mooncake trace (../shared/data) imported, replayed at its recorded pace ×SPEEDUP with
+# prompts synthesized exactly for cl100k_base (the prompts' 512-token blocks shared as the
+# trace's hash ids say).
+mooncake_run() {
+  local src=../shared/data/mooncake_synthetic_trace.jsonl trace="$OUT/mooncake.parquet" speed=${MOONCAKE_SPEEDUP:-20}
+  [ -f "$src" ] || { echo "mooncake: $src not found: skipped"; return 0; }
+  "$BIN" import "$src" --format mooncake -o "$trace" 2>/dev/null
+  start_gt 1 1
+  measure "mooncake-x$speed-after" "$BIN" "$trace" --tokenizer cl100k_base --speedup "$speed" --output-len 2
+  [ -n "$BEFORE" ] && measure "mooncake-x$speed-before" "$BEFORE" "$trace" --tokenizer cl100k_base --speedup "$speed" --output-len 2
+  stop_gt
+}
+
+printf 'run\trequests\tcompleted\tpeak RSS (MiB)\tRSS slope, 2nd half (MiB/min)\tfirst request after (s)\tthroughput (req/s)\tlag p50 (ms)\tlag p99 (ms)\twall (s)\n' > "$OUT/scale.tsv"
+args=("$@")
+[ ${#args[@]} -eq 0 ] && args=(synth 200000 10000 synth 1000000 5000 mooncake schedule)
+i=0
+while [ $i -lt ${#args[@]} ]; do
+  case "${args[$i]}" in
+    synth) synth_run "${args[$((i + 1))]}" "${args[$((i + 2))]}"; i=$((i + 3)) ;;
+    mooncake) mooncake_run; i=$((i + 1)) ;;
+    # The dispatch-lag runs of bench/run.sh (schedule fidelity), for the same machine state.
+    schedule) LLMREPLAY_BIN=$BIN bench/run.sh schedule | tail -8 > "$OUT/schedule.md"; i=$((i + 1)) ;;
+    *) echo "unknown part ${args[$i]} (synth N RATE, mooncake, schedule)" >&2; exit 2 ;;
+  esac
+done
+python3 - "$OUT/scale.tsv" > "$OUT/scale.md" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+print("| " + " | ".join(rows[0]) + " |")
+print("|" + "---|" * len(rows[0]))
+for r in rows[1:]:
+    print("| " + " | ".join(r) + " |")
+PY
+cat "$OUT/scale.md"
+[ -f "$OUT/schedule.md" ] && cat "$OUT/schedule.md"

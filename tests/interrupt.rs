@@ -190,13 +190,11 @@ fn stopped_by(sig: i32, name: &str, code: i32) {
 }
 
 #[test]
-#[ignore = "needs the engine lane's Stop and RowSink support (issue 21): un-ignore at merge"]
 fn sigterm_mid_run_writes_a_partial_result_that_report_reads() {
     stopped_by(libc::SIGTERM, "SIGTERM", 143);
 }
 
 #[test]
-#[ignore = "needs the engine lane's Stop and RowSink support (issue 21): un-ignore at merge"]
 fn sigint_mid_run_writes_a_partial_result_that_report_reads() {
     stopped_by(libc::SIGINT, "SIGINT", 130);
 }
@@ -204,7 +202,6 @@ fn sigint_mid_run_writes_a_partial_result_that_report_reads() {
 /// Requests of ~20 s and a drain of 60 s: the first signal would wait for them; the second
 /// cancels them at once, and the result (the first signal's) still gets written.
 #[test]
-#[ignore = "needs the engine lane's Stop and RowSink support (issue 21): un-ignore at merge"]
 fn a_second_signal_cancels_the_requests_in_flight_at_once() {
     let dir = tempdir("second");
     let t = trace(&dir);
@@ -221,7 +218,7 @@ fn a_second_signal_cancels_the_requests_in_flight_at_once() {
     assert_eq!(out.status.code(), Some(143), "{stderr}");
     assert!(
         took < Duration::from_secs(4),
-        "{took:?} after the second signal"
+        "{took:?} after the second signal; stderr: {stderr}"
     );
     let v = json(&dir.join("r.json"));
     let i = &v["llmreplay"]["interrupted"];
@@ -238,7 +235,6 @@ fn a_second_signal_cancels_the_requests_in_flight_at_once() {
 /// kill -9 ~3 s in: the journal holds every request the server finished but those of the
 /// last flush interval and those in flight; `merge` recovers each once, marked partial.
 #[test]
-#[ignore = "needs the engine lane's RowSink support (issue 21): un-ignore at merge"]
 fn kill_9_mid_run_then_merge_recovers_every_finished_request_once() {
     let dir = tempdir("kill9");
     let t = trace(&dir);

@@ -79,7 +79,8 @@ pub struct RunOutput {
     pub bodies_replayed: usize,
     /// Selected rows that could not become a request: (request id, why).
     pub skipped: Vec<(String, String)>,
-    /// Trace time span of the selection.
+    /// Trace time span of the selection (of an interrupted run whose feed had not read the
+    /// whole selection: the span of the trace within the window, from its arrival extent).
     pub trace_span: Duration,
     /// Wall time of the run.
     pub wall: Duration,
@@ -316,6 +317,15 @@ pub fn run_target(
         run.skipped = summary.skipped;
         run.bodies_replayed = summary.bodies;
         run.trace_span = summary.trace_span;
+        if !summary.complete && run.interrupted.is_some() {
+            // The feed stopped before the end of the selection: its span from the source's
+            // arrival extent, the window applied (the rows were never read to the end).
+            if let Ok(Some(span)) = source.arrival_span() {
+                let whole = Duration::from_micros((span.last_us - span.first_us).max(0) as u64);
+                let after = whole.saturating_sub(cfg.selection.start_offset);
+                run.trace_span = cfg.selection.duration.map_or(after, |d| d.min(after));
+            }
+        }
         if let Some(i) = run.interrupted.as_mut() {
             i.not_sent = summary
                 .complete

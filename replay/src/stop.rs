@@ -59,6 +59,10 @@ impl Stop {
 
     /// Requests a stop: the first call drains, any later one stops at once.
     pub fn request(&self, reason: &str) {
+        // The level first: a watcher woken by the state change reads the new level.
+        let _ = self
+            .level
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| Some((l + 1).min(2)));
         self.tx.send_modify(|s| {
             *s = match s {
                 StopState::Running => StopState::Drain {
@@ -69,9 +73,6 @@ impl Stop {
                 },
             }
         });
-        let _ = self
-            .level
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| Some((l + 1).min(2)));
     }
 
     /// 0 = running, 1 = draining, 2 = stop now (a relaxed atomic load, for hot loops).

@@ -124,6 +124,25 @@ fn replay_without_target_prints_a_full_report() {
     assert!(v["p99_ttft_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(v["llmreplay"]["trace"]["speedup"], 2.0);
     assert_eq!(v["llmreplay"]["trace"]["rows"], 30);
+    assert_eq!(v["backend"], "openai");
+
+    // A chat trace's result is named after its endpoint though its rows are not kept in
+    // memory (they go to the results file as they finish).
+    let chat = synth(
+        &dir,
+        "chat.parquet",
+        &["--num-prompts", "5", "--input-len", "8", "--output-len", "4", "--endpoint", "chat"],
+    );
+    let o = run(&[
+        "replay",
+        chat.to_str().unwrap(),
+        "--save-result",
+        result.to_str().unwrap(),
+        "-q",
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    assert_eq!(v["backend"], "openai-chat");
 }
 
 /// A Poisson trace replayed at --speedup 2: every request is scheduled at exactly half its

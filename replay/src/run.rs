@@ -100,6 +100,12 @@ pub struct RunOutput {
         std::collections::BTreeMap<String, crate::server_metrics::HistogramSummary>,
     /// Set when the run was stopped before its schedule ended: what ran is partial.
     pub interrupted: Option<crate::stop::Interrupted>,
+    /// Rows per request endpoint (what the result's `backend` is named after, with or
+    /// without [`ReplayConfig::keep_rows`]).
+    pub endpoints: std::collections::BTreeMap<String, usize>,
+    /// Soak passes the rows came from (1 + the largest `~k` request-id suffix; see
+    /// [`crate::soak::passes_replayed`]); 0 for a run assembled elsewhere.
+    pub passes: usize,
 }
 
 /// Builds the client runtime.
@@ -498,6 +504,8 @@ fn run_fed(
         metrics: MetricsBuilder::new(started_at_us, &cfg.goodput, &cfg.metric_percentiles),
         bursts: Bursts::default(),
         kept: Vec::new(),
+        endpoints: Default::default(),
+        passes: 0,
         successors: Some(successor_tx),
         waiting: HashMap::new(),
         ended: HashMap::new(),
@@ -601,6 +609,8 @@ fn run_fed(
         run_id: run_id.to_string(),
         started_at_us,
         records: kept.into_iter().map(|(_, r)| r).collect(),
+        endpoints: std::mem::take(&mut lp.endpoints),
+        passes: lp.passes,
         plan_len: feed.emitted() as usize,
         bodies_replayed: 0,
         skipped: Vec::new(),
@@ -627,6 +637,9 @@ struct Loop<'a> {
     bursts: Bursts,
     /// Rows kept for [`RunOutput::records`] (`keep_rows`), with their schedule position.
     kept: Vec<(u64, TraceRecord)>,
+    /// Rows per endpoint, and the soak passes seen ([`RunOutput::endpoints`], `passes`).
+    endpoints: std::collections::BTreeMap<String, usize>,
+    passes: usize,
     /// To the pacer: successors of finished turns.
     successors: Option<Sender<Vec<ToPacer>>>,
     /// Closed sessions: turns waiting for their predecessor (by the predecessor's seq).
@@ -749,6 +762,15 @@ impl Loop<'_> {
     /// A finished row, attributed: to the metrics, the sink, and the kept rows.
     fn emit(&mut self, seq: u64, rec: TraceRecord) {
         self.metrics.add(&rec);
+        match self.endpoints.get_mut(&rec.endpoint) {
+            Some(n) => *n += 1,
+            None => {
+                self.endpoints.insert(rec.endpoint.clone(), 1);
+            }
+        }
+        self.passes = self
+            .passes
+            .max(crate::soak::passes_replayed(std::slice::from_ref(&rec)));
         if let Err(e) = self.sink.row(&rec) {
             self.fail(e);
         }

@@ -237,7 +237,9 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
     let ok = |r: &trace_format::TraceRecord| r.outcome == trace_format::Outcome::Ok;
     let vllm = VllmFields {
         date: chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string(),
-        backend: if recs.iter().any(|r| r.endpoint.contains("chat")) {
+        backend: if run.endpoints.keys().any(|e| e.contains("chat"))
+            || recs.iter().any(|r| r.endpoint.contains("chat"))
+        {
             "openai-chat"
         } else {
             "openai"
@@ -428,7 +430,7 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
         server_histograms,
         soak: cfg.soak.loops.map(|l| SoakDoc {
             loops: l.to_string(),
-            passes: replay::soak::passes_replayed(&run.records) as u64,
+            passes: run.passes.max(replay::soak::passes_replayed(&run.records)) as u64,
         }),
         slices: cfg.soak.slice.map(|w| {
             let s = replay::soak::slices(&run.records, run.started_at_us, w, &cfg.goodput);
@@ -486,6 +488,8 @@ pub fn empty_run(target: replay::config::Target) -> RunOutput {
         server_gauges: Default::default(),
         server_histograms: Default::default(),
         interrupted: None,
+        endpoints: Default::default(),
+        passes: 0,
     }
 }
 

@@ -214,12 +214,12 @@ impl Feed<'_> {
 
 enum Work {
     Rows(Vec<Selected>),
-    End(Result<Selector, ReplayError>),
+    End(Box<Result<Selector, ReplayError>>),
 }
 
 enum Built {
     Rows(Vec<(Selected, Result<crate::request::BuiltRequest, String>)>),
-    End(Result<Selector, ReplayError>),
+    End(Box<Result<Selector, ReplayError>>),
 }
 
 /// Builder threads for `cfg`: one per core with a tokenizer, else one.
@@ -315,7 +315,7 @@ fn read(source: &dyn RecordSource, mut sel: Selector, to: &[SyncSender<Work>], c
     let rows = match source.records() {
         Ok(r) => r,
         Err(e) => {
-            send(Work::End(Err(e)));
+            send(Work::End(Box::new(Err(e))));
             return;
         }
     };
@@ -327,7 +327,7 @@ fn read(source: &dyn RecordSource, mut sel: Selector, to: &[SyncSender<Work>], c
             Ok(r) => r,
             Err(e) => {
                 if send(Work::Rows(std::mem::take(&mut chunk))) {
-                    send(Work::End(Err(e.into())));
+                    send(Work::End(Box::new(Err(e.into()))));
                 }
                 return;
             }
@@ -348,7 +348,7 @@ fn read(source: &dyn RecordSource, mut sel: Selector, to: &[SyncSender<Work>], c
         }
     }
     if send(Work::Rows(chunk)) {
-        send(Work::End(Ok(sel)));
+        send(Work::End(Box::new(Ok(sel))));
     }
 }
 
@@ -370,19 +370,21 @@ fn collect(
         k += 1;
         let rows = match built {
             Built::Rows(rows) => rows,
-            Built::End(Ok(sel)) => {
-                let msg = if asm.is_empty() {
-                    FeedMsg::Failed(sel.empty_error(&asm.skipped))
-                } else {
-                    FeedMsg::Done(asm.len())
-                };
-                let _ = tx.send(vec![Input::Pass(msg)]);
-                return summary(asm, Some(&sel), true);
-            }
-            Built::End(Err(e)) => {
-                let _ = tx.send(vec![Input::Pass(FeedMsg::Failed(e))]);
-                return summary(asm, None, false);
-            }
+            Built::End(end) => match *end {
+                Ok(sel) => {
+                    let msg = if asm.is_empty() {
+                        FeedMsg::Failed(sel.empty_error(&asm.skipped))
+                    } else {
+                        FeedMsg::Done(asm.len())
+                    };
+                    let _ = tx.send(vec![Input::Pass(msg)]);
+                    return summary(asm, Some(&sel), true);
+                }
+                Err(e) => {
+                    let _ = tx.send(vec![Input::Pass(FeedMsg::Failed(e))]);
+                    return summary(asm, None, false);
+                }
+            },
         };
         let mut batch: Vec<ToPacer> = Vec::with_capacity(rows.len());
         for (s, built) in rows {
@@ -397,10 +399,11 @@ fn collect(
             let bytes = item.req.body.len() + item.request_id.len() + 256;
             // Hand over what is ready before waiting for room, so the pacer never waits
             // for the feed while the feed waits for the clock.
-            if !batch.is_empty() && !ctl.has_room(item.offset, first, bytes) {
-                if tx.send(std::mem::take(&mut batch)).is_err() {
-                    return summary(asm, None, false);
-                }
+            if !batch.is_empty()
+                && !ctl.has_room(item.offset, first, bytes)
+                && tx.send(std::mem::take(&mut batch)).is_err()
+            {
+                return summary(asm, None, false);
             }
             if !ctl.wait_for_room(item.offset, first, bytes) {
                 return summary(asm, None, false);

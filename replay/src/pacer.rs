@@ -189,16 +189,15 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
-    #[derive(Clone, Default)]
-    struct Log(
-        Arc<
-            Mutex<(
-                Vec<(usize, Instant, Instant)>,
-                Vec<&'static str>,
-                Option<PacerEnd>,
-            )>,
-        >,
+    /// Releases (item, due, actual), messages passed, and the end.
+    type Logged = (
+        Vec<(usize, Instant, Instant)>,
+        Vec<&'static str>,
+        Option<PacerEnd>,
     );
+
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Logged>>);
 
     impl Outlet<usize, &'static str> for Log {
         fn dispatch(&mut self, item: usize, _offset: Duration, at: Instant) {

@@ -56,6 +56,8 @@ pub struct Selected {
 
 /// What [`Selector::offer`] made of a row.
 #[derive(Debug)]
+// Returned once per row and taken apart at once: boxing the row would allocate per row.
+#[allow(clippy::large_enum_variant)]
 pub enum Step {
     /// Replayed (in this shard).
     Take(Selected),

@@ -246,14 +246,6 @@ pub fn assess(captured: &[TraceRecord], replayed: &[TraceRecord], opts: Options)
         outcomes.entry(r.outcome.to_string()).or_default().1 += 1;
     }
 
-    let mut outcome_changes: BTreeMap<String, usize> = BTreeMap::new();
-    for (c, r) in &pairs {
-        if c.outcome != r.outcome {
-            *outcome_changes
-                .entry(format!("{} → {}", c.outcome, r.outcome))
-                .or_default() += 1;
-        }
-    }
     let changes = OutcomeChanges::of(&pairs);
 
     let classes = classes(captured, replayed, &pairs);
@@ -274,7 +266,7 @@ pub fn assess(captured: &[TraceRecord], replayed: &[TraceRecord], opts: Options)
         schedule,
         classes,
         outcomes,
-        outcome_changes,
+        outcome_changes: changes.by_kind.clone(),
         verdict: verdict_parts.0,
         load_reproduced: verdict_parts.1,
         schedule_reproduced: verdict_parts.2,
@@ -358,15 +350,14 @@ fn schedule(pairs: &[(&TraceRecord, &TraceRecord)], speedup: f64) -> Schedule {
 /// the replay's to reproduce, every other outcome is the server's answer.
 #[derive(Debug, Default)]
 struct OutcomeChanges {
-    /// Cancelled in the capture, not in the replay.
+    /// `"captured → replayed"` → requests.
+    by_kind: BTreeMap<String, usize>,
+    /// Cancelled in the capture and not in the replay; the other way round.
     not_cancelled: usize,
-    /// Cancelled in the replay only.
     cancelled: usize,
-    /// Succeeded in the capture, failed in the replay.
+    /// Succeeded in the capture and failed in the replay; the other way; failed differently.
     now_failed: usize,
-    /// Failed in the capture, succeeded in the replay.
     now_ok: usize,
-    /// Failed both times, differently.
     other_failure: usize,
 }
 
@@ -374,6 +365,10 @@ impl OutcomeChanges {
     fn of(pairs: &[(&TraceRecord, &TraceRecord)]) -> OutcomeChanges {
         let mut ch = OutcomeChanges::default();
         for (c, r) in pairs {
+            if c.outcome != r.outcome {
+                let kind = format!("{} → {}", c.outcome, r.outcome);
+                *ch.by_kind.entry(kind).or_default() += 1;
+            }
             match (c.outcome, r.outcome) {
                 (a, b) if a == b => {}
                 (Outcome::ClientCancelled, _) => ch.not_cancelled += 1,

@@ -486,7 +486,10 @@ fn prompt_note(stream: &trace_format::TraceStream, tok: Option<&str>) -> Result<
     Ok(
         replay::request::prompt_source_note(seen, bodies, tok).map(|n| {
             if seen < stream.rows() {
-                format!("{n} (judged from the first {seen} of {} rows)", stream.rows())
+                format!(
+                    "{n} (judged from the first {seen} of {} rows)",
+                    stream.rows()
+                )
             } else {
                 n
             }

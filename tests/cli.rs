@@ -131,7 +131,16 @@ fn replay_without_target_prints_a_full_report() {
     let chat = synth(
         &dir,
         "chat.parquet",
-        &["--num-prompts", "5", "--input-len", "8", "--output-len", "4", "--endpoint", "chat"],
+        &[
+            "--num-prompts",
+            "5",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--endpoint",
+            "chat",
+        ],
     );
     let o = run(&[
         "replay",

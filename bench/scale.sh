@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 out, tag, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rss = [tuple(map(float, l.split("\t"))) for l in open(f"{out}/{tag}-rss.tsv") if l.strip()]
 r = json.load(open(f"{out}/{tag}.json"))
-first = pq.read_table(f"{out}/{tag}-results.parquet", columns=["arrival_time_us"]).column(0)
+first = pq.read_table(f"{out}/{tag}-results.parquet", columns=["arrival_time"]).column(0).cast("int64")
 first_s = (min(first.to_pylist()) - t0) / 1e6
 peak = max(k for _, k in rss) / 1024
 # Least-squares slope of RSS over the second half of the samples, MiB per minute.

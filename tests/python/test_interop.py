@@ -362,11 +362,16 @@ def test_trace_identity_hash_matches_result(result):
 
 
 def test_detailed_arrays_follow_the_rows(result):
-    """--save-detailed arrays are per request, in the order of the Parquet rows."""
+    """--save-detailed arrays are per request in schedule order; the Parquet rows are written
+    as requests finish, so in that order once sorted by their scheduled offset."""
     t = pq.read_table(
         REPLAY_PARQUET,
-        columns=["outcome", "prompt_tokens", "output_tokens", "ttft_us", "chunk_times_us", "error"],
+        columns=[
+            "outcome", "prompt_tokens", "output_tokens", "ttft_us", "chunk_times_us", "error",
+            "scheduled_offset_us",
+        ],
     ).to_pylist()
+    t.sort(key=lambda r: r["scheduled_offset_us"])
     n = result["num_prompts"]
     for k in ("input_lens", "output_lens", "ttfts", "itls", "errors"):
         assert len(result[k]) == n, k

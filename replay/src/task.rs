@@ -375,12 +375,11 @@ mod tests {
             - r.connect_us.unwrap_or(0)
     }
 
-    #[test]
-    fn a_burst_is_queue_time_and_only_gaps_between_sends_are_lag() {
-        // Four requests due at 0, sent 30, 50, 2_050 and 2_060 µs late (the third after a
-        // 2 ms stall), listed out of send order; one at 5_000 on its own; two due at 9_000
-        // of which one waited for a concurrency slot (its lag is already from the slot).
-        let mut rows = vec![
+    /// Four requests due at 0, sent 30, 50, 2_050 and 2_060 µs late (the third after a 2 ms
+    /// stall), listed out of send order; one at 5_000 on its own; two due at 9_000 of which
+    /// one waited for a concurrency slot (its lag is already from the slot).
+    fn burst_rows() -> (Vec<TraceRecord>, [bool; 7]) {
+        let rows = vec![
             row("c", 0, 2_050, 0, None),
             row("a", 0, 30, 0, None),
             row("d", 0, 2_060, 0, None),
@@ -389,7 +388,12 @@ mod tests {
             row("f", 9_000, 25, 0, None),
             row("g", 9_000, 10, 700, None),
         ];
-        let waited = [false, false, false, false, false, false, true];
+        (rows, [false, false, false, false, false, false, true])
+    }
+
+    #[test]
+    fn a_burst_is_queue_time_and_only_gaps_between_sends_are_lag() {
+        let (mut rows, waited) = burst_rows();
         let before: Vec<i64> = rows.iter().map(send_minus_parts).collect();
         attribute_bursts(&mut rows, &waited);
         let got: Vec<(&str, i64, i64)> = rows
@@ -441,16 +445,7 @@ mod tests {
     #[test]
     fn bursts_held_until_closed_and_finished_equal_attribution_over_the_whole_run() {
         // Three instants: a burst of four, one alone, a burst of two with a slot wait.
-        let rows = vec![
-            row("c", 0, 2_050, 0, None),
-            row("a", 0, 30, 0, None),
-            row("d", 0, 2_060, 0, None),
-            row("b", 0, 50, 0, None),
-            row("e", 5_000, 40, 0, None),
-            row("f", 9_000, 25, 0, None),
-            row("g", 9_000, 10, 700, None),
-        ];
-        let waited = [false, false, false, false, false, false, true];
+        let (rows, waited) = burst_rows();
         let mut whole = rows.clone();
         attribute_bursts(&mut whole, &waited);
         let gid = |r: &TraceRecord| r.scheduled_offset_us.unwrap() as u64;

@@ -691,3 +691,49 @@ fn compare_refuses_different_axes_and_names_unmatched_levels() {
         "{out}"
     );
 }
+
+/// `llmreplay demo` as the README runs it, shortened: an embedded sim, a synthetic trace, a
+/// request-rate sweep past the tiny profile's knee, and the reports. The capacity answer must
+/// come from the sweep it ran (the low level within the SLO, the high one past it).
+#[test]
+fn demo_runs_a_sweep_on_the_embedded_sim_and_writes_its_reports() {
+    let _g = serial();
+    let dir = tempdir("demo");
+    let out = dir.join("demo");
+    let o = run(&[
+        "demo",
+        "--rates",
+        "2,8",
+        "--seconds",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "demo failed: {stdout}\n{stderr}");
+    for f in ["trace.parquet", "sweep.json", "report.html", "report.md"] {
+        let p = out.join(f);
+        assert!(
+            std::fs::metadata(&p).map(|m| m.len() > 0).unwrap_or(false),
+            "{} missing or empty",
+            p.display()
+        );
+    }
+    let sweep: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+    let levels = sweep["results"].as_array().expect("results");
+    assert_eq!(levels.len(), 2, "one result per level");
+    for r in levels {
+        assert!(r["completed"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["failed"].as_u64(), Some(0), "{r}");
+    }
+    // The tiny profile serves ~1.5 req/s: 2 req/s offered is within the SLO, 8 is past it.
+    assert!(
+        stdout.contains("meets the SLO") && stdout.contains("up to 2 req/s offered"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("it breaks at 8 req/s offered"), "{stdout}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("request-rate") || md.contains("req/s"), "{md}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -745,6 +745,7 @@ mod tests {
         // and then, under load: "stamped 0ns").
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
+        let (written, answered) = std::sync::mpsc::channel();
         let server = std::thread::spawn(move || {
             use std::io::{Read, Write};
             let (mut s, _) = l.accept().unwrap();
@@ -752,11 +753,15 @@ mod tests {
             let _ = s.read(&mut req);
             s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                 .unwrap();
+            let _ = written.send(());
             s
         });
         let mut c = conn(addr, true).await;
         c.write_request(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-        // The whole response arrives meanwhile; this task reads it 200 ms later.
+        // The whole response is in the socket once the server says it wrote it (under load the
+        // server thread could be scheduled late, after a fixed sleep had begun: "stamped 40ms");
+        // this task reads it 200 ms after that.
+        answered.recv().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(200));
         let read_at = Instant::now();
         let (h, arrived) = c.read_head(1024, |_| Ok(())).await.unwrap();

@@ -8,13 +8,13 @@
 #![allow(clippy::await_holding_lock)] // SERIAL serialises whole tests on purpose
 
 mod support;
+use support::env::{fresh_path, serial};
 
 use support::capture::CaptureProc;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -26,24 +26,6 @@ use hyper_util::rt::TokioExecutor;
 use proxy::{ProxyConfig, UsageMode};
 use trace_format::{Outcome, TraceRecord};
 use wire::sse::{classify, SseParser, StreamEvent};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-static DIRS: AtomicUsize = AtomicUsize::new(0);
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A fresh directory under the system temp dir (no tempfile dev-dependency here).
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "llmreplay-capture-{}-{}-{name}",
-        std::process::id(),
-        DIRS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
 
 type TestClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -168,7 +150,7 @@ fn req_body(chat: bool, stream: bool, stream_options: Option<&str>, max_tokens: 
 async fn byte_identical(mode: UsageMode, h2: bool) -> Vec<TraceRecord> {
     let direct = sim(2, 1).await;
     let behind = sim(2, 1).await;
-    let out = tmpdir("identical");
+    let out = fresh_path("identical");
     let mut c = cfg(&behind.url(), &out);
     c.usage = mode;
     let p = proxy::start(c).await.expect("proxy");
@@ -286,7 +268,7 @@ async fn each_chunk_is_recorded_as_it_passes() {
     let mut report = String::new();
     let mut passed = false;
     for attempt in 0..3 {
-        let out = tmpdir("timing");
+        let out = fresh_path("timing");
         let p = proxy_rt
             .spawn(proxy::start(cfg(&s.url(), &out)))
             .await
@@ -365,7 +347,7 @@ async fn shutdown_during_200_streams_loses_none() {
     let _g = serial();
     // Streams of ~1.2 s, so all 200 are in flight together even on a loaded machine.
     let s = sim(1000, 5).await;
-    let out = tmpdir("drain");
+    let out = fresh_path("drain");
     let p = proxy::start(cfg(&s.url(), &out)).await.expect("proxy");
     let url = p.url(false);
     let c = client();
@@ -415,7 +397,7 @@ async fn trace_files_are_private_and_hold_no_secret() {
     use std::os::unix::fs::PermissionsExt;
     let _g = serial();
     let s = sim(1, 1).await;
-    let out = tmpdir("secrets");
+    let out = fresh_path("secrets");
     let mut c = cfg(&s.url(), &out);
     c.record_bodies = proxy::RecordBodies::Full;
     c.session_header = Some("x-session-id".into());
@@ -492,7 +474,7 @@ fn closed_port() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_down_gives_502_and_a_row() {
     let _g = serial();
-    let out = tmpdir("down");
+    let out = fresh_path("down");
     let p = proxy::start(cfg(&format!("http://{}", closed_port()), &out))
         .await
         .expect("proxy");
@@ -538,7 +520,7 @@ async fn silent_upstream_gives_504_and_a_timeout_row() {
             socks.push(s);
         }
     });
-    let out = tmpdir("timeout");
+    let out = fresh_path("timeout");
     let mut c = cfg(&format!("http://{addr}"), &out);
     c.upstream_timeout = Duration::from_millis(200);
     let p = proxy::start(c).await.expect("proxy");
@@ -563,7 +545,7 @@ async fn silent_upstream_gives_504_and_a_timeout_row() {
 async fn client_disconnect_cancels_upstream_and_records_client_cancelled() {
     let _g = serial();
     let s = sim(5, 20).await;
-    let out = tmpdir("cancel");
+    let out = fresh_path("cancel");
     let p = proxy::start(cfg(&s.url(), &out)).await.expect("proxy");
     let c = client();
     let req = Request::post(format!("{}/v1/completions", p.url(false)))
@@ -608,7 +590,7 @@ async fn refuses_connect_and_foreign_absolute_form() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _g = serial();
     let s = sim(1, 1).await;
-    let out = tmpdir("open");
+    let out = fresh_path("open");
     let p = proxy::start(cfg(&s.url(), &out)).await.expect("proxy");
     let raw = |req: String| {
         let addr = p.addr();
@@ -645,7 +627,7 @@ async fn refuses_connect_and_foreign_absolute_form() {
 async fn admin_serves_metrics_and_health() {
     let _g = serial();
     let s = sim(1, 1).await;
-    let out = tmpdir("admin");
+    let out = fresh_path("admin");
     let mut c = cfg(&s.url(), &out);
     c.admin = Some("127.0.0.1:0".parse().unwrap());
     let p = proxy::start(c).await.expect("proxy");
@@ -705,7 +687,7 @@ async fn recorded_chunk_times_follow_the_ground_truth_server() {
         },
     )
     .expect("ground-truth server");
-    let out = tmpdir("scripted");
+    let out = fresh_path("scripted");
     let mut c = cfg(&server.url(), &out);
     c.usage = UsageMode::Off; // the request asks for usage itself
     let p = proxy::start(c).await.expect("proxy");
@@ -746,7 +728,7 @@ fn binary_capture_sigterm_exits_0_with_finished_files() {
     let _g = serial();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let s = rt.block_on(sim(1, 1));
-    let out = tmpdir("binary");
+    let out = fresh_path("binary");
     let listen = closed_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
         .args([
@@ -869,7 +851,7 @@ fn replay_of_a_capture_keeps_captured_arrival_offsets() {
     let target = rt.block_on(sim(1, 1));
     let gaps = irregular_gaps_ms(36);
     for mode in [proxy::RecordBodies::Hashes, proxy::RecordBodies::Full] {
-        let out = tmpdir("replay-capture");
+        let out = fresh_path("replay-capture");
         let captured = rt.block_on(capture_with_gaps(mode, &gaps, &upstream.url(), &out));
         let first = captured[0].arrival_time_us;
         let offsets: Vec<i64> = captured.iter().map(|r| r.arrival_time_us - first).collect();
@@ -926,7 +908,7 @@ fn replay_of_a_capture_keeps_captured_arrival_offsets() {
 #[test]
 fn binary_capture_threads_flag() {
     let _g = serial();
-    let out = tmpdir("threads");
+    let out = fresh_path("threads");
     let zero = std::process::Command::new(env!("CARGO_BIN_EXE_llmreplay"))
         .args(["capture", "--no-admin", "--threads", "0"])
         .args(["--upstream", "http://127.0.0.1:9", "--out"])
@@ -981,7 +963,7 @@ fn binary_capture_kill_9_loses_nothing_older_than_the_flush_interval() {
     const N: usize = 24;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let s = rt.block_on(sim(1, 1));
-    let out = tmpdir("kill9");
+    let out = fresh_path("kill9");
     let listen = closed_port();
     let flags = ["--flush-interval", "50ms", "--session-header", "x-req"];
     let mut cap = CaptureProc::spawn(listen, &s.url(), &out, &flags);
@@ -1069,7 +1051,7 @@ async fn tokenizer_blocks_and_counts_are_recorded_with_their_unit() {
     let _g = serial();
     let tok = std::sync::Arc::new(proxy::Tokenizer::load("cl100k_base").unwrap());
     let s = sim(1, 1).await;
-    let out = tmpdir("tokenizer");
+    let out = fresh_path("tokenizer");
     let mut c = cfg(&s.url(), &out);
     c.usage = UsageMode::Off;
     c.block_size = 4;

@@ -6,6 +6,7 @@
 //! see them fail).
 
 mod support;
+use support::env::free_addr;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,11 +19,6 @@ use trace_format::TraceRecord;
 fn bin() -> String {
     std::env::var("LLMREPLAY_CAPTURE_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_llmreplay").to_string())
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 fn sim(rt: &tokio::runtime::Runtime) -> sim::SimHandle {

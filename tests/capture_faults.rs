@@ -21,6 +21,7 @@
 //! a few seconds.
 
 mod support;
+use support::env::{free_addr, tmpdir};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,17 +31,6 @@ use support::capture::CaptureProc;
 use support::fault_upstream::{chunk, Act, FaultUpstream, Received};
 use support::http1::{raw_exchange, RawReply};
 use trace_format::{Outcome, TraceRecord};
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-faults-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
 
 /// `llmreplay capture` in front of `upstream`, recording `x-marker` as the session id.
 /// Killed when dropped unstopped (a failed test leaves no process behind).

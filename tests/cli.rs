@@ -1,6 +1,7 @@
 //! End-to-end tests of the `llmreplay` binary: real processes, real sockets on loopback.
 
 mod support;
+use support::env::{free_addr, serial, tmpdir};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -9,14 +10,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use sim::groundtruth::{GroundTruth, GroundTruthConfig};
-
-/// These tests start processes that measure time; running them one at a time keeps one
-/// test's CPU burst out of another's timing on a 2-core machine.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The ground-truth server on loopback, one token per chunk, as many chunks as `max_tokens`.
 fn ground_truth(ttft: Duration, itl: Duration) -> GroundTruth {
@@ -50,13 +43,6 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn synth(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let p = dir.join(name);
     let mut args = vec!["synth", "-o", p.to_str().unwrap()];
@@ -69,7 +55,7 @@ fn synth(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
 #[test]
 fn replay_without_target_prints_a_full_report() {
     let _serial = serial();
-    let dir = tempdir("notarget");
+    let dir = tmpdir("notarget");
     let trace = synth(
         &dir,
         "t.parquet",
@@ -159,7 +145,7 @@ fn replay_without_target_prints_a_full_report() {
 #[test]
 fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
     let _serial = serial();
-    let dir = tempdir("speedup");
+    let dir = tmpdir("speedup");
     let trace_path = synth(
         &dir,
         "p.parquet",
@@ -268,7 +254,7 @@ fn poisson_trace_at_speedup_2_keeps_every_send_on_schedule() {
 #[test]
 fn imported_public_trace_replays_with_a_real_tokenizer() {
     let _serial = serial();
-    let dir = tempdir("imported");
+    let dir = tmpdir("imported");
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/azure-code-200.parquet");
     let result = dir.join("r.json");
     let o = run(&[
@@ -305,7 +291,7 @@ fn imported_public_trace_replays_with_a_real_tokenizer() {
 #[test]
 fn bad_input_gives_clear_errors_not_panics() {
     let _serial = serial();
-    let dir = tempdir("bad");
+    let dir = tmpdir("bad");
     // Missing file.
     let o = run(&["replay", dir.join("nope.parquet").to_str().unwrap(), "-q"]);
     let (_, err) = text(&o);
@@ -367,7 +353,7 @@ fn bad_input_gives_clear_errors_not_panics() {
 #[test]
 fn inspect_reports_the_traffic_figures() {
     let _serial = serial();
-    let dir = tempdir("inspect");
+    let dir = tmpdir("inspect");
     let trace = synth(
         &dir,
         "t.parquet",
@@ -390,20 +376,12 @@ fn inspect_reports_the_traffic_figures() {
     assert!(text_out.contains("100"), "{text_out}");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `llmreplay sim` answers a streamed chat request with well-formed SSE, a final usage chunk
 /// and `[DONE]`.
 #[test]
 fn sim_streams_chat_with_usage_and_done() {
     let _serial = serial();
-    let port = free_port();
+    let port = free_addr().port();
     let mut child = bin()
         .args([
             "sim",
@@ -517,7 +495,7 @@ fn serve_file(name: &'static str, body: Vec<u8>, requests: usize) -> String {
 #[test]
 fn import_reads_a_trace_from_a_url_as_from_a_file() {
     let _serial = serial();
-    let dir = tempdir("import-url");
+    let dir = tmpdir("import-url");
     let csv = b"TIMESTAMP,ContextTokens,GeneratedTokens\n\
         2023-11-16 18:15:46.6805900,374,44\n\
         2023-11-16 18:15:50.9951690,396,109\n\
@@ -566,7 +544,7 @@ fn import_reads_a_trace_from_a_url_as_from_a_file() {
 #[test]
 fn the_prompt_note_says_whether_bodies_are_replayed_or_prompts_synthesized() {
     let _serial = serial();
-    let dir = tempdir("bodies");
+    let dir = tmpdir("bodies");
     let synthetic = synth(
         &dir,
         "s.parquet",
@@ -658,7 +636,7 @@ fn sweep_file(dir: &Path, file: &str, name: &str, axis: &str, levels: &[f64]) ->
 /// and unmatched levels of sweeps on one axis are named.
 #[test]
 fn compare_refuses_different_axes_and_names_unmatched_levels() {
-    let dir = tempdir("compare-axes");
+    let dir = tmpdir("compare-axes");
     let rate = sweep_file(&dir, "rate.json", "a", "request-rate", &[1.0, 2.0, 4.0]);
     let conc = sweep_file(
         &dir,
@@ -698,7 +676,7 @@ fn compare_refuses_different_axes_and_names_unmatched_levels() {
 #[test]
 fn demo_runs_a_sweep_on_the_embedded_sim_and_writes_its_reports() {
     let _g = serial();
-    let dir = tempdir("demo");
+    let dir = tmpdir("demo");
     let out = dir.join("demo");
     let o = run(&[
         "demo",

@@ -7,12 +7,12 @@
 //! - a second signal cancels the requests in flight at once;
 //! - `kill -9`: the `--results` journal holds every request that finished (but the last
 //!   flush interval's), and `merge` recovers each once into a result marked partial.
-//!
-//! These need the engine to stop on `replay::Stop` and hand rows to the sink as they finish
-//! (issue 21, lane engine): until that merges they are ignored.
+
+mod support;
+use support::env::tmpdir;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,13 +22,6 @@ const REQUESTS: usize = 200;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_llmreplay"))
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-interrupt-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn run(args: &[&str]) -> Output {
@@ -135,7 +128,7 @@ fn no_duplicates(t: &trace_format::Trace) -> BTreeSet<String> {
 
 /// SIGTERM or SIGINT ~3 s into the ~10 s schedule: a partial result everywhere.
 fn stopped_by(sig: i32, name: &str, code: i32) {
-    let dir = tempdir(name);
+    let dir = tmpdir(name);
     let t = trace(&dir);
     let gt = ground_truth(Duration::from_millis(2));
     let child = spawn_replay(&t, &gt, &dir, &["--drain-timeout", "5s"]);
@@ -203,7 +196,7 @@ fn sigint_mid_run_writes_a_partial_result_that_report_reads() {
 /// cancels them at once, and the result (the first signal's) still gets written.
 #[test]
 fn a_second_signal_cancels_the_requests_in_flight_at_once() {
-    let dir = tempdir("second");
+    let dir = tmpdir("second");
     let t = trace(&dir);
     let gt = ground_truth(Duration::from_secs(5));
     let child = spawn_replay(&t, &gt, &dir, &["--drain-timeout", "60s"]);
@@ -236,7 +229,7 @@ fn a_second_signal_cancels_the_requests_in_flight_at_once() {
 /// last flush interval and those in flight; `merge` recovers each once, marked partial.
 #[test]
 fn kill_9_mid_run_then_merge_recovers_every_finished_request_once() {
-    let dir = tempdir("kill9");
+    let dir = tmpdir("kill9");
     let t = trace(&dir);
     let gt = ground_truth(Duration::from_millis(2));
     let child = spawn_replay(&t, &gt, &dir, &[]);
@@ -304,7 +297,7 @@ fn kill_9_mid_run_then_merge_recovers_every_finished_request_once() {
 /// path finishes it.
 #[test]
 fn a_leftover_journal_is_refused_then_recovered_by_merge() {
-    let dir = tempdir("leftover");
+    let dir = tmpdir("leftover");
     let t = trace(&dir);
     let gt = ground_truth(Duration::from_millis(1));
     let r = dir.join("r.parquet");

@@ -13,11 +13,11 @@
 //! scenario.
 
 mod support;
+use support::env::{free_addr, tmpdir};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -26,18 +26,6 @@ use support::capture::CaptureProc;
 use support::http1::Http1Client;
 use support::misbehaving::{Behaviour, ConnEnd, ConnEvent, MisbehavingServer, Served};
 use trace_format::{FileMeta, Outcome, Producer, TraceRecord};
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-keepalive-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
 
 // ---------------------------------------------------------------------------------------
 // The trace

@@ -8,37 +8,17 @@
 //! with two cores.
 
 mod support;
+use support::env::{free_addr, serial, tmpdir};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-static SERIAL: Mutex<()> = Mutex::new(());
 static DIRS: AtomicUsize = AtomicUsize::new(0);
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "llmreplay-limits-{}-{}-{name}",
-        std::process::id(),
-        DIRS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
 
 /// A capture child with its stderr lines collected by a thread.
 struct Capture {
@@ -54,8 +34,8 @@ impl Capture {
     /// descriptors (soft and hard) before it starts.
     fn start(upstream: &str, out: &Path, extra: &[&str], nofile: Option<u64>) -> Capture {
         use std::io::BufRead;
-        let listen = free_port();
-        let admin = free_port();
+        let listen = free_addr();
+        let admin = free_addr();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_llmreplay"));
         cmd.args(["capture", "--listen", &listen.to_string()])
             .args(["--admin", &admin.to_string(), "--upstream", upstream])

@@ -21,11 +21,12 @@
 //! older one fails them); by default they use this workspace's binary.
 
 mod support;
+use support::env::{free_addr, tmpdir};
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,18 +39,6 @@ use trace_format::{FileMeta, Outcome, Producer, TraceRecord};
 /// The `llmreplay` under test: `$LLMREPLAY_BIN`, else this workspace's.
 fn bin() -> String {
     std::env::var("LLMREPLAY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_llmreplay").into())
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-mixed-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 const MS: i64 = 1000;

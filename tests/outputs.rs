@@ -4,10 +4,12 @@
 //! `http://` one (object_store's HTTP store: PUT of the object) on loopback, which keeps
 //! what it was given.
 
+mod support;
+use support::env::tmpdir;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -78,16 +80,10 @@ fn llmreplay(args: &[&str]) -> String {
     err
 }
 
-fn tempdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-outputs-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn every_command_writes_to_an_object_url_as_to_a_path() {
     let (url, objects) = put_store();
-    let dir = tempdir();
+    let dir = tmpdir("outputs");
     let trace = dir.join("t.parquet");
     let t = trace.to_str().unwrap();
     llmreplay(&[

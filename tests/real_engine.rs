@@ -25,13 +25,11 @@
 #![allow(clippy::await_holding_lock)] // SERIAL serialises whole tests on purpose
 
 mod support;
+use support::env::{free_addr, serial, tmpdir};
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -45,10 +43,6 @@ use tokenize::Tokenizer;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::sse::{classify, SseParser, StreamEvent};
 
-/// The tests share one server and measure time: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-static DIRS: AtomicUsize = AtomicUsize::new(0);
-
 /// How far the capture proxy's TTFT of a request may fall below the TTFT its client measured
 /// for the same request. The proxy's interval (request headers read → first chunk read from
 /// the upstream) lies inside the client's (request handed to hyper → first chunk read from
@@ -59,23 +53,8 @@ static DIRS: AtomicUsize = AtomicUsize::new(0);
 /// still small beside the TTFTs here (hundreds of ms). Measured figures are printed.
 const TTFT_TOLERANCE_US: i64 = 10_000;
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "llmreplay-real-engine-{}-{}-{name}",
-        std::process::id(),
-        DIRS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// The engine under test: its base URL, and the PID file of a server this test started.
@@ -270,12 +249,6 @@ async fn completion(c: &TestClient, url: &str, body: &Value, id: &str) -> Seen {
         seen.completion_tokens = u.completion_tokens;
     }
     seen
-}
-
-/// A free loopback port (bound, then released).
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 /// `llmreplay capture` in front of the engine, flushing every 50 ms, at `url`.

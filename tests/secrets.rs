@@ -4,10 +4,11 @@
 //! `--record-bodies full` and a request body carrying an `api_key` field.
 
 mod support;
+use support::env::tmpdir;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,13 +20,6 @@ const KEY_HEADER: &str = "ECHOKEYB5e6f7g8h9";
 const KEY_BODY: &str = "ECHOKEYC9h0i1j2";
 const KEY_REPLAY: &str = "sk-live-ECHOKEYD3k4l5m6";
 const NEEDLES: [&str; 4] = ["ECHOKEYA", "ECHOKEYB", "ECHOKEYC", "ECHOKEYD"];
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-secrets-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// An upstream that answers `GET /v1/models` and every POST with a 401 echoing the
 /// credentials it received, in the shape named by the request's `x-echo` header: `json` (an

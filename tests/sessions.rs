@@ -18,6 +18,7 @@
 //! Loopback only. The figure is printed (`session linking through capture: …`).
 
 mod support;
+use support::env::{free_addr, tmpdir};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,18 +30,6 @@ use sim::groundtruth::{GroundTruth, GroundTruthConfig};
 use support::capture::CaptureProc;
 use support::http1::Http1Client;
 use trace_format::{Outcome, TraceRecord};
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-sessions-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
 
 /// splitmix64: the workload's draws, fixed by the seed.
 struct Rng(u64);

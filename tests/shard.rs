@@ -3,6 +3,9 @@
 //! absolute start against one ground-truth server, which sees the arrival shape of a single
 //! process replaying the whole trace.
 
+mod support;
+use support::env::{serial, tmpdir};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -19,20 +22,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmreplay-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// The tests here run their replays one at a time: each starts several processes, and the
-/// arrival-shape test measures sub-millisecond timing on a 2-core machine.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn s(p: &Path) -> &str {
@@ -57,7 +46,7 @@ fn finished(child: std::process::Child) {
 #[test]
 fn four_shards_merge_into_the_whole_trace() {
     let _serial = serial();
-    let dir = tempdir("shard");
+    let dir = tmpdir("shard");
     let trace = dir.join("t.parquet");
     let o = bin()
         .args([
@@ -222,7 +211,7 @@ fn replay_sharded(trace: &Path, url: &str, shards: usize, dir: &Path) -> (i64, V
 fn four_shards_with_one_start_reproduce_the_arrival_shape_of_one_process() {
     use sim::groundtruth::{GroundTruth, GroundTruthConfig};
     let _serial = serial();
-    let dir = tempdir("shape");
+    let dir = tmpdir("shape");
     let trace = dir.join("t.parquet");
     let o = bin()
         .args(["synth", "-o", s(&trace), "--num-prompts", "240"])

@@ -389,6 +389,29 @@ pub fn cdf(values: &[f64], max_points: usize) -> Vec<(f64, f64)> {
     out
 }
 
+/// The CDF of a [`Quantiles`] sample as [`cdf`] draws it: from every value while the sample
+/// is exact (the same points), else from the histogram's value at each drawn rank (within
+/// its relative error, 0.1%).
+pub fn cdf_of(q: &trace_format::quantiles::Quantiles, max_points: usize) -> Vec<(f64, f64)> {
+    if let Some(v) = q.exact_values() {
+        return cdf(v, max_points);
+    }
+    let n = q.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let at = |i: usize| q.quantile(100.0 * i as f64 / (n - 1).max(1) as f64);
+    let step = (n / max_points.max(2)).max(1);
+    let mut out: Vec<(f64, f64)> = (0..n)
+        .step_by(step)
+        .map(|i| (at(i), (i + 1) as f64 / n as f64))
+        .collect();
+    if out.last().map(|p| p.1) != Some(1.0) {
+        out.push((at(n - 1), 1.0));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -582,4 +582,68 @@ mod tests {
         assert_eq!(a.counts, vec![2, 1, 0, 1]);
         assert_eq!(a.peak_per_s, 2.0);
     }
+
+    /// A streamed trace's profile is the whole trace's, over files that overlap in time.
+    #[test]
+    fn a_streamed_arrival_profile_is_the_whole_traces() {
+        let dir = std::env::temp_dir().join(format!("llmreplay-arrivals-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let meta = trace_format::FileMeta::new(trace_format::Producer::Synth, "t");
+        let paths: Vec<String> = (0..3i64)
+            .map(|k| {
+                let recs: Vec<TraceRecord> = (0..500i64)
+                    .map(|i| {
+                        TraceRecord::new(
+                            &format!("{k}-{i}"),
+                            k * 700_000 + i * (i % 13) * 9_000,
+                            "/v1/completions",
+                        )
+                    })
+                    .collect();
+                let p = dir.join(format!("t{k}.parquet"));
+                trace_format::write_trace_file(&p, &recs, &meta).unwrap();
+                p.display().to_string()
+            })
+            .collect();
+        let whole = trace_format::read_traces(&paths).unwrap();
+        let stream = TraceStream::open(&paths).unwrap();
+        let a = arrival_profile_of(&stream).unwrap();
+        let b = arrival_profile(&whole.records);
+        assert_eq!(
+            (a.counts.len(), a.peak_per_s, a.mean_per_s),
+            (b.counts.len(), b.peak_per_s, b.mean_per_s)
+        );
+        assert_eq!(a.counts, b.counts);
+        assert_eq!(a.counts.iter().map(|c| *c as usize).sum::<usize>(), 1_500);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `--results` rows of runs no result file names are not kept; the others are, per run.
+    #[test]
+    fn run_samples_keep_the_runs_asked_for() {
+        let row = |run: &str, ttft: i64| {
+            let mut r = TraceRecord::new("x", 0, "/v1/completions");
+            r.stream = true;
+            r.run_id = Some(run.into());
+            r.target = Some("sim".into());
+            r.ttft_us = Some(ttft);
+            r.chunk_times_us = vec![ttft, ttft + 2_000];
+            r.e2el_us = Some(ttft + 2_000);
+            r.output_tokens = Some(2);
+            r
+        };
+        let key = |run: &str| ("sim".to_string(), run.to_string());
+        let mut s = RunSamples::only([key("a")]);
+        for t in [1_000, 2_000, 3_000] {
+            s.add(&row("a", t));
+            s.add(&row("b", t));
+        }
+        let a = s.get(&key("a")).unwrap();
+        assert_eq!(a.ttft.exact_values(), Some(&[1.0, 2.0, 3.0][..]));
+        assert_eq!(a.itl.exact_values(), Some(&[2.0, 2.0, 2.0][..]));
+        assert!(!a.is_estimate());
+        assert!(s.get(&key("b")).is_none());
+        let all = samples_of_records(&[row("b", 5_000)]);
+        assert_eq!(all.get(&key("b")).map(|b| b.ttft.len()), Some(1));
+    }
 }

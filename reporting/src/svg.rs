@@ -457,4 +457,35 @@ mod tests {
         let c = cdf(&[3.0, 1.0, 2.0], 100);
         assert_eq!(c, vec![(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]);
     }
+
+    /// While exact, the sample's CDF is the values' own; past the cap it is drawn from the
+    /// histogram, every point within its relative error of the true CDF's.
+    #[test]
+    fn a_sample_cdf_is_exact_then_within_the_histograms_error() {
+        use trace_format::quantiles::{Quantiles, EXACT_CAP, RELATIVE_ERROR};
+        let values: Vec<f64> = (0..5_000)
+            .map(|i| 1.0 + ((i * 7_919) % 5_000) as f64)
+            .collect();
+        let mut q = Quantiles::new();
+        values.iter().for_each(|v| q.add(*v));
+        assert_eq!(cdf_of(&q, 400), cdf(&values, 400));
+        let n = EXACT_CAP + 10_000;
+        let value = |i: usize| 1.0 + ((i * 7_919) % n) as f64 / 100.0;
+        let mut big = Quantiles::new();
+        (0..n).for_each(|i| big.add(value(i)));
+        assert!(!big.is_exact());
+        let mut sorted: Vec<f64> = (0..n).map(value).collect();
+        sorted.sort_by(f64::total_cmp);
+        let got = cdf_of(&big, 400);
+        assert!(got.len() <= 402 && got.len() > 300, "{}", got.len());
+        assert_eq!(got.last().map(|p| p.1), Some(1.0));
+        for (x, f) in got {
+            let i = ((f * n as f64).round() as usize).clamp(1, n) - 1;
+            let want = sorted[i];
+            assert!(
+                (x - want).abs() <= want * RELATIVE_ERROR * 1.01,
+                "{x} vs {want} at {f}"
+            );
+        }
+    }
 }

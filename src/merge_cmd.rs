@@ -1,6 +1,7 @@
-//! `llmreplay merge`: the flags, and the wiring that reads the shards' `--results` and writes
-//! the merged Parquet file and JSON result. The merge itself (checks, metrics over all rows,
-//! the shards' settings) is `reporting::merge`.
+//! `llmreplay merge`: the flags, and the wiring that streams the shards' `--results` and
+//! writes the merged Parquet file (as the rows stream, through the one-file writer of
+//! `replay --results`) and JSON result. The merge itself (checks, metrics over all rows, the
+//! shards' settings) is `reporting::merge`.
 
 use std::path::PathBuf;
 
@@ -47,27 +48,44 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
         );
         inputs.push(file.display().to_string());
     }
-    let trace = store::read_traces(&inputs).context("reading the shard results")?;
-    let m = reporting::merge::merge(
-        trace,
+    // Two passes over the inputs in arrival order (checks, then rows and metrics): memory
+    // does not grow with the rows (`reporting::merge`).
+    let stream = store::open_stream(&inputs).context("reading the shard results")?;
+    let checked = reporting::merge::check(&stream, command)?;
+    let (pq, js) = reporting::merge::output_paths(&a.output);
+    let mut sink = reporting::sink::ResultsSink::create(&pq, checked.meta().clone())?;
+    let merged = reporting::merge::merge(
+        &stream,
+        checked,
         &reporting::merge::MergeOptions {
             goodput: a.goodput,
             percentile_metrics: a.percentile_metrics,
             metric_percentiles: a.metric_percentiles,
         },
-        command,
-    )?;
+        &mut sink,
+    );
+    let m = match merged {
+        Ok(m) => m,
+        Err(e) => {
+            // Nothing half-written stays behind: the journal of the rows so far goes.
+            let journal = sink.journal().to_path_buf();
+            drop(sink);
+            let _ = std::fs::remove_file(&journal);
+            return Err(e.into());
+        }
+    };
     for note in &m.notes {
         eprintln!("note: {note}");
     }
-    let (pq, js) = reporting::merge::output_paths(&a.output);
-    let pq_at = store::write_trace(&pq, &m.records, &m.meta)
-        .with_context(|| format!("writing {}", pq.display()))?;
+    let pq_at = sink
+        .close()
+        .with_context(|| format!("writing {}", pq.display()))?
+        .at;
     let js_at = store::write_bytes(&js, m.doc.to_bytes())
         .with_context(|| format!("writing {}", js.display()))?;
     println!(
         "merged {} rows of {} runs: p99 TTFT {:.3} ms, dispatch lag {}",
-        m.records.len(),
+        m.rows,
         m.runs,
         m.p99_ttft_ms.unwrap_or(f64::NAN),
         if m.worst_lag_too_high {

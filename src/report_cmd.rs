@@ -333,25 +333,29 @@ pub struct ReportArgs {
 /// Runs `report`.
 pub fn run_report(a: ReportArgs) -> Result<()> {
     let files = read_files(&a.files)?;
-    let records = if a.results.is_empty() {
-        Vec::new()
-    } else {
-        store::read_traces(&a.results)
-            .context("reading --results")?
-            .records
-    };
+    // Both streamed: memory bounded by the runs and the trace's seconds, not its rows.
+    let mut samples = results::RunSamples::only(
+        files
+            .iter()
+            .flat_map(|f| f.results())
+            .filter_map(results::run_key),
+    );
+    if !a.results.is_empty() {
+        let stream = store::open_stream(&a.results).context("reading --results")?;
+        samples.read(&stream).context("reading --results")?;
+    }
     let arrivals = if a.trace.is_empty() {
         None
     } else {
-        let t = store::read_traces(&a.trace).context("reading --trace")?;
-        Some(results::arrival_profile(&t.records))
+        let stream = store::open_stream(&a.trace).context("reading --trace")?;
+        Some(results::arrival_profile_of(&stream).context("reading --trace")?)
     };
     let data = reporting::document::build(
         &files,
         &reporting::document::BuildOptions {
             slo_percentile: a.slo_percentile,
             plan: a.plan.inputs(),
-            records,
+            samples,
             arrivals,
             notes: a.note.clone(),
             command: crate::flags::command_line(),

@@ -32,3 +32,11 @@ impl RowSink for NoSink {
         Ok(())
     }
 }
+
+/// A sink that keeps every row, in the order given (tests; callers that want the rows).
+impl RowSink for Vec<TraceRecord> {
+    fn row(&mut self, rec: &TraceRecord) -> Result<(), ReplayError> {
+        self.push(rec.clone());
+        Ok(())
+    }
+}

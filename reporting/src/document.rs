@@ -8,12 +8,11 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 use trace_format::stats::percentile_label;
-use trace_format::TraceRecord;
 
 use crate::capacity::PlanInputs;
 use crate::capacity::{self, fmt_num, CapacityAnswer, CapacityPlan};
 use crate::result_doc::{ClassDoc, Extension, SummaryDoc};
-use crate::results::{self, ArrivalProfile, ResultFile, Samples, Series};
+use crate::results::{self, ArrivalProfile, ResultFile, RunSamples, Samples, Series};
 use crate::sweep_doc::PlanInputsDoc;
 
 /// The metric definitions table (shared/docs/metrics.md), Markdown.
@@ -77,8 +76,8 @@ pub struct BuildOptions {
     pub slo_percentile: Option<f64>,
     /// Plan inputs.
     pub plan: PlanInputs,
-    /// Rows of `--results` Parquet files (per-request data when the JSON lacks it).
-    pub records: Vec<TraceRecord>,
+    /// Per-run samples of `--results` Parquet rows (per-request data when the JSON lacks it).
+    pub samples: RunSamples,
     /// The trace's arrival rate from `--trace` (else the sweep file's).
     pub arrivals: Option<ArrivalProfile>,
     /// `--note`.
@@ -148,7 +147,7 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
             plan_note = Some("no capacity plan: no configuration met the SLO at any level (or no --goodput SLO was given)".into());
         }
     }
-    let by_run = results::samples_of_records(&o.records);
+    let by_run = &o.samples;
     let mut samples = Vec::new();
     let mut server = Vec::new();
     let mut slices = Vec::new();
@@ -165,17 +164,13 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
             {
                 let _ = l;
                 let ours = r.llmreplay.as_ref();
-                let got = results::samples_of_result(r).or_else(|| {
-                    let o = ours?;
-                    by_run
-                        .get(&(o.target.name.clone(), o.run_id.clone()))
-                        .cloned()
-                });
+                let detailed = results::samples_of_result(r);
+                let got = detailed
+                    .as_ref()
+                    .or_else(|| by_run.get(&results::run_key(r)?));
                 if let Some(g) = got {
                     any = true;
-                    merged.ttft.extend(g.ttft);
-                    merged.tpot.extend(g.tpot);
-                    merged.itl.extend(g.itl);
+                    merged.merge(g);
                 }
                 let Some(ours) = ours else { continue };
                 if let Some(c) = ours.by_class.as_ref().filter(|c| !c.is_empty()) {

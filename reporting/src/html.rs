@@ -9,7 +9,7 @@ use trace_format::stats::percentile_label;
 
 use crate::capacity::{self, fmt_num};
 use crate::document::{level_rows, levels_why, ReportData};
-use crate::svg::{cdf, esc, Chart, Line, Rule, PALETTE};
+use crate::svg::{esc, Chart, Line, Rule, PALETTE};
 
 /// The report's style sheet (also used by `llmreplay fidelity --html`).
 pub const CSS: &str = "body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1320px;color:#222;padding:0 16px}\
@@ -226,18 +226,14 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
                 .iter()
                 .enumerate()
                 .map(|(i, (_, l, smp))| {
-                    let v = match metric {
-                        "ttft" => &smp.ttft,
-                        "tpot" => &smp.tpot,
-                        _ => &smp.itl,
-                    };
+                    let v = smp.of(metric);
                     Line {
                         name: if multi_level {
                             s.axis.level_label(*l)
                         } else {
                             s.name.clone()
                         },
-                        points: cdf(v, 400),
+                        points: crate::svg::cdf_of(v, 400),
                         color: color(i),
                         dashed: false,
                         markers: false,
@@ -260,8 +256,22 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
                     color: "#b00020".into(),
                 })
                 .collect();
+            // A sample past the exact cap is drawn from its histogram: the plot says so.
+            let estimated = pick.iter().any(|(_, _, smp)| !smp.of(metric).is_exact());
             let c = Chart {
-                title: format!("{name} distribution — {}", s.name),
+                title: format!(
+                    "{name} distribution — {}{}",
+                    s.name,
+                    if estimated {
+                        format!(
+                            " (estimated: over {} values, within {}%)",
+                            trace_format::quantiles::EXACT_CAP,
+                            trace_format::quantiles::RELATIVE_ERROR * 100.0
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
                 x_label: format!("{name} (ms)"),
                 y_label: "fraction of requests ≤ x".into(),
                 lines,

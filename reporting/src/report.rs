@@ -101,18 +101,8 @@ pub struct TraceIdentity {
 
 /// Computes the identity of a trace.
 pub fn trace_identity(trace: &trace_format::Trace) -> TraceIdentity {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for r in &trace.records {
-        for b in r
-            .request_id
-            .as_bytes()
-            .iter()
-            .chain(r.arrival_time_us.to_le_bytes().iter())
-        {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let mut h = RowsHash::default();
+    trace.records.iter().for_each(|r| h.add(r));
     TraceIdentity {
         files: trace
             .files
@@ -120,7 +110,38 @@ pub fn trace_identity(trace: &trace_format::Trace) -> TraceIdentity {
             .map(|f| f.path.display().to_string())
             .collect(),
         rows: trace.records.len(),
-        content_hash: format!("{h:016x}"),
+        content_hash: h.hex(),
+    }
+}
+
+/// [`TraceIdentity::content_hash`] of rows added one at a time, in the trace's order (FNV-1a
+/// over each row's request id and arrival): for rows that are streamed rather than held.
+#[derive(Debug, Clone, Copy)]
+pub struct RowsHash(u64);
+
+impl Default for RowsHash {
+    fn default() -> Self {
+        RowsHash(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl RowsHash {
+    /// Adds the next row.
+    pub fn add(&mut self, r: &trace_format::TraceRecord) {
+        for b in r
+            .request_id
+            .as_bytes()
+            .iter()
+            .chain(r.arrival_time_us.to_le_bytes().iter())
+        {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    /// The hash, hex.
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
     }
 }
 

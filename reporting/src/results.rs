@@ -2,13 +2,15 @@
 //! document (`llmreplay_sweep` + `results`). Both become [`Series`] — one configuration
 //! (target, label) across load levels — which `compare`, `report` and the sweep summary share.
 //! Also the per-request samples behind the distribution plots (from `--save-detailed` arrays
-//! or a `--results` Parquet file) and the trace's arrival rate.
+//! or `--results` Parquet rows, read as they stream: [`RunSamples`], bounded per run) and the
+//! trace's arrival rate ([`arrival_profile_of`], counted second by second).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
-use trace_format::{Outcome, TraceRecord};
+use trace_format::quantiles::Quantiles;
+use trace_format::{Outcome, TraceRecord, TraceStream};
 
 use crate::capacity::{
     self, Axis, CapacityAnswer, CapacityPlan, LevelPoint, LoadSource, PlanInputs,
@@ -281,30 +283,76 @@ pub fn series_of_files(files: &[ResultFile], pct: Option<f64>) -> Vec<Series> {
 
 /// Arrivals per second of `records` (any order).
 pub fn arrival_profile(records: &[TraceRecord]) -> ArrivalProfile {
-    let Some(first) = records.iter().map(|r| r.arrival_time_us).min() else {
-        return ArrivalProfile {
-            bucket_s: 1.0,
-            ..Default::default()
-        };
-    };
-    let last = records
-        .iter()
-        .map(|r| r.arrival_time_us)
-        .max()
-        .unwrap_or(first);
-    let n = ((last - first) / 1_000_000 + 1) as usize;
-    let n = n.min(1_000_000);
-    let mut counts = vec![0u32; n];
-    for r in records {
-        let i = (((r.arrival_time_us - first) / 1_000_000) as usize).min(n - 1);
-        counts[i] += 1;
+    let first = records.iter().map(|r| r.arrival_time_us).min();
+    let last = records.iter().map(|r| r.arrival_time_us).max();
+    let mut counts = ArrivalCounts::new(first, last);
+    records.iter().for_each(|r| counts.add(r.arrival_time_us));
+    counts.finish()
+}
+
+/// Arrivals per second of a streamed trace ([`TraceStream`]: first and last arrival from its
+/// first pass, then one pass over its rows): the profile [`arrival_profile`] gives of the
+/// same rows, holding the per-second counts only (at most [`ARRIVAL_BUCKETS`], 4 MiB).
+pub fn arrival_profile_of(stream: &TraceStream) -> Result<ArrivalProfile, trace_format::Error> {
+    let mut counts = ArrivalCounts::new(stream.first_arrival_us(), stream.last_arrival_us());
+    for r in stream.records() {
+        counts.add(r?.arrival_time_us);
     }
-    let peak = counts.iter().copied().max().unwrap_or(0);
-    ArrivalProfile {
-        bucket_s: 1.0,
-        mean_per_s: records.len() as f64 / n as f64,
-        peak_per_s: f64::from(peak),
-        counts,
+    Ok(counts.finish())
+}
+
+/// Most one-second buckets of an [`ArrivalProfile`] (11.6 days); later arrivals count in the
+/// last.
+pub const ARRIVAL_BUCKETS: usize = 1_000_000;
+
+/// An arrival profile counted one arrival at a time, between a first and last arrival known
+/// in advance.
+#[derive(Debug, Clone)]
+pub struct ArrivalCounts {
+    first_us: i64,
+    counts: Vec<u32>,
+    rows: usize,
+}
+
+impl ArrivalCounts {
+    /// Counts for arrivals from `first_us` to `last_us` (None: no rows), µs since the epoch.
+    pub fn new(first_us: Option<i64>, last_us: Option<i64>) -> ArrivalCounts {
+        let n = match (first_us, last_us) {
+            (Some(f), Some(l)) => ((l.saturating_sub(f)).max(0) / 1_000_000 + 1) as usize,
+            _ => 0,
+        };
+        ArrivalCounts {
+            first_us: first_us.unwrap_or(0),
+            counts: vec![0; n.min(ARRIVAL_BUCKETS)],
+            rows: 0,
+        }
+    }
+
+    /// Counts one arrival (earlier than the first counts in the first second).
+    pub fn add(&mut self, at_us: i64) {
+        let Some(last) = self.counts.len().checked_sub(1) else {
+            return;
+        };
+        let i = (at_us.saturating_sub(self.first_us).max(0) / 1_000_000) as usize;
+        self.counts[i.min(last)] += 1;
+        self.rows += 1;
+    }
+
+    /// The profile.
+    pub fn finish(self) -> ArrivalProfile {
+        if self.counts.is_empty() {
+            return ArrivalProfile {
+                bucket_s: 1.0,
+                ..Default::default()
+            };
+        }
+        let peak = self.counts.iter().copied().max().unwrap_or(0);
+        ArrivalProfile {
+            bucket_s: 1.0,
+            mean_per_s: self.rows as f64 / self.counts.len() as f64,
+            peak_per_s: f64::from(peak),
+            counts: self.counts,
+        }
     }
 }
 
@@ -322,15 +370,56 @@ pub fn plan_for(
     capacity::plan(a, qps, src, p.redundancy, p.cost_per_hour)
 }
 
-/// Per-request latencies of one run, ms.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Per-request latencies of one run, ms, in bounded memory: each a [`Quantiles`] sample,
+/// every value while there are at most [`EXACT_CAP`](trace_format::quantiles::EXACT_CAP),
+/// then a histogram within [`RELATIVE_ERROR`](trace_format::quantiles::RELATIVE_ERROR) (the
+/// mechanism of the run's own percentiles); [`Samples::is_estimate`] says which.
+#[derive(Debug, Clone, Default)]
 pub struct Samples {
     /// TTFT of completed requests.
-    pub ttft: Vec<f64>,
+    pub ttft: Quantiles,
     /// TPOT of completed requests with more than one output token.
-    pub tpot: Vec<f64>,
+    pub tpot: Quantiles,
     /// Pooled ITL.
-    pub itl: Vec<f64>,
+    pub itl: Quantiles,
+}
+
+impl Samples {
+    /// Adds a `--results` row (completed requests only).
+    pub fn add_record(&mut self, r: &TraceRecord) {
+        if r.outcome != Outcome::Ok {
+            return;
+        }
+        if let Some(t) = replay::metrics::ttft_ms(r) {
+            self.ttft.add(t);
+        }
+        if let Some(t) = replay::metrics::tpot_ms(r) {
+            self.tpot.add(t);
+        }
+        replay::metrics::itl_gaps_ms(r).for_each(|g| self.itl.add(g));
+    }
+
+    /// The sample of `metric`: `ttft`, `tpot`, else ITL.
+    pub fn of(&self, metric: &str) -> &Quantiles {
+        match metric {
+            "ttft" => &self.ttft,
+            "tpot" => &self.tpot,
+            _ => &self.itl,
+        }
+    }
+
+    /// Adds every value of `other`.
+    pub fn merge(&mut self, other: &Samples) {
+        self.ttft.merge(&other.ttft);
+        self.tpot.merge(&other.tpot);
+        self.itl.merge(&other.itl);
+    }
+
+    /// Whether any of the three passed the exact cap (its plot is then drawn from the
+    /// histogram, within 0.1%, not from every value).
+    pub fn is_estimate(&self) -> bool {
+        !(self.ttft.is_exact() && self.tpot.is_exact() && self.itl.is_exact())
+    }
 }
 
 /// Samples from a result's `--save-detailed` arrays (None without them). TPOT is
@@ -349,37 +438,80 @@ pub fn samples_of_result(r: &ResultDoc) -> Option<Samples> {
         }
         // 0 is vLLM's "no TTFT": a request that was not streamed has no first token.
         if *t > 0.0 {
-            s.ttft.push(t * 1e3);
+            s.ttft.add(t * 1e3);
         }
         let gaps: Vec<f64> = itls
             .get(i)
             .map(|a| a.iter().map(|g| g * 1e3).collect())
             .unwrap_or_default();
         if out > 1 && !gaps.is_empty() {
-            s.tpot.push(gaps.iter().sum::<f64>() / (out - 1) as f64);
+            s.tpot.add(gaps.iter().sum::<f64>() / (out - 1) as f64);
         }
-        s.itl.extend(gaps);
+        gaps.into_iter().for_each(|g| s.itl.add(g));
     }
     Some(s)
 }
 
-/// Samples per (target, run id) from `--results` rows.
-pub fn samples_of_records(records: &[TraceRecord]) -> BTreeMap<(String, String), Samples> {
-    let mut out: BTreeMap<(String, String), Samples> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.outcome == Outcome::Ok) {
+/// (target, run id): the run a `--results` row belongs to.
+pub type RunKey = (String, String);
+
+/// The run of a result document (its target and run id), None without `llmreplay`.
+pub fn run_key(r: &ResultDoc) -> Option<RunKey> {
+    let o = r.llmreplay.as_ref()?;
+    Some((o.target.name.clone(), o.run_id.clone()))
+}
+
+/// Samples per run ([`RunKey`]) from `--results` rows added one at a time, in any order:
+/// memory bounded by the runs (three [`Quantiles`], at most 24 MiB, each), not the rows. With
+/// [`RunSamples::only`], rows of other runs are skipped.
+#[derive(Debug, Clone, Default)]
+pub struct RunSamples {
+    by_run: BTreeMap<RunKey, Samples>,
+    only: Option<std::collections::BTreeSet<RunKey>>,
+}
+
+impl RunSamples {
+    /// Samples of the runs `keys` only (the runs a report's result files name).
+    pub fn only(keys: impl IntoIterator<Item = RunKey>) -> RunSamples {
+        RunSamples {
+            by_run: BTreeMap::new(),
+            only: Some(keys.into_iter().collect()),
+        }
+    }
+
+    /// Adds one row.
+    pub fn add(&mut self, r: &TraceRecord) {
+        if r.outcome != Outcome::Ok {
+            return;
+        }
         let key = (
             r.target.clone().unwrap_or_default(),
             r.run_id.clone().unwrap_or_default(),
         );
-        let s = out.entry(key).or_default();
-        if let Some(t) = replay::metrics::ttft_ms(r) {
-            s.ttft.push(t);
+        if self.only.as_ref().is_some_and(|k| !k.contains(&key)) {
+            return;
         }
-        if let Some(t) = replay::metrics::tpot_ms(r) {
-            s.tpot.push(t);
-        }
-        s.itl.extend(replay::metrics::itl_gaps_ms(r));
+        self.by_run.entry(key).or_default().add_record(r);
     }
+
+    /// Every row of a streamed `--results` input (arrival order).
+    pub fn read(&mut self, stream: &TraceStream) -> Result<(), trace_format::Error> {
+        for r in stream.records() {
+            self.add(&r?);
+        }
+        Ok(())
+    }
+
+    /// The samples of one run.
+    pub fn get(&self, key: &RunKey) -> Option<&Samples> {
+        self.by_run.get(key)
+    }
+}
+
+/// Samples per (target, run id) from `--results` rows.
+pub fn samples_of_records(records: &[TraceRecord]) -> RunSamples {
+    let mut out = RunSamples::default();
+    records.iter().for_each(|r| out.add(r));
     out
 }
 
@@ -435,8 +567,8 @@ mod tests {
         // The third request completed without streaming: TTFT 0, no gaps, no TTFT sample.
         let r = json!({"ttfts": [0.1, 0.0, 0.0], "itls": [[0.01, 0.03], [], []], "output_lens": [3, 0, 40], "errors": ["", "boom", ""]});
         let s = samples_of_result(&ResultDoc::from_value(&r).unwrap()).unwrap();
-        assert_eq!(s.ttft, vec![100.0]);
-        assert_eq!(s.tpot, vec![20.0]);
+        assert_eq!(s.ttft.exact_values(), Some(&[100.0][..]));
+        assert_eq!(s.tpot.exact_values(), Some(&[20.0][..]));
         assert_eq!(s.itl.len(), 2);
     }
 
@@ -449,5 +581,69 @@ mod tests {
         let a = arrival_profile(&recs);
         assert_eq!(a.counts, vec![2, 1, 0, 1]);
         assert_eq!(a.peak_per_s, 2.0);
+    }
+
+    /// A streamed trace's profile is the whole trace's, over files that overlap in time.
+    #[test]
+    fn a_streamed_arrival_profile_is_the_whole_traces() {
+        let dir = std::env::temp_dir().join(format!("llmreplay-arrivals-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let meta = trace_format::FileMeta::new(trace_format::Producer::Synth, "t");
+        let paths: Vec<String> = (0..3i64)
+            .map(|k| {
+                let recs: Vec<TraceRecord> = (0..500i64)
+                    .map(|i| {
+                        TraceRecord::new(
+                            &format!("{k}-{i}"),
+                            k * 700_000 + i * (i % 13) * 9_000,
+                            "/v1/completions",
+                        )
+                    })
+                    .collect();
+                let p = dir.join(format!("t{k}.parquet"));
+                trace_format::write_trace_file(&p, &recs, &meta).unwrap();
+                p.display().to_string()
+            })
+            .collect();
+        let whole = trace_format::read_traces(&paths).unwrap();
+        let stream = TraceStream::open(&paths).unwrap();
+        let a = arrival_profile_of(&stream).unwrap();
+        let b = arrival_profile(&whole.records);
+        assert_eq!(
+            (a.counts.len(), a.peak_per_s, a.mean_per_s),
+            (b.counts.len(), b.peak_per_s, b.mean_per_s)
+        );
+        assert_eq!(a.counts, b.counts);
+        assert_eq!(a.counts.iter().map(|c| *c as usize).sum::<usize>(), 1_500);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `--results` rows of runs no result file names are not kept; the others are, per run.
+    #[test]
+    fn run_samples_keep_the_runs_asked_for() {
+        let row = |run: &str, ttft: i64| {
+            let mut r = TraceRecord::new("x", 0, "/v1/completions");
+            r.stream = true;
+            r.run_id = Some(run.into());
+            r.target = Some("sim".into());
+            r.ttft_us = Some(ttft);
+            r.chunk_times_us = vec![ttft, ttft + 2_000];
+            r.e2el_us = Some(ttft + 2_000);
+            r.output_tokens = Some(2);
+            r
+        };
+        let key = |run: &str| ("sim".to_string(), run.to_string());
+        let mut s = RunSamples::only([key("a")]);
+        for t in [1_000, 2_000, 3_000] {
+            s.add(&row("a", t));
+            s.add(&row("b", t));
+        }
+        let a = s.get(&key("a")).unwrap();
+        assert_eq!(a.ttft.exact_values(), Some(&[1.0, 2.0, 3.0][..]));
+        assert_eq!(a.itl.exact_values(), Some(&[2.0, 2.0, 2.0][..]));
+        assert!(!a.is_estimate());
+        assert!(s.get(&key("b")).is_none());
+        let all = samples_of_records(&[row("b", 5_000)]);
+        assert_eq!(all.get(&key("b")).map(|b| b.ttft.len()), Some(1));
     }
 }

@@ -389,6 +389,29 @@ pub fn cdf(values: &[f64], max_points: usize) -> Vec<(f64, f64)> {
     out
 }
 
+/// The CDF of a [`Quantiles`] sample as [`cdf`] draws it: from every value while the sample
+/// is exact (the same points), else from the histogram's value at each drawn rank (within
+/// its relative error, 0.1%).
+pub fn cdf_of(q: &trace_format::quantiles::Quantiles, max_points: usize) -> Vec<(f64, f64)> {
+    if let Some(v) = q.exact_values() {
+        return cdf(v, max_points);
+    }
+    let n = q.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let at = |i: usize| q.quantile(100.0 * i as f64 / (n - 1).max(1) as f64);
+    let step = (n / max_points.max(2)).max(1);
+    let mut out: Vec<(f64, f64)> = (0..n)
+        .step_by(step)
+        .map(|i| (at(i), (i + 1) as f64 / n as f64))
+        .collect();
+    if out.last().map(|p| p.1) != Some(1.0) {
+        out.push((at(n - 1), 1.0));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +456,36 @@ mod tests {
         assert!(Chart::default().render().contains("no data"));
         let c = cdf(&[3.0, 1.0, 2.0], 100);
         assert_eq!(c, vec![(1.0, 1.0 / 3.0), (2.0, 2.0 / 3.0), (3.0, 1.0)]);
+    }
+
+    /// While exact, the sample's CDF is the values' own; past the cap it is drawn from the
+    /// histogram, every point within its relative error of the true CDF's.
+    #[test]
+    fn a_sample_cdf_is_exact_then_within_the_histograms_error() {
+        use trace_format::quantiles::{Quantiles, EXACT_CAP, RELATIVE_ERROR};
+        let values: Vec<f64> = (0..5_000)
+            .map(|i| 1.0 + ((i * 7_919) % 5_000) as f64)
+            .collect();
+        let mut q = Quantiles::new();
+        values.iter().for_each(|v| q.add(*v));
+        assert_eq!(cdf_of(&q, 400), cdf(&values, 400));
+        let n = EXACT_CAP + 10_000;
+        let value = |i: usize| 1.0 + ((i * 7_919) % n) as f64 / 100.0;
+        let mut big = Quantiles::new();
+        (0..n).for_each(|i| big.add(value(i)));
+        assert!(!big.is_exact());
+        let mut sorted: Vec<f64> = (0..n).map(value).collect();
+        sorted.sort_by(f64::total_cmp);
+        let got = cdf_of(&big, 400);
+        assert!(got.len() <= 402 && got.len() > 300, "{}", got.len());
+        assert_eq!(got.last().map(|p| p.1), Some(1.0));
+        for (x, f) in got {
+            let i = ((f * n as f64).round() as usize).clamp(1, n) - 1;
+            let want = sorted[i];
+            assert!(
+                (x - want).abs() <= want * RELATIVE_ERROR * 1.01,
+                "{x} vs {want} at {f}"
+            );
+        }
     }
 }

@@ -182,17 +182,22 @@ fn a_killed_runs_journal_is_recovered_once_and_merges_as_partial() {
     assert_eq!(meta.extra["recovered"], "journal");
     assert_eq!(meta.extra["label"], "partial");
 
+    let stream = trace_format::TraceStream::open(&[path.to_str().unwrap()]).unwrap();
+    let checked = reporting::merge::check(&stream, "llmreplay merge run.journal -o out").unwrap();
+    let mut merged_rows = Vec::new();
     let m = reporting::merge::merge(
-        t,
+        &stream,
+        checked,
         &reporting::merge::MergeOptions {
             goodput: vec![],
             percentile_metrics: vec![],
             metric_percentiles: vec![50.0, 99.0],
         },
-        "llmreplay merge run.journal -o out",
+        &mut merged_rows,
     )
     .unwrap();
-    assert_eq!(m.records.len(), 25);
+    assert_eq!(m.rows, 25);
+    assert_eq!(merged_rows, rows);
     let i = m
         .doc
         .ours()

@@ -289,3 +289,55 @@ def test_import_reads_a_public_trace_from_s3(s3, tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert url + ".missing" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_merge_and_report_stream_shard_results_from_s3(s3, sim, tmp_path):
+    """`merge` and `report --results/--trace` read an s3:// prefix the way `inspect` does
+    (streamed, object by object), and `merge` writes its outputs there."""
+    _, client, env = s3
+    trace = tmp_path / "t.parquet"
+    subprocess.run(
+        [str(llmreplay_binary()), "synth", "-o", str(trace), "--num-prompts", "40",
+         "--input-len", "16", "--output-len", "4", "--request-rate", "200"],
+        check=True, capture_output=True, timeout=60,
+    )
+    client.upload_file(str(trace), "caps", "shardtrace/t.parquet")
+    for k in range(2):
+        out = subprocess.run(
+            [str(llmreplay_binary()), "replay", "s3://caps/shardtrace", "--target", sim,
+             "--shard", f"{k}/2", "--quiet",
+             "--results", f"s3://caps/shards/r{k}.parquet", "--save-result", f"s3://caps/shards/r{k}.json"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+    out = subprocess.run(
+        [str(llmreplay_binary()), "merge", "s3://caps/shards", "-o", "s3://caps/merged/m"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "merged 40 rows of 2 runs" in out.stdout, out.stdout
+    assert keys(client, "merged/") == ["merged/m.json", "merged/m.parquet"]
+    merged = tmp_path / "m.parquet"
+    client.download_file("caps", "merged/m.parquet", str(merged))
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(merged)
+    assert t.num_rows == 40 and len(set(t.column("request_id").to_pylist())) == 40
+    arrivals = t.column("arrival_time").to_pylist()
+    assert arrivals == sorted(arrivals), "rows in arrival order"
+    body = client.get_object(Bucket="caps", Key="merged/m.json")["Body"].read()
+    assert b'"num_prompts": 40' in body, body[:300]
+
+    # report: the result JSON is local, the rows and the trace on the store.
+    result = tmp_path / "r0.json"
+    client.download_file("caps", "shards/r0.json", str(result))
+    html = tmp_path / "report.html"
+    out = subprocess.run(
+        [str(llmreplay_binary()), "report", str(result), "--results", "s3://caps/shards",
+         "--trace", "s3://caps/shardtrace", "-o", str(html)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    text = html.read_text()
+    assert "TTFT distribution" in text and "estimated" not in text
+    assert "Arrival" in text or "arrival" in text

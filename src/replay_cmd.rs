@@ -306,8 +306,8 @@ fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
 }
 
 pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
-    // The trace is streamed: a first pass over its arrival column now, its rows as the run
-    // reaches them (a sweep or repeats read it whole below).
+    // The trace is streamed: its files' footers now, its rows as the run reaches them (a
+    // sweep or repeats read it whole below).
     let stream = store::open_stream(&a.traces).context("reading the trace")?;
     let block_size = stream
         .files()
@@ -392,16 +392,20 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         drop(sim_guard);
         return r;
     }
-    let identity = reporting::report::TraceIdentity {
+    // The trace's content hash is known once the run has read it (the stream hashes its rows
+    // as they go by; a run that stopped early reads the rest of the ids then): nothing reads
+    // the whole trace before the first request.
+    let mut identity = reporting::report::TraceIdentity {
         files: stream
             .files()
             .iter()
             .map(|f| f.path.display().to_string())
             .collect(),
         rows: stream.rows(),
-        content_hash: stream.content_hash().context("reading the trace")?,
+        content_hash: String::new(),
     };
-    // Rows go to --results as they finish; what a kill leaves is in its journal.
+    // Rows go to --results as they finish; what a kill leaves is in its journal (without the
+    // trace's hash, not known yet).
     let mut results = a
         .results
         .as_deref()
@@ -428,6 +432,13 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         )
     };
     drop(sim_guard);
+    let ran = ran.map_err(anyhow::Error::from).and_then(|runs| {
+        identity.content_hash = stream.content_hash().context("reading the trace")?;
+        if let Some(s) = results.as_mut() {
+            s.set_trace_hash(&identity.content_hash);
+        }
+        Ok(runs)
+    });
     let runs = match ran {
         Ok(runs) => runs,
         Err(e) => {
@@ -438,7 +449,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
                     s.journal().display()
                 );
             }
-            return Err(e.into());
+            return Err(e);
         }
     };
     reporting::outputs::write(

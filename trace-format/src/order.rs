@@ -4,7 +4,8 @@
 //! the footer, without reading a row. For a file without the key (written by an older
 //! llmreplay or another tool) the reader falls back to the row-group statistics of
 //! `arrival_time` for the extent ([`extent_from_statistics`]) and to a pass over the arrival
-//! column for the disorder.
+//! column for the disorder. The same statistics say how many rows have a recorded body
+//! ([`non_null_from_statistics`]).
 
 use std::path::Path;
 
@@ -127,6 +128,24 @@ pub(crate) fn extent_from_statistics(md: &ParquetMetaData) -> Option<(Option<i64
         last = Some(last.map_or(hi, |l| l.max(hi)));
     }
     Some((first, last))
+}
+
+/// Rows of a file with a value in top-level column `column`, from the null counts of its row
+/// groups' statistics (None: a row group without one, or no such column).
+pub(crate) fn non_null_from_statistics(md: &ParquetMetaData, column: &str) -> Option<usize> {
+    let leaf = md
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.path().parts() == [column])?;
+    let mut n = 0usize;
+    for rg in md.row_groups() {
+        let nulls = rg.column(leaf).statistics()?.null_count_opt()?;
+        let rows = usize::try_from(rg.num_rows()).ok()?;
+        n += rows.checked_sub(usize::try_from(nulls).ok()?)?;
+    }
+    Some(n)
 }
 
 #[cfg(test)]

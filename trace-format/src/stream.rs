@@ -46,7 +46,7 @@ use std::sync::OnceLock;
 use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
-use crate::order::{extent_from_statistics, OrderMeter};
+use crate::order::{extent_from_statistics, non_null_from_statistics, OrderMeter};
 use crate::reader::file::{Batches, Columns, OpenFile, Source};
 use crate::reader::{
     arrivals, convert, ids_and_arrivals, sources, ContentHash, LocalOnly, RemoteFiles, TraceFile,
@@ -65,6 +65,8 @@ struct Input {
     first_arrival_us: Option<i64>,
     last_arrival_us: Option<i64>,
     disorder_us: OnceLock<i64>,
+    /// Rows with a recorded body, from the footer's statistics (None: not there).
+    bodies: Option<usize>,
 }
 
 impl Input {
@@ -176,6 +178,12 @@ impl TraceStream {
         self.inputs.iter().filter_map(|i| i.first_arrival_us).min()
     }
 
+    /// Rows with a recorded body over every file, from the footers' statistics, without
+    /// reading a row (None when a file's footer does not say).
+    pub fn rows_with_body(&self) -> Option<usize> {
+        self.inputs.iter().map(|i| i.bodies).sum()
+    }
+
     /// The latest arrival over every file.
     pub fn last_arrival_us(&self) -> Option<i64> {
         self.inputs.iter().filter_map(|i| i.last_arrival_us).max()
@@ -224,11 +232,13 @@ fn open_file(source: Source) -> Result<(TraceFile, Input)> {
         .key_value_metadata()
         .map(Vec::as_slice)
         .unwrap_or(&[]);
+    let bodies = non_null_from_statistics(footer, col::BODY);
     let input = |first, last, disorder: Option<i64>| Input {
         source,
         first_arrival_us: first,
         last_arrival_us: last,
         disorder_us: disorder.map(OnceLock::from).unwrap_or_default(),
+        bodies,
     };
     if let Some(o) = FileOrder::from_kv(kv, info.rows, &info.path)? {
         let i = input(o.first_arrival_us, o.last_arrival_us, Some(o.disorder_us));

@@ -437,7 +437,13 @@ fn files_llmreplay_wrote_open_from_the_footer_alone() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("capture.parquet");
     let rows: Vec<_> = (0..3000)
-        .map(|i| rec(&format!("c{i}"), i * 1000, (i * 7919) % 50_000))
+        .map(|i| {
+            let mut r = rec(&format!("c{i}"), i * 1000, (i * 7919) % 50_000);
+            if i % 3 == 0 {
+                r.body = None;
+            }
+            r
+        })
         .collect();
     write_trace_file(&p, &capture_order(rows), &test_meta()).unwrap();
     let (measured_rows, measured) =
@@ -450,6 +456,7 @@ fn files_llmreplay_wrote_open_from_the_footer_alone() {
     assert_eq!(stream.order().unwrap(), vec![measured]);
     assert_eq!(stream.first_arrival_us(), Some(T0));
     assert_eq!(stream.last_arrival_us(), Some(T0 + 2_999_000));
+    assert_eq!(stream.rows_with_body(), Some(2000));
     let err = stream.records().find_map(Result::err).unwrap();
     assert!(
         matches!(&err, Error::Format { path, .. } if path == &p),
@@ -498,6 +505,8 @@ fn files_without_the_recorded_order_are_measured_when_reached() {
     w.write(&batch).unwrap();
     w.close().unwrap();
     assert_same_as_read_traces(&[path_str(&bare), path_str(&early)]);
+    let stream = TraceStream::open(&[path_str(&bare), path_str(&early)]).unwrap();
+    assert_eq!(stream.rows_with_body(), None, "no statistics: not known");
     wipe_rows(&bare);
     let err = TraceStream::open(&[path_str(&bare)]).unwrap_err();
     assert!(

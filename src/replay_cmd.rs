@@ -306,8 +306,8 @@ fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
 }
 
 pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
-    // The trace is streamed: a first pass over its arrival column now, its rows as the run
-    // reaches them (a sweep or repeats read it whole below).
+    // The trace is streamed: its files' footers now, its rows as the run reaches them (a
+    // sweep or repeats read it whole below).
     let stream = store::open_stream(&a.traces).context("reading the trace")?;
     let block_size = stream
         .files()
@@ -392,16 +392,20 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         drop(sim_guard);
         return r;
     }
-    let identity = reporting::report::TraceIdentity {
+    // The trace's content hash is known once the run has read it (the stream hashes its rows
+    // as they go by; a run that stopped early reads the rest of the ids then): nothing reads
+    // the whole trace before the first request.
+    let mut identity = reporting::report::TraceIdentity {
         files: stream
             .files()
             .iter()
             .map(|f| f.path.display().to_string())
             .collect(),
         rows: stream.rows(),
-        content_hash: stream.content_hash().context("reading the trace")?,
+        content_hash: String::new(),
     };
-    // Rows go to --results as they finish; what a kill leaves is in its journal.
+    // Rows go to --results as they finish; what a kill leaves is in its journal (without the
+    // trace's hash, not known yet).
     let mut results = a
         .results
         .as_deref()
@@ -428,6 +432,13 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         )
     };
     drop(sim_guard);
+    let ran = ran.map_err(anyhow::Error::from).and_then(|runs| {
+        identity.content_hash = stream.content_hash().context("reading the trace")?;
+        if let Some(s) = results.as_mut() {
+            s.set_trace_hash(&identity.content_hash);
+        }
+        Ok(runs)
+    });
     let runs = match ran {
         Ok(runs) => runs,
         Err(e) => {
@@ -438,7 +449,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
                     s.journal().display()
                 );
             }
-            return Err(e.into());
+            return Err(e);
         }
     };
     reporting::outputs::write(
@@ -470,14 +481,20 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
-/// Hands the rows of finished runs to `sink` as the engine would while they run.
-/// Rows [`prompt_note`] looks at: enough to say how prompts are made, without reading a long
-/// trace before the run.
+/// Rows [`prompt_note`] looks at when the footers do not say: enough to say how prompts are
+/// made, without reading a long trace before the run.
 const NOTE_ROWS: usize = 10_000;
 
-/// How the run's prompts are made (recorded bodies or synthesized), judged from the first
-/// [`NOTE_ROWS`] rows.
+/// How the run's prompts are made (recorded bodies or synthesized): from the footers'
+/// count of rows with a body, else judged from the first [`NOTE_ROWS`] rows.
 fn prompt_note(stream: &trace_format::TraceStream, tok: Option<&str>) -> Result<Option<String>> {
+    if let Some(bodies) = stream.rows_with_body() {
+        return Ok(replay::request::prompt_source_note(
+            stream.rows(),
+            bodies,
+            tok,
+        ));
+    }
     let (mut seen, mut bodies) = (0, 0);
     for r in stream.records().take(NOTE_ROWS) {
         seen += 1;
@@ -657,6 +674,37 @@ mod tests {
             "{help}"
         );
         assert!(help.contains("vllm bench serve"), "{help}");
+    }
+
+    /// The note counts the bodies of the whole trace from the footers: one body after the
+    /// first NOTE_ROWS rows is seen.
+    #[test]
+    fn the_prompt_note_counts_every_rows_body_from_the_footer() {
+        let dir = std::env::temp_dir().join(format!("llmreplay-note-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("t.parquet");
+        let n = NOTE_ROWS + 1;
+        let rows: Vec<_> = (0..n)
+            .map(|i| {
+                let mut r = trace_format::TraceRecord::new(
+                    format!("r{i}"),
+                    1_700_000_000_000_000 + i as i64,
+                    "/v1/completions",
+                );
+                r.prompt_tokens = Some(3);
+                r.body = (i == n - 1).then(|| r#"{"prompt":"hi"}"#.to_string());
+                r
+            })
+            .collect();
+        let meta = trace_format::FileMeta::new(trace_format::Producer::Synth, "test");
+        trace_format::write_trace_file(&p, &rows, &meta).unwrap();
+        let stream = trace_format::TraceStream::open(&[p.to_str().unwrap()]).unwrap();
+        let note = prompt_note(&stream, None).unwrap().unwrap();
+        assert!(
+            note.contains(&format!("recorded bodies of 1 of {n} rows")),
+            "{note}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

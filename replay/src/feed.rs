@@ -71,8 +71,8 @@ pub struct FeedSummary {
     pub total: u64,
     /// Whether the whole selection was fed (false: the run stopped it first).
     pub complete: bool,
-    /// Selected rows that could not become a request: (request id, why).
-    pub skipped: Vec<(String, String)>,
+    /// Selected rows that could not become a request.
+    pub skipped: crate::plan::Skipped,
     /// Requests that send their row's recorded body.
     pub bodies: usize,
     /// Span of the selected rows in trace time.

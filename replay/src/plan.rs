@@ -174,7 +174,7 @@ impl Selector {
 
     /// Why nothing can be replayed, once every row was offered and none became a request;
     /// `skipped` are the rows whose request could not be built.
-    pub fn empty_error(&self, skipped: &[(String, String)]) -> ReplayError {
+    pub fn empty_error(&self, skipped: &Skipped) -> ReplayError {
         ReplayError::Empty(if self.rows == 0 {
             "the trace has no rows".into()
         } else if self.selected == 0 {
@@ -195,6 +195,47 @@ impl Selector {
     }
 }
 
+/// Selected rows whose request could not be built, all counted and the first
+/// [`SKIPPED_KEPT`] kept (request id, why): a trace of any size holds a bounded number.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    rows: usize,
+    kept: Vec<(String, String)>,
+}
+
+/// Skipped rows kept as examples, at most (the result shows five).
+pub const SKIPPED_KEPT: usize = 100;
+
+impl Skipped {
+    /// One more skipped row.
+    pub fn push(&mut self, request_id: String, why: String) {
+        self.rows += 1;
+        if self.kept.len() < SKIPPED_KEPT {
+            self.kept.push((request_id, why));
+        }
+    }
+
+    /// Rows skipped, every one.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether no row was skipped.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The first row skipped: (request id, why).
+    pub fn first(&self) -> Option<&(String, String)> {
+        self.kept.first()
+    }
+
+    /// The rows kept (the first [`SKIPPED_KEPT`]), in the order they were skipped.
+    pub fn iter(&self) -> std::slice::Iter<'_, (String, String)> {
+        self.kept.iter()
+    }
+}
+
 /// Turns selected rows and their built requests into the schedule's items, in order:
 /// numbers them, keeps the rows that could not be built (reported, never silently dropped:
 /// the others keep their offsets), and in closed mode chains each session's turns.
@@ -205,8 +246,8 @@ pub struct Assembler {
     next_seq: u64,
     /// Closed mode: each session's last turn: (its seq, its recorded end, µs since epoch).
     last_of: HashMap<String, (u64, i64)>,
-    /// Selected rows that could not become a request: (request id, why).
-    pub skipped: Vec<(String, String)>,
+    /// Selected rows that could not become a request.
+    pub skipped: Skipped,
     /// Requests that send their row's recorded body (the others' prompts are synthesized).
     pub bodies: usize,
 }
@@ -222,7 +263,7 @@ impl Assembler {
             },
             next_seq: 0,
             last_of: HashMap::new(),
-            skipped: Vec::new(),
+            skipped: Skipped::default(),
             bodies: 0,
         }
     }
@@ -247,7 +288,7 @@ impl Assembler {
         let req = match built {
             Ok(req) => req,
             Err(reason) => {
-                self.skipped.push((rec.request_id, reason));
+                self.skipped.push(rec.request_id, reason);
                 return None;
             }
         };
@@ -296,7 +337,7 @@ mod tests {
     /// The whole schedule, by the feed's steps run inline: select, build, assemble.
     struct Schedule {
         items: Vec<PlannedRequest>,
-        skipped: Vec<(String, String)>,
+        skipped: Skipped,
         trace_span: Duration,
     }
 
@@ -621,7 +662,7 @@ mod tests {
         );
         assert_eq!(p.skipped.len(), 1);
         assert!(
-            p.skipped[0].1.contains("no prompt_tokens"),
+            p.skipped.first().unwrap().1.contains("no prompt_tokens"),
             "{:?}",
             p.skipped
         );
@@ -630,6 +671,38 @@ mod tests {
         let err = open_plan(&rs).err().unwrap();
         assert!(
             err.to_string().contains("none of the 3 selected rows"),
+            "{err}"
+        );
+    }
+
+    /// A trace of any size holds a bounded number of skipped rows: all counted, the first
+    /// [`SKIPPED_KEPT`] kept, and the error of a trace none of whose rows can be built
+    /// counts them all.
+    #[test]
+    fn skipped_rows_are_all_counted_and_the_first_kept() {
+        let n = SKIPPED_KEPT * 3 + 7;
+        let mut rs: Vec<_> = (0..n)
+            .map(|i| {
+                let mut r = rec(&format!("s{i}"), i as i64, None);
+                r.prompt_tokens = None;
+                r
+            })
+            .collect();
+        rs.push(rec("ok", n as i64, None));
+        let p = open_plan(&rs).unwrap();
+        assert_eq!(ids(&p), vec!["ok"]);
+        assert_eq!(p.skipped.len(), n);
+        assert_eq!(p.skipped.iter().count(), SKIPPED_KEPT);
+        assert_eq!(p.skipped.first().unwrap().0, "s0");
+        assert_eq!(
+            p.skipped.iter().last().unwrap().0,
+            format!("s{}", SKIPPED_KEPT - 1)
+        );
+        rs.pop();
+        let err = open_plan(&rs).err().unwrap();
+        assert!(
+            err.to_string()
+                .contains(&format!("none of the {n} selected rows")),
             "{err}"
         );
     }

@@ -77,8 +77,8 @@ pub struct RunOutput {
     pub plan_len: usize,
     /// Of which sent their row's recorded body (the others' prompts were synthesized).
     pub bodies_replayed: usize,
-    /// Selected rows that could not become a request: (request id, why).
-    pub skipped: Vec<(String, String)>,
+    /// Selected rows that could not become a request (all counted, the first kept).
+    pub skipped: crate::plan::Skipped,
     /// Trace time span of the selection (of an interrupted run whose feed had not read the
     /// whole selection: the span of the trace within the window, from its arrival extent).
     pub trace_span: Duration,
@@ -613,7 +613,7 @@ fn run_fed(
         passes: lp.passes,
         plan_len: feed.emitted() as usize,
         bodies_replayed: 0,
-        skipped: Vec::new(),
+        skipped: Default::default(),
         trace_span: Duration::ZERO,
         wall,
         preconnected: pool_at_start.preconnected as usize,

@@ -105,14 +105,17 @@ pub fn write(
 }
 
 /// The metadata of a plain replay's `--results` file known before the run: provenance,
-/// the replayed trace, label, shard, `--metadata`, the run settings (what `merge` reports
-/// the shards ran with) and each target's URL. [`add_target_meta`] adds what each run
-/// finds out.
+/// the replayed trace (its hash when `identity` has one: a streamed replay learns it at
+/// the end, [`crate::sink::ResultsSink::set_trace_hash`]), label, shard, `--metadata`, the
+/// run settings (what `merge` reports the shards ran with) and each target's URL.
+/// [`add_target_meta`] adds what each run finds out.
 pub fn results_meta(cfg: &ValidatedConfig, identity: &TraceIdentity, command: &str) -> FileMeta {
     let mut meta = FileMeta::new(Producer::Replay, command.to_string());
     meta.source = Some(identity.files.join(","));
-    meta.extra
-        .insert("trace_content_hash".into(), identity.content_hash.clone());
+    if !identity.content_hash.is_empty() {
+        meta.extra
+            .insert(TRACE_HASH_KEY.into(), identity.content_hash.clone());
+    }
     if let Some(l) = &cfg.label {
         meta.extra.insert("label".into(), l.clone());
     }
@@ -155,6 +158,9 @@ pub fn add_target_meta(meta: &mut FileMeta, run: &RunOutput) {
 /// The results-file metadata key of an interrupted run: why it stopped (absent when every
 /// run completed).
 pub const INTERRUPTED_KEY: &str = "interrupted";
+
+/// The results-file metadata key of the replayed trace's content hash.
+pub const TRACE_HASH_KEY: &str = "trace_content_hash";
 
 /// A write of `path` that failed.
 pub(crate) fn written(path: &Path, source: trace_format::Error) -> ReplayError {

@@ -499,7 +499,7 @@ pub fn empty_run(target: replay::config::Target) -> RunOutput {
         records: Vec::new(),
         plan_len: 0,
         bodies_replayed: 0,
-        skipped: Vec::new(),
+        skipped: Default::default(),
         trace_span: std::time::Duration::ZERO,
         wall: std::time::Duration::ZERO,
         preconnected: 0,

@@ -25,7 +25,7 @@ use replay::error::ReplayError;
 use replay::run::RunOutput;
 use replay::RowSink;
 
-use crate::outputs::{written, INTERRUPTED_KEY};
+use crate::outputs::{written, INTERRUPTED_KEY, TRACE_HASH_KEY};
 
 /// Longest a finished row waits before it is handed to the OS: with the requests in flight,
 /// what a `kill -9` of the replay loses.
@@ -105,6 +105,14 @@ impl ResultsSink {
             meta,
             rows: 0,
         })
+    }
+
+    /// Records the replayed trace's content hash (known once the run has read the trace) in
+    /// the file's metadata, as `trace_content_hash`, when it is finished.
+    pub fn set_trace_hash(&mut self, hash: &str) {
+        self.meta
+            .extra
+            .insert(TRACE_HASH_KEY.to_string(), hash.to_string());
     }
 
     /// The journal the rows go to until the file is finished (what to recover after a kill).

@@ -21,6 +21,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result};
 use crate::file_meta::FileMeta;
+use crate::order::OrderMeter;
 use crate::redact;
 use crate::schema::{self, TraceRecord};
 
@@ -170,7 +171,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
 }
 
 /// Writes `records` to a Parquet trace file at `path` (Snappy, row groups of at most 64 Ki
-/// rows), under a temporary name in the same directory that is fsync'd and then renamed.
+/// rows, their [`FileOrder`](crate::order::FileOrder) in the footer), under a temporary name in the same directory that is fsync'd and then renamed.
 /// The file is created with mode 0600 on unix. An existing file at `path` is replaced.
 pub fn write_trace_file(path: &Path, records: &[TraceRecord], meta: &FileMeta) -> Result<()> {
     let tmp = tmp_path(path);
@@ -199,6 +200,7 @@ pub(crate) fn write_trace_file_from_journal(
             .map_err(|e| Error::format(path, e))?;
         let mut lines = io::BufReader::new(File::open(journal).map_err(|e| Error::io(journal, e))?);
         let (mut batch, mut line, mut seen) = (Vec::with_capacity(BATCH_ROWS), Vec::new(), 0);
+        let mut order = OrderMeter::default();
         loop {
             line.clear();
             let n = lines
@@ -208,6 +210,7 @@ pub(crate) fn write_trace_file_from_journal(
             if n > 0 && !header && !line.iter().all(u8::is_ascii_whitespace) {
                 let rec: TraceRecord = serde_json::from_slice(&line)
                     .map_err(|e| Error::format(journal, format!("line {}: {e}", seen + 1)))?;
+                order.add(rec.arrival_time_us);
                 batch.push(rec);
                 seen += 1;
             }
@@ -227,6 +230,7 @@ pub(crate) fn write_trace_file_from_journal(
                 journal.display()
             )));
         }
+        writer.append_key_value_metadata(order.order().to_kv());
         let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
         file.sync_all().map_err(|e| Error::io(&tmp, e))?;
         drop(file);
@@ -258,10 +262,13 @@ fn write_tmp_then_rename(
     let file = create_private(tmp, false)?;
     let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
         .map_err(|e| Error::format(path, e))?;
+    let mut order = OrderMeter::default();
     for chunk in records.chunks(BATCH_ROWS) {
         let batch = records_to_batch(chunk)?;
         writer.write(&batch).map_err(|e| Error::format(path, e))?;
+        chunk.iter().for_each(|r| order.add(r.arrival_time_us));
     }
+    writer.append_key_value_metadata(order.order().to_kv());
     let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
     file.sync_all().map_err(|e| Error::io(tmp, e))?;
     drop(file);

@@ -2,7 +2,7 @@
 //! crash-safe journal) and reader, trace summaries (`inspect`, `stats`), redaction and
 //! arrival processes.
 //!
-//! One way down: [`schema`] and [`file_meta`] (what a file holds) ← [`encode`] (records into
+//! One way down: [`schema`], [`file_meta`] and [`order`] (what a file holds) ← [`encode`] (records into
 //! durable Parquet files) ← [`journal`] (a writer's journal and its recovery) ← [`writer`]
 //! (the rotating [`TraceWriter`]); [`reader`] reads what [`encode`] wrote, whole, and
 //! [`stream`] in arrival order with bounded memory, through the same checks. Local files only: object stores are the `store` crate's, importers of
@@ -15,6 +15,7 @@ pub mod error;
 pub mod file_meta;
 pub mod inspect;
 pub mod journal;
+pub mod order;
 pub mod prefix_cache;
 pub mod quantiles;
 pub mod reader;

@@ -108,6 +108,9 @@ pub mod meta {
     pub const BLOCK_SIZE: &str = "llmreplay.block_size";
     /// Prefix of free-form provenance keys (`--metadata K=V`, target info).
     pub const EXTRA_PREFIX: &str = "llmreplay.meta.";
+    /// The file's first and last arrival and its disorder, measured as it was written
+    /// ([`crate::order::FileOrder`], JSON): what a reader knows from the footer alone.
+    pub const ARRIVAL_ORDER: &str = "llmreplay.arrival_order";
 }
 
 /// Which program wrote a trace file.

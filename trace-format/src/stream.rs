@@ -2,12 +2,17 @@
 //!
 //! [`TraceStream::open`] takes the inputs [`read_traces`](crate::read_traces) takes (files,
 //! directories, globs; object-store URLs through [`TraceStream::open_with`]), with the same
-//! expansion, deduplication and errors, and makes a first pass over each file that decodes
-//! only its `arrival_time` column, a row group at a time: its rows, first and last arrival,
-//! and its **disorder** — how far (in µs) a row arrived before the latest arrival above it in
-//! the file. A file `synth` or `import` wrote is sorted (disorder 0); capture appends a row
-//! when its request ends, so its rows are out of arrival order by at most the longest request
-//! in flight beside them.
+//! expansion, deduplication and errors, and reads each file's footer — not its rows, so
+//! opening takes the same time for any number of rows: its rows, first and last arrival, and
+//! its **disorder** — how far (in µs) a row arrived before the latest arrival above it in
+//! the file ([`FileOrder`]). A file `synth` or `import` wrote is sorted (disorder 0); capture
+//! appends a row when its request ends, so its rows are out of arrival order by at most the
+//! longest request in flight beside them. Every llmreplay writer records the order in the
+//! footer ([`crate::order`]); for a file without it (an older llmreplay, another tool) the
+//! extent comes from the row groups' `arrival_time` statistics and the disorder from a pass
+//! that decodes only that column, made when the merge first reaches the file (so a month of
+//! such files is measured one file at a time, as it is read); a file without statistics
+//! either is measured when it is opened.
 //!
 //! [`TraceStream::records`] (callable again, for soak passes) then yields every record in
 //! exactly the order [`read_traces`](crate::read_traces) sorts to — by arrival, stable, file
@@ -25,8 +30,13 @@
 //!
 //! Every check of the whole-file reader applies (page validation before each row group,
 //! the panic guard around each decoder call, strict values): the stream reads through the
-//! same code ([`crate::reader`]'s file module). A file that changed between the first pass
-//! and a read (rows out of the measured order, a different row count) is an error naming it.
+//! same code ([`crate::reader`]'s file module). A file that changed after it was opened, or
+//! whose footer misstates its rows (a row outside the recorded extent or out of the recorded
+//! order, a different row count), is an error naming it.
+//!
+//! The [content hash](TraceStream::content_hash) is taken as the records go by: after one
+//! full pass of [`TraceStream::records`] (a replay that reads the whole trace) it is known
+//! without another read.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -36,30 +46,57 @@ use std::sync::OnceLock;
 use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
+use crate::order::{extent_from_statistics, non_null_from_statistics, OrderMeter};
 use crate::reader::file::{Batches, Columns, OpenFile, Source};
 use crate::reader::{
     arrivals, convert, ids_and_arrivals, sources, ContentHash, LocalOnly, RemoteFiles, TraceFile,
 };
 use crate::schema::{col, TraceRecord};
 
+pub use crate::order::FileOrder;
+
 /// Rows decoded at a time from one file by a stream (the whole-file reader decodes 8,192).
 pub const STREAM_BATCH_ROWS: usize = 1024;
 
-/// How one file's rows are ordered, from the first pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FileOrder {
-    /// Its earliest arrival, µs since the epoch (None: no rows).
-    pub first_arrival_us: Option<i64>,
-    /// Its latest arrival.
-    pub last_arrival_us: Option<i64>,
-    /// The most any row arrived before the latest arrival of the rows above it in the file,
-    /// µs (0: sorted by arrival).
-    pub disorder_us: i64,
-}
-
+/// One file of the stream: where it is read from, its extent (from the footer), and its
+/// disorder once known (from the footer, else measured when first needed, then kept).
 struct Input {
     source: Source,
-    order: FileOrder,
+    first_arrival_us: Option<i64>,
+    last_arrival_us: Option<i64>,
+    disorder_us: OnceLock<i64>,
+    /// Rows with a recorded body, from the footer's statistics (None: not there).
+    bodies: Option<usize>,
+}
+
+impl Input {
+    /// The file's disorder: recorded, or measured now by a pass over its arrival column
+    /// (which must find the extent and rows the footer gave).
+    fn disorder(&self, info: &TraceFile) -> Result<i64> {
+        if let Some(&d) = self.disorder_us.get() {
+            return Ok(d);
+        }
+        let (rows, order) = measure(&OpenFile::open(&self.source)?)?;
+        if rows != info.rows
+            || (order.first_arrival_us, order.last_arrival_us)
+                != (self.first_arrival_us, self.last_arrival_us)
+        {
+            return Err(Error::format(
+                &info.path,
+                format!(
+                    "the file changed while it was read, or its statistics misstate its rows \
+                     ({rows} rows from {:?} to {:?}; the footer says {} from {:?} to {:?})",
+                    order.first_arrival_us,
+                    order.last_arrival_us,
+                    info.rows,
+                    self.first_arrival_us,
+                    self.last_arrival_us
+                ),
+            ));
+        }
+        let _ = self.disorder_us.set(order.disorder_us);
+        Ok(order.disorder_us)
+    }
 }
 
 /// Trace files opened for reading in arrival order (see the [module](self) documentation).
@@ -74,8 +111,12 @@ impl std::fmt::Debug for TraceStream {
         f.debug_struct("TraceStream")
             .field("files", &self.files)
             .field(
-                "order",
-                &self.inputs.iter().map(|i| i.order).collect::<Vec<_>>(),
+                "extent",
+                &self
+                    .inputs
+                    .iter()
+                    .map(|i| (i.first_arrival_us, i.last_arrival_us, i.disorder_us.get()))
+                    .collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -83,7 +124,8 @@ impl std::fmt::Debug for TraceStream {
 
 impl TraceStream {
     /// Opens local inputs (files, directories, globs), as [`read_traces`](crate::read_traces)
-    /// reads them, with the same errors, and makes the first pass.
+    /// reads them, with the same errors, reading each file's footer (see the
+    /// [module](self) documentation for the files it also measures).
     pub fn open<S: AsRef<str>>(inputs: &[S]) -> Result<TraceStream> {
         TraceStream::open_with(inputs, &LocalOnly)
     }
@@ -93,9 +135,9 @@ impl TraceStream {
         let mut files = Vec::new();
         let mut opened = Vec::new();
         for source in sources(inputs, remote)? {
-            let (info, order) = first_pass(&source)?;
+            let (info, input) = open_file(source)?;
             files.push(info);
-            opened.push(Input { source, order });
+            opened.push(input);
         }
         Ok(TraceStream {
             files,
@@ -109,9 +151,21 @@ impl TraceStream {
         &self.files
     }
 
-    /// How each file's rows are ordered, in the order of [`TraceStream::files`].
-    pub fn order(&self) -> Vec<FileOrder> {
-        self.inputs.iter().map(|i| i.order).collect()
+    /// How each file's rows are ordered, in the order of [`TraceStream::files`]: as its
+    /// footer records it, else measured now (a pass over the arrival column of each file
+    /// not measured yet; an error when one cannot be read).
+    pub fn order(&self) -> Result<Vec<FileOrder>> {
+        self.inputs
+            .iter()
+            .zip(&self.files)
+            .map(|(i, f)| {
+                Ok(FileOrder {
+                    first_arrival_us: i.first_arrival_us,
+                    last_arrival_us: i.last_arrival_us,
+                    disorder_us: i.disorder(f)?,
+                })
+            })
+            .collect()
     }
 
     /// Rows over every file.
@@ -121,24 +175,24 @@ impl TraceStream {
 
     /// The earliest arrival over every file, µs since the epoch (None: no rows).
     pub fn first_arrival_us(&self) -> Option<i64> {
-        self.inputs
-            .iter()
-            .filter_map(|i| i.order.first_arrival_us)
-            .min()
+        self.inputs.iter().filter_map(|i| i.first_arrival_us).min()
+    }
+
+    /// Rows with a recorded body over every file, from the footers' statistics, without
+    /// reading a row (None when a file's footer does not say).
+    pub fn rows_with_body(&self) -> Option<usize> {
+        self.inputs.iter().map(|i| i.bodies).sum()
     }
 
     /// The latest arrival over every file.
     pub fn last_arrival_us(&self) -> Option<i64> {
-        self.inputs
-            .iter()
-            .filter_map(|i| i.order.last_arrival_us)
-            .max()
+        self.inputs.iter().filter_map(|i| i.last_arrival_us).max()
     }
 
     /// The trace's content hash ([`crate::reader::content_hash`] of its rows in arrival
     /// order, equal to [`Trace::content_hash`](crate::Trace::content_hash) of the same
-    /// inputs), from a merge over the `request_id` and `arrival_time` columns only, made on
-    /// the first call and kept.
+    /// inputs): kept from the first full pass of [`TraceStream::records`], else from a merge
+    /// over the `request_id` and `arrival_time` columns only, made on this call and kept.
     pub fn content_hash(&self) -> Result<String> {
         if let Some(h) = self.hash.get() {
             return Ok(h.clone());
@@ -159,29 +213,66 @@ impl TraceStream {
     pub fn records(&self) -> Records<'_> {
         Records {
             merge: Merge::new(&self.inputs, &self.files),
+            hash: ContentHash::default(),
+            hash_slot: &self.hash,
+            failed: false,
         }
     }
 }
 
-/// The first pass over one file: its metadata, rows and order, from its arrival column.
-fn first_pass(source: &Source) -> Result<(TraceFile, FileOrder)> {
-    let file = OpenFile::open(source)?;
-    let mut order = FileOrder::default();
-    let mut rows = 0usize;
-    let mut latest = i64::MIN;
+/// Opens one file: its metadata and rows from the footer, its order as the footer records it
+/// (or its extent from the statistics, the disorder left to measure when needed, or, without
+/// statistics, measured now).
+fn open_file(source: Source) -> Result<(TraceFile, Input)> {
+    let file = OpenFile::open(&source)?;
+    let info = file.info.clone();
+    let footer = file.footer();
+    let kv = footer
+        .file_metadata()
+        .key_value_metadata()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let bodies = non_null_from_statistics(footer, col::BODY);
+    let input = |first, last, disorder: Option<i64>| Input {
+        source,
+        first_arrival_us: first,
+        last_arrival_us: last,
+        disorder_us: disorder.map(OnceLock::from).unwrap_or_default(),
+        bodies,
+    };
+    if let Some(o) = FileOrder::from_kv(kv, info.rows, &info.path)? {
+        let i = input(o.first_arrival_us, o.last_arrival_us, Some(o.disorder_us));
+        return Ok((info, i));
+    }
+    if let Some((first, last)) = extent_from_statistics(footer) {
+        if first.is_some() == (info.rows > 0) {
+            return Ok((info, input(first, last, None)));
+        }
+    }
+    let (rows, o) = measure(&file)?;
+    if rows != info.rows {
+        return Err(Error::format(
+            &info.path,
+            format!(
+                "damaged Parquet file: {rows} rows where the footer says {}",
+                info.rows
+            ),
+        ));
+    }
+    let i = input(o.first_arrival_us, o.last_arrival_us, Some(o.disorder_us));
+    Ok((info, i))
+}
+
+/// A pass over one file's arrival column: its rows and order.
+fn measure(file: &OpenFile) -> Result<(usize, FileOrder)> {
+    let mut meter = OrderMeter::default();
     for batch in file.batches(Columns::Only(&[col::ARRIVAL_TIME]), 64 * 1024)? {
         let (first_row, batch) = batch?;
         for at in arrivals(&batch, file.name(), first_row)? {
-            rows += 1;
-            latest = latest.max(at);
-            order.disorder_us = order.disorder_us.max(latest.saturating_sub(at));
-            order.first_arrival_us = Some(order.first_arrival_us.map_or(at, |f| f.min(at)));
+            meter.add(at);
         }
     }
-    order.last_arrival_us = (rows > 0).then_some(latest);
-    let mut info = file.info.clone();
-    info.rows = rows;
-    Ok((info, order))
+    Ok((meter.rows(), meter.order()))
 }
 
 /// What a merge reads of each row.
@@ -254,12 +345,16 @@ struct FileRows<T: Row> {
     seq: u64,
     latest: i64,
     disorder: i64,
+    /// The extent the footer gave: a row outside it is an error.
+    first: i64,
+    last: i64,
     expected_rows: usize,
     exhausted: bool,
 }
 
 impl<T: Row> FileRows<T> {
     fn open(input: &Input, info: &TraceFile) -> Result<FileRows<T>> {
+        let disorder = input.disorder(info)?;
         let file = OpenFile::open(&input.source)?;
         Ok(FileRows {
             name: file.name().to_path_buf(),
@@ -268,7 +363,9 @@ impl<T: Row> FileRows<T> {
             buffer: BinaryHeap::new(),
             seq: 0,
             latest: i64::MIN,
-            disorder: input.order.disorder_us,
+            disorder,
+            first: input.first_arrival_us.unwrap_or(i64::MAX),
+            last: input.last_arrival_us.unwrap_or(i64::MIN),
             expected_rows: info.rows,
             exhausted: false,
         })
@@ -282,7 +379,9 @@ impl<T: Row> FileRows<T> {
     fn changed(&self, what: &str) -> Error {
         Error::format(
             &self.name,
-            format!("the file changed while it was read ({what})"),
+            format!(
+                "the file changed while it was read, or its footer misstates its rows ({what})"
+            ),
         )
     }
 
@@ -299,6 +398,9 @@ impl<T: Row> FileRows<T> {
                 let at = row.arrival_us();
                 if at < self.latest.saturating_sub(self.disorder) {
                     return Some(Err(self.changed("a row out of the order first measured")));
+                }
+                if at < self.first || at > self.last {
+                    return Some(Err(self.changed("a row outside the extent first measured")));
                 }
                 self.latest = self.latest.max(at);
                 self.buffer.push(Reverse(Pending {
@@ -353,9 +455,9 @@ struct Merge<'a, T: Row> {
 impl<'a, T: Row> Merge<'a, T> {
     fn new(inputs: &'a [Input], files: &'a [TraceFile]) -> Merge<'a, T> {
         let mut unopened: Vec<usize> = (0..inputs.len())
-            .filter(|&i| inputs[i].order.first_arrival_us.is_some())
+            .filter(|&i| inputs[i].first_arrival_us.is_some())
             .collect();
-        unopened.sort_by_key(|&i| (inputs[i].order.first_arrival_us, i));
+        unopened.sort_by_key(|&i| (inputs[i].first_arrival_us, i));
         Merge {
             inputs,
             files,
@@ -402,7 +504,7 @@ impl<'a, T: Row> Merge<'a, T> {
     /// Opens every file whose first row comes before the best head.
     fn open_due(&mut self) -> Result<()> {
         while let Some(&j) = self.unopened.get(self.next_unopened) {
-            let first = self.inputs[j].order.first_arrival_us.unwrap_or(i64::MIN);
+            let first = self.inputs[j].first_arrival_us.unwrap_or(i64::MIN);
             if self
                 .heads
                 .peek()
@@ -453,9 +555,13 @@ impl<T: Row> Iterator for Merge<'_, T> {
 }
 
 /// The records of a [`TraceStream`] in arrival order (see [`TraceStream::records`]), with
-/// what they hold in memory (for tests and benches).
+/// what they hold in memory (for tests and benches). A pass read to its end without an error
+/// leaves the stream's content hash behind.
 pub struct Records<'a> {
     merge: Merge<'a, TraceRecord>,
+    hash: ContentHash,
+    hash_slot: &'a OnceLock<String>,
+    failed: bool,
 }
 
 impl Records<'_> {
@@ -479,7 +585,16 @@ impl Iterator for Records<'_> {
     type Item = Result<TraceRecord>;
 
     fn next(&mut self) -> Option<Result<TraceRecord>> {
-        self.merge.next()
+        let next = self.merge.next();
+        match &next {
+            Some(Ok(r)) => self.hash.add(&r.request_id, r.arrival_time_us),
+            Some(Err(_)) => self.failed = true,
+            None if !self.failed => {
+                let _ = self.hash_slot.set(self.hash.finish());
+            }
+            None => {}
+        }
+        next
     }
 }
 

@@ -183,6 +183,11 @@ impl OpenFile {
         &self.name
     }
 
+    /// Its footer: row groups, their statistics, key-value metadata.
+    pub(crate) fn footer(&self) -> &parquet::file::metadata::ParquetMetaData {
+        self.meta.metadata()
+    }
+
     /// Its batches in file order, `batch_rows` rows at most each, decoding `columns` only,
     /// one row group at a time.
     pub(crate) fn batches(&self, columns: Columns, batch_rows: usize) -> Result<Batches> {

@@ -103,7 +103,7 @@ fn overlapping_files_ties_disorder_empty_files_and_many_row_groups_read_as_read_
         path_str(&pd),
         path_str(&pe),
     ]);
-    let order = stream.order();
+    let order = stream.order().unwrap();
     assert_eq!(order[0].disorder_us, 0);
     assert!(order[1].disorder_us > 0, "{order:?}");
     assert_eq!(order[2].first_arrival_us, None);
@@ -229,7 +229,7 @@ fn rows_held_are_bounded_by_a_batch_and_the_disorder_not_by_the_trace() {
         .collect();
     write_grouped(&capture, &capture_order(rows), 4096);
     let stream = TraceStream::open(&[path_str(&capture)]).unwrap();
-    let disorder = stream.order()[0].disorder_us;
+    let disorder = stream.order().unwrap()[0].disorder_us;
     assert!(disorder > 20_000 && disorder < 50_000, "{disorder}");
     let mut it = stream.records();
     assert_eq!(it.by_ref().count(), n as usize);
@@ -417,5 +417,178 @@ fn capture_writer_files_rotated_mid_request_stream_as_read_traces() {
         it.peak_held_rows() <= it.peak_open_files() * (STREAM_BATCH_ROWS + 2001),
         "{} rows held",
         it.peak_held_rows()
+    );
+}
+
+/// Zeroes every byte between the magic and the footer: the rows are gone, the footer
+/// (row counts, statistics, key-value metadata) intact.
+fn wipe_rows(path: &Path) {
+    let mut bytes = fs::read(path).unwrap();
+    let n = bytes.len();
+    let footer = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    bytes[4..n - 8 - footer].fill(0);
+    fs::write(path, bytes).unwrap();
+}
+
+/// What every llmreplay writer leaves: the order in the footer, so opening reads no row (a
+/// file whose rows are wiped opens, with its rows and extent; reading it fails, naming it).
+#[test]
+fn files_llmreplay_wrote_open_from_the_footer_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("capture.parquet");
+    let rows: Vec<_> = (0..3000)
+        .map(|i| {
+            let mut r = rec(&format!("c{i}"), i * 1000, (i * 7919) % 50_000);
+            if i % 3 == 0 {
+                r.body = None;
+            }
+            r
+        })
+        .collect();
+    write_trace_file(&p, &capture_order(rows), &test_meta()).unwrap();
+    let (measured_rows, measured) =
+        measure(&OpenFile::open(&Source::Local(p.clone())).unwrap()).unwrap();
+    assert_eq!(measured_rows, 3000);
+    assert!(measured.disorder_us > 20_000, "{measured:?}");
+    wipe_rows(&p);
+    let stream = TraceStream::open(&[path_str(&p)]).unwrap();
+    assert_eq!(stream.rows(), 3000);
+    assert_eq!(stream.order().unwrap(), vec![measured]);
+    assert_eq!(stream.first_arrival_us(), Some(T0));
+    assert_eq!(stream.last_arrival_us(), Some(T0 + 2_999_000));
+    assert_eq!(stream.rows_with_body(), Some(2000));
+    let err = stream.records().find_map(Result::err).unwrap();
+    assert!(
+        matches!(&err, Error::Format { path, .. } if path == &p),
+        "{err}"
+    );
+    assert!(stream.content_hash().is_err());
+}
+
+/// A file without the recorded order (an older llmreplay, another tool) opens from its
+/// statistics and is measured when the merge reaches it: an earlier file's rows come first,
+/// then its error. Without statistics it is measured when opened.
+#[test]
+fn files_without_the_recorded_order_are_measured_when_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let early = dir.path().join("early.parquet");
+    let late = dir.path().join("late.parquet");
+    let a: Vec<_> = (0..100).map(|i| rec(&format!("a{i}"), i * 10, 1)).collect();
+    let b: Vec<_> = (0..100)
+        .map(|i| rec(&format!("b{i}"), 5_000 + i * 10, 1))
+        .collect();
+    write_grouped(&early, &a, 30);
+    write_grouped(&late, &capture_order(b.clone()), 30);
+    // Intact, the order measured late equals the writer's.
+    let stream = assert_same_as_read_traces(&[path_str(&early), path_str(&late)]);
+    assert_eq!(stream.order().unwrap()[1].last_arrival_us, Some(T0 + 5_990));
+    wipe_rows(&late);
+    let stream = TraceStream::open(&[path_str(&late), path_str(&early)]).unwrap();
+    assert_eq!(stream.rows(), 200);
+    assert_eq!(stream.first_arrival_us(), Some(T0));
+    assert_eq!(stream.last_arrival_us(), Some(T0 + 5_990));
+    let read: Vec<_> = stream.records().collect();
+    assert_eq!(read.len(), 101, "a's rows, then late's error");
+    assert!(read[..100].iter().all(Result::is_ok));
+    let err = read[100].as_ref().unwrap_err().to_string();
+    assert!(err.contains("late.parquet"), "{err}");
+
+    // No statistics: measured when opened, so the wiped file fails to open.
+    let bare = dir.path().join("bare.parquet");
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(test_meta().to_kv()))
+        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None)
+        .build();
+    let batch = records_to_batch(&b).unwrap();
+    let mut w =
+        ArrowWriter::try_new(File::create(&bare).unwrap(), batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    assert_same_as_read_traces(&[path_str(&bare), path_str(&early)]);
+    let stream = TraceStream::open(&[path_str(&bare), path_str(&early)]).unwrap();
+    assert_eq!(stream.rows_with_body(), None, "no statistics: not known");
+    wipe_rows(&bare);
+    let err = TraceStream::open(&[path_str(&bare)]).unwrap_err();
+    assert!(
+        matches!(&err, Error::Format { path, .. } if path == &bare),
+        "{err}"
+    );
+}
+
+/// A footer whose recorded order is false (an edited file, a buggy writer) cannot make the
+/// stream yield rows out of order: the rows that contradict it are an error naming the file.
+#[test]
+fn a_footer_that_misstates_the_order_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<_> = (0..50).map(|i| rec(&format!("r{i}"), i * 10, 1)).collect();
+    let write = |name: &str, rows: &[TraceRecord], order: FileOrder| {
+        let p = dir.path().join(name);
+        let mut kv = test_meta().to_kv();
+        kv.push(order.to_kv());
+        let props = WriterProperties::builder()
+            .set_key_value_metadata(Some(kv))
+            .build();
+        let batch = records_to_batch(rows).unwrap();
+        let mut w =
+            ArrowWriter::try_new(File::create(&p).unwrap(), batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        p
+    };
+    let truth = FileOrder {
+        first_arrival_us: Some(T0),
+        last_arrival_us: Some(T0 + 490),
+        disorder_us: 0,
+    };
+    let mut reversed = rows.clone();
+    reversed.reverse();
+    let claims_sorted = write("reversed.parquet", &reversed, truth);
+    let late_first = write(
+        "late-first.parquet",
+        &rows,
+        FileOrder {
+            first_arrival_us: Some(T0 + 100),
+            ..truth
+        },
+    );
+    let early_last = write(
+        "early-last.parquet",
+        &rows,
+        FileOrder {
+            last_arrival_us: Some(T0 + 100),
+            ..truth
+        },
+    );
+    for p in [&claims_sorted, &late_first, &early_last] {
+        let stream = TraceStream::open(&[path_str(p)]).unwrap();
+        let err = stream.records().find_map(Result::err).unwrap().to_string();
+        assert!(
+            err.contains(path_str(p)) && err.contains("misstates"),
+            "{err}"
+        );
+    }
+    // The truth reads as read_traces does.
+    assert_same_as_read_traces(&[path_str(&write("true.parquet", &rows, truth))]);
+}
+
+/// A pass of the records to their end leaves the content hash: asked for afterwards, it
+/// reads nothing (the file can be gone). A pass stopped early leaves nothing.
+#[test]
+fn a_full_pass_of_the_records_leaves_the_content_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.parquet");
+    let rows: Vec<_> = (0..500).map(|i| rec(&format!("r{i}"), i * 3, 1)).collect();
+    write_trace_file(&p, &rows, &test_meta()).unwrap();
+    let want = read_traces(&[path_str(&p)]).unwrap().content_hash();
+
+    let partial = TraceStream::open(&[path_str(&p)]).unwrap();
+    assert_eq!(partial.records().take(499).count(), 499);
+    let full = TraceStream::open(&[path_str(&p)]).unwrap();
+    assert_eq!(full.records().count(), 500);
+    fs::remove_file(&p).unwrap();
+    assert_eq!(full.content_hash().unwrap(), want);
+    assert!(
+        partial.content_hash().is_err(),
+        "a partial pass hashed nothing"
     );
 }

@@ -61,7 +61,8 @@ out, tag, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rss = [tuple(map(float, l.split("\t"))) for l in open(f"{out}/{tag}-rss.tsv") if l.strip()]
 r = json.load(open(f"{out}/{tag}.json"))
 sends = sorted(pq.read_table(f"{out}/{tag}-results.parquet", columns=["arrival_time"]).column(0).cast("int64").to_pylist())
-first_s = (sends[0] - t0) / 1e6
+# A run stopped before its first send (`first` with a slow build) has none.
+first_s = f"{(sends[0] - t0) / 1e6:.2f}" if sends else f"none in {rss[-1][0] - t0 / 1e6:.1f} s"
 peak = max(k for _, k in rss) / 1024
 
 def slope(samples):
@@ -84,7 +85,7 @@ else:
 lag = r["llmreplay"]["dispatch_lag_ms"]
 dur = r.get("duration") or r.get("duration_s") or 0
 print("\t".join(str(x) for x in [tag, r["num_prompts"], r["completed"], f"{peak:.0f}", f"{half:.1f}", past_cap,
-      f"{first_s:.2f}", f"{r['completed'] / dur if dur else float('nan'):.0f}", f"{lag['p50']:.3f}", f"{lag['p99']:.3f}",
+      first_s, f"{r['completed'] / dur if dur else float('nan'):.0f}", f"{lag['p50']:.3f}", f"{lag['p99']:.3f}",
       f"{rss[-1][0] - t0 / 1e6:.1f}" if rss else "-"]))
 PY
   rm -f "$OUT/$tag-results.parquet"
@@ -129,7 +130,7 @@ mooncake_run() {
 
 printf 'run\trequests\tcompleted\tpeak RSS (MiB)\tRSS slope, 2nd half (MiB/min)\tRSS slope past 2^20 requests (MiB/min)\tfirst request after (s)\tthroughput (req/s)\tlag p50 (ms)\tlag p99 (ms)\twall (s)\n' > "$OUT/scale.tsv"
 args=("$@")
-[ ${#args[@]} -eq 0 ] && args=(synth 200000 10000 synth 1000000 5000 mooncake schedule)
+[ ${#args[@]} -eq 0 ] && args=(synth 200000 10000 synth 1000000 5000 first 10000000 5000 mooncake schedule)
 i=0
 while [ $i -lt ${#args[@]} ]; do
   case "${args[$i]}" in

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use parquet::basic::{ConvertedType, LogicalType, TimeUnit};
 use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::statistics::Statistics;
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,58 @@ impl FileOrder {
     }
 }
 
+/// What a file's footer says of its order: recorded in full by an llmreplay writer, or its
+/// extent from the statistics, or nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// The recorded order.
+    Recorded(FileOrder),
+    /// First and last arrival from the row groups' statistics.
+    Extent(Option<i64>, Option<i64>),
+    /// Neither.
+    Nothing,
+}
+
+impl Claim {
+    /// What the footer of a file of `rows` rows claims (an error: a recorded order that
+    /// cannot be right).
+    pub(crate) fn of(footer: &ParquetMetaData, rows: usize, path: &Path) -> Result<Claim> {
+        let kv = footer
+            .file_metadata()
+            .key_value_metadata()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        if let Some(o) = FileOrder::from_kv(kv, rows, path)? {
+            return Ok(Claim::Recorded(o));
+        }
+        Ok(match extent_from_statistics(footer) {
+            Some((first, last)) if first.is_some() == (rows > 0) => Claim::Extent(first, last),
+            _ => Claim::Nothing,
+        })
+    }
+
+    /// Checks the claim against the order measured over the file's rows: a footer that
+    /// misstates them (a damaged file) is an error naming `path`, whichever reader meets it.
+    pub(crate) fn check(&self, measured: FileOrder, path: &Path) -> Result<()> {
+        let agrees = match *self {
+            Claim::Recorded(o) => o == measured,
+            Claim::Extent(first, last) => {
+                (first, last) == (measured.first_arrival_us, measured.last_arrival_us)
+            }
+            Claim::Nothing => true,
+        };
+        if agrees {
+            return Ok(());
+        }
+        Err(Error::format(
+            path,
+            format!(
+                "damaged file: its footer misstates its rows ({self:?}; the rows: {measured:?})"
+            ),
+        ))
+    }
+}
+
 /// Measures a file's [`FileOrder`] from its arrivals, in file order.
 #[derive(Debug, Clone)]
 pub(crate) struct OrderMeter {
@@ -101,15 +154,24 @@ impl OrderMeter {
 }
 
 /// A file's earliest and latest arrival from the min/max statistics of its row groups'
-/// `arrival_time` column, when every row group with rows has exact ones (None otherwise).
+/// `arrival_time` column, when it is in microseconds and every row group with rows has exact
+/// ones (None otherwise).
 /// For a file without rows: `Some((None, None))`.
 pub(crate) fn extent_from_statistics(md: &ParquetMetaData) -> Option<(Option<i64>, Option<i64>)> {
-    let leaf = md
-        .file_metadata()
-        .schema_descr()
-        .columns()
+    let columns = md.file_metadata().schema_descr().columns();
+    let leaf = columns
         .iter()
         .position(|c| c.path().parts() == [col::ARRIVAL_TIME])?;
+    // The statistics are in the column's unit: only microseconds are the reader's as they
+    // are (another unit is converted, and rounded, as the rows are read).
+    let micros = match columns[leaf].logical_type_ref() {
+        Some(LogicalType::Timestamp(t)) => matches!(t.unit, TimeUnit::MICROS),
+        Some(_) => false,
+        None => columns[leaf].converted_type() == ConvertedType::TIMESTAMP_MICROS,
+    };
+    if !micros {
+        return None;
+    }
     let (mut first, mut last) = (None::<i64>, None::<i64>);
     for rg in md.row_groups() {
         if rg.num_rows() == 0 {

@@ -278,6 +278,12 @@ fn read_parquet(file: &OpenFile) -> Result<(TraceFile, Vec<TraceRecord>)> {
     }
     let mut info = file.info.clone();
     info.rows = records.len();
+    // What the stream trusts the footer for (its order), checked here too: both readers
+    // refuse a file whose footer misstates its rows.
+    let mut meter = crate::order::OrderMeter::default();
+    records.iter().for_each(|r| meter.add(r.arrival_time_us));
+    crate::order::Claim::of(file.footer(), info.rows, file.name())?
+        .check(meter.order(), file.name())?;
     Ok((info, records))
 }
 

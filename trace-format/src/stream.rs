@@ -46,7 +46,7 @@ use std::sync::OnceLock;
 use arrow_array::RecordBatch;
 
 use crate::error::{Error, Result};
-use crate::order::{extent_from_statistics, non_null_from_statistics, OrderMeter};
+use crate::order::{non_null_from_statistics, Claim, OrderMeter};
 use crate::reader::file::{Batches, Columns, OpenFile, Source};
 use crate::reader::{
     arrivals, convert, ids_and_arrivals, sources, ContentHash, LocalOnly, RemoteFiles, TraceFile,
@@ -227,11 +227,6 @@ fn open_file(source: Source) -> Result<(TraceFile, Input)> {
     let file = OpenFile::open(&source)?;
     let info = file.info.clone();
     let footer = file.footer();
-    let kv = footer
-        .file_metadata()
-        .key_value_metadata()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
     let bodies = non_null_from_statistics(footer, col::BODY);
     let input = |first, last, disorder: Option<i64>| Input {
         source,
@@ -240,14 +235,13 @@ fn open_file(source: Source) -> Result<(TraceFile, Input)> {
         disorder_us: disorder.map(OnceLock::from).unwrap_or_default(),
         bodies,
     };
-    if let Some(o) = FileOrder::from_kv(kv, info.rows, &info.path)? {
-        let i = input(o.first_arrival_us, o.last_arrival_us, Some(o.disorder_us));
-        return Ok((info, i));
-    }
-    if let Some((first, last)) = extent_from_statistics(footer) {
-        if first.is_some() == (info.rows > 0) {
-            return Ok((info, input(first, last, None)));
+    match Claim::of(footer, info.rows, &info.path)? {
+        Claim::Recorded(o) => {
+            let i = input(o.first_arrival_us, o.last_arrival_us, Some(o.disorder_us));
+            return Ok((info, i));
         }
+        Claim::Extent(first, last) => return Ok((info, input(first, last, None))),
+        Claim::Nothing => {}
     }
     let (rows, o) = measure(&file)?;
     if rows != info.rows {

@@ -566,6 +566,9 @@ fn a_footer_that_misstates_the_order_is_an_error() {
             err.contains(path_str(p)) && err.contains("misstates"),
             "{err}"
         );
+        // The whole-file reader refuses it too.
+        let err = read_traces(&[path_str(p)]).unwrap_err().to_string();
+        assert!(err.contains("misstates"), "{err}");
     }
     // The truth reads as read_traces does.
     assert_same_as_read_traces(&[path_str(&write("true.parquet", &rows, truth))]);

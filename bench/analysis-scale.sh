@@ -12,8 +12,8 @@
 # sim, 500 rows a shard) replicated with pyarrow to ROWS rows a shard: each copy gets its own
 # request ids and is shifted by the replay's span, so every file is one shard run of one long
 # trace. They stay out of git, under $DIR (default /tmp/llmreplay-analysis-scale, ~1.5 GB);
-# the merge also writes its journal (JSON lines, ~5 GB for 10 M rows) beside its output while
-# it runs. Delete $DIR afterwards.
+# the merge also writes its journal (JSON lines) beside its output while
+# it runs (up to ~1 KB a row). Delete $DIR afterwards.
 set -euo pipefail
 SHARDS=${1:-4}
 ROWS=${2:-2500000}

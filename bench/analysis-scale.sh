@@ -12,8 +12,8 @@
 # sim, 500 rows a shard) replicated with pyarrow to ROWS rows a shard: each copy gets its own
 # request ids and is shifted by the replay's span, so every file is one shard run of one long
 # trace. They stay out of git, under $DIR (default /tmp/llmreplay-analysis-scale, ~1.5 GB);
-# the merge also writes its journal (JSON lines, ~5 GB for 10 M rows) beside its output while
-# it runs. Delete $DIR afterwards.
+# the merge also writes its journal (JSON lines) beside its output while
+# it runs (up to ~1 KB a row). Delete $DIR afterwards.
 set -euo pipefail
 SHARDS=${1:-4}
 ROWS=${2:-2500000}
@@ -53,7 +53,7 @@ sched = t["scheduled_offset_us"]
 sched_span = (pc.max(sched).as_py() or 0) + 1_000_000
 schema = t.schema.with_metadata(meta)
 with pq.ParquetWriter(dst, schema, compression="snappy") as w:
-    done, copy = 0, 0
+    done, copy, group = 0, 0, []
     while done < rows:
         n = min(t.num_rows, rows - done)
         c = t.slice(0, n)
@@ -61,9 +61,13 @@ with pq.ParquetWriter(dst, schema, compression="snappy") as w:
         cols["request_id"] = pc.binary_join_element_wise(c["request_id"], pa.scalar(f"-c{copy}"), "")
         cols["arrival_time"] = pc.cast(pc.add(pc.cast(c["arrival_time"], pa.int64()), copy * span), c.schema.field("arrival_time").type)
         cols["scheduled_offset_us"] = pc.add(c["scheduled_offset_us"], copy * span)
-        w.write_table(pa.table(cols, schema=schema))
+        group.append(pa.table(cols, schema=schema))
         done += n
         copy += 1
+        # Row groups of 64 Ki rows, as llmreplay writes them.
+        if sum(g.num_rows for g in group) >= 65_536 or done >= rows:
+            w.write_table(pa.concat_tables(group), row_group_size=65_536)
+            group = []
 PY
 done
 FILES=("$DIR"/shard-"$ROWS"-*.parquet)

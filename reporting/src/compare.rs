@@ -2,6 +2,11 @@
 //! side by side, the difference of each from the first (the baseline), SLO pass/fail per
 //! configuration, and whether each difference exceeds run-to-run noise.
 //!
+//! It reads the JSON result files ([`ResultFile::read`](crate::results::ResultFile::read)),
+//! whole: their summaries do not grow with the rows of the runs, but a result saved with
+//! `--save-detailed` holds vLLM's per-request arrays (about 150 bytes a request), which are
+//! read with it and not used here.
+//!
 //! The noise rule, stated with every table: with repeats (`--num-runs` ≥ 2 on both sides) a
 //! difference counts when it exceeds twice the combined spread, √(s_a² + s_b²), and 1% of the
 //! baseline; without repeats no spread is measured, so a difference counts only when it

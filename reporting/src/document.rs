@@ -659,3 +659,52 @@ pub fn markdown(d: &ReportData) -> String {
     }
     o
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace_format::TraceRecord;
+
+    /// `--results` rows feed the run's plots; past the exact cap the plot says it is an
+    /// estimate, below it it does not.
+    #[test]
+    fn a_plot_past_the_exact_cap_says_it_is_estimated() {
+        // Without its `--save-detailed` arrays: the plots come from the rows.
+        let text = std::fs::read("../samples/sim-replay-300.json").unwrap();
+        let mut doc: Value = serde_json::from_slice(&text).unwrap();
+        for k in ["ttfts", "itls", "input_lens", "output_lens", "errors"] {
+            doc.as_object_mut().unwrap().remove(k);
+        }
+        let text = serde_json::to_vec(&doc).unwrap();
+        let file = ResultFile::parse("sim-replay-300.json", &text).unwrap();
+        let key = results::run_key(file.results()[0]).unwrap();
+        let report = |rows: usize| {
+            let mut samples = RunSamples::only([key.clone()]);
+            let mut r = TraceRecord::new("x", 0, "/v1/completions");
+            r.stream = true;
+            r.target = Some(key.0.clone());
+            r.run_id = Some(key.1.clone());
+            r.output_tokens = Some(1);
+            for i in 0..rows {
+                r.ttft_us = Some(1_000 + (i % 50_000) as i64);
+                samples.add(&r);
+            }
+            let d = build(
+                std::slice::from_ref(&file),
+                &BuildOptions {
+                    samples,
+                    ..Default::default()
+                },
+            );
+            crate::html::render(&d)
+        };
+        let few = report(1_000);
+        assert!(few.contains("TTFT distribution — sim"), "no TTFT plot");
+        assert!(!few.contains("estimated"));
+        let many = report(trace_format::quantiles::EXACT_CAP + 1);
+        assert!(
+            many.contains("TTFT distribution — sim (estimated: over 1048576 values, within 0.1%)"),
+            "the plot of 2^20 + 1 values does not say it is estimated"
+        );
+    }
+}

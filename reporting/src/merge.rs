@@ -895,7 +895,7 @@ mod tests {
                 let lag = if k == 2 { 50_000 } else { 100 + (i % 7) * 30 };
                 let offset = slot * 10_000;
                 let mut r =
-                    TraceRecord::new(&format!("r{slot}"), t0 + offset + lag, "/v1/completions");
+                    TraceRecord::new(format!("r{slot}"), t0 + offset + lag, "/v1/completions");
                 r.run_id = Some(format!("run-{k}"));
                 r.target = Some("sim".into());
                 r.model = Some("m".into());
@@ -943,16 +943,13 @@ mod tests {
             .collect()
     }
 
+    /// `llmreplay merge`'s defaults (every metric; p50, p95, p99) and a TTFT SLO.
     fn options() -> MergeOptions {
+        let d = ReplayConfig::new(Vec::new());
         MergeOptions {
             goodput: vec!["ttft:40".parse().unwrap()],
-            percentile_metrics: vec![
-                PercentileMetric::Ttft,
-                PercentileMetric::Tpot,
-                PercentileMetric::Itl,
-                PercentileMetric::E2el,
-            ],
-            metric_percentiles: vec![50.0, 95.0, 99.0],
+            percentile_metrics: d.percentile_metrics,
+            metric_percentiles: d.metric_percentiles,
         }
     }
 

@@ -594,7 +594,7 @@ mod tests {
                 let recs: Vec<TraceRecord> = (0..500i64)
                     .map(|i| {
                         TraceRecord::new(
-                            &format!("{k}-{i}"),
+                            format!("{k}-{i}"),
                             k * 700_000 + i * (i % 13) * 9_000,
                             "/v1/completions",
                         )

@@ -225,35 +225,47 @@ fn closed_sessions_finish_when_the_look_ahead_holds_one_request() {
 }
 
 /// Runs `rows` and requests a stop (`twice`: two) `after` the first progress report.
+/// Replays `rows` and stops the run `after` its launch, or, with `from_first`, `after` the
+/// server has answered its first request (the schedule's clock starts only once the pool is
+/// open, which a loaded machine delays by hundreds of ms: a stop timed from the launch then
+/// reached less of the schedule than the test says).
 fn stopped_run(
     cfg: &ReplayConfig,
     rows: &[TraceRecord],
     after: Duration,
     twice: bool,
+    from_first: Option<&GroundTruth>,
 ) -> (replay::RunOutput, Collect, Duration, Stop) {
     let stop = Stop::new();
-    let s = stop.clone();
-    let stopper = std::thread::spawn(move || {
-        std::thread::sleep(after);
-        s.request("SIGTERM");
-        if twice {
-            std::thread::sleep(Duration::from_millis(50));
-            s.request("SIGINT");
-        }
-    });
     let mut sink = Collect::default();
     let t = Instant::now();
-    let mut runs = replay::replay(
-        &cfg.validate().unwrap(),
-        &rows,
-        None,
-        &|_, _| {},
-        &mut sink,
-        &stop,
-    )
-    .unwrap();
-    let took = t.elapsed();
-    stopper.join().unwrap();
+    let (mut runs, took) = std::thread::scope(|scope| {
+        let s = stop.clone();
+        scope.spawn(move || {
+            if let Some(gt) = from_first {
+                let give_up = Instant::now() + Duration::from_secs(30);
+                while gt.log().is_empty() && Instant::now() < give_up {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            std::thread::sleep(after);
+            s.request("SIGTERM");
+            if twice {
+                std::thread::sleep(Duration::from_millis(50));
+                s.request("SIGINT");
+            }
+        });
+        let runs = replay::replay(
+            &cfg.validate().unwrap(),
+            &rows,
+            None,
+            &|_, _| {},
+            &mut sink,
+            &stop,
+        )
+        .unwrap();
+        (runs, t.elapsed())
+    });
     (runs.remove(0).0, sink, took, stop)
 }
 
@@ -273,7 +285,9 @@ fn a_stop_drains_then_cancels_and_every_sent_request_has_one_row() {
     for r in rows.iter_mut().step_by(10) {
         r.output_tokens = Some(1);
     }
-    let (run, sink, took, _) = stopped_run(&cfg, &rows, Duration::from_millis(1_000), false);
+    // Stopped 1 s after the first (one-token) request was answered, ~1 s into the schedule.
+    let (run, sink, took, _) =
+        stopped_run(&cfg, &rows, Duration::from_millis(1_000), false, Some(&gt));
     assert!(
         took < Duration::from_secs(4),
         "the stopped run took {took:?}"
@@ -328,7 +342,7 @@ fn a_second_stop_cancels_at_once() {
     cfg.drain_timeout = Duration::from_secs(60);
     // 100 requests at once, each streaming for 4 s.
     let rows = trace(100, 0, 200);
-    let (run, sink, took, stop) = stopped_run(&cfg, &rows, Duration::from_millis(500), true);
+    let (run, sink, took, stop) = stopped_run(&cfg, &rows, Duration::from_millis(500), true, None);
     assert!(
         took < Duration::from_secs(3),
         "took {took:?}: the drain was not cut short"

@@ -162,6 +162,11 @@ pub struct CaptureArgs {
     /// burst then waits for that one thread: use it where the load stays well under a core.
     #[arg(long, env = "LLMREPLAY_CAPTURE_THREADS")]
     threads: Option<usize>,
+    /// Diagnostic: write each generation request's phase stamps (accept, head read, upstream
+    /// connection, request written, response head, first byte out) to FILE as JSON lines at
+    /// shutdown; `bench/phases.py FILE` summarises them.
+    #[arg(long, hide = true, value_name = "FILE")]
+    phase_log: Option<PathBuf>,
 }
 
 impl CaptureArgs {
@@ -277,6 +282,7 @@ impl CaptureArgs {
         c.flush_interval = self.flush_interval;
         c.file_prefix = self.file_prefix;
         c.session_header = self.session_header;
+        c.phase_log = self.phase_log;
         c.command = command_line();
         Ok(c)
     }

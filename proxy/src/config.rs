@@ -141,6 +141,9 @@ pub struct ProxyConfig {
     pub session_header: Option<String>,
     /// The producing command line, for the file metadata.
     pub command: String,
+    /// Where to write each generation request's phase stamps at shutdown (a diagnostic for
+    /// `bench/`; see `bench/phases.py`). None: not kept.
+    pub phase_log: Option<PathBuf>,
 }
 
 impl ProxyConfig {
@@ -176,6 +179,7 @@ impl ProxyConfig {
             flush_interval: Duration::from_millis(200),
             session_header: None,
             command: String::new(),
+            phase_log: None,
         }
     }
 }

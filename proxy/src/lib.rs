@@ -27,6 +27,7 @@ pub mod jsonscan;
 mod limits;
 pub mod metrics;
 pub mod observe;
+mod phases;
 pub mod prefix;
 mod prompts;
 mod record;

@@ -34,6 +34,7 @@ use crate::forward::{Forward, Upstream};
 use crate::handler::handle;
 use crate::limits::{ConnPhase, Guarded, GuardedIo};
 use crate::metrics::Metrics;
+use crate::phases::PhaseLog;
 use crate::prompts::PromptQueue;
 use crate::record::Recorder;
 use crate::sink::{self, WriterThread};
@@ -212,6 +213,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         sink,
         hard_stop: AtomicBool::new(false),
         idle: Notify::new(),
+        phases: cfg.phase_log.as_deref().map(PhaseLog::new),
     });
     let shared = Arc::new(Shared {
         forward,
@@ -265,6 +267,7 @@ async fn run(
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((sock, _)) => {
+                    let accepted = Instant::now();
                     backoff.ok();
                     let _ = sock.set_nodelay(true);
                     let (b, s, g, h, guard) = (
@@ -276,14 +279,14 @@ async fn run(
                     );
                     match &acceptor {
                         None => {
-                            tokio::spawn(serve_conn(sock, b, s, g, h, guard));
+                            tokio::spawn(serve_conn(sock, accepted, b, s, g, h, guard));
                         }
                         Some(acc) => {
                             let acc = acc.clone();
                             tokio::spawn(async move {
                                 let hs = tokio::time::timeout(Duration::from_secs(10), acc.accept(sock)).await;
                                 if let Ok(Ok(tls)) = hs {
-                                    serve_conn(tls, b, s, g, h, guard).await;
+                                    serve_conn(tls, accepted, b, s, g, h, guard).await;
                                 }
                             });
                         }
@@ -320,6 +323,11 @@ async fn run(
     if let Some(t) = admin_task {
         let _ = t.await;
     }
+    if let Some(log) = &shared.recorder.phases {
+        if let Err(e) = log.write() {
+            eprintln!("llmreplay capture: writing the phase log: {e}");
+        }
+    }
     let closed = tokio::task::spawn_blocking(move || writer.close())
         .await
         .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
@@ -335,8 +343,10 @@ async fn run(
     })
 }
 
+/// Serves one client connection, accepted at `accepted`.
 async fn serve_conn<I>(
     io: I,
+    accepted: Instant,
     builder: auto::Builder<TokioExecutor>,
     shared: Arc<Shared>,
     mut graceful: watch::Receiver<bool>,
@@ -347,14 +357,17 @@ async fn serve_conn<I>(
 {
     let phase = ConnPhase::new();
     let io = GuardedIo::new(io, phase.clone(), shared.cfg.client, shared.metrics.clone());
+    // The first request's phases start at the accept.
+    let accepted = std::cell::Cell::new(Some(accepted));
     let svc = service_fn(move |req| {
         // The head is read: the connection serves this request until its response body is
         // done (no client-side read deadline meanwhile; see crate::limits).
         let active = phase.start();
         let (t0, arrival) = (Instant::now(), wire::clock::epoch_us());
         let shared = shared.clone();
+        let accepted = accepted.take();
         async move {
-            let r = handle(shared, req, t0, arrival).await?;
+            let r = handle(shared, req, t0, arrival, accepted).await?;
             Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active))))
         }
     });

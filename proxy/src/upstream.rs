@@ -25,8 +25,9 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::phases::Phases;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{StatusCode, Version};
@@ -141,10 +142,12 @@ impl LeanUpstream {
     }
 
     /// Sends `request` (from [`LeanUpstream::encode_request`]) under the wire's retry rule
-    /// and reads the response head. The caller bounds the whole with its header timeout.
+    /// and reads the response head, stamping `phases`. The caller bounds the whole with its
+    /// header timeout.
     pub(crate) async fn send(
         self: &Arc<Self>,
         request: &[u8],
+        phases: &mut Phases,
     ) -> Result<(http::response::Parts, LeanBody), SendError> {
         let mut sent = match self.pool.send(request, Duration::MAX).await {
             Ok(s) => s,
@@ -153,8 +156,12 @@ impl LeanUpstream {
             }
             Err(e) => return Err(SendError::Send(e.to_string())),
         };
+        phases.leased = Some(sent.t0);
+        phases.reused = sent.reused;
+        phases.written = Some(Instant::now());
         match sent.conn.read_head(MAX_HEAD, parts_of).await {
             Ok((head, _)) => {
+                phases.response_head = Some(Instant::now());
                 let wire::Head {
                     framing,
                     keep_alive,
@@ -446,7 +453,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let json = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n{\"\"}";
         let (addr, mut reqs) = scripted(vec![sse.to_vec(), json.to_vec()], false).await;
         let up = lean(&addr);
-        let (parts, body) = up.send(&request(&up)).await.expect("send");
+        let (parts, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         assert_eq!(parts.status, 200);
         assert_eq!(parts.headers["content-type"], "text/event-stream");
         let got = body.collect().await.unwrap().to_bytes();
@@ -458,7 +468,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             req,
             format!("POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 2\r\nhost: 127.0.0.1:{port}\r\n\r\n{{}}")
         );
-        let (parts, body) = up.send(&request(&up)).await.expect("second send");
+        let (parts, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("second send");
         assert_eq!(body.size_hint().exact(), Some(4));
         assert_eq!(parts.headers["content-length"], "4");
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"{\"\"}");
@@ -475,7 +488,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let (addr, mut reqs) = scripted(vec![json.clone(), json], true).await;
         let up = lean(&addr);
         for round in 1..=2 {
-            let (_, body) = up.send(&request(&up)).await.expect("send");
+            let (_, body) = up
+                .send(&request(&up), &mut Phases::new(Instant::now()))
+                .await
+                .expect("send");
             assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
             let (conn, _) = reqs.recv().await.unwrap();
             assert_eq!(conn, round, "a new connection each time");
@@ -493,9 +509,16 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         // One answer, then the server reads the next request and stops (closing everything).
         let (addr, mut reqs) = scripted(vec![json], false).await;
         let up = lean(&addr);
-        let (_, body) = up.send(&request(&up)).await.expect("send");
+        let (_, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
-        let e = up.send(&request(&up)).await.err().expect("no answer");
+        let e = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .err()
+            .expect("no answer");
         assert!(
             e.to_string().starts_with(
                 "client error (SendRequest): connection closed before message completed"
@@ -518,7 +541,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let (addr, _reqs) = scripted(vec![json, sse], false).await;
         let up = lean(&addr);
         for want in [&b"{\"\"}"[..], b"ab"] {
-            let (_, mut body) = up.send(&request(&up)).await.expect("send");
+            let (_, mut body) = up
+                .send(&request(&up), &mut Phases::new(Instant::now()))
+                .await
+                .expect("send");
             let mut got = Vec::new();
             while !body.is_end_stream() {
                 let f = body.frame().await.expect("a frame").expect("data");
@@ -535,7 +561,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let cut = b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort".to_vec();
         let (addr, _reqs) = scripted(vec![eof, cut], true).await;
         let up = lean(&addr);
-        let (_, body) = up.send(&request(&up)).await.expect("send");
+        let (_, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         assert_eq!(
             &body.collect().await.unwrap().to_bytes()[..],
             b"until the end"
@@ -545,7 +574,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             0,
             "a close-delimited connection is not reused"
         );
-        let (_, body) = up.send(&request(&up)).await.expect("send");
+        let (_, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         let e = body.collect().await.expect_err("truncated");
         assert!(
             e.to_string().contains("closed before message completed"),

@@ -144,6 +144,10 @@ pub struct ProxyConfig {
     /// Where to write each generation request's phase stamps at shutdown (a diagnostic for
     /// `bench/`; see `bench/phases.py`). None: not kept.
     pub phase_log: Option<PathBuf>,
+    /// Threads serving client connections. 1: on the caller's runtime. More: each on its
+    /// own single-threaded runtime with its own listener on the port (`SO_REUSEPORT`) and
+    /// its own upstream pool (see `proxy/src/serving.rs`).
+    pub threads: usize,
 }
 
 impl ProxyConfig {
@@ -180,6 +184,7 @@ impl ProxyConfig {
             session_header: None,
             command: String::new(),
             phase_log: None,
+            threads: 1,
         }
     }
 }

@@ -33,6 +33,7 @@ mod prompts;
 mod record;
 pub mod request;
 mod server;
+mod serving;
 pub mod sessions;
 mod sink;
 mod state;

@@ -56,9 +56,11 @@ impl std::fmt::Display for SendError {
     }
 }
 
-/// The one upstream (host and port of an `http://` URL) and its keep-alive pool.
+/// The one upstream (host and port of an `http://` URL) and its keep-alive pools, one per
+/// serving thread ([`crate::serving`]): a connection is registered with the runtime of the
+/// thread that opened it, and only that thread uses it again.
 pub(crate) struct LeanUpstream {
-    pool: Arc<Pool>,
+    pools: Vec<Arc<Pool>>,
     /// The `Host` header hyper's client would send.
     host: HeaderValue,
 }
@@ -66,14 +68,14 @@ pub(crate) struct LeanUpstream {
 impl std::fmt::Debug for LeanUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeanUpstream")
-            .field("pool", &self.pool)
+            .field("pools", &self.pools)
             .finish_non_exhaustive()
     }
 }
 
 impl LeanUpstream {
     /// The upstream at `authority` of an `http://` URL, with the connect and idle timeouts
-    /// of `cfg`.
+    /// of `cfg` and a pool per serving thread.
     pub(crate) fn new(
         authority: &http::uri::Authority,
         cfg: &crate::ProxyConfig,
@@ -85,12 +87,14 @@ impl LeanUpstream {
                 idle_timeout: cfg.upstream_pool_idle_timeout,
                 ..PoolConfig::default()
             },
+            cfg.threads,
         )
     }
 
     fn with_pool_config(
         authority: &http::uri::Authority,
         pool: PoolConfig,
+        threads: usize,
     ) -> Option<LeanUpstream> {
         let host = authority.host();
         let port = authority.port_u16().unwrap_or(80);
@@ -100,15 +104,22 @@ impl LeanUpstream {
         };
         let target = wire::Target::plain(host, port, authority.as_str());
         Some(LeanUpstream {
-            pool: Arc::new(Pool::new(target, pool)),
+            pools: (0..threads.max(1))
+                .map(|_| Arc::new(Pool::new(target.clone(), pool)))
+                .collect(),
             host: HeaderValue::from_str(&host_header).ok()?,
         })
+    }
+
+    /// The pool of the serving thread this runs on.
+    fn pool(&self) -> &Arc<Pool> {
+        &self.pools[crate::serving::index().min(self.pools.len() - 1)]
     }
 
     /// Idle connections in the pool.
     #[cfg(test)]
     fn idle_count(&self) -> usize {
-        self.pool.idle_count()
+        self.pool().idle_count()
     }
 
     /// The request bytes: request line, `headers` (hop-by-hop already removed, with
@@ -149,7 +160,8 @@ impl LeanUpstream {
         request: &[u8],
         phases: &mut Phases,
     ) -> Result<(http::response::Parts, LeanBody), SendError> {
-        let mut sent = match self.pool.send(request, Duration::MAX).await {
+        let pool = self.pool();
+        let mut sent = match pool.send(request, Duration::MAX).await {
             Ok(s) => s,
             Err(WireSendError::Connect { error, .. }) => {
                 return Err(SendError::Connect(error.to_string()))
@@ -169,7 +181,7 @@ impl LeanUpstream {
                     ..
                 } = head;
                 let mut body = LeanBody {
-                    pool: self.pool.clone(),
+                    pool: pool.clone(),
                     conn: Some(sent.conn),
                     body: BodyReader::new(framing),
                     keep_alive,
@@ -432,7 +444,8 @@ mod tests {
 
     fn lean(addr: &str) -> Arc<LeanUpstream> {
         Arc::new(
-            LeanUpstream::with_pool_config(&addr.parse().unwrap(), PoolConfig::default()).unwrap(),
+            LeanUpstream::with_pool_config(&addr.parse().unwrap(), PoolConfig::default(), 1)
+                .unwrap(),
         )
     }
 
@@ -594,7 +607,7 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             .port();
         let up = lean(&format!("127.0.0.1:{port}"));
         let e = up
-            .send(b"GET / HTTP/1.1\r\n\r\n")
+            .send(b"GET / HTTP/1.1\r\n\r\n", &mut Phases::new(Instant::now()))
             .await
             .err()
             .expect("refused");

@@ -15,6 +15,9 @@ python3 -m pip install -q numpy pyarrow >/dev/null
 cargo build --release --bin llmreplay 2>&1 | tail -1
 cargo build --release -p replay --example floor --example floor_uring -p trace-format --example writer_throughput 2>&1 | tail -1
 BIN=${LLMREPLAY_BIN:-target/release/llmreplay}  # LLMREPLAY_BIN: another build, for an A/B
+# CAPTURE_BIN: the build that runs `capture` (default $BIN), to A/B the proxy alone while the
+# client and the ground-truth server stay the same build.
+CAPTURE_BIN=${CAPTURE_BIN:-$BIN}
 ulimit -n 65536 2>/dev/null || true
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -163,7 +166,9 @@ proxy_path() { # proxy_path N PATH [burst]
       # capture1: one serving thread, like nginx's one worker below.
       local pp threads=(); pp=$(free_port)
       [ "$path" = capture1 ] && threads=(--threads 1)
-      "$BIN" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin "${threads[@]}" 2>"$OUT/$tag-capture.log" &
+      # Bursts: capture's own stamps of each request's phases (builds that have the flag).
+      [ "$mode" = burst ] && grep -q -- phase-log "$CAPTURE_BIN" && threads+=(--phase-log "$PWD/$OUT/$tag-phases.jsonl")
+      "$CAPTURE_BIN" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin "${threads[@]}" 2>"$OUT/$tag-capture.log" &
       ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
     nginx)
       local pp; pp=$(free_port)
@@ -198,19 +203,41 @@ NGINX
     # overflows are counted around it, and capture's rows against the requests.
     "$BIN" synth -o "$OUT/$tag.parquet" --num-prompts "$reqs" --input-len 16 --output-len 100 --request-rate inf --seed 1 2>/dev/null
     local o0; o0=$(nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/{print $2}' || true)
+    # The proxy's CPU and context switches over the burst (every thread of capture; nginx's
+    # master and worker), when perf can attach.
+    local perf_pid=""
+    if [ -n "$ppid" ] && command -v perf >/dev/null 2>&1; then
+      perf stat -e task-clock,context-switches -x, -o "$OUT/$tag-perf.csv" \
+        -p "$(echo "$ppid" $(pgrep -P "$ppid" || true) | tr ' ' ,)" 2>/dev/null &
+      perf_pid=$!; sleep 0.3
+    fi
+    # perf counts the threads that exist when it attaches; the kernel's ticks count them all
+    # (capture's blocking pool starts during the burst), at 10 ms resolution.
+    local c0=0; [ -n "$ppid" ] && c0=$(cpu_ticks "$ppid")
     "$BIN" replay "$OUT/$tag.parquet" --target "$path=$target" --request-rate inf --max-concurrency "$n" --no-preconnect \
       --results "$OUT/$tag-results.parquet" --save-result "$OUT/$tag.json" -q > "$OUT/$tag.txt" 2>&1
     local o1; o1=$(nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/{print $2}' || true)
+    [ -n "$perf_pid" ] && { kill -INT "$perf_pid"; wait "$perf_pid" || true; }
+    local ticks=-; [ -n "$ppid" ] && ticks=$(( $(cpu_ticks "$ppid") - c0 ))
     [ -n "$ppid" ] && { kill -TERM "$ppid"; wait "$ppid" || true; }
     stop_gt
     local rows=-
     [ -d "$OUT/$tag-trace" ] && rows=$(python3 -c "import pyarrow.dataset as d,sys; print(d.dataset(sys.argv[1], format='parquet').count_rows())" "$OUT/$tag-trace" 2>/dev/null || echo '?')
-    python3 - "$OUT/$tag.json" "$n" "$path" "$(( ${o1:-0} - ${o0:-0} ))" "$rows" >> "$OUT/burst.txt" <<'PY'
-import json, sys
+    python3 - "$OUT/$tag.json" "$n" "$path" "$(( ${o1:-0} - ${o0:-0} ))" "$rows" "$OUT/$tag-perf.csv" "$ticks" >> "$OUT/burst.txt" <<'PY'
+import json, os, sys
 r = json.load(open(sys.argv[1]))
+cpu = ""
+if os.path.exists(sys.argv[6]):
+    v = {f[2].split(":")[0]: float(f[0]) for f in (l.strip().split(",") for l in open(sys.argv[6]))
+         if len(f) > 2 and f[0].replace(".", "").isdigit()}
+    n = int(sys.argv[2])
+    if "task-clock" in v:
+        cpu = (f"  proxy CPU {v['task-clock'] * 1000 / n:6.0f} us/req  {v.get('context-switches', 0) / n:5.2f} cs/req"
+               f"  ({sys.argv[7]} ticks of 10 ms, all threads)")
 print(f"{sys.argv[2]:>5} {sys.argv[3]:<9} TTFT p50 {r['median_ttft_ms']:8.1f} p99 {r['p99_ttft_ms']:8.1f} ms  "
-      f"ok {r['completed']}/{r['num_prompts']}  listen overflows {sys.argv[4]}  rows recorded {sys.argv[5]}")
+      f"ok {r['completed']}/{r['num_prompts']}  listen overflows {sys.argv[4]}  rows recorded {sys.argv[5]}{cpu}")
 PY
+    [ -f "$OUT/$tag-phases.jsonl" ] && python3 bench/phases.py "$OUT/$tag-phases.jsonl" > "$OUT/$tag-phases.txt"
     echo "burst: $n connections via $path done"
     return
   fi
@@ -242,11 +269,13 @@ proxy_bench() {
   done
 }
 
-# Connection bursts (issue 17): 100, 500 and 1,000 connections opened at t=0, direct, through
-# capture and through nginx; bench/out/<run>/burst.txt has TTFT, listen overflows and rows.
+# Connection bursts (issue 17): 100, 500 and 1,000 connections opened at t=0 (BURST_NS to
+# change), direct, through capture and through nginx; bench/out/<run>/burst.txt has TTFT,
+# listen overflows, rows, and the proxies' CPU and context switches per request (perf stat);
+# burst-N-capture-phases.txt where capture's time went (bench/phases.py).
 burst_bench() {
   command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
-  for n in 100 500 1000; do
+  for n in ${BURST_NS:-100 500 1000}; do
     for path in direct capture nginx; do
       if [ "$path" = nginx ] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
       proxy_path "$n" "$path" burst

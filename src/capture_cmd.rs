@@ -157,11 +157,16 @@ pub struct CaptureArgs {
     #[arg(long)]
     session_header: Option<String>,
     /// Threads serving connections (default: one per core; the trace writer and prompt
-    /// tokenizing have their own). One thread, like a single nginx worker, costs ~15% less
-    /// CPU per forwarded event than threads that wake and steal from one another, but a
-    /// burst then waits for that one thread: use it where the load stays well under a core.
+    /// tokenizing have their own). As nginx's workers with `reuseport`: each thread has its
+    /// own listener on the port (SO_REUSEPORT; the kernel spreads new connections over them)
+    /// and serves its connections to their end, so no work moves between threads.
     #[arg(long, env = "LLMREPLAY_CAPTURE_THREADS")]
     threads: Option<usize>,
+    /// Diagnostic: write each generation request's phase stamps (accept, head read, upstream
+    /// connection, request written, response head, first byte out) to FILE as JSON lines at
+    /// shutdown; `bench/phases.py FILE` summarises them.
+    #[arg(long, hide = true, value_name = "FILE")]
+    phase_log: Option<PathBuf>,
 }
 
 impl CaptureArgs {
@@ -277,6 +282,10 @@ impl CaptureArgs {
         c.flush_interval = self.flush_interval;
         c.file_prefix = self.file_prefix;
         c.session_header = self.session_header;
+        c.phase_log = self.phase_log;
+        c.threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         c.command = command_line();
         Ok(c)
     }
@@ -311,8 +320,7 @@ impl std::error::Error for IncompleteTrace {}
 /// recovered line by line and set aside as `<name>.damaged-<utc>`.
 pub fn run_capture(args: CaptureArgs) -> Result<()> {
     let drain = args.drain_timeout;
-    let threads = args.threads;
-    if threads == Some(0) {
+    if args.threads == Some(0) {
         bail!("--threads must be > 0");
     }
     let tls = args.tls_cert.is_some();
@@ -324,11 +332,12 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
     let uploader =
         store.map(|loc| store::SpoolUploader::spawn(loc, out.clone(), Duration::from_secs(2)));
     let uploading = uploader.is_some();
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        rt.worker_threads(n);
-    }
-    let rt = rt.enable_all().build().context("tokio runtime")?;
+    // This thread's runtime serves the first listener (and the admin one); the proxy starts
+    // its other serving threads, each on its own runtime.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
     let (dest2, out2) = (dest.clone(), out.clone());
     let incomplete = rt.block_on(async move {
         let (dest, out) = (dest2, out2);

@@ -344,11 +344,25 @@ async fn each_chunk_is_recorded_as_it_passes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_during_200_streams_loses_none() {
+    shutdown_during_200_streams(1).await;
+}
+
+/// The same on two serving threads (each its own runtime, listener and upstream pool): the
+/// 200 connections are spread over both by the kernel (the chance one thread gets none is
+/// 2^-199), and the streams of the second thread drain too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_200_streams_on_two_serving_threads_loses_none() {
+    shutdown_during_200_streams(2).await;
+}
+
+async fn shutdown_during_200_streams(threads: usize) {
     let _g = serial();
     // Streams of ~1.2 s, so all 200 are in flight together even on a loaded machine.
     let s = sim(1000, 5).await;
     let out = fresh_path("drain");
-    let p = proxy::start(cfg(&s.url(), &out)).await.expect("proxy");
+    let mut c = cfg(&s.url(), &out);
+    c.threads = threads;
+    let p = proxy::start(c).await.expect("proxy");
     let url = p.url(false);
     let c = client();
     let mut tasks = Vec::new();
@@ -389,6 +403,64 @@ async fn shutdown_during_200_streams_loses_none() {
         let name = e.unwrap().file_name().into_string().unwrap();
         assert!(name.ends_with(".parquet"), "left behind: {name}");
     }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Streams still running at the drain timeout on two serving threads are cut, and every one
+/// is recorded, the second thread's too: its runtime drops them (finishing their rows)
+/// before the writer closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_cut_at_the_drain_timeout_on_two_serving_threads_are_all_recorded() {
+    let _g = serial();
+    let s = sim(5000, 5).await;
+    let out = fresh_path("cut2");
+    let mut c = cfg(&s.url(), &out);
+    c.threads = 2;
+    let p = proxy::start(c).await.expect("proxy");
+    let url = p.url(false);
+    let c = client();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let body = req_body(false, true, None, 40);
+                let req = Request::post(format!("{url}/v1/completions"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap();
+                // The head, then the body cut by the proxy.
+                match c.request(req).await {
+                    Ok(r) => r.into_body().collect().await.is_err(),
+                    Err(_) => true,
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.metrics().in_flight.load(Ordering::Relaxed) < 64 {
+        assert!(Instant::now() < deadline, "64 streams never in flight");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let report = p
+        .shutdown(Duration::from_millis(200))
+        .await
+        .expect("shutdown");
+    assert!(!report.drained);
+    for t in tasks {
+        assert!(t.await.expect("client task"), "a stream was not cut");
+    }
+    s.shutdown().await;
+    assert_eq!((report.records_written, report.records_dropped), (64, 0));
+    let recs = records(&out);
+    assert_eq!(recs.len(), 64);
+    assert!(
+        recs.iter().all(|r| r.outcome == Outcome::ClientCancelled
+            && r.error.as_deref() == Some("cut by the proxy's shutdown after the drain timeout")),
+        "{:?}",
+        recs.iter()
+            .map(|r| (r.outcome, r.error.clone()))
+            .collect::<Vec<_>>()
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 

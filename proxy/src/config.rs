@@ -141,6 +141,13 @@ pub struct ProxyConfig {
     pub session_header: Option<String>,
     /// The producing command line, for the file metadata.
     pub command: String,
+    /// Where to write each generation request's phase stamps at shutdown (a diagnostic for
+    /// `bench/`; see `bench/phases.py`). None: not kept.
+    pub phase_log: Option<PathBuf>,
+    /// Threads serving client connections. 1: on the caller's runtime. More: each on its
+    /// own single-threaded runtime with its own listener on the port (`SO_REUSEPORT`) and
+    /// its own upstream pool (see `proxy/src/serving.rs`).
+    pub threads: usize,
 }
 
 impl ProxyConfig {
@@ -176,6 +183,8 @@ impl ProxyConfig {
             flush_interval: Duration::from_millis(200),
             session_header: None,
             command: String::new(),
+            phase_log: None,
+            threads: 1,
         }
     }
 }

@@ -20,6 +20,7 @@ use trace_format::Outcome;
 use crate::config::ProxyConfig;
 use crate::error::{ProxyError, Result};
 use crate::limits::TimedBody;
+use crate::phases::Phases;
 use crate::record::UpstreamBody;
 use crate::tls;
 use crate::upstream::LeanUpstream;
@@ -172,6 +173,7 @@ impl Forward {
         &self,
         req: Request<UpBody>,
         body: &[u8],
+        phases: &mut Phases,
     ) -> std::result::Result<(http::response::Parts, UpstreamBody), Failure> {
         let Some(lean) = &self.lean else {
             let resp = self.send(req).await?;
@@ -180,7 +182,7 @@ impl Forward {
         };
         let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
         let bytes = lean.encode_request(req.method(), pq, req.headers(), body);
-        match tokio::time::timeout(self.timeout, lean.send(&bytes)).await {
+        match tokio::time::timeout(self.timeout, lean.send(&bytes, phases)).await {
             Ok(Ok((parts, body))) => Ok((parts, UpstreamBody::Lean(body))),
             Ok(Err(e)) => Err((
                 Outcome::UpstreamError,

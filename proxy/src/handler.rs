@@ -129,12 +129,13 @@ fn sampled(n: u64, rate: f64) -> bool {
 }
 
 /// Answers `req`, whose head was read at `t0` (`arrival`: the same instant in µs since the
-/// epoch).
+/// epoch) on a connection accepted at `accepted` when it is the connection's first request.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
     t0: Instant,
     arrival: i64,
+    accepted: Option<Instant>,
 ) -> std::result::Result<Response<ProxyBody>, Infallible> {
     if req.method() == Method::CONNECT {
         return Ok(error_response(
@@ -160,7 +161,7 @@ pub(crate) async fn handle(
     }
     let path = req.uri().path().to_string();
     if is_generation(req.method(), &path) {
-        Ok(handle_generation(shared, req, t0, arrival, path).await)
+        Ok(handle_generation(shared, req, (t0, accepted), arrival, path).await)
     } else {
         Ok(passthrough(shared, req).await)
     }
@@ -192,7 +193,7 @@ async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Pr
 async fn handle_generation(
     shared: Arc<Shared>,
     req: Request<Incoming>,
-    t0: Instant,
+    (t0, accepted): (Instant, Option<Instant>),
     arrival: i64,
     path: String,
 ) -> Response<ProxyBody> {
@@ -211,6 +212,7 @@ async fn handle_generation(
         rec,
         sampled(n, shared.cfg.sample_rate),
     );
+    recording.phases.accepted = accepted;
     let (parts, body) = req.into_parts();
     let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
     let body = match Limited::new(body, shared.cfg.max_request_body)
@@ -295,7 +297,11 @@ async fn handle_generation(
         recording.finish(Outcome::HttpError, Some("bad path".into()), Instant::now());
         return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
     };
-    match shared.forward.send_generation(up, &up_body).await {
+    match shared
+        .forward
+        .send_generation(up, &up_body, &mut recording.phases)
+        .await
+    {
         Ok((mut parts, body)) => {
             recording.rec.status = Some(parts.status.as_u16());
             strip_hop_by_hop(&mut parts.headers);

@@ -25,6 +25,7 @@ use wire::sse::{error_message, response_usage};
 
 use crate::metrics::Metrics;
 use crate::observe::{StreamObserver, Strip};
+use crate::phases::{PhaseLog, Phases};
 use crate::prompts::PendingPrompt;
 use crate::sessions::{push_answer_text, TextHash};
 use crate::sink::{OutputText, Sink};
@@ -50,6 +51,8 @@ pub(crate) struct Recorder {
     pub(crate) hard_stop: AtomicBool,
     /// Notified when the last recorded request in flight finishes.
     pub(crate) idle: Notify,
+    /// Each request's phase stamps, when `--phase-log` asked for them.
+    pub(crate) phases: Option<PhaseLog>,
 }
 
 /// The row of one recorded request, finished exactly once.
@@ -59,6 +62,8 @@ pub(crate) struct Recording {
     pub(crate) t0: Instant,
     /// The row being built.
     pub(crate) rec: TraceRecord,
+    /// Where its time went inside the proxy ([`crate::phases`]).
+    pub(crate) phases: Phases,
     /// The prompt's tokenization, running on the blocking pool (sampled rows only).
     pub(crate) prompt: Option<PendingPrompt>,
     /// The generated text of a response without usage, for the writer thread to count.
@@ -82,6 +87,7 @@ impl Recording {
             recorder,
             t0,
             rec,
+            phases: Phases::new(t0),
             prompt: None,
             output: None,
             answer: None,
@@ -102,6 +108,9 @@ impl Recording {
             return;
         }
         self.done = true;
+        if let Some(log) = &self.recorder.phases {
+            log.push(&self.phases);
+        }
         let r = &mut self.rec;
         r.outcome = outcome;
         if r.error.is_none() {
@@ -452,6 +461,8 @@ impl Body for ObservedBody {
                     if data.is_empty() {
                         continue;
                     }
+                    // Handed to the client's connection in this same poll.
+                    this.rec.phases.first_byte.get_or_insert(now);
                     match &mut this.mode {
                         Mode::Sse(o) => {
                             o.observe(us_since(this.rec.t0, now), data, &mut this.queue);

@@ -34,6 +34,7 @@ use crate::forward::{Forward, Upstream};
 use crate::handler::handle;
 use crate::limits::{ConnPhase, Guarded, GuardedIo};
 use crate::metrics::Metrics;
+use crate::phases::PhaseLog;
 use crate::prompts::PromptQueue;
 use crate::record::Recorder;
 use crate::sink::{self, WriterThread};
@@ -156,11 +157,19 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     };
     let forward = Forward::new(upstream, &cfg)?;
 
-    let listener = wire::listen::bind(cfg.listen).map_err(|cause| ProxyError::Bind {
+    let bind_err = |cause| ProxyError::Bind {
         addr: cfg.listen,
         cause,
-    })?;
+    };
+    let mut listeners = wire::listen::bind_group(cfg.listen, cfg.threads).map_err(bind_err)?;
+    let listener = listeners.remove(0);
     let addr = listener.local_addr()?;
+    // The other threads' listeners, to be registered with their own runtimes.
+    let others = listeners
+        .into_iter()
+        .map(|l| l.into_std())
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(bind_err)?;
     let admin = match cfg.admin {
         Some(a) => {
             Some(wire::listen::bind(a).map_err(|cause| ProxyError::Bind { addr: a, cause })?)
@@ -212,6 +221,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         sink,
         hard_stop: AtomicBool::new(false),
         idle: Notify::new(),
+        phases: cfg.phase_log.as_deref().map(PhaseLog::new),
     });
     let shared = Arc::new(Shared {
         forward,
@@ -227,7 +237,56 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         cfg,
     });
     let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(run(listener, acceptor, admin, shared, writer, stop_rx));
+    let (conn_guard, conns_done) = mpsc::channel::<()>(1);
+    let (graceful_tx, graceful) = watch::channel(false);
+    let (hard_tx, hard) = watch::channel(false);
+    let (accepting_tx, accepting) = watch::channel(true);
+    let serving = Serving {
+        acceptor,
+        shared: shared.clone(),
+        builder: conn_builder(),
+        graceful,
+        hard,
+        guard: conn_guard,
+    };
+    let mut threads = Vec::with_capacity(others.len());
+    for (i, l) in others.into_iter().enumerate() {
+        let (s, mut accepting) = (serving.clone(), accepting.clone());
+        let spawned = crate::serving::spawn(i + 1, move || async move {
+            let mut hard = s.hard.clone();
+            match TcpListener::from_std(l) {
+                Ok(l) => {
+                    tokio::select! {
+                        _ = accept_loop(l, s) => {}
+                        _ = accepting.wait_for(|a| !*a) => {}
+                    }
+                }
+                // Dropping it closes it: the kernel sends its connections to the others.
+                Err(e) => {
+                    eprintln!("llmreplay capture: serving thread {}: {e}", i + 1);
+                    drop(s);
+                }
+            }
+            // Its connections drain on this runtime; dropped when the proxy is done.
+            let _ = hard.wait_for(|h| *h).await;
+        });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                let _ = hard_tx.send(true);
+                return Err(ProxyError::Io(e));
+            }
+        }
+    }
+    let stages = Stages {
+        stop: stop_rx,
+        accepting: accepting_tx,
+        graceful: graceful_tx,
+        hard: hard_tx,
+        conns_done,
+        threads,
+    };
+    let task = tokio::spawn(run(listener, admin, serving, writer, stages));
     Ok(ProxyHandle {
         addr,
         admin_addr,
@@ -238,18 +297,32 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     })
 }
 
-async fn run(
-    listener: TcpListener,
+/// What every accept loop needs, cloned into each serving thread.
+#[derive(Clone)]
+struct Serving {
     acceptor: Option<tokio_rustls::TlsAcceptor>,
-    admin: Option<TcpListener>,
     shared: Arc<Shared>,
-    writer: WriterThread,
-    mut stop: oneshot::Receiver<Duration>,
-) -> Result<ShutdownReport> {
-    let (graceful_tx, graceful_rx) = watch::channel(false);
-    let (hard_tx, hard_rx) = watch::channel(false);
-    let (conn_guard, mut conns_done) = mpsc::channel::<()>(1);
-    let admin_task = admin.map(|l| tokio::spawn(serve_admin(l, shared.clone(), hard_rx.clone())));
+    builder: auto::Builder<TokioExecutor>,
+    /// Set when connections are asked to finish (no more keep-alive; h2 GOAWAY).
+    graceful: watch::Receiver<bool>,
+    /// Set when what is left is cut (and, at the very end, when the proxy is done).
+    hard: watch::Receiver<bool>,
+    /// Held by every connection: all dropped when every connection is done.
+    guard: mpsc::Sender<()>,
+}
+
+/// The shutdown's senders and what it waits for.
+struct Stages {
+    stop: oneshot::Receiver<Duration>,
+    /// Set to false to stop every serving thread's accept loop.
+    accepting: watch::Sender<bool>,
+    graceful: watch::Sender<bool>,
+    hard: watch::Sender<bool>,
+    conns_done: mpsc::Receiver<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn conn_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // hyper's own header timeout (30 s from when it starts waiting for a head, keep-alive
     // idle included) would override --client-keepalive-timeout and
@@ -259,46 +332,71 @@ async fn run(
         .timer(TokioTimer::new())
         .header_read_timeout(None);
     builder.http2().timer(TokioTimer::new());
+    builder
+}
 
+/// Accepts connections on `listener` and serves each in a task of the current runtime, until
+/// dropped.
+async fn accept_loop(listener: TcpListener, s: Serving) {
     let mut backoff = AcceptBackoff::new("proxy");
-    let drain = loop {
-        tokio::select! {
-            r = listener.accept() => match r {
-                Ok((sock, _)) => {
-                    backoff.ok();
-                    let _ = sock.set_nodelay(true);
-                    let (b, s, g, h, guard) = (
-                        builder.clone(),
-                        shared.clone(),
-                        graceful_rx.clone(),
-                        hard_rx.clone(),
-                        conn_guard.clone(),
-                    );
-                    match &acceptor {
-                        None => {
-                            tokio::spawn(serve_conn(sock, b, s, g, h, guard));
-                        }
-                        Some(acc) => {
-                            let acc = acc.clone();
-                            tokio::spawn(async move {
-                                let hs = tokio::time::timeout(Duration::from_secs(10), acc.accept(sock)).await;
-                                if let Ok(Ok(tls)) = hs {
-                                    serve_conn(tls, b, s, g, h, guard).await;
-                                }
-                            });
-                        }
+    loop {
+        match listener.accept().await {
+            Ok((sock, _)) => {
+                let accepted = Instant::now();
+                backoff.ok();
+                let _ = sock.set_nodelay(true);
+                let c = s.clone();
+                match &s.acceptor {
+                    None => {
+                        tokio::spawn(serve_conn(sock, accepted, c));
+                    }
+                    Some(acc) => {
+                        let acc = acc.clone();
+                        tokio::spawn(async move {
+                            let hs =
+                                tokio::time::timeout(Duration::from_secs(10), acc.accept(sock))
+                                    .await;
+                            if let Ok(Ok(tls)) = hs {
+                                serve_conn(tls, accepted, c).await;
+                            }
+                        });
                     }
                 }
-                Err(e) => {
-                    shared.accept_failed_us.store(wire::clock::epoch_us(), Relaxed);
-                    backoff.failed(&e, &shared.metrics).await
-                }
-            },
-            d = &mut stop => break d.unwrap_or(Duration::ZERO),
+            }
+            Err(e) => {
+                s.shared
+                    .accept_failed_us
+                    .store(wire::clock::epoch_us(), Relaxed);
+                backoff.failed(&e, &s.shared.metrics).await
+            }
         }
+    }
+}
+
+async fn run(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    serving: Serving,
+    writer: WriterThread,
+    stages: Stages,
+) -> Result<ShutdownReport> {
+    let Stages {
+        mut stop,
+        accepting,
+        graceful: graceful_tx,
+        hard: hard_tx,
+        mut conns_done,
+        threads,
+    } = stages;
+    let shared = serving.shared.clone();
+    let admin_task =
+        admin.map(|l| tokio::spawn(serve_admin(l, shared.clone(), serving.hard.clone())));
+    let drain = tokio::select! {
+        _ = accept_loop(listener, serving) => Duration::ZERO,
+        d = &mut stop => d.unwrap_or(Duration::ZERO),
     };
-    drop(listener);
-    drop(conn_guard);
+    // Every thread's listener closes; the connections they hold drain.
+    let _ = accepting.send(false);
     shared.draining.store(true, Relaxed);
     let _ = graceful_tx.send(true);
     let drained = tokio::time::timeout(drain, conns_done.recv()).await.is_ok();
@@ -320,6 +418,19 @@ async fn run(
     if let Some(t) = admin_task {
         let _ = t.await;
     }
+    // The serving threads drop what is left on their runtimes (finishing those rows) before
+    // the writer closes.
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in threads {
+            let _ = t.join();
+        }
+    })
+    .await;
+    if let Some(log) = &shared.recorder.phases {
+        if let Err(e) = log.write() {
+            eprintln!("llmreplay capture: writing the phase log: {e}");
+        }
+    }
     let closed = tokio::task::spawn_blocking(move || writer.close())
         .await
         .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
@@ -335,26 +446,32 @@ async fn run(
     })
 }
 
-async fn serve_conn<I>(
-    io: I,
-    builder: auto::Builder<TokioExecutor>,
-    shared: Arc<Shared>,
-    mut graceful: watch::Receiver<bool>,
-    mut hard: watch::Receiver<bool>,
-    _guard: mpsc::Sender<()>,
-) where
+/// Serves one client connection, accepted at `accepted`.
+async fn serve_conn<I>(io: I, accepted: Instant, s: Serving)
+where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let Serving {
+        builder,
+        shared,
+        mut graceful,
+        mut hard,
+        guard: _guard,
+        ..
+    } = s;
     let phase = ConnPhase::new();
     let io = GuardedIo::new(io, phase.clone(), shared.cfg.client, shared.metrics.clone());
+    // The first request's phases start at the accept.
+    let accepted = std::cell::Cell::new(Some(accepted));
     let svc = service_fn(move |req| {
         // The head is read: the connection serves this request until its response body is
         // done (no client-side read deadline meanwhile; see crate::limits).
         let active = phase.start();
         let (t0, arrival) = (Instant::now(), wire::clock::epoch_us());
         let shared = shared.clone();
+        let accepted = accepted.take();
         async move {
-            let r = handle(shared, req, t0, arrival).await?;
+            let r = handle(shared, req, t0, arrival, accepted).await?;
             Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active))))
         }
     });

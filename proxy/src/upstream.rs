@@ -25,8 +25,9 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::phases::Phases;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{StatusCode, Version};
@@ -55,9 +56,11 @@ impl std::fmt::Display for SendError {
     }
 }
 
-/// The one upstream (host and port of an `http://` URL) and its keep-alive pool.
+/// The one upstream (host and port of an `http://` URL) and its keep-alive pools, one per
+/// serving thread ([`crate::serving`]): a connection is registered with the runtime of the
+/// thread that opened it, and only that thread uses it again.
 pub(crate) struct LeanUpstream {
-    pool: Arc<Pool>,
+    pools: Vec<Arc<Pool>>,
     /// The `Host` header hyper's client would send.
     host: HeaderValue,
 }
@@ -65,14 +68,14 @@ pub(crate) struct LeanUpstream {
 impl std::fmt::Debug for LeanUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeanUpstream")
-            .field("pool", &self.pool)
+            .field("pools", &self.pools)
             .finish_non_exhaustive()
     }
 }
 
 impl LeanUpstream {
     /// The upstream at `authority` of an `http://` URL, with the connect and idle timeouts
-    /// of `cfg`.
+    /// of `cfg` and a pool per serving thread.
     pub(crate) fn new(
         authority: &http::uri::Authority,
         cfg: &crate::ProxyConfig,
@@ -84,12 +87,14 @@ impl LeanUpstream {
                 idle_timeout: cfg.upstream_pool_idle_timeout,
                 ..PoolConfig::default()
             },
+            cfg.threads,
         )
     }
 
     fn with_pool_config(
         authority: &http::uri::Authority,
         pool: PoolConfig,
+        threads: usize,
     ) -> Option<LeanUpstream> {
         let host = authority.host();
         let port = authority.port_u16().unwrap_or(80);
@@ -99,15 +104,22 @@ impl LeanUpstream {
         };
         let target = wire::Target::plain(host, port, authority.as_str());
         Some(LeanUpstream {
-            pool: Arc::new(Pool::new(target, pool)),
+            pools: (0..threads.max(1))
+                .map(|_| Arc::new(Pool::new(target.clone(), pool)))
+                .collect(),
             host: HeaderValue::from_str(&host_header).ok()?,
         })
+    }
+
+    /// The pool of the serving thread this runs on.
+    fn pool(&self) -> &Arc<Pool> {
+        &self.pools[crate::serving::index().min(self.pools.len() - 1)]
     }
 
     /// Idle connections in the pool.
     #[cfg(test)]
     fn idle_count(&self) -> usize {
-        self.pool.idle_count()
+        self.pool().idle_count()
     }
 
     /// The request bytes: request line, `headers` (hop-by-hop already removed, with
@@ -141,20 +153,27 @@ impl LeanUpstream {
     }
 
     /// Sends `request` (from [`LeanUpstream::encode_request`]) under the wire's retry rule
-    /// and reads the response head. The caller bounds the whole with its header timeout.
+    /// and reads the response head, stamping `phases`. The caller bounds the whole with its
+    /// header timeout.
     pub(crate) async fn send(
         self: &Arc<Self>,
         request: &[u8],
+        phases: &mut Phases,
     ) -> Result<(http::response::Parts, LeanBody), SendError> {
-        let mut sent = match self.pool.send(request, Duration::MAX).await {
+        let pool = self.pool();
+        let mut sent = match pool.send(request, Duration::MAX).await {
             Ok(s) => s,
             Err(WireSendError::Connect { error, .. }) => {
                 return Err(SendError::Connect(error.to_string()))
             }
             Err(e) => return Err(SendError::Send(e.to_string())),
         };
+        phases.leased = Some(sent.t0);
+        phases.reused = sent.reused;
+        phases.written = Some(Instant::now());
         match sent.conn.read_head(MAX_HEAD, parts_of).await {
             Ok((head, _)) => {
+                phases.response_head = Some(Instant::now());
                 let wire::Head {
                     framing,
                     keep_alive,
@@ -162,7 +181,7 @@ impl LeanUpstream {
                     ..
                 } = head;
                 let mut body = LeanBody {
-                    pool: self.pool.clone(),
+                    pool: pool.clone(),
                     conn: Some(sent.conn),
                     body: BodyReader::new(framing),
                     keep_alive,
@@ -425,7 +444,8 @@ mod tests {
 
     fn lean(addr: &str) -> Arc<LeanUpstream> {
         Arc::new(
-            LeanUpstream::with_pool_config(&addr.parse().unwrap(), PoolConfig::default()).unwrap(),
+            LeanUpstream::with_pool_config(&addr.parse().unwrap(), PoolConfig::default(), 1)
+                .unwrap(),
         )
     }
 
@@ -446,7 +466,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let json = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n{\"\"}";
         let (addr, mut reqs) = scripted(vec![sse.to_vec(), json.to_vec()], false).await;
         let up = lean(&addr);
-        let (parts, body) = up.send(&request(&up)).await.expect("send");
+        let (parts, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         assert_eq!(parts.status, 200);
         assert_eq!(parts.headers["content-type"], "text/event-stream");
         let got = body.collect().await.unwrap().to_bytes();
@@ -458,7 +481,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             req,
             format!("POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 2\r\nhost: 127.0.0.1:{port}\r\n\r\n{{}}")
         );
-        let (parts, body) = up.send(&request(&up)).await.expect("second send");
+        let (parts, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("second send");
         assert_eq!(body.size_hint().exact(), Some(4));
         assert_eq!(parts.headers["content-length"], "4");
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"{\"\"}");
@@ -475,7 +501,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let (addr, mut reqs) = scripted(vec![json.clone(), json], true).await;
         let up = lean(&addr);
         for round in 1..=2 {
-            let (_, body) = up.send(&request(&up)).await.expect("send");
+            let (_, body) = up
+                .send(&request(&up), &mut Phases::new(Instant::now()))
+                .await
+                .expect("send");
             assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
             let (conn, _) = reqs.recv().await.unwrap();
             assert_eq!(conn, round, "a new connection each time");
@@ -493,9 +522,16 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         // One answer, then the server reads the next request and stops (closing everything).
         let (addr, mut reqs) = scripted(vec![json], false).await;
         let up = lean(&addr);
-        let (_, body) = up.send(&request(&up)).await.expect("send");
+        let (_, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
-        let e = up.send(&request(&up)).await.err().expect("no answer");
+        let e = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .err()
+            .expect("no answer");
         assert!(
             e.to_string().starts_with(
                 "client error (SendRequest): connection closed before message completed"
@@ -518,7 +554,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let (addr, _reqs) = scripted(vec![json, sse], false).await;
         let up = lean(&addr);
         for want in [&b"{\"\"}"[..], b"ab"] {
-            let (_, mut body) = up.send(&request(&up)).await.expect("send");
+            let (_, mut body) = up
+                .send(&request(&up), &mut Phases::new(Instant::now()))
+                .await
+                .expect("send");
             let mut got = Vec::new();
             while !body.is_end_stream() {
                 let f = body.frame().await.expect("a frame").expect("data");
@@ -535,7 +574,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let cut = b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort".to_vec();
         let (addr, _reqs) = scripted(vec![eof, cut], true).await;
         let up = lean(&addr);
-        let (_, body) = up.send(&request(&up)).await.expect("send");
+        let (_, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         assert_eq!(
             &body.collect().await.unwrap().to_bytes()[..],
             b"until the end"
@@ -545,7 +587,10 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             0,
             "a close-delimited connection is not reused"
         );
-        let (_, body) = up.send(&request(&up)).await.expect("send");
+        let (_, body) = up
+            .send(&request(&up), &mut Phases::new(Instant::now()))
+            .await
+            .expect("send");
         let e = body.collect().await.expect_err("truncated");
         assert!(
             e.to_string().contains("closed before message completed"),
@@ -562,7 +607,7 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             .port();
         let up = lean(&format!("127.0.0.1:{port}"));
         let e = up
-            .send(b"GET / HTTP/1.1\r\n\r\n")
+            .send(b"GET / HTTP/1.1\r\n\r\n", &mut Phases::new(Instant::now()))
             .await
             .err()
             .expect("refused");

@@ -14,6 +14,10 @@ pub const LISTEN_BACKLOG: u32 = 4096;
 /// connections past the queue are dropped by the kernel and their clients send the SYN again
 /// one second later, so their first request reads a second slower.
 pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    bind_one(addr, false)
+}
+
+fn bind_one(addr: SocketAddr, reuseport: bool) -> std::io::Result<tokio::net::TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -21,8 +25,41 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     };
     #[cfg(not(windows))]
     socket.set_reuseaddr(true)?;
+    #[cfg(all(unix, not(target_os = "solaris"), not(target_os = "illumos")))]
+    if reuseport {
+        socket.set_reuseport(true)?;
+    }
+    #[cfg(not(all(unix, not(target_os = "solaris"), not(target_os = "illumos"))))]
+    if reuseport {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "several listeners on one port need SO_REUSEPORT",
+        ));
+    }
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
+}
+
+/// `n` listening sockets on one address (as [`bind`] each), for `n` threads that each
+/// accept and serve their own connections, as nginx's workers with `reuseport`: with
+/// `n > 1` they share the port by `SO_REUSEPORT`, and the kernel spreads new connections
+/// over them by a hash of the client's address and port, so no thread hands a connection to
+/// another. Port 0 picks one port for all. `n == 1` (or 0) is [`bind`]: no `SO_REUSEPORT`,
+/// so a second server on the port fails to bind instead of sharing its connections.
+///
+/// Each socket has its own listen queue, and a connection waits in the queue of the socket
+/// the kernel chose even when another thread is idle.
+pub fn bind_group(addr: SocketAddr, n: usize) -> std::io::Result<Vec<tokio::net::TcpListener>> {
+    if n <= 1 {
+        return Ok(vec![bind(addr)?]);
+    }
+    let first = bind_one(addr, true)?;
+    let addr = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..n {
+        all.push(bind_one(addr, true)?);
+    }
+    Ok(all)
 }
 
 /// Raises the soft limit of open descriptors to the hard limit (often 1,024 soft against
@@ -85,6 +122,53 @@ mod tests {
             "{failed} of 600 connects did not complete in 700 ms"
         );
         drop(l);
+    }
+
+    /// Every listener of a group accepts on the one port: 64 connections from different
+    /// client ports are spread by the kernel over both (the chance one gets none is 2^-63),
+    /// and each is accepted exactly once.
+    #[tokio::test]
+    async fn a_group_shares_one_port_and_each_listener_gets_connections() {
+        let group = bind_group("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let addr = group[0].local_addr().unwrap();
+        assert_eq!(group[1].local_addr().unwrap(), addr);
+        let clients: Vec<_> = (0..64)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut counts = [0usize; 2];
+        loop {
+            let mut got = false;
+            for (i, l) in group.iter().enumerate() {
+                let a = tokio::time::timeout(std::time::Duration::from_millis(50), l.accept());
+                if let Ok(Ok(_)) = a.await {
+                    counts[i] += 1;
+                    got = true;
+                }
+            }
+            if !got {
+                break;
+            }
+        }
+        assert_eq!(
+            counts.iter().sum::<usize>(),
+            64,
+            "accepted per listener: {counts:?}"
+        );
+        assert!(
+            counts.iter().all(|&c| c > 0),
+            "accepted per listener: {counts:?}"
+        );
+        drop(clients);
+    }
+
+    /// A lone listener does not set SO_REUSEPORT: a second server on its port fails to bind
+    /// rather than silently taking part of its connections.
+    #[tokio::test]
+    async fn a_group_of_one_keeps_its_port_to_itself() {
+        let one = bind_group("127.0.0.1:0".parse().unwrap(), 1).unwrap();
+        let addr = one[0].local_addr().unwrap();
+        assert!(bind_group(addr, 2).is_err());
+        assert!(bind(addr).is_err());
     }
 
     #[test]

@@ -1,0 +1,39 @@
+//! The threads that serve client connections. With one (the default of [`crate::start`]),
+//! the proxy serves on the caller's tokio runtime. With `threads > 1`, as nginx's workers
+//! with `reuseport`: every thread has its own single-threaded runtime and its own listener
+//! on the port ([`wire::listen::bind_group`]), accepts its own connections and serves each
+//! to its end, and reaches the upstream through its own connection pool, so no task, socket
+//! or pooled connection moves between threads, and a forwarded event wakes no other thread
+//! (a work-stealing runtime moves tasks between its workers: futex wake-ups and context
+//! switches on every hand-over).
+
+use std::cell::Cell;
+use std::future::Future;
+
+thread_local! {
+    static INDEX: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The serving thread this code runs on: 0 for the caller's runtime (and anything not on a
+/// serving thread), 1.. for the threads [`spawn`] starts.
+pub(crate) fn index() -> usize {
+    INDEX.with(Cell::get)
+}
+
+/// Starts serving thread `i` (named `capture-serve-<i>`): a single-threaded runtime that
+/// runs `work` to its end, then drops whatever tasks are left.
+pub(crate) fn spawn<F, Fut>(i: usize, work: F) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name(format!("capture-serve-{i}"))
+        .spawn(move || {
+            INDEX.with(|c| c.set(i));
+            rt.block_on(work());
+        })
+}

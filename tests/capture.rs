@@ -348,8 +348,8 @@ async fn shutdown_during_200_streams_loses_none() {
 }
 
 /// The same on two serving threads (each its own runtime, listener and upstream pool): the
-/// 200 connections are spread over both by the kernel (the chance one thread gets none is
-/// 2^-199), and the streams of the second thread drain too.
+/// 200 connections are accepted by whichever thread is free, and the streams of each thread
+/// drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_during_200_streams_on_two_serving_threads_loses_none() {
     shutdown_during_200_streams(2).await;

@@ -145,8 +145,8 @@ pub struct ProxyConfig {
     /// `bench/`; see `bench/phases.py`). None: not kept.
     pub phase_log: Option<PathBuf>,
     /// Threads serving client connections. 1: on the caller's runtime. More: each on its
-    /// own single-threaded runtime with its own listener on the port (`SO_REUSEPORT`) and
-    /// its own upstream pool (see `proxy/src/serving.rs`).
+    /// own single-threaded runtime, accepting from the one listening socket, with its own
+    /// upstream pool (see `proxy/src/serving.rs`).
     pub threads: usize,
 }
 

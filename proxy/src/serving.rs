@@ -1,7 +1,7 @@
 //! The threads that serve client connections. With one (the default of [`crate::start`]),
-//! the proxy serves on the caller's tokio runtime. With `threads > 1`, as nginx's workers
-//! with `reuseport`: every thread has its own single-threaded runtime and its own listener
-//! on the port ([`wire::listen::bind_group`]), accepts its own connections and serves each
+//! the proxy serves on the caller's tokio runtime. With `threads > 1`, as nginx's workers:
+//! every thread has its own single-threaded runtime and its own handle of the one listening
+//! socket ([`wire::listen::bind_group`]), accepts its own connections and serves each
 //! to its end, and reaches the upstream through its own connection pool, so no task, socket
 //! or pooled connection moves between threads, and a forwarded event wakes no other thread
 //! (a work-stealing runtime moves tasks between its workers: futex wake-ups and context

@@ -14,10 +14,6 @@ pub const LISTEN_BACKLOG: u32 = 4096;
 /// connections past the queue are dropped by the kernel and their clients send the SYN again
 /// one second later, so their first request reads a second slower.
 pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    bind_one(addr, false)
-}
-
-fn bind_one(addr: SocketAddr, reuseport: bool) -> std::io::Result<tokio::net::TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -25,41 +21,41 @@ fn bind_one(addr: SocketAddr, reuseport: bool) -> std::io::Result<tokio::net::Tc
     };
     #[cfg(not(windows))]
     socket.set_reuseaddr(true)?;
-    #[cfg(all(unix, not(target_os = "solaris"), not(target_os = "illumos")))]
-    if reuseport {
-        socket.set_reuseport(true)?;
-    }
-    #[cfg(not(all(unix, not(target_os = "solaris"), not(target_os = "illumos"))))]
-    if reuseport {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "several listeners on one port need SO_REUSEPORT",
-        ));
-    }
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// `n` listening sockets on one address (as [`bind`] each), for `n` threads that each
-/// accept and serve their own connections, as nginx's workers with `reuseport`: with
-/// `n > 1` they share the port by `SO_REUSEPORT`, and the kernel spreads new connections
-/// over them by a hash of the client's address and port, so no thread hands a connection to
-/// another. Port 0 picks one port for all. `n == 1` (or 0) is [`bind`]: no `SO_REUSEPORT`,
-/// so a second server on the port fails to bind instead of sharing its connections.
-///
-/// Each socket has its own listen queue, and a connection waits in the queue of the socket
-/// the kernel chose even when another thread is idle.
+/// One listening socket on `addr` (as [`bind`]) for `n` threads that each accept and serve
+/// their own connections: the first handle and `n - 1` duplicates of its descriptor, for the
+/// threads to register with their own runtimes. They share one listen queue, so a connection
+/// waits for whichever thread is free first (with one queue per thread, as `SO_REUSEPORT`
+/// gives, it waits for the thread the kernel's hash picked even when the other is idle), and
+/// the port stays the server's own: `SO_REUSEPORT` would let another process of the same
+/// user bind it too and silently take part of its connections. `n` of 0 or 1 is [`bind`].
 pub fn bind_group(addr: SocketAddr, n: usize) -> std::io::Result<Vec<tokio::net::TcpListener>> {
-    if n <= 1 {
-        return Ok(vec![bind(addr)?]);
-    }
-    let first = bind_one(addr, true)?;
-    let addr = first.local_addr()?;
-    let mut all = vec![first];
+    let first = bind(addr)?;
+    let mut all = Vec::with_capacity(n.max(1));
     for _ in 1..n {
-        all.push(bind_one(addr, true)?);
+        all.push(duplicate(&first)?);
     }
+    all.insert(0, first);
     Ok(all)
+}
+
+#[cfg(unix)]
+fn duplicate(l: &tokio::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    use std::os::fd::AsFd;
+    let std = std::net::TcpListener::from(l.as_fd().try_clone_to_owned()?);
+    std.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(std)
+}
+
+#[cfg(not(unix))]
+fn duplicate(_: &tokio::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "several serving threads on one listener need Unix descriptors",
+    ))
 }
 
 /// Raises the soft limit of open descriptors to the hard limit (often 1,024 soft against
@@ -124,9 +120,8 @@ mod tests {
         drop(l);
     }
 
-    /// Every listener of a group accepts on the one port: 64 connections from different
-    /// client ports are spread by the kernel over both (the chance one gets none is 2^-63),
-    /// and each is accepted exactly once.
+    /// Every handle of a group accepts from the one port: 64 connections, each accepted
+    /// exactly once, by either handle.
     #[tokio::test]
     async fn a_group_shares_one_port_and_each_listener_gets_connections() {
         let group = bind_group("127.0.0.1:0".parse().unwrap(), 2).unwrap();
@@ -161,14 +156,33 @@ mod tests {
         drop(clients);
     }
 
-    /// A lone listener does not set SO_REUSEPORT: a second server on its port fails to bind
-    /// rather than silently taking part of its connections.
+    /// No group sets SO_REUSEPORT: a second server on its port fails to bind rather than
+    /// silently taking part of its connections, whatever the number of serving threads
+    /// (the first version of the group used SO_REUSEPORT, and a second `bind_group(addr, 2)`
+    /// succeeded).
     #[tokio::test]
-    async fn a_group_of_one_keeps_its_port_to_itself() {
-        let one = bind_group("127.0.0.1:0".parse().unwrap(), 1).unwrap();
-        let addr = one[0].local_addr().unwrap();
-        assert!(bind_group(addr, 2).is_err());
-        assert!(bind(addr).is_err());
+    async fn a_group_keeps_its_port_to_itself() {
+        for n in [1, 2, 4] {
+            let group = bind_group("127.0.0.1:0".parse().unwrap(), n).unwrap();
+            assert_eq!(group.len(), n);
+            let addr = group[0].local_addr().unwrap();
+            assert!(bind_group(addr, 2).is_err(), "{n}: a second group bound");
+            assert!(bind(addr).is_err(), "{n}: a second listener bound");
+            assert!(
+                socket_with_reuseport(addr).is_none(),
+                "{n}: a SO_REUSEPORT socket joined the port"
+            );
+        }
+    }
+
+    /// A socket with SO_REUSEPORT bound to `addr`, as another process could try.
+    fn socket_with_reuseport(addr: SocketAddr) -> Option<tokio::net::TcpListener> {
+        let s = tokio::net::TcpSocket::new_v4().ok()?;
+        s.set_reuseaddr(true).ok()?;
+        #[cfg(unix)]
+        s.set_reuseport(true).ok()?;
+        s.bind(addr).ok()?;
+        s.listen(16).ok()
     }
 
     #[test]

@@ -11,7 +11,10 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -234,6 +237,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         session_header,
         draining: AtomicBool::new(false),
         accept_failed_us: AtomicI64::new(0),
+        admin_rescue: AtomicBool::new(false),
         cfg,
     });
     let (stop_tx, stop_rx) = oneshot::channel();
@@ -340,6 +344,11 @@ fn conn_builder() -> auto::Builder<TokioExecutor> {
 async fn accept_loop(listener: TcpListener, s: Serving) {
     let mut backoff = AcceptBackoff::new("proxy");
     loop {
+        // The admin listener is using the spare descriptor: an accept here could take it.
+        if s.shared.admin_rescue.load(Acquire) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        }
         match listener.accept().await {
             Ok((sock, _)) => {
                 let accepted = Instant::now();
@@ -349,6 +358,10 @@ async fn accept_loop(listener: TcpListener, s: Serving) {
                 match &s.acceptor {
                     None => {
                         tokio::spawn(serve_conn(sock, accepted, c));
+                        // The new connection's task runs before this thread accepts another:
+                        // in a burst the serving threads take turns at the one listen queue
+                        // instead of the first one awake taking most of it.
+                        tokio::task::yield_now().await;
                     }
                     Some(acc) => {
                         let acc = acc.clone();
@@ -521,10 +534,18 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                         let spare = if fd_exhausted(&e) { reserve.take().or_else(spare_fd) } else { None };
                         let rescued = match spare {
                             Some(f) => {
+                                // The serving threads hold off (an accept already in its
+                                // syscall ends within the pause), then the freed descriptor
+                                // is this accept's: with two serving threads, one of theirs
+                                // took it now and then, and /healthz went unanswered.
+                                shared.admin_rescue.store(true, Release);
+                                tokio::time::sleep(Duration::from_millis(2)).await;
                                 drop(f);
-                                tokio::time::timeout(Duration::from_millis(50), listener.accept())
+                                let r = tokio::time::timeout(Duration::from_millis(50), listener.accept())
                                     .await
-                                    .ok()
+                                    .ok();
+                                shared.admin_rescue.store(false, Release);
+                                r
                             }
                             None => None,
                         };

@@ -3,18 +3,11 @@
 //! rows, or read at the end when the run stopped early. The real binary against its
 //! in-process sim: the result names the whole trace, whatever part of it ran.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod support;
+use support::env::tmpdir;
 
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "llmreplay-first-send-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
 fn run(args: &[&str]) -> Output {
     let o = Command::new(env!("CARGO_BIN_EXE_llmreplay"))
@@ -64,7 +57,7 @@ fn replay_hashes(trace: &Path, dir: &Path, tag: &str, extra: &[&str]) -> (String
 
 #[test]
 fn the_result_names_the_whole_trace_whether_the_run_read_all_of_it_or_stopped_early() {
-    let dir = tempdir("hash");
+    let dir = tmpdir("hash");
     let trace = dir.join("t.parquet");
     run(&[
         "synth",

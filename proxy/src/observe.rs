@@ -35,10 +35,10 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use wire::sse::{classify, SseParser, StreamEvent, Usage, DEFAULT_MAX_EVENT};
+use wire::sse::{read_event, ChunkText, SseParser, StreamEvent, Usage, DEFAULT_MAX_EVENT};
 
 use crate::jsonscan::member_removal_range;
-use crate::sessions::{push_answer_text, TextHash};
+use crate::sessions::TextHash;
 
 /// What to remove from a stream because the proxy injected it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -78,6 +78,8 @@ pub struct StreamObserver {
     /// That CR ended an event: `Some(dropped)`. Its LF then goes with it (forwarded alone,
     /// or dropped); otherwise the LF belongs to the event in progress.
     cr_event_end: Option<bool>,
+    /// The text of the event being read (a buffer reused from event to event).
+    text_buf: ChunkText,
     /// Offset from t0 of every chunk that carried generated output, µs (a role-only or
     /// empty chunk is not one: TTFT is the first output).
     pub chunk_times_us: Vec<i64>,
@@ -164,12 +166,14 @@ impl StreamObserver {
                 invalid,
                 output_text,
                 answer,
+                text_buf,
                 ..
             } = self;
+            let keep = output_text.is_some() || answer.is_some();
             parser.feed(&frame, |ev| {
+                let kind = read_event(ev, keep.then_some(&mut *text_buf));
                 note_event(
-                    classify(ev),
-                    ev,
+                    (kind, text_buf),
                     output_text,
                     answer,
                     t_us,
@@ -333,37 +337,44 @@ impl StreamObserver {
             self.oversized += 1;
             return Action::Forward;
         }
-        let mut kind = None;
         let keep = self.output_text.is_some() || self.answer.is_some();
-        let mut data = Vec::new();
-        self.parser.feed(raw, |ev| {
-            kind = Some(classify(ev));
-            if keep {
-                data = ev.to_vec();
-            }
+        let strip = self.strip;
+        let mut action = Action::Forward; // no data: comments, blank lines
+        let Self {
+            parser,
+            chunk_times_us,
+            last_chunk_us,
+            cumulative_tokens,
+            usage,
+            done,
+            stream_error,
+            invalid,
+            output_text,
+            answer,
+            text_buf,
+            ..
+        } = self;
+        parser.feed(raw, |ev| {
+            let kind = read_event(ev, keep.then_some(&mut *text_buf));
+            action = match &kind {
+                StreamEvent::Usage(_) if strip.usage_events => Action::Drop,
+                StreamEvent::Chunk { .. } if strip.chunk_usage => usage_cut(raw),
+                _ => Action::Forward,
+            };
+            note_event(
+                (kind, text_buf),
+                output_text,
+                answer,
+                t_us,
+                chunk_times_us,
+                last_chunk_us,
+                cumulative_tokens,
+                usage,
+                done,
+                stream_error,
+                invalid,
+            );
         });
-        let Some(kind) = kind else {
-            return Action::Forward; // no data: comments, blank lines
-        };
-        let action = match &kind {
-            StreamEvent::Usage(_) if self.strip.usage_events => Action::Drop,
-            StreamEvent::Chunk { .. } if self.strip.chunk_usage => usage_cut(raw),
-            _ => Action::Forward,
-        };
-        note_event(
-            kind,
-            &data,
-            &mut self.output_text,
-            &mut self.answer,
-            t_us,
-            &mut self.chunk_times_us,
-            &mut self.last_chunk_us,
-            &mut self.cumulative_tokens,
-            &mut self.usage,
-            &mut self.done,
-            &mut self.stream_error,
-            &mut self.invalid,
-        );
         action
     }
 }
@@ -385,8 +396,7 @@ fn usage_cut(raw: &[u8]) -> Action {
 
 #[allow(clippy::too_many_arguments)]
 fn note_event(
-    kind: StreamEvent,
-    data: &[u8],
+    (kind, text): (StreamEvent, &ChunkText),
     output_text: &mut Option<String>,
     answer: &mut Option<TextHash>,
     t_us: i64,
@@ -403,19 +413,14 @@ fn note_event(
             *last_chunk_us = Some(t_us);
             if output {
                 chunk_times_us.push(t_us);
-                if output_text.is_some() || answer.is_some() {
-                    // One parse for both the text to count and the answer's hash.
-                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) {
-                        if let Some(text) = output_text.as_mut() {
-                            wire::sse::append_chunk_output_text(&v, text);
-                            if text.len() > OUTPUT_TEXT_CAP {
-                                *output_text = None;
-                            }
-                        }
-                        if let Some(h) = answer.as_mut() {
-                            push_answer_text(&v, h);
-                        }
+                if let Some(out) = output_text.as_mut() {
+                    out.push_str(&text.output);
+                    if out.len() > OUTPUT_TEXT_CAP {
+                        *output_text = None;
                     }
+                }
+                if let Some(h) = answer.as_mut() {
+                    h.push(&text.answer);
                 }
             }
             if let Some(u) = u {

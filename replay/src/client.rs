@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use trace_format::Outcome;
-use wire::sse::{classify, response_usage, SseParser, StreamEvent};
+use wire::sse::{response_usage, SseParser, StreamEvent};
 use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
 
 use crate::config::RequestOptions;
@@ -532,36 +532,40 @@ async fn read_response(
     let mut invalid = 0usize;
     let mut bytes = 0i64;
     let mut text = want_text.then(String::new);
+    // Each event's text, read in the parse that classifies it (a buffer reused per event).
+    let mut text_buf = want_text.then(wire::sse::ChunkText::default);
     let read = with_deadline(
         timer,
         conn.read_body_while(head.framing, t_head, |data, at| {
             let t = us_since(t0, at);
             bytes += data.len() as i64;
-            parser.feed(data, |ev| match classify(ev) {
-                StreamEvent::Chunk { usage: u, output } => {
-                    last_chunk = Some(t);
-                    if output {
-                        chunks.push(t);
-                        if let Some(text) = text.as_mut() {
-                            wire::sse::append_output_text(ev, text);
+            parser.feed(data, |ev| {
+                match wire::sse::read_event(ev, text_buf.as_mut()) {
+                    StreamEvent::Chunk { usage: u, output } => {
+                        last_chunk = Some(t);
+                        if output {
+                            chunks.push(t);
+                            if let (Some(text), Some(b)) = (text.as_mut(), &text_buf) {
+                                text.push_str(&b.output);
+                            }
+                        }
+                        if let Some(u) = u {
+                            // Tokens of a chunk without output count with the next one that
+                            // has some.
+                            if let (true, Some(c)) = (output, u.completion_tokens) {
+                                cumulative.push(c);
+                            }
+                            usage = Some(u);
                         }
                     }
-                    if let Some(u) = u {
-                        // Tokens of a chunk without output count with the next one that
-                        // has some.
-                        if let (true, Some(c)) = (output, u.completion_tokens) {
-                            cumulative.push(c);
-                        }
-                        usage = Some(u);
+                    StreamEvent::Usage(u) => usage = Some(u),
+                    StreamEvent::Done => done = true,
+                    StreamEvent::Error(m) => {
+                        stream_error.get_or_insert(m);
                     }
+                    StreamEvent::Other => {}
+                    StreamEvent::Invalid => invalid += 1,
                 }
-                StreamEvent::Usage(u) => usage = Some(u),
-                StreamEvent::Done => done = true,
-                StreamEvent::Error(m) => {
-                    stream_error.get_or_insert(m);
-                }
-                StreamEvent::Other => {}
-                StreamEvent::Invalid => invalid += 1,
             });
             // The recorded client cancelled after this many output chunks: so does this one.
             ends.after_chunks.is_none_or(|n| chunks.len() < n)

@@ -12,8 +12,12 @@
 //!
 //! Both sit on the per-chunk path, so neither allocates once its buffers have grown, and
 //! `classify` parses the JSON without building a tree (the `choices` array is only counted).
+//! [`read_event`] also reads the chunk's text (for token counting and session linking) in
+//! that same one parse, borrowing the strings from the payload.
 
-use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use std::borrow::Cow;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 /// Default bound on the bytes of one event a parser holds ([`SseParser::with_max_event`]).
@@ -233,133 +237,53 @@ pub enum StreamEvent {
     Invalid,
 }
 
-#[derive(Deserialize)]
-struct RawEvent {
-    #[serde(default, deserialize_with = "scan_choices")]
-    choices: Option<Choices>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<serde_json::Value>,
-}
-
-/// What a `choices` array holds: how many, and whether any carries output.
-#[derive(Debug, Clone, Copy, Default)]
-struct Choices {
-    count: usize,
-    output: bool,
-}
-
-/// The fields of a choice that carry generated output, each read only as "present and not
-/// empty" (no string is copied).
-#[derive(Deserialize)]
-struct RawChoice {
-    #[serde(default, deserialize_with = "non_empty")]
-    text: bool,
-    #[serde(default)]
-    delta: Option<RawDelta>,
-}
-
-#[derive(Deserialize)]
-struct RawDelta {
-    #[serde(default, deserialize_with = "non_empty")]
-    content: bool,
-    #[serde(default, deserialize_with = "non_empty")]
-    reasoning_content: bool,
-    #[serde(default, deserialize_with = "non_empty")]
-    reasoning: bool,
-    #[serde(default, deserialize_with = "non_empty")]
-    tool_calls: bool,
-    #[serde(default, deserialize_with = "non_empty")]
-    function_call: bool,
-}
-
-impl RawChoice {
-    fn output(&self) -> bool {
-        self.text
-            || self.delta.as_ref().is_some_and(|d| {
-                d.content || d.reasoning_content || d.reasoning || d.tool_calls || d.function_call
-            })
-    }
-}
-
-/// A value that is there and not empty: a non-empty string or array, an object, a number or
-/// `true`; `null`, `""`, `[]` and `false` are empty.
-fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    struct NonEmpty;
-    impl<'de> Visitor<'de> for NonEmpty {
-        type Value = bool;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any JSON value")
-        }
-        fn visit_str<E>(self, v: &str) -> Result<bool, E> {
-            Ok(!v.is_empty())
-        }
-        fn visit_bool<E>(self, v: bool) -> Result<bool, E> {
-            Ok(v)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
-            Ok(true)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
-            Ok(true)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
-            Ok(true)
-        }
-        fn visit_unit<E>(self) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_none<E>(self) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
-            let mut any = false;
-            while seq.next_element::<IgnoredAny>()?.is_some() {
-                any = true;
-            }
-            Ok(any)
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok(true)
-        }
-    }
-    d.deserialize_any(NonEmpty)
-}
-
-fn scan_choices<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Choices>, D::Error> {
-    struct Scan;
-    impl<'de> Visitor<'de> for Scan {
-        type Value = Option<Choices>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an array or null")
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut c = Choices::default();
-            while let Some(choice) = seq.next_element::<RawChoice>()? {
-                c.count += 1;
-                c.output |= choice.output();
-            }
-            Ok(Some(c))
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-    }
-    d.deserialize_any(Scan)
+/// The text of one chunk, read by [`read_event`] in the same parse that classifies it: a
+/// buffer to reuse from event to event (every read clears it first), so the per-chunk path
+/// allocates nothing once it has grown.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ChunkText {
+    /// The generated text over every choice, in the order [`response_text`] reads a whole
+    /// response's (`text`, reasoning, content, tool-call names and arguments): what a
+    /// tokenizer counts when the server sends no usage.
+    pub output: String,
+    /// The answer a client shows and resends: the first choice's (`index` 0)
+    /// `delta.content`, `message.content` and `text`.
+    pub answer: String,
 }
 
 /// Classifies one SSE `data` payload.
 pub fn classify(data: &[u8]) -> StreamEvent {
+    read_event(data, None)
+}
+
+/// [`classify`], and into `text` (when given) the text of a chunk that carries output
+/// (nothing for any other payload), in the same one parse: no tree is built and no
+/// unescaped string is copied but into `text`.
+pub fn read_event(data: &[u8], mut text: Option<&mut ChunkText>) -> StreamEvent {
+    if let Some(t) = text.as_deref_mut() {
+        t.output.clear();
+        t.answer.clear();
+    }
+    let kind = parse_event(data, text.as_deref_mut());
+    if !matches!(kind, StreamEvent::Chunk { output: true, .. }) {
+        if let Some(t) = text {
+            t.output.clear();
+            t.answer.clear();
+        }
+    }
+    kind
+}
+
+fn parse_event(data: &[u8], text: Option<&mut ChunkText>) -> StreamEvent {
     let trimmed = data.trim_ascii();
     if trimmed == b"[DONE]" {
         return StreamEvent::Done;
     }
-    match serde_json::from_slice::<RawEvent>(trimmed) {
+    let mut de = serde_json::Deserializer::from_slice(trimmed);
+    let parsed = EventSeed { text }
+        .deserialize(&mut de)
+        .and_then(|ev| de.end().map(|()| ev));
+    match parsed {
         Err(_) => StreamEvent::Invalid,
         Ok(RawEvent { error: Some(e), .. }) => StreamEvent::Error(error_message(&e)),
         Ok(RawEvent {
@@ -375,6 +299,475 @@ pub fn classify(data: &[u8]) -> StreamEvent {
     }
 }
 
+#[derive(Default)]
+struct RawEvent {
+    choices: Option<Choices>,
+    usage: Option<Usage>,
+    error: Option<serde_json::Value>,
+}
+
+/// What a `choices` array holds: how many, and whether any carries output.
+#[derive(Debug, Clone, Copy, Default)]
+struct Choices {
+    count: usize,
+    output: bool,
+}
+
+/// A key of an object, as its position in `names` (None: another key); escaped keys too.
+struct Field(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for Field {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Field {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().position(|n| *n == v))
+    }
+}
+
+/// Fails on a key seen twice, as a derived `Deserialize` does (the payload is then not an
+/// event we read: [`StreamEvent::Invalid`]).
+fn once<E: serde::de::Error>(seen: &mut u8, i: usize, names: &[&'static str]) -> Result<(), E> {
+    if *seen & (1 << i) != 0 {
+        return Err(E::duplicate_field(names[i]));
+    }
+    *seen |= 1 << i;
+    Ok(())
+}
+
+struct EventSeed<'t> {
+    text: Option<&'t mut ChunkText>,
+}
+
+impl<'de> DeserializeSeed<'de> for EventSeed<'_> {
+    type Value = RawEvent;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventSeed<'_> {
+    type Value = RawEvent;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        const NAMES: &[&str] = &["choices", "usage", "error"];
+        let mut ev = RawEvent::default();
+        let mut text = self.text;
+        let mut seen = 0u8;
+        while let Some(key) = map.next_key_seed(Field(NAMES))? {
+            match key {
+                Some(i) => once(&mut seen, i, NAMES)?,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            }
+            match key {
+                Some(0) => {
+                    ev.choices = map.next_value_seed(ChoicesSeed {
+                        text: text.as_deref_mut(),
+                    })?
+                }
+                Some(1) => ev.usage = map.next_value()?,
+                _ => ev.error = map.next_value()?,
+            }
+        }
+        Ok(ev)
+    }
+}
+
+struct ChoicesSeed<'t> {
+    text: Option<&'t mut ChunkText>,
+}
+
+impl<'de> DeserializeSeed<'de> for ChoicesSeed<'_> {
+    type Value = Option<Choices>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ChoicesSeed<'_> {
+    type Value = Option<Choices>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array or null")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut c = Choices::default();
+        let mut text = self.text;
+        while let Some(output) = seq.next_element_seed(ChoiceSeed {
+            text: text.as_deref_mut(),
+        })? {
+            c.count += 1;
+            c.output |= output;
+        }
+        Ok(Some(c))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+/// One choice: says whether it carries output, and adds its text to `text`.
+struct ChoiceSeed<'t> {
+    text: Option<&'t mut ChunkText>,
+}
+
+impl<'de> DeserializeSeed<'de> for ChoiceSeed<'_> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ChoiceSeed<'_> {
+    type Value = bool;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a choice object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        const NAMES: &[&str] = &["text", "delta", "message", "index"];
+        let collect = self.text.is_some();
+        let mut seen = 0u8;
+        let mut text = Val::default();
+        let mut delta: Option<Delta<'de>> = None;
+        let mut message: Option<Cow<'de, str>> = None;
+        let mut index = 0u64;
+        while let Some(key) = map.next_key_seed(Field(NAMES))? {
+            match key {
+                Some(0) => {
+                    once(&mut seen, 0, NAMES)?;
+                    text = map.next_value_seed(ValSeed(collect))?;
+                }
+                Some(1) => {
+                    once(&mut seen, 1, NAMES)?;
+                    delta = map.next_value_seed(DeltaSeed(collect))?;
+                }
+                // Read leniently, as a JSON pointer would: anything else is no text.
+                Some(2) => message = map.next_value_seed(Lenient::Content(collect))?.text,
+                Some(_) => index = map.next_value_seed(Lenient::Index)?.index,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let output = text.non_empty || delta.as_ref().is_some_and(|d| d.output);
+        if let Some(t) = self.text {
+            // A chunk without output keeps none of this (see read_event).
+            let out = &mut t.output;
+            out.extend(text.text.as_deref());
+            if let Some(d) = &delta {
+                out.extend(
+                    [&d.reasoning_content, &d.reasoning, &d.content]
+                        .into_iter()
+                        .flatten()
+                        .chain(&d.tools)
+                        .map(|t| &**t),
+                );
+            }
+            if index == 0 {
+                let answer = &mut t.answer;
+                answer.extend(delta.as_ref().and_then(|d| d.content.as_deref()));
+                answer.extend(message.as_deref());
+                answer.extend(text.text.as_deref());
+            }
+        }
+        Ok(output)
+    }
+}
+
+/// A value read as "present and not empty" (a non-empty string or array, an object, a
+/// number or `true`; `null`, `""`, `[]` and `false` are empty), and its text when it is a
+/// string and text is collected.
+#[derive(Default)]
+struct Val<'de> {
+    non_empty: bool,
+    text: Option<Cow<'de, str>>,
+}
+
+struct ValSeed(bool);
+
+impl<'de> DeserializeSeed<'de> for ValSeed {
+    type Value = Val<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ValSeed {
+    type Value = Val<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Val {
+            non_empty: !v.is_empty(),
+            text: self.0.then_some(Cow::Borrowed(v)),
+        })
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Val {
+            non_empty: !v.is_empty(),
+            text: self.0.then(|| Cow::Owned(v.to_owned())),
+        })
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Val::flag(v))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Val::flag(true))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Val::flag(true))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Val::flag(true))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Val::flag(false))
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(Val::flag(false))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut any = false;
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            any = true;
+        }
+        Ok(Val::flag(any))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Val::flag(true))
+    }
+}
+
+impl Val<'_> {
+    fn flag(non_empty: bool) -> Self {
+        Val {
+            non_empty,
+            text: None,
+        }
+    }
+}
+
+/// A choice's `delta`: whether it carries output, and its texts.
+#[derive(Default)]
+struct Delta<'de> {
+    output: bool,
+    content: Option<Cow<'de, str>>,
+    reasoning_content: Option<Cow<'de, str>>,
+    reasoning: Option<Cow<'de, str>>,
+    /// Tool-call names and arguments, then the function call's, in order.
+    tools: Vec<Cow<'de, str>>,
+}
+
+struct DeltaSeed(bool);
+
+impl<'de> DeserializeSeed<'de> for DeltaSeed {
+    type Value = Option<Delta<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DeltaSeed {
+    type Value = Option<Delta<'de>>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a delta object or null")
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        const NAMES: &[&str] = &[
+            "content",
+            "reasoning_content",
+            "reasoning",
+            "tool_calls",
+            "function_call",
+        ];
+        let collect = self.0;
+        let mut d = Delta::default();
+        let mut seen = 0u8;
+        let mut function_call = Vec::new();
+        while let Some(key) = map.next_key_seed(Field(NAMES))? {
+            let Some(i) = key else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            once(&mut seen, i, NAMES)?;
+            let v = match i {
+                0..=2 => {
+                    let v = map.next_value_seed(ValSeed(collect))?;
+                    match i {
+                        0 => d.content = v.text,
+                        1 => d.reasoning_content = v.text,
+                        _ => d.reasoning = v.text,
+                    }
+                    v.non_empty
+                }
+                3 => {
+                    let v = map.next_value_seed(Lenient::ToolCalls(collect))?;
+                    d.tools = v.texts;
+                    v.non_empty
+                }
+                _ => {
+                    let v = map.next_value_seed(Lenient::FunctionCall(collect))?;
+                    function_call = v.texts;
+                    v.non_empty
+                }
+            };
+            d.output |= v;
+        }
+        d.tools.append(&mut function_call);
+        Ok(Some(d))
+    }
+}
+
+/// Values read as a JSON pointer into a tree would read them: the wanted member when the
+/// value has the expected shape, nothing otherwise (never an error), and whether the value
+/// is "not empty" as [`ValSeed`] says.
+#[derive(Clone, Copy)]
+enum Lenient {
+    /// A choice's `index`: a u64, else 0.
+    Index,
+    /// `message`: its `content` string.
+    Content(bool),
+    /// `tool_calls`: every element's `function.name` and `function.arguments`.
+    ToolCalls(bool),
+    /// A tool call: its `function`'s `name` and `arguments`.
+    ToolCall(bool),
+    /// `function_call` (or a tool call's `function`): its `name` and `arguments`.
+    FunctionCall(bool),
+}
+
+#[derive(Default)]
+struct LenientVal<'de> {
+    non_empty: bool,
+    index: u64,
+    text: Option<Cow<'de, str>>,
+    texts: Vec<Cow<'de, str>>,
+}
+
+impl LenientVal<'_> {
+    fn flag(non_empty: bool) -> Self {
+        LenientVal {
+            non_empty,
+            ..Default::default()
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Lenient {
+    type Value = LenientVal<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Lenient {
+    type Value = LenientVal<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(LenientVal::flag(!v.is_empty()))
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(LenientVal::flag(v))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(LenientVal::flag(true))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(LenientVal {
+            index: v,
+            ..LenientVal::flag(true)
+        })
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(LenientVal::flag(true))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(LenientVal::flag(false))
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(LenientVal::flag(false))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut v = LenientVal::default();
+        match self {
+            Lenient::ToolCalls(collect) => {
+                while let Some(call) = seq.next_element_seed(Lenient::ToolCall(collect))? {
+                    v.non_empty = true;
+                    v.texts.extend(call.texts);
+                }
+            }
+            _ => {
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    v.non_empty = true;
+                }
+            }
+        }
+        Ok(v)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut v = LenientVal::flag(true);
+        let (names, collect): (&'static [&'static str], bool) = match self {
+            Lenient::Content(c) => (&["content"], c),
+            Lenient::ToolCall(c) => (&["function"], c),
+            Lenient::FunctionCall(c) => (&["name", "arguments"], c),
+            Lenient::Index | Lenient::ToolCalls(_) => (&[], false),
+        };
+        // The last of a repeated key counts, as in a tree.
+        let mut name = None;
+        let mut arguments = None;
+        while let Some(key) = map.next_key_seed(Field(names))? {
+            match (self, key) {
+                (Lenient::Content(_), Some(_)) => {
+                    v.text = map.next_value_seed(ValSeed(collect))?.text
+                }
+                (Lenient::ToolCall(_), Some(_)) => {
+                    v.texts = map.next_value_seed(Lenient::FunctionCall(collect))?.texts
+                }
+                (Lenient::FunctionCall(_), Some(0)) => {
+                    name = map.next_value_seed(ValSeed(collect))?.text
+                }
+                (Lenient::FunctionCall(_), Some(_)) => {
+                    arguments = map.next_value_seed(ValSeed(collect))?.text
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if matches!(self, Lenient::FunctionCall(_)) {
+            v.texts.extend(name.into_iter().chain(arguments));
+        }
+        Ok(v)
+    }
+}
+
 /// The `message` of an OpenAI error object, or its JSON text.
 pub fn error_message(e: &serde_json::Value) -> String {
     match e.get("message").and_then(|m| m.as_str()) {
@@ -383,32 +776,6 @@ pub fn error_message(e: &serde_json::Value) -> String {
             Some(s) => s.to_string(),
             None => e.to_string(),
         },
-    }
-}
-
-/// Appends the generated text one streamed chunk carries (`data` is its SSE payload) to
-/// `out`: completions `text`, chat `delta.content`, reasoning (`reasoning_content`,
-/// `reasoning`) and tool-call arguments, over every choice — what a tokenizer counts when
-/// the server sends no `usage`. Returns whether the payload was a JSON object.
-pub fn append_output_text(data: &[u8], out: &mut String) -> bool {
-    match serde_json::from_slice::<serde_json::Value>(data.trim_ascii()) {
-        Ok(v) => {
-            append_chunk_output_text(&v, out);
-            v.is_object()
-        }
-        Err(_) => false,
-    }
-}
-
-/// [`append_output_text`] of a payload already parsed.
-pub fn append_chunk_output_text(v: &serde_json::Value, out: &mut String) {
-    for c in v
-        .get("choices")
-        .and_then(|c| c.as_array())
-        .into_iter()
-        .flatten()
-    {
-        push_choice_text(c, "delta", out);
     }
 }
 
@@ -482,25 +849,27 @@ mod tests {
 
     #[test]
     fn output_text_of_chunks_and_whole_responses() {
-        let mut t = String::new();
-        assert!(append_output_text(
-            br#"{"choices":[{"text":"Hel"}]}"#,
-            &mut t
-        ));
-        append_output_text(
-            br#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
-            &mut t,
-        );
-        append_output_text(br#"{"choices":[{"delta":{"content":"lo"}}]}"#, &mut t);
-        append_output_text(
-            br#"{"choices":[{"delta":{"reasoning_content":" why"}}]}"#,
-            &mut t,
-        );
-        append_output_text(
-            br#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#,
-            &mut t,
-        );
-        assert!(!append_output_text(b"[DONE]", &mut t));
+        let text = |j: &str| {
+            let mut text = ChunkText::default();
+            let kind = read_event(j.as_bytes(), Some(&mut text));
+            assert!(matches!(kind, StreamEvent::Chunk { .. }), "{j}");
+            text.output
+        };
+        let t = [
+            r#"{"choices":[{"text":"Hel"}]}"#,
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"delta":{"content":"lo"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":" why"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#,
+        ]
+        .map(text)
+        .concat();
+        let mut reused = ChunkText {
+            output: "left from before".into(),
+            answer: "x".into(),
+        };
+        assert_eq!(read_event(b"[DONE]", Some(&mut reused)), StreamEvent::Done);
+        assert_eq!(reused, ChunkText::default());
         assert_eq!(t, "Hello whyf{}");
         assert_eq!(
             response_text(
@@ -625,6 +994,234 @@ mod tests {
             classify(br#"{"error":{"message":"boom","code":500}}"#),
             StreamEvent::Error("boom".into())
         );
+    }
+
+    /// What the one-pass parse must agree with: the payload read as a tree (serde_json's
+    /// `Value`), its kind by the rules of [`classify`], its text by [`push_choice_text`]
+    /// and its answer by the first choice's `delta.content`, `message.content` and `text`.
+    fn tree_reading(p: &str) -> (StreamEvent, String, String) {
+        let invalid = (StreamEvent::Invalid, String::new(), String::new());
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(p) else {
+            return invalid;
+        };
+        let Some(obj) = v.as_object() else {
+            return invalid;
+        };
+        let non_empty = |v: &serde_json::Value| match v {
+            serde_json::Value::Null => false,
+            serde_json::Value::Bool(b) => *b,
+            serde_json::Value::String(s) => !s.is_empty(),
+            serde_json::Value::Array(a) => !a.is_empty(),
+            _ => true,
+        };
+        let choices = match obj.get("choices") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::Array(a)) => Some(a),
+            Some(_) => return invalid,
+        };
+        let mut output = false;
+        for c in choices.into_iter().flatten() {
+            let Some(c) = c.as_object() else {
+                return invalid;
+            };
+            output |= c.get("text").is_some_and(non_empty);
+            match c.get("delta") {
+                None | Some(serde_json::Value::Null) => {}
+                Some(serde_json::Value::Object(d)) => {
+                    output |= ["content", "reasoning_content", "reasoning", "tool_calls"]
+                        .iter()
+                        .chain(&["function_call"])
+                        .any(|k| d.get(*k).is_some_and(non_empty))
+                }
+                Some(_) => return invalid,
+            }
+        }
+        let Ok(usage) = obj.get("usage").map_or(Ok(None), |u| {
+            serde_json::from_value::<Option<Usage>>(u.clone())
+        }) else {
+            return invalid;
+        };
+        let kind = match (obj.get("error"), choices, usage) {
+            (Some(e), _, _) if !e.is_null() => StreamEvent::Error(error_message(e)),
+            (_, Some(c), usage) if !c.is_empty() => StreamEvent::Chunk { usage, output },
+            (_, _, Some(u)) => StreamEvent::Usage(u),
+            _ => StreamEvent::Other,
+        };
+        let (mut text, mut answer) = (String::new(), String::new());
+        if let StreamEvent::Chunk { output: true, .. } = kind {
+            for c in choices.into_iter().flatten() {
+                push_choice_text(c, "delta", &mut text);
+                if c.get("index").and_then(|i| i.as_u64()).unwrap_or(0) == 0 {
+                    for ptr in ["/delta/content", "/message/content", "/text"] {
+                        answer.push_str(c.pointer(ptr).and_then(|t| t.as_str()).unwrap_or(""));
+                    }
+                }
+            }
+        }
+        (kind, text, answer)
+    }
+
+    /// The one-pass parse reads every payload as the tree does: thousands of chunks drawn
+    /// from the shapes servers send (and shapes they should not), strings with escapes,
+    /// members in any order, unknown members, values of the wrong type.
+    #[test]
+    fn one_pass_reads_chunks_as_the_tree_does() {
+        let strs = [
+            "",
+            "a",
+            "\"q\\\"\"",
+            "\"\\u00e9\\n\"",
+            "\"\"",
+            "\"hi there\"",
+            "null",
+            "5",
+            "true",
+            "false",
+            "[]",
+            "[1]",
+            "{}",
+            "{\"x\":1}",
+            "1.5",
+        ];
+        let strs: Vec<String> = strs
+            .iter()
+            .map(|s| {
+                if *s == "a" {
+                    "\"a\"".to_string()
+                } else {
+                    s.to_string()
+                }
+            })
+            .collect();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut pick = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let mut checked = 0;
+        let mut with_text = 0;
+        // One buffer for every payload, as the observers use it.
+        let mut text = ChunkText::default();
+        for _ in 0..20_000 {
+            let member = |pick: &mut dyn FnMut(usize) -> usize, name: &str| {
+                let v = &strs[pick(strs.len())];
+                if v.is_empty() {
+                    None
+                } else {
+                    Some(format!("\"{name}\":{v}"))
+                }
+            };
+            let mut choices = Vec::new();
+            for _ in 0..pick(3) {
+                let mut fields: Vec<String> = Vec::new();
+                fields.extend(member(&mut pick, "text"));
+                let tools = [
+                    "",
+                    "\"tool_calls\":[]",
+                    "\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\"\"}}]",
+                    "\"tool_calls\":[{\"function\":{\"arguments\":\"1}\"}},{\"function\":\"x\"},3]",
+                    "\"tool_calls\":\"x\"",
+                    "\"function_call\":{\"arguments\":\"{}\",\"name\":\"g\"}",
+                    "\"function_call\":{}",
+                    "\"function_call\":\"f\"",
+                ];
+                match pick(6) {
+                    0 => {}
+                    1 => fields.push("\"delta\":null".into()),
+                    2 => fields.push("\"delta\":\"x\"".into()),
+                    _ => {
+                        let mut d: Vec<String> = Vec::new();
+                        if pick(2) == 0 {
+                            d.push("\"role\":\"assistant\"".into());
+                        }
+                        for k in ["content", "reasoning_content", "reasoning"] {
+                            if pick(2) == 0 {
+                                d.extend(member(&mut pick, k));
+                            }
+                        }
+                        let t = tools[pick(tools.len())];
+                        if !t.is_empty() {
+                            d.push(t.into());
+                        }
+                        let n = d.len();
+                        d.rotate_left(pick(n + 1).min(n));
+                        fields.push(format!("\"delta\":{{{}}}", d.join(",")));
+                    }
+                }
+                match pick(4) {
+                    0 => fields.push("\"message\":{\"content\":\"m\\u0041\"}".into()),
+                    1 => fields.push("\"message\":\"m\"".into()),
+                    _ => {}
+                }
+                match pick(6) {
+                    0 => fields.push("\"index\":0".into()),
+                    1 => fields.push("\"index\":1".into()),
+                    2 => fields.push("\"index\":\"1\"".into()),
+                    3 => fields.push("\"index\":1.0".into()),
+                    _ => {}
+                }
+                if pick(3) == 0 {
+                    fields.push("\"finish_reason\":\"stop\",\"logprobs\":null".into());
+                }
+                let n = fields.len();
+                fields.rotate_left(pick(n + 1).min(n));
+                choices.push(format!("{{{}}}", fields.join(",")));
+            }
+            let mut top = Vec::new();
+            match pick(5) {
+                0 => {}
+                1 => top.push("\"choices\":null".to_string()),
+                _ => top.push(format!("\"choices\":[{}]", choices.join(","))),
+            }
+            match pick(5) {
+                0 => top.push("\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}".into()),
+                1 => top.push("\"usage\":null".into()),
+                2 => top.push("\"usage\":\"x\"".into()),
+                _ => {}
+            }
+            if pick(8) == 0 {
+                top.push("\"error\":{\"message\":\"boom\"}".into());
+            }
+            top.push("\"id\":\"c-1\",\"object\":\"chat.completion.chunk\"".into());
+            let n = top.len();
+            top.rotate_left(pick(n + 1).min(n));
+            let p = format!("{{{}}}", top.join(","));
+            let kind = read_event(p.as_bytes(), Some(&mut text));
+            let (want_kind, want_text, want_answer) = tree_reading(&p);
+            assert_eq!(kind, want_kind, "{p}");
+            assert_eq!(classify(p.as_bytes()), want_kind, "{p}");
+            assert_eq!(text.output, want_text, "{p}");
+            assert_eq!(text.answer, want_answer, "{p}");
+            checked += 1;
+            with_text += usize::from(!want_text.is_empty());
+        }
+        assert_eq!(checked, 20_000);
+        assert!(with_text > 2_000, "too few payloads with text: {with_text}");
+        // A repeated member is not an event we read (as a derived Deserialize says); the
+        // tree would keep the last.
+        for p in [
+            r#"{"choices":[{"text":"a"}],"choices":[]}"#,
+            r#"{"choices":[{"text":"a","text":"b"}]}"#,
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+        ] {
+            text.answer.push_str("from before");
+            let kind = read_event(p.as_bytes(), Some(&mut text));
+            assert_eq!(kind, StreamEvent::Invalid, "{p}");
+            assert_eq!(text, ChunkText::default(), "{p}");
+        }
+        // Not an object.
+        for p in [
+            "[1,2]",
+            "\"x\"",
+            "3",
+            "{\"choices\":[1]}",
+            "{\"choices\":{}}",
+            "{} x",
+        ] {
+            assert_eq!(classify(p.as_bytes()), StreamEvent::Invalid, "{p}");
+        }
     }
 
     /// Output is text, content, reasoning or a tool call; a role-only, empty or

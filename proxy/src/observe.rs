@@ -388,6 +388,11 @@ fn usage_cut(raw: &[u8]) -> Action {
     if raw.get(start) == Some(&b' ') {
         start += 1;
     }
+    // The scanner compares raw key bytes: without them there is nothing to cut (most chunks
+    // of a server that sends usage only at the end), and one SIMD search saves the walk.
+    if memchr::memmem::find(&raw[start..], b"\"usage\"").is_none() {
+        return Action::Forward;
+    }
     match member_removal_range(raw, start, b"usage") {
         Some((a, b)) => Action::Cut(a, b),
         None => Action::Forward,

@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod error;
 pub mod feed;
 pub mod metrics;
+pub mod output;
 pub mod pacer;
 pub mod pct;
 pub mod plan;

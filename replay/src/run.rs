@@ -25,6 +25,7 @@ use crate::error::ReplayError;
 use crate::feed::{Fed, FeedMsg, ToPacer};
 use crate::metrics::Metrics;
 use crate::metrics::MetricsBuilder;
+pub use crate::output::{ClientLoad, RunOutput, TargetInfo};
 use crate::pacer::{spawn_pacer, Input, Outlet, PacerEnd};
 use crate::plan::PlannedRequest;
 use crate::sink::RowSink;
@@ -34,79 +35,6 @@ use crate::task::{one_request, Bursts, RunMsg, Shared};
 
 /// Name prefix of the client runtime's threads.
 pub const CLIENT_THREAD: &str = "llmreplay-clien";
-
-/// What a target says about itself.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct TargetInfo {
-    /// Model ids from `/v1/models`.
-    pub models: Vec<String>,
-    /// The body of `/version`, when offered.
-    pub version: Option<serde_json::Value>,
-}
-
-/// The client's own resource use during the run.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ClientLoad {
-    /// CPU seconds of the client's worker threads.
-    pub cpu_seconds: f64,
-    /// Worker threads.
-    pub worker_threads: usize,
-    /// cpu_seconds / (wall × worker threads).
-    pub utilization: f64,
-    /// CPU seconds of the pacer thread (spinning near deadlines).
-    pub pacer_cpu_seconds: f64,
-}
-
-/// One run against one target.
-#[derive(Debug, Clone)]
-pub struct RunOutput {
-    /// The target.
-    pub target: Target,
-    /// What it said about itself.
-    pub target_info: TargetInfo,
-    /// The model name requests were built with.
-    pub model: String,
-    /// Unique id of this run.
-    pub run_id: String,
-    /// Wall-clock time of the schedule's start, µs since the epoch.
-    pub started_at_us: i64,
-    /// One row per request, in schedule order (kept only with [`ReplayConfig::keep_rows`];
-    /// else empty: the rows went to the run's sink).
-    pub records: Vec<TraceRecord>,
-    /// Requests in the schedule (of an interrupted run: those the feed had built).
-    pub plan_len: usize,
-    /// Of which sent their row's recorded body (the others' prompts were synthesized).
-    pub bodies_replayed: usize,
-    /// Selected rows that could not become a request (all counted, the first kept).
-    pub skipped: crate::plan::Skipped,
-    /// Trace time span of the selection (of an interrupted run whose feed had not read the
-    /// whole selection: the span of the trace within the window, from its arrival extent).
-    pub trace_span: Duration,
-    /// Wall time of the run.
-    pub wall: Duration,
-    /// Connections opened before the clock started.
-    pub preconnected: usize,
-    /// What the connection pool did while the clock ran (`None` where unknown: merged
-    /// shards).
-    pub pool: Option<wire::PoolStats>,
-    /// Warm-up requests sent.
-    pub warmups: usize,
-    /// Client CPU, when measurable.
-    pub client_load: Option<ClientLoad>,
-    /// The server's scheduler gauges sampled during the run (`--server-metrics`).
-    pub server_gauges: std::collections::BTreeMap<String, crate::server_metrics::GaugeStats>,
-    /// The server's histograms over the run (after − before scrape; `--server-metrics`).
-    pub server_histograms:
-        std::collections::BTreeMap<String, crate::server_metrics::HistogramSummary>,
-    /// Set when the run was stopped before its schedule ended: what ran is partial.
-    pub interrupted: Option<crate::stop::Interrupted>,
-    /// Rows per request endpoint (what the result's `backend` is named after, with or
-    /// without [`ReplayConfig::keep_rows`]).
-    pub endpoints: std::collections::BTreeMap<String, usize>,
-    /// Soak passes the rows came from (1 + the largest `~k` request-id suffix; see
-    /// [`crate::soak::passes_replayed`]); 0 for a run assembled elsewhere.
-    pub passes: usize,
-}
 
 /// Builds the client runtime.
 pub fn client_runtime(threads: usize) -> Result<tokio::runtime::Runtime, ReplayError> {

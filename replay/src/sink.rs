@@ -7,7 +7,7 @@ use trace_format::TraceRecord;
 
 use crate::config::Target;
 use crate::error::ReplayError;
-use crate::run::RunOutput;
+use crate::output::RunOutput;
 
 /// Receives rows as requests finish. An error stops the run as a first stop request would
 /// (drain), and is returned by the run once it has ended.

@@ -26,7 +26,7 @@ use crate::redact;
 use crate::schema::{self, TraceRecord};
 
 /// Rows per Arrow batch handed to the Parquet writer (bounds the extra memory of a write).
-const BATCH_ROWS: usize = 8 * 1024;
+pub(crate) const BATCH_ROWS: usize = 8 * 1024;
 /// Rows per Parquet row group.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// Bytes per Parquet row group (whichever limit is reached first).
@@ -182,69 +182,8 @@ pub fn write_trace_file(path: &Path, records: &[TraceRecord], meta: &FileMeta) -
     result
 }
 
-/// Writes the Parquet trace file at `path` from the live `journal` of a segment (every line
-/// whole: the writer cuts a failed write back to its last whole line), `BATCH_ROWS` rows at a
-/// time, so only one batch is in memory; `expected` records must be there. Same temporary
-/// name, fsync and rename as [`write_trace_file`].
-pub(crate) fn write_trace_file_from_journal(
-    path: &Path,
-    journal: &Path,
-    expected: usize,
-    meta: &FileMeta,
-) -> Result<()> {
-    use std::io::BufRead;
-    let tmp = tmp_path(path);
-    let result = (|| {
-        let file = create_private(&tmp, false)?;
-        let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
-            .map_err(|e| Error::format(path, e))?;
-        let mut lines = io::BufReader::new(File::open(journal).map_err(|e| Error::io(journal, e))?);
-        let (mut batch, mut line, mut seen) = (Vec::with_capacity(BATCH_ROWS), Vec::new(), 0);
-        let mut order = OrderMeter::default();
-        loop {
-            line.clear();
-            let n = lines
-                .read_until(b'\n', &mut line)
-                .map_err(|e| Error::io(journal, e))?;
-            let header = seen == 0 && crate::journal::is_header(&line);
-            if n > 0 && !header && !line.iter().all(u8::is_ascii_whitespace) {
-                let rec: TraceRecord = serde_json::from_slice(&line)
-                    .map_err(|e| Error::format(journal, format!("line {}: {e}", seen + 1)))?;
-                order.add(rec.arrival_time_us);
-                batch.push(rec);
-                seen += 1;
-            }
-            if batch.len() == BATCH_ROWS || (n == 0 && !batch.is_empty()) {
-                writer
-                    .write(&records_to_batch(&batch)?)
-                    .map_err(|e| Error::format(path, e))?;
-                batch.clear();
-            }
-            if n == 0 {
-                break;
-            }
-        }
-        if seen != expected {
-            return Err(Error::Invalid(format!(
-                "{}: {seen} records where {expected} were written",
-                journal.display()
-            )));
-        }
-        writer.append_key_value_metadata(order.order().to_kv());
-        let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
-        file.sync_all().map_err(|e| Error::io(&tmp, e))?;
-        drop(file);
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        sync_parent(path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
 /// The Parquet writer properties of a trace file.
-fn props(meta: &FileMeta) -> WriterProperties {
+pub(crate) fn props(meta: &FileMeta) -> WriterProperties {
     WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))

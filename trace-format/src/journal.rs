@@ -10,10 +10,18 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::encode::{sync_dir, write_trace_file, TMP_SUFFIX};
+use std::sync::Arc;
+
+use parquet::arrow::ArrowWriter;
+
+use crate::encode::{
+    create_private, props, records_to_batch, sync_dir, sync_parent, tmp_path, write_trace_file,
+    BATCH_ROWS, TMP_SUFFIX,
+};
 use crate::error::{Error, Result};
 use crate::file_meta::FileMeta;
-use crate::schema::TraceRecord;
+use crate::order::OrderMeter;
+use crate::schema::{self, TraceRecord};
 
 /// Extension of journal files.
 pub(crate) const JOURNAL_EXT: &str = "journal";
@@ -379,6 +387,68 @@ pub fn read_journal(path: &Path) -> Result<JournalContents> {
         }
     }
     Ok(out)
+}
+
+/// Writes the Parquet trace file at `path` from the live `journal` of a segment (every line
+/// whole: the writer cuts a failed write back to its last whole line), `BATCH_ROWS` rows at a
+/// time, so only one batch is in memory; `expected` records must be there. Same temporary
+/// name, fsync and rename as [`write_trace_file`].
+pub(crate) fn write_trace_file_from_journal(
+    path: &Path,
+    journal: &Path,
+    expected: usize,
+    meta: &FileMeta,
+) -> Result<()> {
+    use std::io::BufRead;
+    let tmp = tmp_path(path);
+    let result = (|| {
+        let file = create_private(&tmp, false)?;
+        let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
+            .map_err(|e| Error::format(path, e))?;
+        let mut lines =
+            io::BufReader::new(fs::File::open(journal).map_err(|e| Error::io(journal, e))?);
+        let (mut batch, mut line, mut seen) = (Vec::with_capacity(BATCH_ROWS), Vec::new(), 0);
+        let mut order = OrderMeter::default();
+        loop {
+            line.clear();
+            let n = lines
+                .read_until(b'\n', &mut line)
+                .map_err(|e| Error::io(journal, e))?;
+            let header = seen == 0 && is_header(&line);
+            if n > 0 && !header && !line.iter().all(u8::is_ascii_whitespace) {
+                let rec: TraceRecord = serde_json::from_slice(&line)
+                    .map_err(|e| Error::format(journal, format!("line {}: {e}", seen + 1)))?;
+                order.add(rec.arrival_time_us);
+                batch.push(rec);
+                seen += 1;
+            }
+            if batch.len() == BATCH_ROWS || (n == 0 && !batch.is_empty()) {
+                writer
+                    .write(&records_to_batch(&batch)?)
+                    .map_err(|e| Error::format(path, e))?;
+                batch.clear();
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        if seen != expected {
+            return Err(Error::Invalid(format!(
+                "{}: {seen} records where {expected} were written",
+                journal.display()
+            )));
+        }
+        writer.append_key_value_metadata(order.order().to_kv());
+        let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
+        file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        drop(file);
+        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        sync_parent(path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
 }
 
 #[cfg(test)]

@@ -40,9 +40,10 @@ use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::encode::{create_private, tmp_path, write_trace_file_from_journal};
+use crate::encode::{create_private, tmp_path};
 use crate::error::{Error, Result};
 use crate::file_meta::FileMeta;
+use crate::journal::write_trace_file_from_journal;
 use crate::journal::{
     journal_header, journal_path, recover_dir, recover_journal, recovered_meta, JOURNAL_EXT,
 };

@@ -743,6 +743,9 @@ mod tests {
         // The server on a thread of its own: this test blocks its runtime's only thread below,
         // and a server task on that runtime would not answer until the read (it did not, now
         // and then, under load: "stamped 0ns").
+        // And the kernel's stamping on before the response arrives (it was not, once in a
+        // full test run: "stamped 0ns" again, the read's own time).
+        let _on = crate::rxstamp::kernel_stamps_on();
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let (written, answered) = std::sync::mpsc::channel();

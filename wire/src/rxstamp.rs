@@ -93,6 +93,28 @@ pub fn clock_pair() -> (Instant, i64) {
     best.map_or_else(|| (Instant::now(), epoch_ns()), |(m, r, _)| (m, r))
 }
 
+/// Tests: the kernel turns receive stamping on for the whole system through deferred work
+/// when a first socket asks for it, and until that work has run (under load, tens of ms) a
+/// read is stamped with its own time. Returns a stamping socket to hold open (stamping stays
+/// on while one exists) once a datagram that waited 20 ms reads as having waited.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn kernel_stamps_on() -> std::net::UdpSocket {
+    use std::os::fd::AsRawFd;
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    enable(rx.as_raw_fd());
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4];
+    for _ in 0..100 {
+        tx.send_to(b"x", rx.local_addr().unwrap()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (_, stamp) = recv(rx.as_raw_fd(), &mut buf, 0).unwrap();
+        if stamp != 0 && epoch_ns() - stamp >= 15_000_000 {
+            return rx;
+        }
+    }
+    panic!("the kernel never stamped a receive at its arrival");
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
@@ -104,10 +126,8 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (rx, _) = l.accept().unwrap();
+        let _on = kernel_stamps_on();
         enable(rx.as_raw_fd());
-        // The kernel turns its receive stamping on through deferred work when the first
-        // socket asks for it: give it a moment, or the first segment may arrive unstamped.
-        std::thread::sleep(std::time::Duration::from_millis(5));
         let before = epoch_ns();
         tx.write_all(b"hello").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -155,37 +155,7 @@ impl StreamObserver {
     /// (the frame itself when nothing is stripped).
     pub fn observe(&mut self, t_us: i64, frame: Bytes, out: &mut VecDeque<Bytes>) {
         if !self.strip.any() {
-            let Self {
-                parser,
-                chunk_times_us,
-                last_chunk_us,
-                cumulative_tokens,
-                usage,
-                done,
-                stream_error,
-                invalid,
-                output_text,
-                answer,
-                text_buf,
-                ..
-            } = self;
-            let keep = output_text.is_some() || answer.is_some();
-            parser.feed(&frame, |ev| {
-                let kind = read_event(ev, keep.then_some(&mut *text_buf));
-                note_event(
-                    (kind, text_buf),
-                    output_text,
-                    answer,
-                    t_us,
-                    chunk_times_us,
-                    last_chunk_us,
-                    cumulative_tokens,
-                    usage,
-                    done,
-                    stream_error,
-                    invalid,
-                );
-            });
+            self.feed_noting(&frame, t_us, |_| {});
             self.bytes_out += frame.len() as u64;
             out.push_back(frame);
             return;
@@ -329,17 +299,10 @@ impl StreamObserver {
         }
     }
 
-    /// Classifies one complete raw event (recording what it says) and decides its fate.
-    fn decide(&mut self, t_us: i64, raw: &[u8]) -> Action {
-        if raw.len() > self.max_event {
-            // Arrived whole in one frame, but over the bound all the same: not observed.
-            self.parser.feed(raw, |_| {});
-            self.oversized += 1;
-            return Action::Forward;
-        }
-        let keep = self.output_text.is_some() || self.answer.is_some();
-        let strip = self.strip;
-        let mut action = Action::Forward; // no data: comments, blank lines
+    /// Feeds `bytes` (received `t_us` after t0) to the parser and records what each complete
+    /// event says, after `on_kind` has seen it: one parse per event, its text read into the
+    /// reused buffer when output text or the answer's hash is kept.
+    fn feed_noting(&mut self, bytes: &[u8], t_us: i64, mut on_kind: impl FnMut(&StreamEvent)) {
         let Self {
             parser,
             chunk_times_us,
@@ -354,13 +317,10 @@ impl StreamObserver {
             text_buf,
             ..
         } = self;
-        parser.feed(raw, |ev| {
+        let keep = output_text.is_some() || answer.is_some();
+        parser.feed(bytes, |ev| {
             let kind = read_event(ev, keep.then_some(&mut *text_buf));
-            action = match &kind {
-                StreamEvent::Usage(_) if strip.usage_events => Action::Drop,
-                StreamEvent::Chunk { .. } if strip.chunk_usage => usage_cut(raw),
-                _ => Action::Forward,
-            };
+            on_kind(&kind);
             note_event(
                 (kind, text_buf),
                 output_text,
@@ -374,6 +334,25 @@ impl StreamObserver {
                 stream_error,
                 invalid,
             );
+        });
+    }
+
+    /// Classifies one complete raw event (recording what it says) and decides its fate.
+    fn decide(&mut self, t_us: i64, raw: &[u8]) -> Action {
+        if raw.len() > self.max_event {
+            // Arrived whole in one frame, but over the bound all the same: not observed.
+            self.parser.feed(raw, |_| {});
+            self.oversized += 1;
+            return Action::Forward;
+        }
+        let strip = self.strip;
+        let mut action = Action::Forward; // no data: comments, blank lines
+        self.feed_noting(raw, t_us, |kind| {
+            action = match kind {
+                StreamEvent::Usage(_) if strip.usage_events => Action::Drop,
+                StreamEvent::Chunk { .. } if strip.chunk_usage => usage_cut(raw),
+                _ => Action::Forward,
+            };
         });
         action
     }

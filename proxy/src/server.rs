@@ -512,43 +512,55 @@ where
     }
 }
 
+/// Spare descriptors the admin listener holds (see `serve_admin`), opened up to two; while
+/// the process is out of descriptors none can be opened, and the reserve stays short.
+fn top_up(reserve: &mut Vec<std::fs::File>) {
+    while reserve.len() < 2 {
+        match spare_fd() {
+            Some(f) => reserve.push(f),
+            None => break,
+        }
+    }
+}
+
 /// The admin listener's accept loop: HTTP/1.1 only, answered by
 /// [`admin_response`](crate::admin::admin_response), ending with the proxy.
 async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut backoff = AcceptBackoff::new("admin");
-    // One descriptor kept in reserve: when the proxy's connections have taken all the others,
-    // it is given up to accept one admin connection, so /metrics and /healthz still answer
-    // (the classic spare-descriptor trick).
-    let mut reserve = spare_fd();
+    // Descriptors kept in reserve: when the proxy's connections have taken all the others,
+    // one is given up to accept one admin connection, so /metrics and /healthz still answer
+    // (the classic spare-descriptor trick). Two: a serving thread that was already past its
+    // hold-off check (preempted there, on a loaded machine) can take the first freed one,
+    // and keeps it until that connection ends; the second rescue then has it to itself.
+    let mut reserve: Vec<std::fs::File> = Vec::new();
+    top_up(&mut reserve);
     loop {
         tokio::select! {
             r = listener.accept() => {
                 let sock = match r {
                     Ok((sock, _)) => {
-                        if reserve.is_none() {
-                            reserve = spare_fd();
-                        }
+                        top_up(&mut reserve);
                         sock
                     }
                     Err(e) => {
-                        let spare = if fd_exhausted(&e) { reserve.take().or_else(spare_fd) } else { None };
-                        let rescued = match spare {
-                            Some(f) => {
-                                // The serving threads hold off (an accept already in its
-                                // syscall ends within the pause), then the freed descriptor
-                                // is this accept's: with two serving threads, one of theirs
-                                // took it now and then, and /healthz went unanswered.
-                                shared.admin_rescue.store(true, Release);
-                                tokio::time::sleep(Duration::from_millis(2)).await;
-                                drop(f);
-                                let r = tokio::time::timeout(Duration::from_millis(50), listener.accept())
-                                    .await
-                                    .ok();
-                                shared.admin_rescue.store(false, Release);
-                                r
-                            }
-                            None => None,
-                        };
+                        let mut rescued = None;
+                        if fd_exhausted(&e) {
+                            top_up(&mut reserve);
+                        }
+                        while fd_exhausted(&e) && !matches!(rescued, Some(Ok(_))) {
+                            let Some(f) = reserve.pop() else { break };
+                            // The serving threads hold off (an accept already in its
+                            // syscall ends within the pause), then the freed descriptor
+                            // is this accept's: with two serving threads, one of theirs
+                            // took it now and then, and /healthz went unanswered.
+                            shared.admin_rescue.store(true, Release);
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            drop(f);
+                            rescued = tokio::time::timeout(Duration::from_millis(50), listener.accept())
+                                .await
+                                .ok();
+                            shared.admin_rescue.store(false, Release);
+                        }
                         match rescued {
                             Some(Ok((sock, _))) => sock,
                             _ => {

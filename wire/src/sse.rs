@@ -442,7 +442,7 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
         const NAMES: &[&str] = &["text", "delta", "message", "index"];
         let collect = self.text.is_some();
         let mut seen = 0u8;
-        let mut text = Val::default();
+        let mut text = LenientVal::default();
         let mut delta: Option<Delta<'de>> = None;
         let mut message: Option<Cow<'de, str>> = None;
         let mut index = 0u64;
@@ -450,7 +450,7 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
             match key {
                 Some(0) => {
                     once(&mut seen, 0, NAMES)?;
-                    text = map.next_value_seed(ValSeed(collect))?;
+                    text = map.next_value_seed(Lenient::Text(collect))?;
                 }
                 Some(1) => {
                     once(&mut seen, 1, NAMES)?;
@@ -486,81 +486,6 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
             }
         }
         Ok(output)
-    }
-}
-
-/// A value read as "present and not empty" (a non-empty string or array, an object, a
-/// number or `true`; `null`, `""`, `[]` and `false` are empty), and its text when it is a
-/// string and text is collected.
-#[derive(Default)]
-struct Val<'de> {
-    non_empty: bool,
-    text: Option<Cow<'de, str>>,
-}
-
-struct ValSeed(bool);
-
-impl<'de> DeserializeSeed<'de> for ValSeed {
-    type Value = Val<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ValSeed {
-    type Value = Val<'de>;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Val {
-            non_empty: !v.is_empty(),
-            text: self.0.then_some(Cow::Borrowed(v)),
-        })
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Val {
-            non_empty: !v.is_empty(),
-            text: self.0.then(|| Cow::Owned(v.to_owned())),
-        })
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(Val::flag(v))
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Val::flag(true))
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Val::flag(true))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Val::flag(true))
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(Val::flag(false))
-    }
-    fn visit_none<E>(self) -> Result<Self::Value, E> {
-        Ok(Val::flag(false))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut any = false;
-        while seq.next_element::<IgnoredAny>()?.is_some() {
-            any = true;
-        }
-        Ok(Val::flag(any))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Val::flag(true))
-    }
-}
-
-impl Val<'_> {
-    fn flag(non_empty: bool) -> Self {
-        Val {
-            non_empty,
-            text: None,
-        }
     }
 }
 
@@ -618,7 +543,7 @@ impl<'de> Visitor<'de> for DeltaSeed {
             once(&mut seen, i, NAMES)?;
             let v = match i {
                 0..=2 => {
-                    let v = map.next_value_seed(ValSeed(collect))?;
+                    let v = map.next_value_seed(Lenient::Text(collect))?;
                     match i {
                         0 => d.content = v.text,
                         1 => d.reasoning_content = v.text,
@@ -646,9 +571,12 @@ impl<'de> Visitor<'de> for DeltaSeed {
 
 /// Values read as a JSON pointer into a tree would read them: the wanted member when the
 /// value has the expected shape, nothing otherwise (never an error), and whether the value
-/// is "not empty" as [`ValSeed`] says.
+/// is "present and not empty" (a non-empty string or array, an object, a number or `true`;
+/// `null`, `""`, `[]` and `false` are empty).
 #[derive(Clone, Copy)]
 enum Lenient {
+    /// A string: its text when collected.
+    Text(bool),
     /// A choice's `index`: a u64, else 0.
     Index,
     /// `message`: its `content` string.
@@ -690,8 +618,17 @@ impl<'de> Visitor<'de> for Lenient {
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("any JSON value")
     }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(LenientVal {
+            text: matches!(self, Lenient::Text(true)).then_some(Cow::Borrowed(v)),
+            ..LenientVal::flag(!v.is_empty())
+        })
+    }
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(LenientVal::flag(!v.is_empty()))
+        Ok(LenientVal {
+            text: matches!(self, Lenient::Text(true)).then(|| Cow::Owned(v.to_owned())),
+            ..LenientVal::flag(!v.is_empty())
+        })
     }
     fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
         Ok(LenientVal::flag(v))
@@ -737,7 +674,7 @@ impl<'de> Visitor<'de> for Lenient {
             Lenient::Content(c) => (&["content"], c),
             Lenient::ToolCall(c) => (&["function"], c),
             Lenient::FunctionCall(c) => (&["name", "arguments"], c),
-            Lenient::Index | Lenient::ToolCalls(_) => (&[], false),
+            Lenient::Text(_) | Lenient::Index | Lenient::ToolCalls(_) => (&[], false),
         };
         // The last of a repeated key counts, as in a tree.
         let mut name = None;
@@ -745,16 +682,16 @@ impl<'de> Visitor<'de> for Lenient {
         while let Some(key) = map.next_key_seed(Field(names))? {
             match (self, key) {
                 (Lenient::Content(_), Some(_)) => {
-                    v.text = map.next_value_seed(ValSeed(collect))?.text
+                    v.text = map.next_value_seed(Lenient::Text(collect))?.text
                 }
                 (Lenient::ToolCall(_), Some(_)) => {
                     v.texts = map.next_value_seed(Lenient::FunctionCall(collect))?.texts
                 }
                 (Lenient::FunctionCall(_), Some(0)) => {
-                    name = map.next_value_seed(ValSeed(collect))?.text
+                    name = map.next_value_seed(Lenient::Text(collect))?.text
                 }
                 (Lenient::FunctionCall(_), Some(_)) => {
-                    arguments = map.next_value_seed(ValSeed(collect))?.text
+                    arguments = map.next_value_seed(Lenient::Text(collect))?.text
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;

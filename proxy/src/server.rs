@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use trace_format::{FileMeta, Producer, WriterConfig};
 
-use crate::accept::{fd_exhausted, spare_fd, AcceptBackoff};
+use crate::accept::{fd_exhausted, spare_fd, AcceptBackoff, AcceptTurns};
 use crate::admin::admin_response;
 use crate::config::{ProxyConfig, RecordBodies};
 use crate::error::{ProxyError, Result};
@@ -343,6 +343,7 @@ fn conn_builder() -> auto::Builder<TokioExecutor> {
 /// dropped.
 async fn accept_loop(listener: TcpListener, s: Serving) {
     let mut backoff = AcceptBackoff::new("proxy");
+    let mut turns = AcceptTurns::default();
     loop {
         // The admin listener is using the spare descriptor: an accept here could take it.
         if s.shared.admin_rescue.load(Acquire) {
@@ -358,10 +359,6 @@ async fn accept_loop(listener: TcpListener, s: Serving) {
                 match &s.acceptor {
                     None => {
                         tokio::spawn(serve_conn(sock, accepted, c));
-                        // The new connection's task runs before this thread accepts another:
-                        // in a burst the serving threads take turns at the one listen queue
-                        // instead of the first one awake taking most of it.
-                        tokio::task::yield_now().await;
                     }
                     Some(acc) => {
                         let acc = acc.clone();
@@ -375,6 +372,7 @@ async fn accept_loop(listener: TcpListener, s: Serving) {
                         });
                     }
                 }
+                turns.accepted().await;
             }
             Err(e) => {
                 s.shared

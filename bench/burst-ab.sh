@@ -3,8 +3,10 @@
 # t=0 through a cold `llmreplay capture` of build A, then of build B (then nginx, with
 # `nginx`), ROUNDS times, alternating, so both see the same machine. The client and the
 # ground-truth server are one build throughout ($BIN, default target/release/llmreplay).
-# Prints per run: TTFT p50 / p99 and the proxy's CPU µs and context switches per request
-# (`perf stat` on every thread of the proxy), then the medians.
+# Prints per run: TTFT p50 / p99, the proxy's CPU µs and context switches per request
+# (`perf stat` on every thread of the proxy) and the kernel's listen-queue overflows, then
+# the medians. nginx listens with the backlog capture asks for (4,096; its default of 511
+# overflows at 1,000 connections and sends those clients into a 1 s SYN retry).
 #
 # usage: bench/burst-ab.sh N TOKENS ROUNDS CAPTURE_A CAPTURE_B [nginx]
 #   e.g. bench/burst-ab.sh 500 100 4 /tmp/old/llmreplay target/release/llmreplay nginx
@@ -34,7 +36,7 @@ one() { # one LABEL PROXY_BIN|nginx RUN_DIR
 worker_processes 1; pid $PWD/$d/ng/nginx.pid; error_log $PWD/$d/ng/error.log;
 events { worker_connections 8192; }
 http { access_log off; upstream gt { server 127.0.0.1:$gt; keepalive 2048; }
-  server { listen 127.0.0.1:$pp; location / { proxy_pass http://gt; proxy_http_version 1.1;
+  server { listen 127.0.0.1:$pp backlog=4096; location / { proxy_pass http://gt; proxy_http_version 1.1;
     proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 600s; } } }
 NGINX
     nginx -c "$PWD/$d/ng/nginx.conf" -p "$PWD/$d/ng" -g 'daemon off;' 2>/dev/null &
@@ -47,8 +49,11 @@ NGINX
   perf stat -e task-clock,context-switches -x, -o "$d/perf.csv" -p "$pids" 2>/dev/null &
   local perf=$!
   sleep 0.3
+  local o0; o0=$(nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/{print $2}' || true)
   "$BIN" replay "$OUT/in.parquet" --target "$label=http://127.0.0.1:$pp" --request-rate inf --max-concurrency "$N" \
     --no-preconnect --save-result "$d/r.json" -q > "$d/replay.txt" 2>&1
+  local o1; o1=$(nstat -az TcpExtListenOverflows 2>/dev/null | awk '/ListenOverflows/{print $2}' || true)
+  echo $(( ${o1:-0} - ${o0:-0} )) > "$d/overflows"
   kill -INT "$perf"; wait "$perf" || true
   kill -TERM "$pid"; wait "$pid" || true
   kill -TERM "$gpid"; wait "$gpid" || true
@@ -71,9 +76,9 @@ for line in open(f"{out}/runs.txt"):
     v = {f[2].split(":")[0]: float(f[0]) for f in (l.strip().split(",") for l in open(f"{d}/perf.csv"))
          if len(f) > 2 and f[0].replace(".", "").isdigit()}
     row = (r["median_ttft_ms"], r["p99_ttft_ms"], v.get("task-clock", float("nan")) * 1000 / n,
-           v.get("context-switches", float("nan")) / n, r["completed"])
+           v.get("context-switches", float("nan")) / n, r["completed"], open(f"{d}/overflows").read().strip())
     rows.setdefault(label, []).append(row)
-    print(f"{label:6} TTFT p50 {row[0]:7.1f} p99 {row[1]:7.1f} ms  CPU {row[2]:6.0f} us/req  {row[3]:5.2f} cs/req  ok {row[4]}/{n}")
+    print(f"{label:6} TTFT p50 {row[0]:7.1f} p99 {row[1]:7.1f} ms  CPU {row[2]:6.0f} us/req  {row[3]:5.2f} cs/req  ok {row[4]}/{n}  listen overflows {row[5]}")
 for label, rs in rows.items():
     med = [statistics.median(x[i] for x in rs) for i in range(4)]
     print(f"median {label:6} TTFT p50 {med[0]:7.1f} p99 {med[1]:7.1f} ms  CPU {med[2]:6.0f} us/req  {med[3]:5.2f} cs/req  ({len(rs)} runs)")

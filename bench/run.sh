@@ -155,10 +155,10 @@ cpu_ticks() { local t=0 p; for p in $1 $(pgrep -P "$1" || true); do t=$(( t + $(
 # The same load direct, through `llmreplay capture`, and through nginx (proxy_buffering off)
 # when nginx is installed (the script tries Debian's package); each path gets a fresh
 # ground-truth server so its chunk log belongs to that path alone.
-proxy_path() { # proxy_path N PATH [burst]
+proxy_path() { # proxy_path N PATH [burst [ROUND]]
   local n=$1 path=$2 mode=${3:-poisson} tag="proxy-$1-$2"
   local reqs=$(( 2 * n ))
-  [ "$mode" = burst ] && { tag="burst-$1-$2"; reqs=$n; }
+  [ "$mode" = burst ] && { tag="burst-$1-$2${4:+-r$4}"; reqs=$n; }
   start_gt "$OUT/$tag-gt.jsonl" 50 10 1
   local target="http://127.0.0.1:$GT_PORT" ppid=""
   case "$path" in
@@ -182,7 +182,7 @@ http {
   access_log off;
   upstream gt { server 127.0.0.1:$GT_PORT; keepalive 2048; }
   server {
-    listen 127.0.0.1:$pp;
+    listen 127.0.0.1:$pp backlog=4096;
     location / {
       proxy_pass http://gt;
       proxy_http_version 1.1;
@@ -223,19 +223,25 @@ NGINX
     stop_gt
     local rows=-
     [ -d "$OUT/$tag-trace" ] && rows=$(python3 -c "import pyarrow.dataset as d,sys; print(d.dataset(sys.argv[1], format='parquet').count_rows())" "$OUT/$tag-trace" 2>/dev/null || echo '?')
-    python3 - "$OUT/$tag.json" "$n" "$path" "$(( ${o1:-0} - ${o0:-0} ))" "$rows" "$OUT/$tag-perf.csv" "$ticks" >> "$OUT/burst.txt" <<'PY'
+    python3 - "$OUT/$tag.json" "$n" "$path" "$(( ${o1:-0} - ${o0:-0} ))" "$rows" "$OUT/$tag-perf.csv" "$ticks" "${4:-1}" "$OUT/burst.jsonl" >> "$OUT/burst.txt" <<'PY'
 import json, os, sys
 r = json.load(open(sys.argv[1]))
-cpu = ""
+cpu, us = "", None
 if os.path.exists(sys.argv[6]):
     v = {f[2].split(":")[0]: float(f[0]) for f in (l.strip().split(",") for l in open(sys.argv[6]))
          if len(f) > 2 and f[0].replace(".", "").isdigit()}
     n = int(sys.argv[2])
     if "task-clock" in v:
-        cpu = (f"  proxy CPU {v['task-clock'] * 1000 / n:6.0f} us/req  {v.get('context-switches', 0) / n:5.2f} cs/req"
+        us = v['task-clock'] * 1000 / n
+        cpu = (f"  proxy CPU {us:6.0f} us/req  {v.get('context-switches', 0) / n:5.2f} cs/req"
                f"  ({sys.argv[7]} ticks of 10 ms, all threads)")
-print(f"{sys.argv[2]:>5} {sys.argv[3]:<9} TTFT p50 {r['median_ttft_ms']:8.1f} p99 {r['p99_ttft_ms']:8.1f} ms  "
+print(f"{sys.argv[2]:>5} {sys.argv[3]:<9} r{sys.argv[8]} TTFT p50 {r['median_ttft_ms']:8.1f} p99 {r['p99_ttft_ms']:8.1f} ms  "
       f"ok {r['completed']}/{r['num_prompts']}  listen overflows {sys.argv[4]}  rows recorded {sys.argv[5]}{cpu}")
+with open(sys.argv[9], "a") as f:
+    f.write(json.dumps({"n": int(sys.argv[2]), "path": sys.argv[3], "round": int(sys.argv[8]),
+                        "p50": r["median_ttft_ms"], "p99": r["p99_ttft_ms"], "ok": r["completed"],
+                        "sent": r["num_prompts"], "overflows": int(sys.argv[4]), "rows": sys.argv[5],
+                        "cpu_us_per_req": us}) + "\n")
 PY
     [ -f "$OUT/$tag-phases.jsonl" ] && python3 bench/phases.py "$OUT/$tag-phases.jsonl" > "$OUT/$tag-phases.txt"
     echo "burst: $n connections via $path done"
@@ -270,18 +276,24 @@ proxy_bench() {
 }
 
 # Connection bursts (issue 17): 100, 500 and 1,000 connections opened at t=0 (BURST_NS to
-# change), direct, through capture and through nginx; bench/out/<run>/burst.txt has TTFT,
-# listen overflows, rows, and the proxies' CPU and context switches per request (perf stat);
-# burst-N-capture-phases.txt where capture's time went (bench/phases.py).
+# change), direct, through capture and through nginx, BURST_ROUNDS rounds (default 3) with
+# the paths interleaved in each, since one burst on a shared 2-core machine swings p99 by 2x;
+# bench/out/<run>/burst.txt has each run's TTFT, listen overflows, rows, and the proxies' CPU
+# and context switches per request (perf stat), burst-medians.txt the medians over rounds
+# and how many rounds capture's p99 was no worse than nginx's; burst-N-capture-r*-phases.txt
+# where capture's time went (bench/phases.py).
 burst_bench() {
   command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
   for n in ${BURST_NS:-100 500 1000}; do
-    for path in direct capture nginx; do
-      if [ "$path" = nginx ] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
-      proxy_path "$n" "$path" burst
+    for r in $(seq "${BURST_ROUNDS:-3}"); do
+      for path in direct capture nginx; do
+        if [ "$path" = nginx ] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
+        proxy_path "$n" "$path" burst "$r"
+      done
     done
   done
   cat "$OUT/burst.txt"
+  python3 bench/burst_medians.py "$OUT/burst.jsonl" | tee "$OUT/burst-medians.txt"
 }
 
 # Four `replay --shard K/4` processes sharing one absolute --start-at against one

@@ -2,8 +2,13 @@
 //! listener) the spare descriptor that lets it answer when the proxy's connections have
 //! taken all the others.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
 
@@ -85,6 +90,88 @@ impl AcceptTurns {
     }
 }
 
+/// How the admin listener's rescue keeps the serving threads' accepts off the descriptor it
+/// frees (see `serve_admin` in [`crate::server`]).
+///
+/// A flag alone was not enough: a serving thread that had read the flag clear and was then
+/// preempted before its `accept(2)` (or was parked in its accept, waiting for the listen
+/// queue) took the freed descriptor for one more proxy connection, and `/healthz` went
+/// unanswered while the proxy was saturated. So each serving accept counts itself
+/// [`inside`](HoldOff::accept) from before it reads the flag until its accept returns, a
+/// rescue [`hold`](HoldOff::hold)s: sets the flag, wakes the accepts parked in the listen
+/// queue (they come round and see it), and frees its descriptor only once none is inside.
+/// The flag and the count are sequentially consistent, so either an accept sees the flag or
+/// the rescue sees the accept.
+#[derive(Debug, Default)]
+pub(crate) struct HoldOff {
+    held: AtomicBool,
+    inside: AtomicUsize,
+    wake: Notify,
+}
+
+/// A serving accept between its look at the flag and its end.
+pub(crate) struct Inside<'a>(&'a HoldOff);
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.inside.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Accepts held off until dropped.
+pub(crate) struct Held<'a>(&'a HoldOff);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.held.store(false, SeqCst);
+    }
+}
+
+impl HoldOff {
+    fn enter(&self) -> Inside<'_> {
+        self.inside.fetch_add(1, SeqCst);
+        Inside(self)
+    }
+
+    /// A serving thread's accept on `listener`, or `None` when a rescue holds accepts off
+    /// (after a 1 ms pause) or began while it waited: the loop comes round and asks again.
+    pub(crate) async fn accept(
+        &self,
+        listener: &TcpListener,
+    ) -> Option<std::io::Result<(TcpStream, SocketAddr)>> {
+        // Registered before the flag is read, so a rescue that begins after it is seen.
+        let woken = self.wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let inside = self.enter();
+        if self.held.load(SeqCst) {
+            drop(inside);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            return None;
+        }
+        let r = tokio::select! {
+            biased;
+            _ = woken => None,
+            r = listener.accept() => Some(r),
+        };
+        drop(inside);
+        r
+    }
+
+    /// Holds the serving accepts off and waits until none is inside (at most `bound`: a
+    /// thread busy with a long turn of its runtime comes round late).
+    pub(crate) async fn hold(&self, bound: Duration) -> Held<'_> {
+        self.held.store(true, SeqCst);
+        let held = Held(self);
+        self.wake.notify_waiters();
+        let deadline = tokio::time::Instant::now() + bound;
+        while self.inside.load(SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        held
+    }
+}
+
 /// A descriptor to hold in reserve (see `serve_admin` in [`crate::server`]).
 pub(crate) fn spare_fd() -> Option<std::fs::File> {
     std::fs::File::open("/dev/null").ok()
@@ -107,8 +194,79 @@ pub(crate) fn fd_exhausted(e: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicUsize};
     use std::sync::Arc;
+
+    /// A rescue waits for a serving accept that had already read the flag clear (here: one
+    /// held inside, as a thread preempted before its `accept(2)` is), and only then frees
+    /// its descriptor; the accept that comes round meanwhile holds off. With the flag and a
+    /// fixed 2 ms pause (the design before), the descriptor was freed while that accept was
+    /// still to run, and it took it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_rescue_waits_for_an_accept_already_past_its_check() {
+        let h = Arc::new(HoldOff::default());
+        let preempted = h.enter();
+        let hold = tokio::spawn({
+            let h = h.clone();
+            async move {
+                let _held = h.hold(Duration::from_secs(1)).await;
+                tokio::time::Instant::now()
+            }
+        });
+        let t0 = tokio::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !hold.is_finished(),
+            "the rescue went on with an accept inside"
+        );
+        drop(preempted);
+        let freed_at = hold.await.unwrap();
+        assert!(freed_at - t0 >= Duration::from_millis(50));
+        assert!(freed_at - t0 < Duration::from_millis(60));
+        assert_eq!(h.inside.load(SeqCst), 0);
+        assert!(!h.held.load(SeqCst), "the hold ends with the rescue");
+
+        // Bounded: an accept that never comes round does not keep /healthz waiting.
+        let stuck = h.enter();
+        let t0 = tokio::time::Instant::now();
+        drop(h.hold(Duration::from_millis(100)).await);
+        assert!(tokio::time::Instant::now() - t0 >= Duration::from_millis(100));
+        drop(stuck);
+    }
+
+    /// An accept parked on an empty listen queue is woken by a rescue and leaves without
+    /// taking a connection; while the hold lasts, accepts take none even with one queued;
+    /// after it, the queued connection is accepted.
+    #[tokio::test(flavor = "current_thread")]
+    async fn accepts_parked_in_the_listen_queue_come_round_for_a_rescue() {
+        let listener = Arc::new(wire::listen::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+        let addr = listener.local_addr().unwrap();
+        let h = Arc::new(HoldOff::default());
+        let parked = tokio::spawn({
+            let (h, l) = (h.clone(), listener.clone());
+            async move { h.accept(&l).await.map(|r| r.is_ok()) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(h.inside.load(SeqCst), 1, "the accept waits inside");
+        let held = tokio::time::timeout(Duration::from_secs(2), h.hold(Duration::from_secs(5)))
+            .await
+            .expect("the parked accept came round");
+        assert_eq!(parked.await.unwrap(), None, "woken without a connection");
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        for _ in 0..3 {
+            assert!(
+                h.accept(&listener).await.is_none(),
+                "accepted during the hold"
+            );
+        }
+        drop(held);
+        let got = tokio::time::timeout(Duration::from_secs(2), h.accept(&listener)).await;
+        assert!(
+            matches!(got, Ok(Some(Ok(_)))),
+            "the queued connection after the hold"
+        );
+        assert_eq!(h.inside.load(SeqCst), 0);
+        drop(client);
+    }
 
     /// A burst waits in the listen queue for a few of the runtime's turns, not for one turn
     /// per connection: 300 connections queued at once, an accept loop paced by

@@ -11,10 +11,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
-};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -237,7 +234,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         session_header,
         draining: AtomicBool::new(false),
         accept_failed_us: AtomicI64::new(0),
-        admin_rescue: AtomicBool::new(false),
+        admin_rescue: Default::default(),
         cfg,
     });
     let (stop_tx, stop_rx) = oneshot::channel();
@@ -345,12 +342,12 @@ async fn accept_loop(listener: TcpListener, s: Serving) {
     let mut backoff = AcceptBackoff::new("proxy");
     let mut turns = AcceptTurns::default();
     loop {
-        // The admin listener is using the spare descriptor: an accept here could take it.
-        if s.shared.admin_rescue.load(Acquire) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        // None while the admin listener is using the spare descriptor (an accept here could
+        // take it).
+        let Some(accepted) = s.shared.admin_rescue.accept(&listener).await else {
             continue;
-        }
-        match listener.accept().await {
+        };
+        match accepted {
             Ok((sock, _)) => {
                 let accepted = Instant::now();
                 backoff.ok();
@@ -527,9 +524,9 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
     let mut backoff = AcceptBackoff::new("admin");
     // Descriptors kept in reserve: when the proxy's connections have taken all the others,
     // one is given up to accept one admin connection, so /metrics and /healthz still answer
-    // (the classic spare-descriptor trick). Two: a serving thread that was already past its
-    // hold-off check (preempted there, on a loaded machine) can take the first freed one,
-    // and keeps it until that connection ends; the second rescue then has it to itself.
+    // (the classic spare-descriptor trick; the serving threads' accepts hold off meanwhile,
+    // see accept::HoldOff). Two: another thread of the process (an upstream connect, a
+    // file the writer opens) can still take the first freed one.
     let mut reserve: Vec<std::fs::File> = Vec::new();
     top_up(&mut reserve);
     loop {
@@ -547,17 +544,14 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                         }
                         while fd_exhausted(&e) && !matches!(rescued, Some(Ok(_))) {
                             let Some(f) = reserve.pop() else { break };
-                            // The serving threads hold off (an accept already in its
-                            // syscall ends within the pause), then the freed descriptor
-                            // is this accept's: with two serving threads, one of theirs
-                            // took it now and then, and /healthz went unanswered.
-                            shared.admin_rescue.store(true, Release);
-                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            // The serving threads' accepts hold off, and the freed
+                            // descriptor is this accept's (see accept::HoldOff).
+                            let held = shared.admin_rescue.hold(Duration::from_millis(100)).await;
                             drop(f);
                             rescued = tokio::time::timeout(Duration::from_millis(50), listener.accept())
                                 .await
                                 .ok();
-                            shared.admin_rescue.store(false, Release);
+                            drop(held);
                         }
                         match rescued {
                             Some(Ok((sock, _))) => sock,

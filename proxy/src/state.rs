@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use http::header::HeaderName;
 
+use crate::accept::HoldOff;
 use crate::config::ProxyConfig;
 use crate::forward::Forward;
 use crate::metrics::Metrics;
@@ -31,8 +32,8 @@ pub(crate) struct Shared {
     /// When the proxy listener last failed an accept (µs since the epoch; 0: never):
     /// `/healthz` answers 503 for 2 s after one.
     pub(crate) accept_failed_us: AtomicI64,
-    /// Set while the admin listener gives up its spare descriptor to accept one connection
+    /// Held while the admin listener gives up its spare descriptor to accept one connection
     /// with it: the serving threads' accept loops hold off meanwhile, so the freed descriptor
     /// goes to the admin connection, not to one more proxy connection.
-    pub(crate) admin_rescue: AtomicBool,
+    pub(crate) admin_rescue: HoldOff,
 }

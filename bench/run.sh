@@ -223,9 +223,18 @@ NGINX
     stop_gt
     local rows=-
     [ -d "$OUT/$tag-trace" ] && rows=$(python3 -c "import pyarrow.dataset as d,sys; print(d.dataset(sys.argv[1], format='parquet').count_rows())" "$OUT/$tag-trace" 2>/dev/null || echo '?')
-    python3 - "$OUT/$tag.json" "$n" "$path" "$(( ${o1:-0} - ${o0:-0} ))" "$rows" "$OUT/$tag-perf.csv" "$ticks" "${4:-1}" "$OUT/burst.jsonl" >> "$OUT/burst.txt" <<'PY'
+    # Added TTFT, per request: the client's TTFT minus the server's own (its logged write of
+    # the first chunk after it read the request), so the server's lateness in the burst
+    # (its one writer thread) is not counted against the path.
+    python3 bench/accuracy.py "$OUT/$tag-results.parquet" "$OUT/$tag-gt.jsonl" 50 10 1 > "$OUT/$tag-errors.json" 2>/dev/null || true
+    python3 - "$OUT/$tag.json" "$n" "$path" "$(( ${o1:-0} - ${o0:-0} ))" "$rows" "$OUT/$tag-perf.csv" "$ticks" "${4:-1}" "$OUT/burst.jsonl" "$OUT/$tag-errors.json" >> "$OUT/burst.txt" <<'PY'
 import json, os, sys
 r = json.load(open(sys.argv[1]))
+added = {"p50": None, "p99": None}
+try:
+    added = json.load(open(sys.argv[10]))["ttft_err_vs_logged_ms"]
+except (OSError, ValueError, KeyError):
+    pass
 cpu, us = "", None
 if os.path.exists(sys.argv[6]):
     v = {f[2].split(":")[0]: float(f[0]) for f in (l.strip().split(",") for l in open(sys.argv[6]))
@@ -235,11 +244,14 @@ if os.path.exists(sys.argv[6]):
         us = v['task-clock'] * 1000 / n
         cpu = (f"  proxy CPU {us:6.0f} us/req  {v.get('context-switches', 0) / n:5.2f} cs/req"
                f"  ({sys.argv[7]} ticks of 10 ms, all threads)")
+fmt = lambda v: "   -" if v is None else f"{v:8.1f}"
 print(f"{sys.argv[2]:>5} {sys.argv[3]:<9} r{sys.argv[8]} TTFT p50 {r['median_ttft_ms']:8.1f} p99 {r['p99_ttft_ms']:8.1f} ms  "
+      f"added p50 {fmt(added['p50'])} p99 {fmt(added['p99'])} ms  "
       f"ok {r['completed']}/{r['num_prompts']}  listen overflows {sys.argv[4]}  rows recorded {sys.argv[5]}{cpu}")
 with open(sys.argv[9], "a") as f:
     f.write(json.dumps({"n": int(sys.argv[2]), "path": sys.argv[3], "round": int(sys.argv[8]),
-                        "p50": r["median_ttft_ms"], "p99": r["p99_ttft_ms"], "ok": r["completed"],
+                        "p50": r["median_ttft_ms"], "p99": r["p99_ttft_ms"],
+                        "added_p50": added["p50"], "added_p99": added["p99"], "ok": r["completed"],
                         "sent": r["num_prompts"], "overflows": int(sys.argv[4]), "rows": sys.argv[5],
                         "cpu_us_per_req": us}) + "\n")
 PY
@@ -280,7 +292,8 @@ proxy_bench() {
 # the paths interleaved in each, since one burst on a shared 2-core machine swings p99 by 2x;
 # bench/out/<run>/burst.txt has each run's TTFT, listen overflows, rows, and the proxies' CPU
 # and context switches per request (perf stat), burst-medians.txt the medians over rounds
-# and how many rounds capture's p99 was no worse than nginx's; burst-N-capture-r*-phases.txt
+# (TTFT and added TTFT: the client's minus the server's own logged one, per request) and
+# how many rounds capture's p99 was no worse than nginx's; burst-N-capture-r*-phases.txt
 # where capture's time went (bench/phases.py).
 burst_bench() {
   command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }

@@ -26,18 +26,10 @@ pub struct PromptBlocks {
     pub tokens: usize,
 }
 
+/// FNV-1a 64 of `bytes`, continuing from `h` (the trace's one hash, [`trace_format::fnv`]).
+pub(crate) use trace_format::fnv::fnv1a as fnv;
 /// FNV-1a 64's offset basis (also the seed of [`crate::sessions`]' message chain).
-pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// FNV-1a 64 of `bytes`, continuing from `h`.
-pub(crate) fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(FNV_PRIME);
-    }
-    h
-}
+pub(crate) use trace_format::fnv::OFFSET as FNV_OFFSET;
 
 /// Chains tokens into block hashes.
 struct Blocks {

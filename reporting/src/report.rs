@@ -114,34 +114,20 @@ pub fn trace_identity(trace: &trace_format::Trace) -> TraceIdentity {
     }
 }
 
-/// [`TraceIdentity::content_hash`] of rows added one at a time, in the trace's order (FNV-1a
-/// over each row's request id and arrival): for rows that are streamed rather than held.
-#[derive(Debug, Clone, Copy)]
-pub struct RowsHash(u64);
-
-impl Default for RowsHash {
-    fn default() -> Self {
-        RowsHash(0xcbf2_9ce4_8422_2325)
-    }
-}
+/// [`TraceIdentity::content_hash`] of rows added one at a time, in the trace's order: the
+/// trace's own [`trace_format::ContentHash`], for rows that are streamed rather than held.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RowsHash(trace_format::ContentHash);
 
 impl RowsHash {
     /// Adds the next row.
     pub fn add(&mut self, r: &trace_format::TraceRecord) {
-        for b in r
-            .request_id
-            .as_bytes()
-            .iter()
-            .chain(r.arrival_time_us.to_le_bytes().iter())
-        {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
+        self.0.add(&r.request_id, r.arrival_time_us);
     }
 
     /// The hash, hex.
     pub fn hex(&self) -> String {
-        format!("{:016x}", self.0)
+        self.0.finish()
     }
 }
 

@@ -72,25 +72,25 @@ pub fn content_hash<'a>(rows: impl IntoIterator<Item = (&'a str, i64)>) -> Strin
     h.finish()
 }
 
-/// [`content_hash`], one row at a time.
-#[derive(Debug, Clone)]
-pub(crate) struct ContentHash(u64);
+/// [`content_hash`], one row at a time (for rows that are streamed rather than held).
+#[derive(Debug, Clone, Copy)]
+pub struct ContentHash(u64);
 
 impl Default for ContentHash {
     fn default() -> Self {
-        ContentHash(0xcbf2_9ce4_8422_2325)
+        ContentHash(crate::fnv::OFFSET)
     }
 }
 
 impl ContentHash {
-    pub(crate) fn add(&mut self, id: &str, arrival_us: i64) {
-        for b in id.as_bytes().iter().chain(arrival_us.to_le_bytes().iter()) {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
+    /// Adds the next row: its request id and arrival time.
+    pub fn add(&mut self, id: &str, arrival_us: i64) {
+        self.0 = crate::fnv::fnv1a(self.0, id.as_bytes());
+        self.0 = crate::fnv::fnv1a(self.0, &arrival_us.to_le_bytes());
     }
 
-    pub(crate) fn finish(&self) -> String {
+    /// The hash, hex.
+    pub fn finish(&self) -> String {
         format!("{:016x}", self.0)
     }
 }

@@ -29,14 +29,10 @@ use rand_chacha::ChaCha8Rng;
 
 use words::WORDS;
 
-/// A stable 64-bit hash (FNV-1a) of text, the same on every machine and run.
+/// A stable 64-bit hash (FNV-1a, [`trace_format::fnv`]) of text, the same on every machine
+/// and run.
 pub fn stable_hash(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    trace_format::fnv::fnv1a(trace_format::fnv::OFFSET, s.as_bytes())
 }
 
 fn mix(a: u64, b: u64) -> u64 {

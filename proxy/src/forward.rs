@@ -4,7 +4,11 @@
 //! into the upstream's (the request's own authority is never used for routing), and
 //! sending it with the header timeout.
 
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,6 +16,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -28,7 +33,40 @@ use crate::upstream::LeanUpstream;
 /// The body of a request to the upstream: a generation request's, read whole, or a
 /// pass-through request's, streamed under the client's body timeout.
 pub(crate) type UpBody = Either<Full<Bytes>, TimedBody<Incoming>>;
-type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, UpBody>;
+type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector<UpstreamDns>>, UpBody>;
+
+/// The names hyper-util's connector asks for (it opens the connections of pass-through
+/// requests, and of everything to `https://` and h2c upstreams): the upstream's host through
+/// its one [`wire::Resolver`], looked up at most once per [`wire::pool::RESOLVED_FOR`]
+/// instead of a blocking `getaddrinfo` for every new connection (hyper-util's
+/// `GaiResolver`). The connector does not say when connecting failed, so its addresses are
+/// kept for the whole interval. Any other name (none: every request goes to the upstream)
+/// is looked up as it comes.
+#[derive(Clone, Debug)]
+pub(crate) struct UpstreamDns(Arc<wire::Resolver>);
+
+impl tower_service::Service<Name> for UpstreamDns {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let r = self.0.clone();
+        Box::pin(async move {
+            if name.as_str() == r.host() {
+                return Ok(r.addrs().await?.to_vec().into_iter());
+            }
+            Ok(tokio::net::lookup_host((name.as_str(), 0))
+                .await?
+                .collect::<Vec<_>>()
+                .into_iter())
+        })
+    }
+}
 
 /// Why a request got no response head from the upstream: the row's outcome, the status to
 /// answer the client with, and the error text.
@@ -109,7 +147,18 @@ pub(crate) struct Forward {
 impl Forward {
     /// The clients for `upstream` with the timeouts, CA and protocol of `cfg`.
     pub(crate) fn new(upstream: Upstream, cfg: &ProxyConfig) -> Result<Forward> {
-        let client = build_client(cfg)?;
+        let port = upstream.authority.port_u16().unwrap_or(
+            if upstream.scheme == http::uri::Scheme::HTTPS {
+                443
+            } else {
+                80
+            },
+        );
+        let dns = UpstreamDns(Arc::new(wire::Resolver::new(
+            upstream.authority.host(),
+            port,
+        )));
+        let client = build_client(cfg, dns)?;
         let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
             .then(|| LeanUpstream::new(&upstream.authority, cfg))
             .flatten()
@@ -215,8 +264,8 @@ impl Forward {
     }
 }
 
-fn build_client(cfg: &ProxyConfig) -> Result<UpClient> {
-    let mut http = HttpConnector::new();
+fn build_client(cfg: &ProxyConfig, dns: UpstreamDns) -> Result<UpClient> {
+    let mut http = HttpConnector::new_with_resolver(dns);
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
@@ -249,5 +298,33 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
     for n in HOP_BY_HOP {
         h.remove(*n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_service::Service;
+
+    /// A burst of new connections through hyper-util's client asks for the upstream's name
+    /// once, not once per connection (its `GaiResolver` made a blocking `getaddrinfo` each
+    /// time); the addresses carry the upstream's port.
+    #[tokio::test]
+    async fn the_upstream_name_is_looked_up_once_for_a_burst_of_connections() {
+        let r = Arc::new(wire::Resolver::new("localhost", 8443));
+        let dns = UpstreamDns(r.clone());
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..40 {
+            let mut d = dns.clone();
+            set.spawn(async move { d.call("localhost".parse().unwrap()).await });
+        }
+        while let Some(got) = set.join_next().await {
+            let addrs: Vec<SocketAddr> = got.unwrap().unwrap().collect();
+            assert!(!addrs.is_empty());
+            assert!(addrs
+                .iter()
+                .all(|a| a.port() == 8443 && a.ip().is_loopback()));
+        }
+        assert_eq!(r.lookups(), 1);
     }
 }

@@ -36,4 +36,6 @@ pub mod testing;
 
 pub use conn::{BodyReader, Conn, Head, Io, ReadError, Stamped, WriteError};
 pub use framing::{Framing, ResponseFraming};
-pub use pool::{ConnectError, Lease, Pool, PoolConfig, PoolStats, SendError, Sent, Target};
+pub use pool::{
+    ConnectError, Lease, Pool, PoolConfig, PoolStats, Resolver, SendError, Sent, Target,
+};

@@ -159,6 +159,87 @@ struct Resolved {
     addrs: Arc<[SocketAddr]>,
 }
 
+/// One host name's addresses, looked up at most once per [`RESOLVED_FOR`] however many
+/// connections are opened meanwhile (one lookup at a time: the others wait for its answer),
+/// and forgotten when connecting to them fails. The pool's, and capture's for the
+/// connections hyper-util's client opens (`https://` and h2c upstreams).
+#[derive(Debug)]
+pub struct Resolver {
+    host: String,
+    port: u16,
+    slot: tokio::sync::Mutex<Option<Resolved>>,
+    lookups: AtomicU64,
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("addrs", &self.addrs)
+            .finish()
+    }
+}
+
+impl Resolver {
+    /// The resolver of `host` (a name; brackets of an IPv6 literal removed) and `port`.
+    pub fn new(host: &str, port: u16) -> Resolver {
+        Resolver {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+            slot: tokio::sync::Mutex::new(None),
+            lookups: AtomicU64::new(0),
+        }
+    }
+
+    /// The host name.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// Lookups made so far.
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Relaxed)
+    }
+
+    /// The addresses: those looked up less than [`RESOLVED_FOR`] ago, else a new lookup.
+    pub async fn addrs(&self) -> io::Result<Arc<[SocketAddr]>> {
+        let mut r = self.slot.lock().await;
+        if let Some(x) = r.as_ref().filter(|x| x.at.elapsed() < RESOLVED_FOR) {
+            return Ok(x.addrs.clone());
+        }
+        self.lookups.fetch_add(1, Relaxed);
+        let addrs: Arc<[SocketAddr]> = tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await?
+            .collect::<Vec<_>>()
+            .into();
+        if addrs.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "could not resolve to any address",
+            ));
+        }
+        *r = Some(Resolved {
+            at: Instant::now(),
+            addrs: addrs.clone(),
+        });
+        Ok(addrs)
+    }
+
+    /// Connecting to `addrs` (as [`Resolver::addrs`] gave them) failed: the next connect
+    /// looks the name up again, unless a newer lookup replaced them meanwhile.
+    pub async fn forget(&self, addrs: &Arc<[SocketAddr]>) {
+        let mut cached = self.slot.lock().await;
+        if cached
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(&c.addrs, addrs))
+        {
+            *cached = None;
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     preconnected: AtomicU64,
@@ -166,7 +247,6 @@ struct Counters {
     reused: AtomicU64,
     found_closed: AtomicU64,
     expired: AtomicU64,
-    resolved: AtomicU64,
 }
 
 /// Why no connection could be had.
@@ -273,9 +353,8 @@ pub struct Pool {
     stats: Counters,
     /// The target's address when its host is an IP address.
     fixed: Option<SocketAddr>,
-    /// The host name's addresses while fresh; held across a lookup, so a burst of new
-    /// connections waits for one lookup instead of making one each.
-    resolved: tokio::sync::Mutex<Option<Resolved>>,
+    /// The host name's addresses while fresh.
+    resolver: Resolver,
 }
 
 impl std::fmt::Debug for Pool {
@@ -295,13 +374,14 @@ impl Pool {
             .parse::<IpAddr>()
             .ok()
             .map(|ip| SocketAddr::new(ip, target.port));
+        let resolver = Resolver::new(&target.host, target.port);
         Pool {
             target,
             cfg,
             idle: Mutex::new(Vec::new()),
             stats: Counters::default(),
             fixed,
-            resolved: tokio::sync::Mutex::new(None),
+            resolver,
         }
     }
 
@@ -319,7 +399,7 @@ impl Pool {
             reused: s.reused.load(Relaxed),
             found_closed: s.found_closed.load(Relaxed),
             expired: s.expired.load(Relaxed),
-            resolved: s.resolved.load(Relaxed),
+            resolved: self.resolver.lookups(),
         }
     }
 
@@ -332,48 +412,16 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The host name's addresses: those looked up less than [`RESOLVED_FOR`] ago, else a
-    /// new lookup (one at a time; the others wait for its answer).
-    async fn addrs(&self) -> io::Result<Arc<[SocketAddr]>> {
-        let mut r = self.resolved.lock().await;
-        if let Some(x) = r.as_ref().filter(|x| x.at.elapsed() < RESOLVED_FOR) {
-            return Ok(x.addrs.clone());
-        }
-        self.stats.resolved.fetch_add(1, Relaxed);
-        let t = &self.target;
-        let addrs: Arc<[SocketAddr]> = tokio::net::lookup_host((t.host.as_str(), t.port))
-            .await?
-            .collect::<Vec<_>>()
-            .into();
-        if addrs.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                "could not resolve to any address",
-            ));
-        }
-        *r = Some(Resolved {
-            at: Instant::now(),
-            addrs: addrs.clone(),
-        });
-        Ok(addrs)
-    }
-
     /// A TCP connection to the target: its IP address, or its host name's addresses in
     /// turn (forgotten when none of them connects, so the next connect looks again).
     async fn connect_tcp(&self) -> io::Result<TcpStream> {
         if let Some(a) = self.fixed {
             return TcpStream::connect(a).await;
         }
-        let addrs = self.addrs().await?;
+        let addrs = self.resolver.addrs().await?;
         let r = TcpStream::connect(&addrs[..]).await;
         if r.is_err() {
-            let mut cached = self.resolved.lock().await;
-            if cached
-                .as_ref()
-                .is_some_and(|c| Arc::ptr_eq(&c.addrs, &addrs))
-            {
-                *cached = None;
-            }
+            self.resolver.forget(&addrs).await;
         }
         r
     }

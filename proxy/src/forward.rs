@@ -37,7 +37,7 @@ type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector<UpstreamDns>>,
 
 /// The names hyper-util's connector asks for (it opens the connections of pass-through
 /// requests, and of everything to `https://` and h2c upstreams): the upstream's host through
-/// its one [`wire::Resolver`], looked up at most once per [`wire::pool::RESOLVED_FOR`]
+/// its one [`wire::Resolver`], looked up at most once per [`wire::RESOLVED_FOR`]
 /// instead of a blocking `getaddrinfo` for every new connection (hyper-util's
 /// `GaiResolver`). The connector does not say when connecting failed, so its addresses are
 /// kept for the whole interval. Any other name (none: every request goes to the upstream)

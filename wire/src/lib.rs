@@ -38,4 +38,5 @@ pub use conn::{BodyReader, Conn, Head, Io, ReadError, Stamped, WriteError};
 pub use framing::{Framing, ResponseFraming};
 pub use pool::{
     ConnectError, Lease, Pool, PoolConfig, PoolStats, Resolver, SendError, Sent, Target,
+    RESOLVED_FOR,
 };

@@ -154,6 +154,7 @@ impl PoolStats {
 pub const RESOLVED_FOR: Duration = Duration::from_secs(5);
 
 /// A host name's addresses and when they were looked up.
+#[derive(Debug)]
 struct Resolved {
     at: Instant,
     addrs: Arc<[SocketAddr]>,
@@ -171,22 +172,11 @@ pub struct Resolver {
     lookups: AtomicU64,
 }
 
-impl std::fmt::Debug for Resolved {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resolved")
-            .field("addrs", &self.addrs)
-            .finish()
-    }
-}
-
 impl Resolver {
-    /// The resolver of `host` (a name; brackets of an IPv6 literal removed) and `port`.
+    /// The resolver of the host name `host` and `port`.
     pub fn new(host: &str, port: u16) -> Resolver {
         Resolver {
-            host: host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
+            host: host.to_string(),
             port,
             slot: tokio::sync::Mutex::new(None),
             lookups: AtomicU64::new(0),

@@ -13,15 +13,12 @@ For each TAG of a `bench/run.sh burst` run (files TAG-results.parquet and TAG-gt
 Both clocks are the machine's wall clock; the two add up to the added TTFT of
 bench/accuracy.py (`ttft_err_vs_logged_ms`). Direct runs read ~0 on both.
 """
-import json
 import sys
 
 import pyarrow.parquet as pq
 
-
-def q(v, p):
-    v = sorted(v)
-    return v[min(len(v) - 1, int(p * len(v)))]
+from accuracy import read_log
+from phases import pct
 
 
 def main():
@@ -30,10 +27,7 @@ def main():
         sys.exit(2)
     run = sys.argv[1]
     for tag in sys.argv[2:]:
-        gt = {}
-        for line in open(f"{run}/{tag}-gt.jsonl"):
-            d = json.loads(line)
-            gt[d["request_id"]] = d
+        gt = read_log(f"{run}/{tag}-gt.jsonl")
         rows = pq.read_table(f"{run}/{tag}-results.parquet").to_pylist()
         t0 = min(r["arrival_time"].timestamp() * 1e6 for r in rows)
         req, resp, disp = [], [], []
@@ -49,7 +43,7 @@ def main():
             disp.append((d - t0) / 1000)
 
         def f(v):
-            return f"p50 {q(v, .5):7.2f}  p90 {q(v, .9):7.2f}  p99 {q(v, .99):7.2f} ms"
+            return f"p50 {pct(v, .5):7.2f}  p90 {pct(v, .9):7.2f}  p99 {pct(v, .99):7.2f} ms"
 
         print(f"{tag} ({len(req)} requests)")
         print(f"  dispatch after the first  {f(disp)}")

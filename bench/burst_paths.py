@@ -27,8 +27,11 @@ def main():
         sys.exit(2)
     run = sys.argv[1]
     for tag in sys.argv[2:]:
-        gt = read_log(f"{run}/{tag}-gt.jsonl")
-        rows = pq.read_table(f"{run}/{tag}-results.parquet").to_pylist()
+        try:
+            gt = read_log(f"{run}/{tag}-gt.jsonl")
+            rows = pq.read_table(f"{run}/{tag}-results.parquet").to_pylist()
+        except OSError as e:
+            sys.exit(f"burst_paths: {tag}: {e} (a tag of `bench/run.sh burst`, e.g. burst-100-capture-r1)")
         t0 = min(r["arrival_time"].timestamp() * 1e6 for r in rows)
         req, resp, disp = [], [], []
         for r in rows:

@@ -41,6 +41,9 @@ pub struct Stamped {
     /// Read with a direct non-blocking `recv`, whatever the reactor last saw (the liveness
     /// check of a TLS connection).
     direct: bool,
+    /// Writes go straight to the socket until one would block ([`crate::direct`]): the
+    /// request on a new connection goes out without waiting for a reactor turn.
+    writes: crate::direct::Writes,
 }
 
 impl Stamped {
@@ -57,6 +60,7 @@ impl Stamped {
             stamp_ns: 0,
             written: 0,
             direct: false,
+            writes: crate::direct::Writes::NEW,
         }
     }
 
@@ -219,7 +223,18 @@ impl AsyncRead for Stamped {
 impl AsyncWrite for Stamped {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
-        let n = ready!(Pin::new(&mut me.tcp).poll_write(cx, b))?;
+        #[cfg(target_os = "linux")]
+        let direct = {
+            use std::os::fd::AsRawFd;
+            me.writes
+                .write(me.tcp.as_raw_fd(), &[std::io::IoSlice::new(b)])
+        };
+        #[cfg(not(target_os = "linux"))]
+        let direct = None;
+        let n = match direct {
+            Some(r) => r?,
+            None => ready!(Pin::new(&mut me.tcp).poll_write(cx, b))?,
+        };
         me.written += n as u64;
         Poll::Ready(Ok(n))
     }
@@ -439,6 +454,13 @@ impl Conn {
                 r.is_pending()
             }
         }
+    }
+
+    /// Whether writes still go straight to the socket, and the bytes the kernel accepted.
+    #[cfg(test)]
+    pub(crate) fn write_state(&self) -> (bool, u64) {
+        let s = self.io.tcp();
+        (s.writes.is_direct(), s.written)
     }
 
     /// Writes a whole request (head and body in one buffer). On failure, says whether any of

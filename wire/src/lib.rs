@@ -12,6 +12,8 @@
 //!   check before reuse and an idle-age bound, preconnect and refresh, honest counts, and
 //!   **the retry rule** ([`Pool::send`]): a request is sent again only when not one byte of
 //!   it was accepted by a connection, so no server ever sees a request twice.
+//! - [`direct`]: a connect, and a new connection's first writes, that do not wait for a
+//!   reactor turn when the kernel has already done the work (a loopback connect).
 //! - [`rxstamp`]: `SO_TIMESTAMPNS` receive stamps and the clock pair that converts them.
 //! - [`clock`]: the wall-clock stamp of now and a thread's fine timer slack, for every crate.
 //! - [`listen`]: listening sockets with a listen queue that survives connection bursts, and
@@ -24,6 +26,7 @@
 
 pub mod clock;
 mod conn;
+pub mod direct;
 pub mod framing;
 pub mod listen;
 mod pool;

@@ -406,10 +406,10 @@ impl Pool {
     /// turn (forgotten when none of them connects, so the next connect looks again).
     async fn connect_tcp(&self) -> io::Result<TcpStream> {
         if let Some(a) = self.fixed {
-            return TcpStream::connect(a).await;
+            return crate::direct::connect(&[a]).await;
         }
         let addrs = self.resolver.addrs().await?;
-        let r = TcpStream::connect(&addrs[..]).await;
+        let r = crate::direct::connect(&addrs).await;
         if r.is_err() {
             self.resolver.forget(&addrs).await;
         }
@@ -623,6 +623,71 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
+
+    /// A request to a new loopback connection is connected and written on the first poll of
+    /// [`Pool::send`], not a reactor turn later (`crate::direct`): in a burst on a
+    /// single-threaded runtime, that turn came after every other ready task.
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_new_connection_sends_its_request_on_the_first_poll() {
+        use std::future::Future;
+        use std::io::Read;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let pool = Pool::new(Target::plain("127.0.0.1", port, "x"), PoolConfig::default());
+        let req = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
+        let mut send = Box::pin(pool.send(req, Duration::from_secs(5)));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let sent = match send.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Ok(s)) => s,
+            std::task::Poll::Ready(Err(e)) => panic!("send: {e}"),
+            std::task::Poll::Pending => panic!("the request waited for the reactor"),
+        };
+        assert!(!sent.reused);
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = vec![0u8; req.len()];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..], &req[..]);
+    }
+
+    /// A request larger than the socket buffers: the direct writes stop at the first
+    /// `EAGAIN`, and the rest goes through the reactor as the server reads, whole and once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_larger_than_the_socket_buffers_goes_out_whole() {
+        use std::io::Read;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let mut req = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 16777216\r\n\r\n".to_vec();
+        let head = req.len();
+        req.extend((0..16usize << 20).map(|i| (i % 251) as u8));
+        let want = req.clone();
+        let reader = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = Vec::with_capacity(want.len());
+            let mut b = vec![0u8; 1 << 16];
+            while got.len() < want.len() {
+                std::thread::sleep(Duration::from_micros(100));
+                let n = s.read(&mut b).unwrap();
+                assert!(n > 0, "closed after {} bytes", got.len());
+                got.extend_from_slice(&b[..n]);
+            }
+            assert!(got == want, "the request arrived changed");
+        });
+        let pool = Pool::new(Target::plain("127.0.0.1", port, "x"), PoolConfig::default());
+        let sent = tokio::time::timeout(
+            Duration::from_secs(30),
+            pool.send(&req, Duration::from_secs(30)),
+        )
+        .await
+        .expect("written within 30 s")
+        .expect("written");
+        let (direct, written) = sent.conn.write_state();
+        assert!(!direct, "16 MiB went out without the socket ever filling");
+        assert_eq!(written, req.len() as u64);
+        reader.join().unwrap();
+        let _ = head;
+    }
 
     /// A server that answers each request on a connection with a 2-byte body, closing the
     /// connection after `per_conn` requests (without saying so) or, when `drop_second`, reading

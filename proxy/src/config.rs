@@ -148,6 +148,9 @@ pub struct ProxyConfig {
     /// own single-threaded runtime, accepting from the one listening socket, with its own
     /// upstream pool (see `proxy/src/serving.rs`).
     pub threads: usize,
+    /// Heap each serving thread faults in when it starts, for the next connection burst
+    /// (see `proxy/src/heap.rs`); 0: none.
+    pub warm_heap: usize,
 }
 
 impl ProxyConfig {
@@ -185,6 +188,7 @@ impl ProxyConfig {
             command: String::new(),
             phase_log: None,
             threads: 1,
+            warm_heap: crate::heap::WARM_BYTES,
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 mod forward;
 mod handler;
+mod heap;
 pub mod jsonscan;
 mod limits;
 pub mod metrics;

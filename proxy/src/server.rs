@@ -161,6 +161,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         addr: cfg.listen,
         cause,
     };
+    let warm_heap = cfg.warm_heap;
     let mut listeners = wire::listen::bind_group(cfg.listen, cfg.threads).map_err(bind_err)?;
     let listener = listeners.remove(0);
     let addr = listener.local_addr()?;
@@ -253,7 +254,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let mut threads = Vec::with_capacity(others.len());
     for (i, l) in others.into_iter().enumerate() {
         let (s, mut accepting) = (serving.clone(), accepting.clone());
-        let spawned = crate::serving::spawn(i + 1, move || async move {
+        let spawned = crate::serving::spawn(i + 1, warm_heap, move || async move {
             let mut hard = s.hard.clone();
             match TcpListener::from_std(l) {
                 Ok(l) => {
@@ -287,6 +288,10 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         conns_done,
         threads,
     };
+    // This thread serves too (thread 0, the caller's runtime).
+    if warm_heap > 0 {
+        crate::heap::warm(warm_heap);
+    }
     let task = tokio::spawn(run(listener, admin, serving, writer, stages));
     Ok(ProxyHandle {
         addr,

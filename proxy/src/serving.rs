@@ -20,9 +20,14 @@ pub(crate) fn index() -> usize {
     INDEX.with(Cell::get)
 }
 
-/// Starts serving thread `i` (named `capture-serve-<i>`): a single-threaded runtime that
-/// runs `work` to its end, then drops whatever tasks are left.
-pub(crate) fn spawn<F, Fut>(i: usize, work: F) -> std::io::Result<std::thread::JoinHandle<()>>
+/// Starts serving thread `i` (named `capture-serve-<i>`): faults in `warm_heap` bytes of its
+/// heap ([`crate::heap`]), then a single-threaded runtime runs `work` to its end and drops
+/// whatever tasks are left.
+pub(crate) fn spawn<F, Fut>(
+    i: usize,
+    warm_heap: usize,
+    work: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + 'static,
@@ -34,6 +39,9 @@ where
         .name(format!("capture-serve-{i}"))
         .spawn(move || {
             INDEX.with(|c| c.set(i));
+            if warm_heap > 0 {
+                crate::heap::warm(warm_heap);
+            }
             rt.block_on(work());
         })
 }

@@ -162,13 +162,15 @@ proxy_path() { # proxy_path N PATH [burst [ROUND]]
   start_gt "$OUT/$tag-gt.jsonl" 50 10 1
   local target="http://127.0.0.1:$GT_PORT" ppid=""
   case "$path" in
-    capture|capture1)
-      # capture1: one serving thread, like nginx's one worker below.
-      local pp threads=(); pp=$(free_port)
+    capture|capture1|capture-b)
+      # capture1: one serving thread, like nginx's one worker below. capture-b: the build
+      # $CAPTURE_B_BIN, for an A/B of two builds of the proxy in the same run.
+      local pp threads=() cbin=$CAPTURE_BIN; pp=$(free_port)
+      [ "$path" = capture-b ] && cbin=${CAPTURE_B_BIN:?capture-b needs CAPTURE_B_BIN}
       [ "$path" = capture1 ] && threads=(--threads 1)
       # Bursts: capture's own stamps of each request's phases (builds that have the flag).
-      [ "$mode" = burst ] && grep -q -- phase-log "$CAPTURE_BIN" && threads+=(--phase-log "$PWD/$OUT/$tag-phases.jsonl")
-      "$CAPTURE_BIN" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin "${threads[@]}" 2>"$OUT/$tag-capture.log" &
+      [ "$mode" = burst ] && grep -q -- phase-log "$cbin" && threads+=(--phase-log "$PWD/$OUT/$tag-phases.jsonl")
+      "$cbin" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin "${threads[@]}" 2>"$OUT/$tag-capture.log" &
       ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
     nginx)
       local pp; pp=$(free_port)
@@ -294,12 +296,14 @@ proxy_bench() {
 # and context switches per request (perf stat), burst-medians.txt the medians over rounds
 # (TTFT and added TTFT: the client's minus the server's own logged one, per request) and
 # how many rounds capture's p99 was no worse than nginx's; burst-N-capture-r*-phases.txt
-# where capture's time went (bench/phases.py).
+# where capture's time went (bench/phases.py). BURST_PATHS picks the paths (default "direct
+# capture nginx"); "capture-b" is the build CAPTURE_B_BIN, for an A/B of two proxies:
+#   BURST_NS=100 BURST_ROUNDS=10 BURST_PATHS="capture capture-b nginx" CAPTURE_B_BIN=/tmp/old bench/run.sh burst
 burst_bench() {
   command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
   for n in ${BURST_NS:-100 500 1000}; do
     for r in $(seq "${BURST_ROUNDS:-3}"); do
-      for path in direct capture nginx; do
+      for path in ${BURST_PATHS:-direct capture nginx}; do
         if [ "$path" = nginx ] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
         proxy_path "$n" "$path" burst "$r"
       done

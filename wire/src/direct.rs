@@ -12,7 +12,7 @@
 //! which connects, writes at once, and waits only on `EINPROGRESS` and `EAGAIN`.
 //!
 //! So, as nginx does, [`connect`] asks the kernel (`poll(2)`, no wait) whether the connect
-//! is done before it waits for the reactor, and [`Writes`] sends a new connection's writes
+//! is done before it waits for the reactor, and `Writes` sends a new connection's writes
 //! with direct non-blocking calls until one would block, and through the reactor from then
 //! on (which has by then seen the socket, so tokio's readiness is right again: a direct call
 //! never leaves it claiming more than the socket has).

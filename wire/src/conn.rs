@@ -226,8 +226,7 @@ impl AsyncWrite for Stamped {
         #[cfg(target_os = "linux")]
         let direct = {
             use std::os::fd::AsRawFd;
-            me.writes
-                .write(me.tcp.as_raw_fd(), &[std::io::IoSlice::new(b)])
+            me.writes.write(me.tcp.as_raw_fd(), b)
         };
         #[cfg(not(target_os = "linux"))]
         let direct = None;

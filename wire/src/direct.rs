@@ -17,7 +17,7 @@
 //! on (which has by then seen the socket, so tokio's readiness is right again: a direct call
 //! never leaves it claiming more than the socket has).
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::SocketAddr;
 use tokio::net::TcpStream;
 
@@ -37,36 +37,21 @@ pub async fn connect(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
 
 #[cfg(target_os = "linux")]
 async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let domain = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain system calls; the descriptor is owned from here on.
-    let fd = unsafe {
-        libc::socket(
-            domain,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let (sa, len) = sockaddr(addr);
-    // SAFETY: `sa` is a valid socket address of `len` bytes.
-    let r = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::AsRawFd;
+    // socket2 adds SOCK_CLOEXEC.
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
     let mut pending = false;
-    if r != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = socket.connect(&addr.into()) {
         if e.raw_os_error() != Some(libc::EINPROGRESS) {
             return Err(e);
         }
         let mut p = libc::pollfd {
-            fd,
+            fd: socket.as_raw_fd(),
             events: libc::POLLOUT,
             revents: 0,
         };
@@ -74,8 +59,7 @@ async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
         let n = unsafe { libc::poll(&mut p, 1, 0) };
         pending = n != 1 || p.revents == 0;
     }
-    let tcp = TcpStream::from_std(std::net::TcpStream::from(owned))?;
-    debug_assert_eq!(tcp.as_raw_fd(), fd);
+    let tcp = TcpStream::from_std(socket.into())?;
     if pending {
         tcp.writable().await?;
     }
@@ -90,51 +74,19 @@ async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
     TcpStream::connect(addr).await
 }
 
+/// One direct non-blocking `send` of `b`.
 #[cfg(target_os = "linux")]
-fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
-/// One direct non-blocking `sendmsg` of `bufs`.
-#[cfg(target_os = "linux")]
-pub(crate) fn send(fd: i32, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-    // SAFETY: IoSlice is ABI-compatible with iovec on unix; the message is only read.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len().min(1024) as _;
+fn send(fd: i32, b: &[u8]) -> io::Result<usize> {
     loop {
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        // SAFETY: send reads `b.len()` bytes of a live buffer.
+        let n = unsafe {
+            libc::send(
+                fd,
+                b.as_ptr().cast(),
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
         if n >= 0 {
             return Ok(n as usize);
         }
@@ -160,11 +112,11 @@ impl Writes {
     /// A direct write while writes are still direct: `None` when they no longer are (this
     /// one would have blocked), so the caller writes through the reactor.
     #[cfg(target_os = "linux")]
-    pub(crate) fn write(&mut self, fd: i32, bufs: &[IoSlice<'_>]) -> Option<io::Result<usize>> {
+    pub(crate) fn write(&mut self, fd: i32, b: &[u8]) -> Option<io::Result<usize>> {
         if !self.direct {
             return None;
         }
-        match send(fd, bufs) {
+        match send(fd, b) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.direct = false;
                 None
@@ -173,7 +125,7 @@ impl Writes {
         }
     }
 
-    /// Writes go through the reactor.
+    /// Writes still go straight to the socket.
     #[cfg(test)]
     pub(crate) fn is_direct(&self) -> bool {
         self.direct

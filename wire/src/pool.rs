@@ -659,7 +659,6 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let mut req = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 16777216\r\n\r\n".to_vec();
-        let head = req.len();
         req.extend((0..16usize << 20).map(|i| (i % 251) as u8));
         let want = req.clone();
         let reader = std::thread::spawn(move || {
@@ -686,7 +685,6 @@ mod tests {
         assert!(!direct, "16 MiB went out without the socket ever filling");
         assert_eq!(written, req.len() as u64);
         reader.join().unwrap();
-        let _ = head;
     }
 
     /// A server that answers each request on a connection with a 2-byte body, closing the

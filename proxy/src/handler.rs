@@ -263,7 +263,7 @@ async fn handle_generation(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad body");
         }
     };
-    let mut info = RequestInfo::parse(&body);
+    let info = RequestInfo::parse(&body);
     {
         let r = &mut recording.rec;
         r.request_bytes = body.len() as i64;
@@ -274,19 +274,17 @@ async fn handle_generation(
             r.body = Some(String::from_utf8_lossy(&body).into_owned());
         }
     }
+    // Tokenizing the prompt (prefix hashes, and prompt_tokens when the upstream reports no
+    // usage) can take milliseconds: it runs on the prompt runners (batched, parsed there, see
+    // [`crate::prompts`]) while the request is forwarded, and the writer thread joins it
+    // before writing the row.
+    if recording.sampled() && info.object {
+        recording.prompt = Some(shared.prompts.submit(body.clone()));
+    }
     let (up_body, strip) = match inject_usage(&body, &info, shared.cfg.usage) {
         Some((b, s)) => (Bytes::from(b), s),
         None => (body, Default::default()),
     };
-    // Tokenizing the prompt (prefix hashes, and prompt_tokens when the upstream reports no
-    // usage) can take milliseconds: it runs on the blocking pool (batched, see
-    // [`crate::prompts`]) while the request is forwarded, and the writer thread joins it
-    // before writing the row.
-    if recording.sampled() {
-        if let Some(obj) = info.json.take() {
-            recording.prompt = Some(shared.prompts.submit(obj));
-        }
-    }
     drop(info);
     let len = up_body.len();
     let Some(up) =

@@ -85,7 +85,7 @@ impl Blocks {
 /// or `None` when the body has no prompt this can read.
 ///
 /// This costs about a microsecond per few tokens with a real tokenizer: call it off the
-/// request path (the proxy runs it on the blocking pool and joins it on the writer thread).
+/// request path (the proxy runs it on its prompt runners and joins it on the writer thread).
 pub fn prompt_blocks(
     req: &Map<String, Value>,
     block_size: u32,

@@ -1,21 +1,25 @@
-//! Tokenizing prompts off the request path, in batches on the blocking pool.
+//! Tokenizing prompts off the request path, in batches on the prompt runners' threads.
 //!
 //! A request's prompt is tokenized while the request is forwarded (its row is written
-//! seconds later, when the writer thread joins the result). One `spawn_blocking` per request
-//! woke a parked pool thread per request, and those wake-ups (futex calls and context
-//! switches) cost more than tokenizing a short prompt. Here a request only queues its job; a
-//! runner on the blocking pool waits [`LINGER`] for a batch to gather and works through the
-//! queue until it is empty. When jobs pile up faster than the runners drain them (a real
-//! tokenizer on long prompts), more runners start, up to one per core, so expensive
-//! tokenizing still runs in parallel.
+//! seconds later, when the writer thread joins the result). The request only queues its body
+//! (a reference-counted [`Bytes`], no copy): the body is parsed into a tree here, not on the
+//! serving thread. A waking thread per request (futex calls and context switches) would cost
+//! more than tokenizing a short prompt, so a runner woken for a job waits [`LINGER`] for a
+//! batch to gather and works through the queue until it is empty, then parks. When jobs pile
+//! up faster than the runners drain them (a real tokenizer on long prompts), more runners
+//! wake or start, up to one per core, so expensive tokenizing still runs in parallel.
+//!
+//! The runners are the proxy's own threads (`capture-prompts`), at a lower CPU priority than
+//! the serving threads ([`crate::serving::background`]): in a burst the request paths get the
+//! CPU first and the tokenizing follows. A runner idle for [`IDLE_EXIT`] exits.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde_json::{Map, Value};
+use bytes::Bytes;
+use serde_json::Value;
 use tokenize::Tokenizer;
 
 use crate::prefix::{prompt_blocks, PromptBlocks};
@@ -33,19 +37,32 @@ pub(crate) struct PromptInfo {
 /// The result of tokenizing a row's prompt, computed off the request path.
 pub(crate) type PendingPrompt = std::sync::mpsc::Receiver<PromptInfo>;
 
-/// How long a new runner waits for more jobs before it starts.
+/// How long a woken runner waits for more jobs before it starts.
 pub(crate) const LINGER: Duration = Duration::from_millis(5);
-/// Queued jobs per running runner above which another one starts.
+/// Queued jobs per running runner above which another one wakes or starts.
 const BACKLOG_PER_RUNNER: usize = 4;
+/// How long a parked runner waits for work before its thread exits.
+const IDLE_EXIT: Duration = Duration::from_secs(10);
 
-type Job = (Map<String, Value>, SyncSender<PromptInfo>);
+type Job = (Bytes, SyncSender<PromptInfo>);
+
+#[derive(Default)]
+struct State {
+    jobs: VecDeque<Job>,
+    /// Runners awake (waiting out [`LINGER`] or working), counted by whoever woke them.
+    running: usize,
+    /// Runner threads alive.
+    threads: usize,
+    /// Wake-ups handed to parked runners and not yet taken.
+    wakeups: usize,
+}
 
 /// The queue of prompts to tokenize; shared by every connection.
 pub(crate) struct PromptQueue {
     tokenizer: Arc<Tokenizer>,
     block_size: u32,
-    jobs: Mutex<VecDeque<Job>>,
-    runners: AtomicUsize,
+    state: Mutex<State>,
+    wake: Condvar,
     max_runners: usize,
 }
 
@@ -53,8 +70,19 @@ impl std::fmt::Debug for PromptQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PromptQueue")
             .field("block_size", &self.block_size)
-            .field("runners", &self.runners.load(Ordering::Relaxed))
+            .field("max_runners", &self.max_runners)
             .finish_non_exhaustive()
+    }
+}
+
+/// What one body's prompt gives: parsed here, tokenized, and its chat chain.
+fn info(body: &[u8], block_size: u32, tok: &Tokenizer) -> PromptInfo {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(obj)) => PromptInfo {
+            blocks: prompt_blocks(&obj, block_size, tok),
+            chain: chat_chain(&obj),
+        },
+        _ => PromptInfo::default(),
     }
 }
 
@@ -64,65 +92,101 @@ impl PromptQueue {
         Arc::new(PromptQueue {
             tokenizer,
             block_size,
-            jobs: Mutex::new(VecDeque::new()),
-            runners: AtomicUsize::new(0),
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
             max_runners: cores.max(1),
         })
     }
 
-    /// Queues the tokenizing (and the chat chain) of one request body (must be called within a tokio runtime);
-    /// the writer thread receives the result.
-    pub(crate) fn submit(self: &Arc<Self>, body: Map<String, Value>) -> PendingPrompt {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues the tokenizing (and the chat chain) of one request body; the writer thread
+    /// receives the result.
+    pub(crate) fn submit(self: &Arc<Self>, body: Bytes) -> PendingPrompt {
         let (tx, rx) = sync_channel(1);
-        let queued = {
-            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-            jobs.push_back((body, tx));
-            jobs.len()
-        };
-        let running = self.runners.load(Ordering::Acquire);
-        let wanted =
-            running == 0 || (running < self.max_runners && queued > running * BACKLOG_PER_RUNNER);
-        if wanted
-            && self
-                .runners
-                .compare_exchange(running, running + 1, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            let q = self.clone();
-            tokio::task::spawn_blocking(move || q.run());
+        let mut st = self.lock();
+        st.jobs.push_back((body, tx));
+        let wanted = st.running == 0
+            || (st.running < self.max_runners && st.jobs.len() > st.running * BACKLOG_PER_RUNNER);
+        if !wanted {
+            return rx;
+        }
+        // Woken runners that have not yet taken their wake-up are already in `running`.
+        let parked = st.threads - st.running;
+        st.running += 1;
+        if parked > 0 {
+            st.wakeups += 1;
+            drop(st);
+            self.wake.notify_one();
+            return rx;
+        }
+        st.threads += 1;
+        drop(st);
+        let q = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("capture-prompts".into())
+            .spawn(move || {
+                crate::serving::background();
+                q.run()
+            });
+        if spawned.is_err() {
+            // No thread to be had (out of memory or of threads): this job, and whatever else
+            // is queued, is done here rather than left to wait.
+            let mut st = self.lock();
+            st.threads -= 1;
+            st.running -= 1;
+            let jobs: Vec<Job> = if st.running == 0 {
+                st.jobs.drain(..).collect()
+            } else {
+                Vec::new()
+            };
+            drop(st);
+            for (body, tx) in jobs {
+                let _ = tx.send(info(&body, self.block_size, &self.tokenizer));
+            }
         }
         rx
     }
 
-    fn pop(&self) -> Option<Job> {
-        self.jobs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
-    }
-
-    /// A runner: lets a batch gather, then tokenizes until the queue is empty.
+    /// A runner thread: woken (counted in `running` by its waker), lets a batch gather, works
+    /// until the queue is empty, then parks until woken again or idle for [`IDLE_EXIT`].
     fn run(&self) {
-        std::thread::sleep(LINGER);
+        let mut linger = true;
         loop {
-            while let Some((body, tx)) = self.pop() {
-                let _ = tx.send(PromptInfo {
-                    blocks: prompt_blocks(&body, self.block_size, &self.tokenizer),
-                    chain: chat_chain(&body),
-                });
+            if linger {
+                std::thread::sleep(LINGER);
             }
-            self.runners.fetch_sub(1, Ordering::AcqRel);
-            // A job queued after the last pop may have seen this runner still counted and
-            // started none: take it on again rather than leave it waiting.
-            let empty = self
-                .jobs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty();
-            if empty {
-                return;
+            loop {
+                let job = self.lock().jobs.pop_front();
+                let Some((body, tx)) = job else { break };
+                let _ = tx.send(info(&body, self.block_size, &self.tokenizer));
             }
-            self.runners.fetch_add(1, Ordering::AcqRel);
+            let mut st = self.lock();
+            // A job queued after the last pop may have seen this runner still running and
+            // woken none: take it on.
+            if !st.jobs.is_empty() {
+                linger = false;
+                continue;
+            }
+            linger = true;
+            st.running -= 1;
+            loop {
+                let (next, timeout) = self
+                    .wake
+                    .wait_timeout(st, IDLE_EXIT)
+                    .unwrap_or_else(|e| e.into_inner());
+                st = next;
+                if st.wakeups > 0 {
+                    st.wakeups -= 1;
+                    break;
+                }
+                if timeout.timed_out() {
+                    st.threads -= 1;
+                    return;
+                }
+            }
         }
     }
 }
@@ -131,11 +195,13 @@ impl PromptQueue {
 mod tests {
     use super::*;
 
-    fn body(prompt: &str) -> Map<String, Value> {
-        match serde_json::json!({"model": "m", "prompt": prompt}) {
-            Value::Object(m) => m,
-            _ => unreachable!(),
-        }
+    fn body(prompt: &str) -> Bytes {
+        Bytes::from(serde_json::json!({"model": "m", "prompt": prompt}).to_string())
+    }
+
+    fn idle(q: &PromptQueue) -> bool {
+        let st = q.lock();
+        st.running == 0 && st.jobs.is_empty() && st.wakeups == 0
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +214,7 @@ mod tests {
                 pending.push((n, q.submit(body(&prompt))));
             }
             if round % 5 == 0 {
-                // Let runners finish and exit, so later jobs must start new ones.
+                // Let the runners finish and park, so later jobs must wake them.
                 tokio::time::sleep(LINGER * 3).await;
             }
         }
@@ -162,22 +228,68 @@ mod tests {
             assert_eq!(got.hashes.len(), n / 2);
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while q.runners.load(Ordering::Acquire) != 0 {
-            assert!(std::time::Instant::now() < deadline, "runners never exited");
+        while !idle(&q) {
+            assert!(std::time::Instant::now() < deadline, "runners never parked");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        assert!(q.jobs.lock().unwrap().is_empty());
+        let threads = q.lock().threads;
+        assert!(
+            (1..=q.max_runners).contains(&threads),
+            "{threads} runner threads for {} cores",
+            q.max_runners
+        );
     }
 
-    #[tokio::test]
-    async fn a_body_without_a_prompt_gives_none() {
+    /// A parked runner is woken for the next job (no new thread), and the runners run at the
+    /// background priority.
+    #[test]
+    fn parked_runners_are_woken_not_respawned() {
+        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2);
+        for round in 0..5 {
+            let rx = q.submit(body("a b c"));
+            let got = rx.recv_timeout(Duration::from_secs(10)).expect("tokenized");
+            assert_eq!(got.blocks.expect("a prompt").tokens, 3, "round {round}");
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !idle(&q) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the runner never parked"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(q.lock().threads, 1, "round {round}");
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let nice = |comm: &str| -> Option<i64> {
+                for t in std::fs::read_dir("/proc/self/task").ok()? {
+                    let dir = t.ok()?.path();
+                    let name = std::fs::read_to_string(dir.join("comm")).ok()?;
+                    if name.trim() == comm {
+                        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+                        // Field 19 (nice), counted after the parenthesised name.
+                        let rest = &stat[stat.rfind(')')? + 2..];
+                        return rest.split(' ').nth(16)?.parse().ok();
+                    }
+                }
+                None
+            };
+            assert_eq!(
+                nice("capture-prompts"),
+                Some(crate::serving::BACKGROUND_NICE)
+            );
+        }
+    }
+
+    #[test]
+    fn a_body_without_a_prompt_gives_none() {
         let q = PromptQueue::new(Arc::new(Tokenizer::words()), 16);
-        let mut m = Map::new();
-        m.insert("model".into(), Value::from("m"));
-        let rx = q.submit(m);
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
-            PromptInfo::default()
-        );
+        for b in [&br#"{"model":"m"}"#[..], b"not json", b"[1]"] {
+            let rx = q.submit(Bytes::from_static(b));
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+                PromptInfo::default()
+            );
+        }
     }
 }

@@ -64,7 +64,7 @@ pub(crate) struct Recording {
     pub(crate) rec: TraceRecord,
     /// Where its time went inside the proxy ([`crate::phases`]).
     pub(crate) phases: Phases,
-    /// The prompt's tokenization, running on the blocking pool (sampled rows only).
+    /// The prompt's tokenization, running on a prompt runner ([`crate::prompts`]) (sampled rows only).
     pub(crate) prompt: Option<PendingPrompt>,
     /// The generated text of a response without usage, for the writer thread to count.
     output: Option<OutputText>,

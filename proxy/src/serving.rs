@@ -20,6 +20,22 @@ pub(crate) fn index() -> usize {
     INDEX.with(Cell::get)
 }
 
+/// The nice value of the proxy's threads that record rather than serve (the prompt runners,
+/// the trace writer): in a burst the kernel gives the serving threads the CPU first, and
+/// these still get about a tenth of a contended core (CFS weights 110 against 1,024), so they
+/// are never starved; the writer's queue absorbs what they defer.
+pub(crate) const BACKGROUND_NICE: i64 = 10;
+
+/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`] (on Linux, where a
+/// thread's nice value is its own; elsewhere nothing). A failure leaves it as it was.
+pub(crate) fn background() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority takes plain integers; `who` 0 is the calling thread on Linux.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE as libc::c_int);
+    }
+}
+
 /// Starts serving thread `i` (named `capture-serve-<i>`): faults in `warm_heap` bytes of its
 /// heap ([`crate::heap`]), then a single-threaded runtime runs `work` to its end and drops
 /// whatever tasks are left.

@@ -10,7 +10,7 @@
 //! rate-limited: the first at once, then a summary with a count at most every
 //! [`LOG_EVERY`], and once when writes succeed again.
 //!
-//! A row arrives with the tokenization of its prompt still running on the blocking pool
+//! A row arrives with the tokenization of its prompt still running on a prompt runner
 //! ([`PendingPrompt`]); the writer thread waits for it (bounded) and fills in
 //! `prefix_hashes`, and `prompt_tokens` (source `tokenizer`) when the upstream reported none.
 //! When the upstream sent no usage, it also counts the generated text with the tokenizer
@@ -168,7 +168,10 @@ pub(crate) fn start(
     let m = metrics.clone();
     let handle = std::thread::Builder::new()
         .name("llmreplay-writer".into())
-        .spawn(move || run(writer, rx, tick, keep_hashes, &tokenizer, &m))?;
+        .spawn(move || {
+            crate::serving::background();
+            run(writer, rx, tick, keep_hashes, &tokenizer, &m)
+        })?;
     Ok((
         Sink {
             tx: tx.clone(),

@@ -20,7 +20,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -97,6 +97,12 @@ enum Phase {
     KeepAlive,
 }
 
+/// A first read asking for less than this is served from one read of this size:
+/// hyper-util's auto builder reads 24 bytes (the length of the HTTP/2 preface) to tell the
+/// protocol before hyper reads the rest of the head, two `recv` calls for every new
+/// connection's first request instead of one.
+const READ_AHEAD: usize = 4096;
+
 /// A client connection's socket with the deadlines of its idle and head phases.
 pub(crate) struct GuardedIo<I> {
     io: I,
@@ -106,6 +112,11 @@ pub(crate) struct GuardedIo<I> {
     /// (generation, when) of the first byte of the head in progress.
     head_start: Option<(u64, Instant)>,
     timer: Option<Pin<Box<Sleep>>>,
+    /// What the first read got beyond what its caller asked for, given out from `ahead_at`.
+    ahead: Vec<u8>,
+    ahead_at: usize,
+    /// Whether the first read (the only one read ahead, see [`READ_AHEAD`]) is done.
+    first_read: bool,
 }
 
 impl<I> GuardedIo<I> {
@@ -122,6 +133,9 @@ impl<I> GuardedIo<I> {
             metrics,
             head_start: None,
             timer: None,
+            ahead: Vec::new(),
+            ahead_at: 0,
+            first_read: false,
         }
     }
 
@@ -146,6 +160,40 @@ impl<I> GuardedIo<I> {
     }
 }
 
+impl<I: AsyncRead + Unpin> GuardedIo<I> {
+    /// A read of the socket, the first one read ahead ([`READ_AHEAD`]) and what it got
+    /// beyond `buf` given out before the socket is read again.
+    fn poll_io_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.ahead_at < self.ahead.len() {
+            let n = buf.remaining().min(self.ahead.len() - self.ahead_at);
+            buf.put_slice(&self.ahead[self.ahead_at..self.ahead_at + n]);
+            self.ahead_at += n;
+            if self.ahead_at == self.ahead.len() {
+                self.ahead = Vec::new();
+                self.ahead_at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if self.first_read || buf.remaining() >= READ_AHEAD || buf.remaining() == 0 {
+            self.first_read = true;
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        }
+        let mut room = [std::mem::MaybeUninit::<u8>::uninit(); READ_AHEAD];
+        let mut rb = ReadBuf::uninit(&mut room);
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+        self.first_read = true;
+        let got = rb.filled();
+        let n = buf.remaining().min(got.len());
+        buf.put_slice(&got[..n]);
+        self.ahead = got[n..].to_vec();
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl<I: AsyncRead + Unpin> AsyncRead for GuardedIo<I> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -154,7 +202,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for GuardedIo<I> {
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         let before = buf.filled().len();
-        match Pin::new(&mut me.io).poll_read(cx, buf) {
+        match me.poll_io_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before && me.phase.active.load(Relaxed) == 0 {
                     let generation = me.phase.generation.load(Relaxed);
@@ -384,5 +432,77 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A client socket that counts its reads and gives what it has at each.
+    struct Counted {
+        data: Vec<u8>,
+        reads: usize,
+    }
+
+    impl AsyncRead for Counted {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let me = self.get_mut();
+            me.reads += 1;
+            let n = buf.remaining().min(me.data.len());
+            buf.put_slice(&me.data[..n]);
+            me.data.drain(..n);
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The protocol sniff's 24-byte read and hyper's read of the rest of the head are one
+    /// read of the socket; every byte comes out once and in order.
+    #[tokio::test]
+    async fn the_first_small_read_reads_ahead_once() {
+        let head: Vec<u8> = (0..300u32).map(|i| (i % 251) as u8).collect();
+        let mut more = head.clone();
+        more.extend_from_slice(b"and the body");
+        let io = Counted {
+            data: more.clone(),
+            reads: 0,
+        };
+        let mut g = GuardedIo::new(
+            io,
+            ConnPhase::new(),
+            ClientLimits::default(),
+            Arc::new(Metrics::default()),
+        );
+        let mut preface = [0u8; 24];
+        let n = g.read(&mut preface).await.unwrap();
+        assert_eq!((n, &preface[..]), (24, &more[..24]));
+        let mut rest = vec![0u8; 100];
+        let n = g.read(&mut rest).await.unwrap();
+        assert_eq!(&rest[..n], &more[24..124]);
+        assert_eq!(g.io.reads, 1, "the first read got everything there was");
+        let mut tail = Vec::new();
+        let mut chunk = [0u8; 8];
+        loop {
+            let n = g.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            tail.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(tail, &more[124..]);
+        assert_eq!(g.io.reads, 2, "the read ahead, and the end of the stream");
+        assert!(g.ahead.is_empty());
+        // Later small reads go to the socket as asked: only the first is read ahead.
+        g.io.data.extend_from_slice(b"next request");
+        assert_eq!(g.read(&mut chunk).await.unwrap(), 8);
+        assert_eq!(
+            (&chunk[..], g.io.reads, g.io.data.len()),
+            (&b"next req"[..], 3, 4)
+        );
     }
 }

@@ -216,22 +216,67 @@ impl Forward {
         )
     }
 
-    /// Sends a generation request (`req`, whose body is `body`) to the upstream with the
-    /// header timeout, by the lean path when there is one.
-    pub(crate) async fn send_generation(
+    /// A generation request's bytes for the lean path (when there is one): the client's
+    /// method, path and query under the upstream's base path, its headers minus hop-by-hop
+    /// ones, `Host` and `content-length`, then the upstream's `Host`, the body's
+    /// `content-length` and `body`. The same request as [`Forward::request`] gives, written
+    /// straight from the client's head (no header map copied, no URI built).
+    pub(crate) fn lean_request(
         &self,
-        req: Request<UpBody>,
+        parts: &http::request::Parts,
         body: &[u8],
+    ) -> Option<Vec<u8>> {
+        let lean = self.lean.as_ref()?;
+        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let h = &parts.headers;
+        let named: Vec<HeaderName> = h
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect();
+        let mut out = Vec::with_capacity(
+            64 + self.upstream.base_path.len() + pq.len() + h.len() * 48 + body.len(),
+        );
+        out.extend_from_slice(parts.method.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.upstream.base_path.as_bytes());
+        out.extend_from_slice(pq.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in h {
+            let n = name.as_str();
+            if HOP_BY_HOP.contains(&n)
+                || name == header::HOST
+                || name == header::CONTENT_LENGTH
+                || named.contains(name)
+            {
+                continue;
+            }
+            out.extend_from_slice(n.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        lean.encode_tail(&mut out, body);
+        Some(out)
+    }
+
+    /// Sends a generation request's bytes from [`Forward::lean_request`] with the header
+    /// timeout.
+    pub(crate) async fn send_lean(
+        &self,
+        bytes: &[u8],
         phases: &mut Phases,
     ) -> std::result::Result<(http::response::Parts, UpstreamBody), Failure> {
         let Some(lean) = &self.lean else {
-            let resp = self.send(req).await?;
-            let (parts, body) = resp.into_parts();
-            return Ok((parts, UpstreamBody::Hyper(body)));
+            return Err((
+                Outcome::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                "no lean path to the upstream".into(),
+            ));
         };
-        let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        let bytes = lean.encode_request(req.method(), pq, req.headers(), body);
-        match tokio::time::timeout(self.timeout, lean.send(&bytes, phases)).await {
+        match tokio::time::timeout(self.timeout, lean.send(bytes, phases)).await {
             Ok(Ok((parts, body))) => Ok((parts, UpstreamBody::Lean(body))),
             Ok(Err(e)) => Err((
                 Outcome::UpstreamError,
@@ -240,6 +285,16 @@ impl Forward {
             )),
             Err(_) => Err(self.header_timeout()),
         }
+    }
+
+    /// Sends a generation request to an upstream with no lean path (`https://`, h2)
+    /// through hyper-util's client, with the header timeout.
+    pub(crate) async fn send_generation(
+        &self,
+        req: Request<UpBody>,
+    ) -> std::result::Result<(http::response::Parts, UpstreamBody), Failure> {
+        let (parts, body) = self.send(req).await?.into_parts();
+        Ok((parts, UpstreamBody::Hyper(body)))
     }
 
     /// Sends to the upstream through hyper-util's client with the header timeout.
@@ -286,6 +341,11 @@ fn build_client(cfg: &ProxyConfig, dns: UpstreamDns) -> Result<UpClient> {
 
 /// Removes hop-by-hop headers, including those named by `Connection`.
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Most messages have none (a streamed response has `transfer-encoding`): one pass over
+    // the names finds out, cheaper than nine lookups.
+    if !h.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
+        return;
+    }
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -305,6 +365,100 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
 mod tests {
     use super::*;
     use tower_service::Service;
+
+    /// The lean path's request bytes carry what [`Forward::request`] gives hyper's client:
+    /// the same request line under the base path, the same headers (hop-by-hop, those the
+    /// client's `Connection` names, its `Host` and its `content-length` gone), the upstream's
+    /// `Host` and the body's length.
+    #[tokio::test]
+    async fn the_lean_request_is_the_forwarded_request() {
+        let cfg = ProxyConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            "http://127.0.0.1:9/base/",
+            "/tmp/unused",
+        );
+        let f = Forward::new(Upstream::parse(&cfg.upstream).unwrap(), &cfg).unwrap();
+        let req = Request::builder()
+            .method("POST")
+            .uri("/v1/completions?x=1")
+            .header("host", "proxy.example:8080")
+            .header("content-type", "application/json")
+            .header("connection", "keep-alive, x-private")
+            .header("x-private", "1")
+            .header("te", "trailers")
+            .header("content-length", "999")
+            .header("x-multi", "a")
+            .header("x-multi", "b")
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        let body = br#"{"model":"m"}"#;
+        let bytes = f
+            .lean_request(&parts, body)
+            .expect("a lean path to http://");
+        let text = String::from_utf8(bytes).unwrap();
+        let (head, got_body) = text.split_once("\r\n\r\n").unwrap();
+        assert_eq!(got_body.as_bytes(), body);
+        let mut lines = head.split("\r\n");
+        assert_eq!(lines.next(), Some("POST /base/v1/completions?x=1 HTTP/1.1"));
+        let mut got: Vec<String> = lines.map(str::to_string).collect();
+        got.sort();
+        let up = f
+            .request(
+                &parts,
+                Either::Left(Full::new(Bytes::new())),
+                Some(body.len()),
+            )
+            .unwrap();
+        assert_eq!(
+            up.uri().path_and_query().unwrap().as_str(),
+            "/base/v1/completions?x=1"
+        );
+        let mut want: Vec<String> = up
+            .headers()
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap()))
+            .chain(["host: 127.0.0.1:9".to_string()])
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
+        assert!(got.contains(&"content-length: 13".to_string()));
+        assert!(!got
+            .iter()
+            .any(|l| l.starts_with("x-private") || l.starts_with("te:")));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("content-type", "application/json"),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("x-request-id", "abc"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["content-type", "x-request-id"]);
+        // Only transfer-encoding (a streamed response): removed, the rest kept.
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::CONTENT_TYPE));
+    }
 
     /// A burst of new connections through hyper-util's client asks for the upstream's name
     /// once, not once per connection (its `GaiResolver` made a blocking `getaddrinfo` each

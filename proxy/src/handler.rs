@@ -3,7 +3,8 @@
 //! CONNECT, and absolute-form requests for another host, are refused (this is not an open
 //! proxy). Generation requests (POST `…/completions`) are read whole (they are small), may
 //! get `stream_options` injected, are sent by
-//! [`Forward::send_generation`](crate::forward::Forward::send_generation) and recorded: a
+//! [`Forward::send_lean`](crate::forward::Forward::send_lean) (else
+//! [`Forward::send_generation`](crate::forward::Forward::send_generation)) and recorded: a
 //! [`Recording`] per request, and the response body an [`ObservedBody`]. Everything else
 //! streams through untouched.
 
@@ -286,20 +287,32 @@ async fn handle_generation(
         None => (body, Default::default()),
     };
     drop(info);
-    let len = up_body.len();
-    let Some(up) =
-        shared
-            .forward
-            .request(&parts, Either::Left(Full::new(up_body.clone())), Some(len))
-    else {
-        recording.finish(Outcome::HttpError, Some("bad path".into()), Instant::now());
-        return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
+    let sent = match shared.forward.lean_request(&parts, &up_body) {
+        Some(bytes) => {
+            drop(up_body);
+            shared
+                .forward
+                .send_lean(&bytes, &mut recording.phases)
+                .await
+        }
+        None => {
+            let len = up_body.len();
+            let Some(up) =
+                shared
+                    .forward
+                    .request(&parts, Either::Left(Full::new(up_body.clone())), Some(len))
+            else {
+                recording.finish(Outcome::HttpError, Some("bad path".into()), Instant::now());
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "bad path",
+                );
+            };
+            shared.forward.send_generation(up).await
+        }
     };
-    match shared
-        .forward
-        .send_generation(up, &up_body, &mut recording.phases)
-        .await
-    {
+    match sent {
         Ok((mut parts, body)) => {
             recording.rec.status = Some(parts.status.as_u16());
             strip_hop_by_hop(&mut parts.headers);

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::phases::Phases;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use wire::{BodyReader, Conn, Pool, PoolConfig, ReadError, SendError as WireSendError};
@@ -122,37 +122,19 @@ impl LeanUpstream {
         self.pool().idle_count()
     }
 
-    /// The request bytes: request line, `headers` (hop-by-hop already removed, with
-    /// `content-length`), `Host`, and the body.
-    pub(crate) fn encode_request(
-        &self,
-        method: &http::Method,
-        path_and_query: &str,
-        headers: &HeaderMap,
-        body: &[u8],
-    ) -> Vec<u8> {
-        let mut out = Vec::with_capacity(256 + headers.len() * 48 + body.len());
-        out.extend_from_slice(method.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(path_and_query.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\n");
-        for (name, value) in headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        if !headers.contains_key(header::HOST) {
-            out.extend_from_slice(b"host: ");
-            out.extend_from_slice(self.host.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
+    /// The end of a request whose request line and headers (without `Host` and
+    /// `content-length`) are in `out`: the upstream's `Host`, the body's `content-length`,
+    /// the blank line and `body`.
+    pub(crate) fn encode_tail(&self, out: &mut Vec<u8>, body: &[u8]) {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(self.host.as_bytes());
+        out.extend_from_slice(b"\r\ncontent-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n\r\n");
         out.extend_from_slice(body);
-        out
     }
 
-    /// Sends `request` (from [`LeanUpstream::encode_request`]) under the wire's retry rule
+    /// Sends `request` (from [`crate::forward::Forward::lean_request`]) under the wire's retry rule
     /// and reads the response head, stamping `phases`. The caller bounds the whole with its
     /// header timeout.
     pub(crate) async fn send(
@@ -450,13 +432,10 @@ mod tests {
     }
 
     fn request(up: &LeanUpstream) -> Vec<u8> {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(2));
-        up.encode_request(&http::Method::POST, "/v1/completions", &h, b"{}")
+        let mut out =
+            b"POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\n".to_vec();
+        up.encode_tail(&mut out, b"{}");
+        out
     }
 
     #[tokio::test]
@@ -479,7 +458,7 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
         let port = addr.rsplit(':').next().unwrap();
         assert_eq!(
             req,
-            format!("POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 2\r\nhost: 127.0.0.1:{port}\r\n\r\n{{}}")
+            format!("POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\nhost: 127.0.0.1:{port}\r\ncontent-length: 2\r\n\r\n{{}}")
         );
         let (parts, body) = up
             .send(&request(&up), &mut Phases::new(Instant::now()))

@@ -229,13 +229,7 @@ impl Forward {
         let lean = self.lean.as_ref()?;
         let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let h = &parts.headers;
-        let named: Vec<HeaderName> = h
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-            .collect();
+        let named = connection_named(h);
         let mut out = Vec::with_capacity(
             64 + self.upstream.base_path.len() + pq.len() + h.len() * 48 + body.len(),
         );
@@ -339,6 +333,16 @@ fn build_client(cfg: &ProxyConfig, dns: UpstreamDns) -> Result<UpClient> {
         .build(connector))
 }
 
+/// The headers a message's `Connection` names (hop-by-hop for this message).
+fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
+    h.get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
 /// Removes hop-by-hop headers, including those named by `Connection`.
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Most messages have none (a streamed response has `transfer-encoding`): one pass over
@@ -346,13 +350,7 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     if !h.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
         return;
     }
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
+    let named = connection_named(h);
     for n in named {
         h.remove(n);
     }

@@ -35,6 +35,24 @@ pub enum StreamOptions {
     Other,
 }
 
+impl StreamOptions {
+    /// What a `stream_options` member's value (`None`: no member) says.
+    fn of(v: Option<&Value>) -> StreamOptions {
+        match v {
+            None => StreamOptions::Absent,
+            Some(Value::Null) => StreamOptions::Null,
+            Some(Value::Object(so)) => {
+                let flag = |k: &str| so.get(k).and_then(Value::as_bool).unwrap_or(false);
+                StreamOptions::Object {
+                    include_usage: flag("include_usage"),
+                    continuous_usage_stats: flag("continuous_usage_stats"),
+                }
+            }
+            Some(_) => StreamOptions::Other,
+        }
+    }
+}
+
 /// What the trace needs from one request body.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RequestInfo {
@@ -110,18 +128,7 @@ impl<'de> Visitor<'de> for InfoVisitor {
             }
         }
         let int = |v: &Option<Value>| v.as_ref().and_then(Value::as_i64);
-        let stream_options = match &options {
-            None => StreamOptions::Absent,
-            Some(Value::Null) => StreamOptions::Null,
-            Some(Value::Object(so)) => {
-                let flag = |k: &str| so.get(k).and_then(Value::as_bool).unwrap_or(false);
-                StreamOptions::Object {
-                    include_usage: flag("include_usage"),
-                    continuous_usage_stats: flag("continuous_usage_stats"),
-                }
-            }
-            Some(_) => StreamOptions::Other,
-        };
+        let stream_options = StreamOptions::of(options.as_ref());
         Ok(RequestInfo {
             model: match model {
                 Some(Value::String(s)) => Some(s),
@@ -238,18 +245,7 @@ mod tests {
             stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
             max_tokens: int("max_tokens").or_else(|| int("max_completion_tokens")),
             object: true,
-            stream_options: match obj.get("stream_options") {
-                None => StreamOptions::Absent,
-                Some(Value::Null) => StreamOptions::Null,
-                Some(Value::Object(so)) => {
-                    let flag = |k: &str| so.get(k).and_then(Value::as_bool).unwrap_or(false);
-                    StreamOptions::Object {
-                        include_usage: flag("include_usage"),
-                        continuous_usage_stats: flag("continuous_usage_stats"),
-                    }
-                }
-                Some(_) => StreamOptions::Other,
-            },
+            stream_options: StreamOptions::of(obj.get("stream_options")),
         }
     }
 

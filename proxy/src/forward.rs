@@ -216,17 +216,17 @@ impl Forward {
         )
     }
 
-    /// A generation request's bytes for the lean path (when there is one): the client's
-    /// method, path and query under the upstream's base path, its headers minus hop-by-hop
-    /// ones, `Host` and `content-length`, then the upstream's `Host`, the body's
-    /// `content-length` and `body`. The same request as [`Forward::request`] gives, written
-    /// straight from the client's head (no header map copied, no URI built).
-    pub(crate) fn lean_request(
+    /// A generation request's bytes for the lean path `lean`: the client's method, path and
+    /// query under the upstream's base path, its headers minus hop-by-hop ones, `Host` and
+    /// `content-length`, then the upstream's `Host`, the body's `content-length` and `body`.
+    /// The same request as [`Forward::request`] gives, written straight from the client's
+    /// head (no header map copied, no URI built).
+    fn lean_request(
         &self,
+        lean: &LeanUpstream,
         parts: &http::request::Parts,
         body: &[u8],
-    ) -> Option<Vec<u8>> {
-        let lean = self.lean.as_ref()?;
+    ) -> Vec<u8> {
         let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let h = &parts.headers;
         let named = connection_named(h);
@@ -253,32 +253,31 @@ impl Forward {
             out.extend_from_slice(b"\r\n");
         }
         lean.encode_tail(&mut out, body);
-        Some(out)
+        out
     }
 
-    /// Sends a generation request's bytes from [`Forward::lean_request`] with the header
-    /// timeout.
+    /// Sends a generation request (the client's head `parts`, the body to forward `body`)
+    /// by the lean path with the header timeout; `None` when there is no lean path (then
+    /// [`Forward::send_generation`]).
     pub(crate) async fn send_lean(
         &self,
-        bytes: &[u8],
+        parts: &http::request::Parts,
+        body: &[u8],
         phases: &mut Phases,
-    ) -> std::result::Result<(http::response::Parts, UpstreamBody), Failure> {
-        let Some(lean) = &self.lean else {
-            return Err((
-                Outcome::UpstreamError,
-                StatusCode::BAD_GATEWAY,
-                "no lean path to the upstream".into(),
-            ));
-        };
-        match tokio::time::timeout(self.timeout, lean.send(bytes, phases)).await {
-            Ok(Ok((parts, body))) => Ok((parts, UpstreamBody::Lean(body))),
-            Ok(Err(e)) => Err((
-                Outcome::UpstreamError,
-                StatusCode::BAD_GATEWAY,
-                e.to_string(),
-            )),
-            Err(_) => Err(self.header_timeout()),
-        }
+    ) -> Option<std::result::Result<(http::response::Parts, UpstreamBody), Failure>> {
+        let lean = self.lean.as_ref()?;
+        let bytes = self.lean_request(lean, parts, body);
+        Some(
+            match tokio::time::timeout(self.timeout, lean.send(&bytes, phases)).await {
+                Ok(Ok((parts, body))) => Ok((parts, UpstreamBody::Lean(body))),
+                Ok(Err(e)) => Err((
+                    Outcome::UpstreamError,
+                    StatusCode::BAD_GATEWAY,
+                    e.to_string(),
+                )),
+                Err(_) => Err(self.header_timeout()),
+            },
+        )
     }
 
     /// Sends a generation request to an upstream with no lean path (`https://`, h2)
@@ -391,9 +390,8 @@ mod tests {
             .unwrap();
         let (parts, ()) = req.into_parts();
         let body = br#"{"model":"m"}"#;
-        let bytes = f
-            .lean_request(&parts, body)
-            .expect("a lean path to http://");
+        let lean = f.lean.as_ref().expect("a lean path to http://");
+        let bytes = f.lean_request(lean, &parts, body);
         let text = String::from_utf8(bytes).unwrap();
         let (head, got_body) = text.split_once("\r\n\r\n").unwrap();
         assert_eq!(got_body.as_bytes(), body);

@@ -287,14 +287,12 @@ async fn handle_generation(
         None => (body, Default::default()),
     };
     drop(info);
-    let sent = match shared.forward.lean_request(&parts, &up_body) {
-        Some(bytes) => {
-            drop(up_body);
-            shared
-                .forward
-                .send_lean(&bytes, &mut recording.phases)
-                .await
-        }
+    let sent = match shared
+        .forward
+        .send_lean(&parts, &up_body, &mut recording.phases)
+        .await
+    {
+        Some(sent) => sent,
         None => {
             let len = up_body.len();
             let Some(up) =

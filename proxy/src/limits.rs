@@ -112,9 +112,8 @@ pub(crate) struct GuardedIo<I> {
     /// (generation, when) of the first byte of the head in progress.
     head_start: Option<(u64, Instant)>,
     timer: Option<Pin<Box<Sleep>>>,
-    /// What the first read got beyond what its caller asked for, given out from `ahead_at`.
-    ahead: Vec<u8>,
-    ahead_at: usize,
+    /// What the first read got beyond what its caller asked for, not yet given out.
+    ahead: Bytes,
     /// Whether the first read (the only one read ahead, see [`READ_AHEAD`]) is done.
     first_read: bool,
 }
@@ -133,8 +132,7 @@ impl<I> GuardedIo<I> {
             metrics,
             head_start: None,
             timer: None,
-            ahead: Vec::new(),
-            ahead_at: 0,
+            ahead: Bytes::new(),
             first_read: false,
         }
     }
@@ -168,14 +166,9 @@ impl<I: AsyncRead + Unpin> GuardedIo<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.ahead_at < self.ahead.len() {
-            let n = buf.remaining().min(self.ahead.len() - self.ahead_at);
-            buf.put_slice(&self.ahead[self.ahead_at..self.ahead_at + n]);
-            self.ahead_at += n;
-            if self.ahead_at == self.ahead.len() {
-                self.ahead = Vec::new();
-                self.ahead_at = 0;
-            }
+        if !self.ahead.is_empty() {
+            let n = buf.remaining().min(self.ahead.len());
+            buf.put_slice(&self.ahead.split_to(n));
             return Poll::Ready(Ok(()));
         }
         if self.first_read || buf.remaining() >= READ_AHEAD || buf.remaining() == 0 {
@@ -189,7 +182,7 @@ impl<I: AsyncRead + Unpin> GuardedIo<I> {
         let got = rb.filled();
         let n = buf.remaining().min(got.len());
         buf.put_slice(&got[..n]);
-        self.ahead = got[n..].to_vec();
+        self.ahead = Bytes::copy_from_slice(&got[n..]);
         Poll::Ready(Ok(()))
     }
 }

@@ -134,7 +134,7 @@ impl LeanUpstream {
         out.extend_from_slice(body);
     }
 
-    /// Sends `request` (from [`crate::forward::Forward::lean_request`]) under the wire's retry rule
+    /// Sends `request` (encoded by [`crate::forward::Forward::send_lean`]) under the wire's retry rule
     /// and reads the response head, stamping `phases`. The caller bounds the whole with its
     /// header timeout.
     pub(crate) async fn send(

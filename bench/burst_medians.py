@@ -31,16 +31,20 @@ def main():
               f"  {sum(r['overflows'] for r in rs):9}"
               f"  {sum(r['ok'] for r in rs)} / {sum(r['sent'] for r in rs)}"
               f"  {','.join(str(r['rows']) for r in rs)}")
+    # capture (one serving thread per core) against nginx's one worker, the criterion of
+    # issue 17; and, when the run has them, the like-for-like pairs of thread counts.
+    pairs = (("capture", "nginx"), ("capture1", "nginx"), ("capture", "nginx2"))
     for key, what in (("p99", "TTFT p99"), ("added_p99", "added TTFT p99")):
-        for n in sorted({n for n, _ in by}):
-            cap = {r["round"]: r[key] for r in by.get((n, "capture"), []) if r.get(key) is not None}
-            ng = {r["round"]: r[key] for r in by.get((n, "nginx"), []) if r.get(key) is not None}
-            both = sorted(set(cap) & set(ng))
-            if both:
-                wins = sum(cap[k] <= ng[k] for k in both)
-                print(f"{n:>5}: capture's {what} no worse than nginx's in {wins} of {len(both)} rounds "
-                      f"(capture {', '.join(f'{cap[k]:.1f}' for k in both)}; "
-                      f"nginx {', '.join(f'{ng[k]:.1f}' for k in both)} ms)")
+        for a, b in pairs:
+            for n in sorted({n for n, _ in by}):
+                cap = {r["round"]: r[key] for r in by.get((n, a), []) if r.get(key) is not None}
+                ng = {r["round"]: r[key] for r in by.get((n, b), []) if r.get(key) is not None}
+                both = sorted(set(cap) & set(ng))
+                if both:
+                    wins = sum(cap[k] <= ng[k] for k in both)
+                    print(f"{n:>5}: {a}'s {what} no worse than {b}'s in {wins} of {len(both)} rounds "
+                          f"({a} {', '.join(f'{cap[k]:.1f}' for k in both)}; "
+                          f"{b} {', '.join(f'{ng[k]:.1f}' for k in both)} ms)")
 
 
 if __name__ == "__main__":

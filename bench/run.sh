@@ -172,11 +172,12 @@ proxy_path() { # proxy_path N PATH [burst [ROUND]]
       [ "$mode" = burst ] && grep -q -- phase-log "$cbin" && threads+=(--phase-log "$PWD/$OUT/$tag-phases.jsonl")
       "$cbin" capture --listen "127.0.0.1:$pp" --upstream "$target" --out "$OUT/$tag-trace" --no-admin "${threads[@]}" 2>"$OUT/$tag-capture.log" &
       ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
-    nginx)
-      local pp; pp=$(free_port)
+    nginx|nginx2)
+      # nginx2: two workers, like capture's default of one serving thread per core here.
+      local pp workers=1; pp=$(free_port); [ "$path" = nginx2 ] && workers=2
       mkdir -p "$OUT/$tag-nginx"
       cat > "$OUT/$tag-nginx/nginx.conf" <<NGINX
-worker_processes 1;
+worker_processes $workers;
 pid $PWD/$OUT/$tag-nginx/nginx.pid;
 error_log $PWD/$OUT/$tag-nginx/error.log;
 events { worker_connections 8192; }
@@ -297,14 +298,16 @@ proxy_bench() {
 # (TTFT and added TTFT: the client's minus the server's own logged one, per request) and
 # how many rounds capture's p99 was no worse than nginx's; burst-N-capture-r*-phases.txt
 # where capture's time went (bench/phases.py). BURST_PATHS picks the paths (default "direct
-# capture nginx"); "capture-b" is the build CAPTURE_B_BIN, for an A/B of two proxies:
+# capture nginx"); "capture1" is capture with one serving thread and "nginx2" nginx with two
+# workers (like-for-like with nginx's one worker and capture's default of one thread per
+# core); "capture-b" is the build CAPTURE_B_BIN, for an A/B of two proxies:
 #   BURST_NS=100 BURST_ROUNDS=10 BURST_PATHS="capture capture-b nginx" CAPTURE_B_BIN=/tmp/old bench/run.sh burst
 burst_bench() {
   command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
   for n in ${BURST_NS:-100 500 1000}; do
     for r in $(seq "${BURST_ROUNDS:-3}"); do
       for path in ${BURST_PATHS:-direct capture nginx}; do
-        if [ "$path" = nginx ] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
+        if [[ "$path" = nginx* ]] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
         proxy_path "$n" "$path" burst "$r"
       done
     done

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# CPU per request of a connection burst's request paths only (issue 17): N one-token requests,
+# each on a new connection at t=0, through a proxy in front of a ground-truth server whose
+# TTFT is 1.5 s, so the first second holds only what each request costs from its accept to
+# its upstream write (with the upstream's response head forwarded). Reports, per request, the
+# CPU of every thread of the proxy, of the ground-truth server and of the client over that
+# second (/proc/<pid>/task/*/schedstat, ns resolution), ROUNDS times, paths interleaved.
+#
+# usage: bench/request-path-cpu.sh N ROUNDS PATH...   PATH: capture | capture1 | nginx | nginx2
+#   capture: --threads default (one per core); capture1: --threads 1; nginx: one worker;
+#   nginx2: two workers. CAPTURE_BIN picks the capture build (default target/release/llmreplay).
+#   e.g. bench/request-path-cpu.sh 500 3 capture1 nginx
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
+N=$1 ROUNDS=$2; shift 2
+BIN=${BIN:-target/release/llmreplay}
+CAPTURE_BIN=${CAPTURE_BIN:-$BIN}
+OUT=bench/out/rp-$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$OUT"
+ulimit -n 65536 2>/dev/null || true
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "nothing on $1" >&2; return 1; }
+# Summed schedstat run time (ns) of every thread of the given processes.
+cpu() { local p; for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null || true; done | awk '{s += $1} END {printf "%d\n", s}'; }
+"$BIN" synth -o "$OUT/in.parquet" --num-prompts "$N" --input-len 16 --output-len 1 --request-rate inf --seed 1 2>/dev/null
+
+one() { # one PATH RUN_DIR
+  local path=$1 d=$2 gt pp cp gp rp
+  mkdir -p "$d"
+  gt=$(free_port)
+  "$BIN" sim --ground-truth --fixed-timing 1500,10 --tokens-per-chunk 1 --listen "127.0.0.1:$gt" 2>/dev/null &
+  gp=$!
+  wait_port "$gt"
+  pp=$(free_port)
+  case "$path" in
+    nginx|nginx2)
+      local workers=1; [ "$path" = nginx2 ] && workers=2
+      cat > "$d/nginx.conf" <<NGINX
+worker_processes $workers; pid $PWD/$d/nginx.pid; error_log $PWD/$d/error.log;
+events { worker_connections 8192; }
+http { access_log off; upstream gt { server 127.0.0.1:$gt; keepalive 2048; }
+  server { listen 127.0.0.1:$pp backlog=4096; location / { proxy_pass http://gt; proxy_http_version 1.1;
+    proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 600s; } } }
+NGINX
+      nginx -c "$PWD/$d/nginx.conf" -p "$PWD/$d" -g 'daemon off;' 2>/dev/null &
+      cp=$! ;;
+    capture|capture1)
+      local threads=(); [ "$path" = capture1 ] && threads=(--threads 1)
+      "$CAPTURE_BIN" capture --listen "127.0.0.1:$pp" --upstream "http://127.0.0.1:$gt" --out "$d/trace" --no-admin "${threads[@]}" 2>"$d/capture.log" &
+      cp=$! ;;
+    *) echo "unknown path $path" >&2; exit 2 ;;
+  esac
+  wait_port "$pp"; sleep 0.3
+  local pids c0 g0 c1 g1 r1
+  pids="$cp $(pgrep -P "$cp" || true)"
+  c0=$(cpu $pids); g0=$(cpu "$gp")
+  "$BIN" replay "$OUT/in.parquet" --target "c=http://127.0.0.1:$pp" --request-rate inf --max-concurrency "$N" --no-preconnect -q > "$d/replay.txt" 2>&1 &
+  rp=$!
+  sleep 1.0
+  # Threads started meanwhile (capture's prompt runners) count too.
+  pids="$cp $(pgrep -P "$cp" || true)"
+  c1=$(cpu $pids); g1=$(cpu "$gp"); r1=$(cpu "$rp")
+  wait "$rp" || true
+  kill -TERM "$cp"; wait "$cp" || true
+  kill -TERM "$gp"; wait "$gp" || true
+  printf '%5d %-9s proxy %4d  ground truth %4d  client %4d  us/req\n' "$N" "$path" \
+    $(( (c1 - c0) / N / 1000 )) $(( (g1 - g0) / N / 1000 )) $(( r1 / N / 1000 ))
+}
+
+for r in $(seq "$ROUNDS"); do
+  for p in "$@"; do one "$p" "$OUT/$p-r$r"; done
+done | tee "$OUT/request-path-cpu.txt"
+echo "Run: \`$OUT\`"

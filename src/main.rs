@@ -23,6 +23,9 @@ fn main() -> ExitCode {
     // Servers (capture, sim) and a replay of thousands of streams need more descriptors than
     // a soft limit of 1,024.
     let _ = wire::listen::raise_fd_limit();
+    // …and a descriptor table that holds them from the start, while this is the process's
+    // one thread: growing it later stalls every thread's accept for an RCU grace period.
+    let _ = wire::listen::reserve_fd_table(wire::listen::FD_TABLE_RESERVE);
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

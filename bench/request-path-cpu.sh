@@ -10,9 +10,12 @@
 #   capture: --threads default (one per core); capture1: --threads 1; nginx: one worker;
 #   nginx2: two workers. CAPTURE_BIN picks the capture build (default target/release/llmreplay).
 #   e.g. bench/request-path-cpu.sh 500 3 capture1 nginx
+#   PERF_RECORD=1: also a sampled profile of the proxy over that second (perf record, 20 kHz,
+#   its user and kernel stacks' leaves) in <run>/<path>-r<N>/perf.data, and its top symbols
+#   in perf-top.txt beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,15p "$0"; exit 2; }
 N=$1 ROUNDS=$2; shift 2
 BIN=${BIN:-target/release/llmreplay}
 CAPTURE_BIN=${CAPTURE_BIN:-$BIN}
@@ -54,10 +57,17 @@ NGINX
   wait_port "$pp"; sleep 0.3
   local pids c0 g0 c1 g1 r1
   pids="$cp $(pgrep -P "$cp" || true)"
+  local pf=""
+  if [ -n "${PERF_RECORD:-}" ]; then
+    perf record -q -F 20000 -p "$(echo $pids | tr ' ' ,)" -o "$d/perf.data" 2>/dev/null & pf=$!
+    sleep 0.5
+  fi
   c0=$(cpu $pids); g0=$(cpu "$gp")
   "$BIN" replay "$OUT/in.parquet" --target "c=http://127.0.0.1:$pp" --request-rate inf --max-concurrency "$N" --no-preconnect -q > "$d/replay.txt" 2>&1 &
   rp=$!
   sleep 1.0
+  [ -n "$pf" ] && { kill -INT "$pf"; wait "$pf" || true
+    perf report -i "$d/perf.data" --no-children --sort dso,sym --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -60 > "$d/perf-top.txt" || true; }
   # Threads started meanwhile (capture's prompt runners) count too.
   pids="$cp $(pgrep -P "$cp" || true)"
   c1=$(cpu $pids); g1=$(cpu "$gp"); r1=$(cpu "$rp")

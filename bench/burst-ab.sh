@@ -18,6 +18,8 @@ BIN=${BIN:-target/release/llmreplay}
 OUT=bench/out/ab-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 ulimit -n 65536 2>/dev/null || true
+# shellcheck source=bench/nginx.sh
+. bench/nginx.sh
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "nothing on $1" >&2; return 1; }
 "$BIN" synth -o "$OUT/in.parquet" --num-prompts "$N" --input-len 16 --output-len "$TOK" --request-rate inf --seed 1 2>/dev/null
@@ -31,14 +33,7 @@ one() { # one LABEL PROXY_BIN|nginx RUN_DIR
   wait_port "$gt"
   pp=$(free_port)
   if [ "$proxy" = nginx ]; then
-    mkdir -p "$d/ng"
-    cat > "$d/ng/nginx.conf" <<NGINX
-worker_processes 1; pid $PWD/$d/ng/nginx.pid; error_log $PWD/$d/ng/error.log;
-events { worker_connections 8192; }
-http { access_log off; upstream gt { server 127.0.0.1:$gt; keepalive 2048; }
-  server { listen 127.0.0.1:$pp backlog=4096; location / { proxy_pass http://gt; proxy_http_version 1.1;
-    proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 600s; } } }
-NGINX
+    nginx_conf "$PWD/$d/ng" 1 "$pp" "$gt"
     nginx -c "$PWD/$d/ng/nginx.conf" -p "$PWD/$d/ng" -g 'daemon off;' 2>/dev/null &
   else
     "$proxy" capture --listen "127.0.0.1:$pp" --upstream "http://127.0.0.1:$gt" --out "$d/trace" --no-admin 2>"$d/capture.log" &

@@ -22,6 +22,8 @@ CAPTURE_BIN=${CAPTURE_BIN:-$BIN}
 OUT=bench/out/rp-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 ulimit -n 65536 2>/dev/null || true
+# shellcheck source=bench/nginx.sh
+. bench/nginx.sh
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "nothing on $1" >&2; return 1; }
 # Summed schedstat run time (ns) of every thread of the given processes.
@@ -39,13 +41,7 @@ one() { # one PATH RUN_DIR
   case "$path" in
     nginx|nginx2)
       local workers=1; [ "$path" = nginx2 ] && workers=2
-      cat > "$d/nginx.conf" <<NGINX
-worker_processes $workers; pid $PWD/$d/nginx.pid; error_log $PWD/$d/error.log;
-events { worker_connections 8192; }
-http { access_log off; upstream gt { server 127.0.0.1:$gt; keepalive 2048; }
-  server { listen 127.0.0.1:$pp backlog=4096; location / { proxy_pass http://gt; proxy_http_version 1.1;
-    proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 600s; } } }
-NGINX
+      nginx_conf "$PWD/$d" "$workers" "$pp" "$gt"
       nginx -c "$PWD/$d/nginx.conf" -p "$PWD/$d" -g 'daemon off;' 2>/dev/null &
       cp=$! ;;
     capture|capture1)

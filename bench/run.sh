@@ -19,6 +19,8 @@ BIN=${LLMREPLAY_BIN:-target/release/llmreplay}  # LLMREPLAY_BIN: another build, 
 # client and the ground-truth server stay the same build.
 CAPTURE_BIN=${CAPTURE_BIN:-$BIN}
 ulimit -n 65536 2>/dev/null || true
+# shellcheck source=bench/nginx.sh
+. bench/nginx.sh
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "server on $1 did not start" >&2; return 1; }
@@ -175,28 +177,7 @@ proxy_path() { # proxy_path N PATH [burst [ROUND]]
     nginx|nginx2)
       # nginx2: two workers, like capture's default of one serving thread per core here.
       local pp workers=1; pp=$(free_port); [ "$path" = nginx2 ] && workers=2
-      mkdir -p "$OUT/$tag-nginx"
-      cat > "$OUT/$tag-nginx/nginx.conf" <<NGINX
-worker_processes $workers;
-pid $PWD/$OUT/$tag-nginx/nginx.pid;
-error_log $PWD/$OUT/$tag-nginx/error.log;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  upstream gt { server 127.0.0.1:$GT_PORT; keepalive 2048; }
-  server {
-    listen 127.0.0.1:$pp backlog=4096;
-    location / {
-      proxy_pass http://gt;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;
-      proxy_read_timeout 600s;
-    }
-  }
-}
-NGINX
+      nginx_conf "$PWD/$OUT/$tag-nginx" "$workers" "$pp" "$GT_PORT"
       nginx -c "$PWD/$OUT/$tag-nginx/nginx.conf" -p "$PWD/$OUT/$tag-nginx" -g 'daemon off;' 2>/dev/null &
       ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
   esac

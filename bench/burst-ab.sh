@@ -33,8 +33,7 @@ one() { # one LABEL PROXY_BIN|nginx RUN_DIR
   wait_port "$gt"
   pp=$(free_port)
   if [ "$proxy" = nginx ]; then
-    nginx_conf "$PWD/$d/ng" 1 "$pp" "$gt"
-    nginx -c "$PWD/$d/ng/nginx.conf" -p "$PWD/$d/ng" -g 'daemon off;' 2>/dev/null &
+    nginx_start "$PWD/$d/ng" 1 "$pp" "$gt"
   else
     "$proxy" capture --listen "127.0.0.1:$pp" --upstream "http://127.0.0.1:$gt" --out "$d/trace" --no-admin 2>"$d/capture.log" &
   fi

@@ -4,9 +4,10 @@
 # capture does), HTTP/1.1 keep-alive to the upstream, and the listen backlog capture asks
 # for (4,096; nginx's default of 511 overflows in a 1,000-connection burst).
 #
-# nginx_conf DIR WORKERS LISTEN_PORT UPSTREAM_PORT: writes DIR/nginx.conf (pid and error log
-# in DIR); start it with `nginx -c DIR/nginx.conf -p DIR -g 'daemon off;'` (DIR absolute).
-nginx_conf() {
+# nginx_start DIR WORKERS LISTEN_PORT UPSTREAM_PORT: writes DIR/nginx.conf (pid and error
+# log in DIR, an absolute path) and starts nginx on it in the background, in the foreground
+# mode (`daemon off`), so the caller's `$!` is its master process.
+nginx_start() {
   local dir=$1 workers=$2 port=$3 up=$4
   mkdir -p "$dir"
   cat > "$dir/nginx.conf" <<NGINX
@@ -30,4 +31,5 @@ http {
   }
 }
 NGINX
+  nginx -c "$dir/nginx.conf" -p "$dir" -g 'daemon off;' 2>/dev/null &
 }

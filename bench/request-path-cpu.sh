@@ -41,8 +41,7 @@ one() { # one PATH RUN_DIR
   case "$path" in
     nginx|nginx2)
       local workers=1; [ "$path" = nginx2 ] && workers=2
-      nginx_conf "$PWD/$d" "$workers" "$pp" "$gt"
-      nginx -c "$PWD/$d/nginx.conf" -p "$PWD/$d" -g 'daemon off;' 2>/dev/null &
+      nginx_start "$PWD/$d" "$workers" "$pp" "$gt"
       cp=$! ;;
     capture|capture1)
       local threads=(); [ "$path" = capture1 ] && threads=(--threads 1)

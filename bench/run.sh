@@ -177,8 +177,7 @@ proxy_path() { # proxy_path N PATH [burst [ROUND]]
     nginx|nginx2)
       # nginx2: two workers, like capture's default of one serving thread per core here.
       local pp workers=1; pp=$(free_port); [ "$path" = nginx2 ] && workers=2
-      nginx_conf "$PWD/$OUT/$tag-nginx" "$workers" "$pp" "$GT_PORT"
-      nginx -c "$PWD/$OUT/$tag-nginx/nginx.conf" -p "$PWD/$OUT/$tag-nginx" -g 'daemon off;' 2>/dev/null &
+      nginx_start "$PWD/$OUT/$tag-nginx" "$workers" "$pp" "$GT_PORT"
       ppid=$!; wait_port "$pp"; target="http://127.0.0.1:$pp" ;;
   esac
   if [ "$mode" = burst ]; then

@@ -6,9 +6,11 @@
 # CPU of every thread of the proxy, of the ground-truth server and of the client over that
 # second (/proc/<pid>/task/*/schedstat, ns resolution), ROUNDS times, paths interleaved.
 #
-# usage: bench/request-path-cpu.sh N ROUNDS PATH...   PATH: capture | capture1 | nginx | nginx2
-#   capture: --threads default (one per core); capture1: --threads 1; nginx: one worker;
-#   nginx2: two workers. CAPTURE_BIN picks the capture build (default target/release/llmreplay).
+# usage: bench/request-path-cpu.sh N ROUNDS PATH...
+#   PATH: capture | capture1 | capture-b | nginx | nginx2
+#   capture: --threads default (one per core); capture1: --threads 1; capture-b: the build
+#   CAPTURE_B_BIN, for an A/B of two builds in one run; nginx: one worker; nginx2: two
+#   workers. CAPTURE_BIN picks the capture build (default target/release/llmreplay).
 #   e.g. bench/request-path-cpu.sh 500 3 capture1 nginx
 #   PERF_RECORD=1: also a sampled profile of the proxy over that second (perf record, 20 kHz,
 #   its user and kernel stacks' leaves) in <run>/<path>-r<N>/perf.data, and its top symbols
@@ -43,9 +45,10 @@ one() { # one PATH RUN_DIR
       local workers=1; [ "$path" = nginx2 ] && workers=2
       nginx_start "$PWD/$d" "$workers" "$pp" "$gt"
       cp=$! ;;
-    capture|capture1)
-      local threads=(); [ "$path" = capture1 ] && threads=(--threads 1)
-      "$CAPTURE_BIN" capture --listen "127.0.0.1:$pp" --upstream "http://127.0.0.1:$gt" --out "$d/trace" --no-admin "${threads[@]}" 2>"$d/capture.log" &
+    capture|capture1|capture-b)
+      local threads=() cbin=$CAPTURE_BIN; [ "$path" = capture1 ] && threads=(--threads 1)
+      [ "$path" = capture-b ] && cbin=${CAPTURE_B_BIN:?capture-b needs CAPTURE_B_BIN}
+      "$cbin" capture --listen "127.0.0.1:$pp" --upstream "http://127.0.0.1:$gt" --out "$d/trace" --no-admin "${threads[@]}" 2>"$d/capture.log" &
       cp=$! ;;
     *) echo "unknown path $path" >&2; exit 2 ;;
   esac

@@ -113,7 +113,7 @@ fn body_cut_short(e: &(dyn std::error::Error + 'static)) -> bool {
     true
 }
 
-fn is_generation(method: &Method, path: &str) -> bool {
+pub(crate) fn is_generation(method: &Method, path: &str) -> bool {
     method == Method::POST && path.trim_end_matches('/').ends_with("/completions")
 }
 
@@ -160,9 +160,9 @@ pub(crate) async fn handle(
             }
         }
     }
-    let path = req.uri().path().to_string();
-    if is_generation(req.method(), &path) {
-        Ok(handle_generation(shared, req, (t0, accepted), arrival, path).await)
+    if is_generation(req.method(), req.uri().path()) {
+        let (parts, body) = req.into_parts();
+        Ok(generation(shared, parts, body, (t0, accepted), arrival).await)
     } else {
         Ok(passthrough(shared, req).await)
     }
@@ -191,18 +191,27 @@ async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Pr
     }
 }
 
-async fn handle_generation(
+/// Answers and records a generation request (`parts`, its body still to be read from
+/// `body`), whose head was read at `t0` (`arrival`, µs since the epoch) on a connection
+/// accepted at `accepted` when it is the connection's first request. hyper's server gives
+/// its `Incoming`, the lean path ([`crate::http1`]) a body read from its own buffer.
+pub(crate) async fn generation<B>(
     shared: Arc<Shared>,
-    req: Request<Incoming>,
+    parts: http::request::Parts,
+    body: B,
     (t0, accepted): (Instant, Option<Instant>),
     arrival: i64,
-    path: String,
-) -> Response<ProxyBody> {
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     let n = shared.next_id.fetch_add(1, Relaxed);
+    let path = parts.uri.path().to_string();
     let mut rec = TraceRecord::new(format!("{}-{n:08x}", shared.id_prefix), arrival, path);
     if let Some(h) = &shared.session_header {
-        rec.session_id = req
-            .headers()
+        rec.session_id = parts
+            .headers
             .get(h)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
@@ -214,7 +223,6 @@ async fn handle_generation(
         sampled(n, shared.cfg.sample_rate),
     );
     recording.phases.accepted = accepted;
-    let (parts, body) = req.into_parts();
     let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
     let body = match Limited::new(body, shared.cfg.max_request_body)
         .collect()

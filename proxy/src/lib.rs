@@ -24,6 +24,7 @@ pub mod error;
 mod forward;
 mod handler;
 mod heap;
+mod http1;
 pub mod jsonscan;
 mod limits;
 pub mod metrics;

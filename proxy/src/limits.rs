@@ -137,6 +137,26 @@ impl<I> GuardedIo<I> {
         }
     }
 
+    /// The socket itself (its writes, and a look at its readiness while a request is
+    /// served, go around the deadlines: they only bound waits for a request).
+    pub(crate) fn get_mut(&mut self) -> &mut I {
+        &mut self.io
+    }
+
+    /// Puts `prefix` back in front of what is still to be read: the next reads give it out
+    /// first (the lean path hands a connection it does not serve to hyper this way, with
+    /// the bytes it has read).
+    pub(crate) fn unread(&mut self, prefix: Bytes) {
+        self.first_read = true;
+        if self.ahead.is_empty() {
+            self.ahead = prefix;
+        } else {
+            let mut v = prefix.to_vec();
+            v.extend_from_slice(&self.ahead);
+            self.ahead = v.into();
+        }
+    }
+
     /// The deadline of the current phase (`None` while a request is being served).
     fn deadline(&self) -> Option<(Instant, Phase)> {
         let p = &self.phase;

@@ -22,7 +22,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use trace_format::{FileMeta, Producer, WriterConfig};
 
@@ -360,7 +360,7 @@ async fn accept_loop(listener: TcpListener, s: Serving) {
                 let c = s.clone();
                 match &s.acceptor {
                     None => {
-                        tokio::spawn(serve_conn(sock, accepted, c));
+                        tokio::spawn(serve_plain(sock, accepted, c));
                     }
                     Some(acc) => {
                         let acc = acc.clone();
@@ -459,9 +459,51 @@ async fn run(
     })
 }
 
-/// Serves one client connection, accepted at `accepted`.
+/// Serves one plain-http client connection, accepted at `accepted`: by the lean path
+/// ([`crate::http1`]) while its requests are lean ones, then by hyper.
+async fn serve_plain(sock: TcpStream, accepted: Instant, s: Serving) {
+    let phase = ConnPhase::new();
+    let shared = &s.shared;
+    let mut io = GuardedIo::new(
+        sock,
+        phase.clone(),
+        shared.cfg.client,
+        shared.metrics.clone(),
+    );
+    let (mut graceful, mut hard) = (s.graceful.clone(), s.hard.clone());
+    let handoff = tokio::select! {
+        h = crate::http1::serve(&mut io, &phase, shared, Some(accepted), &mut graceful) => h,
+        _ = hard.wait_for(|h| *h) => None,
+    };
+    if let Some(h) = handoff {
+        io.unread(h.unread);
+        serve_hyper(io, phase, h.accepted, s).await;
+    }
+}
+
+/// Serves one client connection (TLS), accepted at `accepted`.
 async fn serve_conn<I>(io: I, accepted: Instant, s: Serving)
 where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let phase = ConnPhase::new();
+    let io = GuardedIo::new(
+        io,
+        phase.clone(),
+        s.shared.cfg.client,
+        s.shared.metrics.clone(),
+    );
+    serve_hyper(io, phase, Some(accepted), s).await;
+}
+
+/// Serves a client connection with hyper to its end (`accepted`: when its first request is
+/// still to come, the accept instant).
+async fn serve_hyper<I>(
+    io: GuardedIo<I>,
+    phase: Arc<ConnPhase>,
+    accepted: Option<Instant>,
+    s: Serving,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let Serving {
@@ -472,10 +514,8 @@ where
         guard: _guard,
         ..
     } = s;
-    let phase = ConnPhase::new();
-    let io = GuardedIo::new(io, phase.clone(), shared.cfg.client, shared.metrics.clone());
     // The first request's phases start at the accept.
-    let accepted = std::cell::Cell::new(Some(accepted));
+    let accepted = std::cell::Cell::new(accepted);
     let svc = service_fn(move |req| {
         // The head is read: the connection serves this request until its response body is
         // done (no client-side read deadline meanwhile; see crate::limits).

@@ -1,0 +1,661 @@
+//! The lean HTTP/1.1 server path: a plain-http client connection's generation requests are
+//! read, handed to [`handler::generation`] and their responses written here, without
+//! hyper's server.
+//!
+//! In a connection burst capture's added TTFT follows its CPU per request, and hyper's
+//! server side (its protocol sniff, dispatcher, header map round trips and the boxed
+//! futures between them) was the largest part of what capture spends beyond nginx in user
+//! space. This path reads the head into one buffer, parses it with httparse, and writes the
+//! response head and each body frame with one `writev` (the head together with the first
+//! frame when that is ready).
+//!
+//! Only requests that leave nothing to interpret are served here: a complete head that
+//! httparse parses (strict: no obs-fold, no space before a colon, at most [`MAX_FIELDS`]
+//! fields, at most [`MAX_HEAD`] bytes), `POST` to a `…/completions` path in origin form,
+//! HTTP/1.1, exactly one `content-length` of digits within `--max-request-body`, and no
+//! `transfer-encoding`, `expect`, `upgrade` or `te`. At the first request that is anything
+//! else (the h2 preface, a pass-through request, a malformed, ambiguous or oversize head),
+//! the connection goes to hyper with every byte read and not yet served
+//! ([`GuardedIo::unread`]), and hyper serves it to its end: its answers to bad requests
+//! stay the proxy's answers.
+//!
+//! What hyper did that this keeps: the client's deadlines ([`GuardedIo`], [`ConnPhase`]);
+//! `connection: close` honoured both ways; keep-alive and pipelined requests; a `date`
+//! header when the upstream sent none; `content-length` when the body's length is known,
+//! chunked otherwise; a client that closes mid-response ends it (the row says the client
+//! cancelled); a body error cuts the connection without the chunked terminator, so the
+//! client sees a truncated body, not a complete one.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::handler::{self, ProxyBody};
+use crate::limits::{ConnPhase, GuardedIo};
+use crate::state::Shared;
+
+/// Header fields a lean request may have (more: hyper's, whose limit is 100).
+pub(crate) const MAX_FIELDS: usize = 64;
+/// The longest head the lean path reads before it leaves the request to hyper (whose limit
+/// answers 431).
+pub(crate) const MAX_HEAD: usize = 16 * 1024;
+/// What a read of the socket asks for.
+const READ_SIZE: usize = 8 * 1024;
+/// Bytes of pipelined requests read while a response is written; past this the socket is
+/// not read until the response ends (the client waits, as with hyper's read buffer).
+const MAX_PIPELINED: usize = 64 * 1024;
+
+/// A connection the lean path stopped serving: the bytes it read and did not serve, for
+/// hyper, and the accept instant when no request was served yet.
+pub(crate) struct Handoff {
+    pub(crate) unread: Bytes,
+    pub(crate) accepted: Option<Instant>,
+}
+
+/// Serves `io`'s requests while they are lean ones (see the module); `Some` hands the
+/// connection to hyper, `None` means it is done (closed by either side, timed out, or
+/// finished for a graceful shutdown).
+pub(crate) async fn serve(
+    io: &mut GuardedIo<TcpStream>,
+    phase: &Arc<ConnPhase>,
+    shared: &Arc<Shared>,
+    mut accepted: Option<Instant>,
+    graceful: &mut watch::Receiver<bool>,
+) -> Option<Handoff> {
+    let mut buf = BytesMut::new();
+    let mut asked = *graceful.borrow();
+    loop {
+        let head = loop {
+            if !buf.is_empty() {
+                match parse(&buf, shared.cfg.max_request_body) {
+                    Parsed::Lean(h) => break h,
+                    Parsed::Partial if buf.len() < MAX_HEAD => {}
+                    Parsed::Partial | Parsed::Other => {
+                        return Some(Handoff {
+                            unread: buf.freeze(),
+                            accepted,
+                        })
+                    }
+                }
+            } else if asked {
+                return None;
+            }
+            buf.reserve(READ_SIZE);
+            tokio::select! {
+                biased;
+                r = io.read_buf(&mut buf) => match r {
+                    // Ended, or a client deadline (as with hyper: closed, nothing recorded).
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {}
+                },
+                _ = graceful.changed(), if !asked => asked = true,
+            }
+        };
+        let t0 = Instant::now();
+        let arrival = wire::clock::epoch_us();
+        let active = phase.start();
+        let LeanHead {
+            len,
+            content_length,
+            close,
+            parts,
+        } = head;
+        let _ = buf.split_to(len);
+        let mut left = content_length;
+        let body = SocketBody {
+            io: &mut *io,
+            buf: &mut buf,
+            left: &mut left,
+        };
+        let resp =
+            handler::generation(shared.clone(), parts, body, (t0, accepted.take()), arrival).await;
+        // A body not read to its end leaves the connection's framing unknown.
+        let refused = resp
+            .headers()
+            .get(header::CONNECTION)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        let keep_alive = !close && !refused && left == 0 && !*graceful.borrow();
+        let written = respond(io, &mut buf, resp, keep_alive).await;
+        drop(active);
+        if written.is_err() || !keep_alive {
+            let _ = io.get_mut().shutdown().await;
+            return None;
+        }
+        asked = *graceful.borrow();
+    }
+}
+
+/// A lean request's head.
+struct LeanHead {
+    /// Its length in bytes.
+    len: usize,
+    content_length: usize,
+    /// The client sent `connection: close`.
+    close: bool,
+    parts: http::request::Parts,
+}
+
+// A return value, moved once: boxing the head would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Parsed {
+    Lean(LeanHead),
+    /// Not a whole head yet.
+    Partial,
+    /// A head this path leaves to hyper (see the module).
+    Other,
+}
+
+/// The head at the start of `buf`, if it is one the lean path serves.
+fn parse(buf: &[u8], max_body: usize) -> Parsed {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut fields);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::Other,
+    };
+    match lean_head(&req, len, max_body) {
+        Some(h) => Parsed::Lean(h),
+        None => Parsed::Other,
+    }
+}
+
+fn lean_head(req: &httparse::Request<'_, '_>, len: usize, max_body: usize) -> Option<LeanHead> {
+    if req.method != Some("POST") || req.version != Some(1) {
+        return None;
+    }
+    let target = req.path?;
+    if !target.starts_with('/') {
+        return None;
+    }
+    let path = target.split('?').next().unwrap_or(target);
+    if !handler::is_generation(&Method::POST, path) {
+        return None;
+    }
+    let mut content_length = None;
+    let mut close = false;
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    for f in req.headers.iter() {
+        let name = HeaderName::from_bytes(f.name.as_bytes()).ok()?;
+        if name == header::CONTENT_LENGTH {
+            let v = f.value;
+            if content_length.is_some()
+                || v.is_empty()
+                || v.len() > 19
+                || !v.iter().all(u8::is_ascii_digit)
+            {
+                return None;
+            }
+            content_length = Some(std::str::from_utf8(v).ok()?.parse::<usize>().ok()?);
+        } else if name == header::TRANSFER_ENCODING
+            || name == header::EXPECT
+            || name == header::UPGRADE
+            || name == header::TE
+        {
+            return None;
+        } else if name == header::CONNECTION {
+            for token in f.value.split(|&b| b == b',') {
+                let t = token.trim_ascii();
+                if t.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if t.eq_ignore_ascii_case(b"upgrade") {
+                    return None;
+                }
+            }
+        }
+        headers.append(name, HeaderValue::from_bytes(f.value).ok()?);
+    }
+    let content_length = content_length.filter(|&n| n <= max_body)?;
+    let mut parts = Request::new(()).into_parts().0;
+    parts.method = Method::POST;
+    parts.uri = Uri::try_from(target).ok()?;
+    parts.version = Version::HTTP_11;
+    parts.headers = headers;
+    Some(LeanHead {
+        len,
+        content_length,
+        close,
+        parts,
+    })
+}
+
+/// A lean request's body: what the head's buffer already holds, then reads of the socket
+/// (the bytes after it stay in the buffer for the next request).
+struct SocketBody<'a> {
+    io: &'a mut GuardedIo<TcpStream>,
+    buf: &'a mut BytesMut,
+    left: &'a mut usize,
+}
+
+impl Body for SocketBody<'_> {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let me = self.get_mut();
+        if *me.left == 0 {
+            return Poll::Ready(None);
+        }
+        if me.buf.is_empty() {
+            me.buf.reserve((*me.left).clamp(READ_SIZE, 64 * 1024));
+            let n = ready!(poll_read_buf(me.io, cx, me.buf))?;
+            if n == 0 {
+                return Poll::Ready(Some(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the client closed the connection before the body ended",
+                ))));
+            }
+        }
+        let n = me.buf.len().min(*me.left);
+        *me.left -= n;
+        Poll::Ready(Some(Ok(Frame::data(me.buf.split_to(n).freeze()))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        *self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(*self.left as u64)
+    }
+}
+
+/// One read of `io` into `buf`'s spare capacity; the bytes read.
+fn poll_read_buf<R: AsyncRead + Unpin>(
+    io: &mut R,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    let dst = buf.spare_capacity_mut();
+    let mut rb = ReadBuf::uninit(dst);
+    ready!(Pin::new(io).poll_read(cx, &mut rb))?;
+    let n = rb.filled().len();
+    // SAFETY: the read initialised the first `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Poll::Ready(Ok(n))
+}
+
+/// How a response body is framed on the wire.
+#[derive(Clone, Copy)]
+enum Framing {
+    /// No body (1xx, 204, 304).
+    None,
+    /// `content-length`: the bytes still to write.
+    Length(u64),
+    Chunked,
+}
+
+/// What a response waits for next.
+enum Event {
+    Frame(Option<Result<Frame<Bytes>, crate::record::BoxError>>),
+    /// Nothing to write with the head yet: send it alone.
+    Head,
+    /// The client sent something (a pipelined request, or its end).
+    Readable,
+}
+
+/// Writes `resp` to the client, each body frame as it comes; `keep_alive` false adds
+/// `connection: close`. An error means the connection is not reusable (the client went
+/// away, or the body failed midway and the client has a truncated one).
+async fn respond(
+    io: &mut GuardedIo<TcpStream>,
+    buf: &mut BytesMut,
+    resp: Response<ProxyBody>,
+    keep_alive: bool,
+) -> io::Result<()> {
+    let (parts, mut body) = resp.into_parts();
+    let (head, mut framing) = encode_head(&parts, &body, keep_alive);
+    drop(parts);
+    let sock = io.get_mut();
+    let mut head_pending = true;
+    loop {
+        // A body whose length is met is done (hyper drops it unpolled then too).
+        match framing {
+            Framing::Length(0) => break,
+            Framing::None if body.is_end_stream() => break,
+            _ => {}
+        }
+        let watching = buf.len() < MAX_PIPELINED;
+        let ev = poll_fn(|cx| {
+            if let Poll::Ready(f) = Pin::new(&mut body).poll_frame(cx) {
+                return Poll::Ready(Event::Frame(f));
+            }
+            if head_pending {
+                return Poll::Ready(Event::Head);
+            }
+            if watching && sock.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(Event::Readable);
+            }
+            Poll::Pending
+        })
+        .await;
+        match ev {
+            Event::Head => {
+                sock.write_all(&head).await?;
+                head_pending = false;
+            }
+            Event::Readable => {
+                buf.reserve(READ_SIZE);
+                match sock.try_read_buf(buf) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            "the client closed the connection mid-response",
+                        ))
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Event::Frame(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    // Trailers: hyper sends them only to a client that asked (`te`), and
+                    // such a request is hyper's.
+                    continue;
+                };
+                let head_part: &[u8] = if head_pending { &head } else { &[] };
+                head_pending = false;
+                match &mut framing {
+                    Framing::None => {}
+                    Framing::Length(left) => {
+                        let n = (data.len() as u64).min(*left) as usize;
+                        *left -= n as u64;
+                        write_all(
+                            sock,
+                            &mut [IoSlice::new(head_part), IoSlice::new(&data[..n])],
+                        )
+                        .await?;
+                        if n < data.len() {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "response body longer than its content-length",
+                            ));
+                        }
+                    }
+                    Framing::Chunked => {
+                        if data.is_empty() {
+                            continue;
+                        }
+                        let size = format!("{:x}\r\n", data.len());
+                        let end: &[u8] = if body.is_end_stream() {
+                            b"\r\n0\r\n\r\n"
+                        } else {
+                            b"\r\n"
+                        };
+                        write_all(
+                            sock,
+                            &mut [
+                                IoSlice::new(head_part),
+                                IoSlice::new(size.as_bytes()),
+                                IoSlice::new(&data),
+                                IoSlice::new(end),
+                            ],
+                        )
+                        .await?;
+                        if body.is_end_stream() {
+                            framing = Framing::Length(0);
+                        }
+                    }
+                }
+            }
+            Event::Frame(None) => {
+                match framing {
+                    Framing::Length(left) if left > 0 => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "response body shorter than its content-length",
+                        ))
+                    }
+                    Framing::Chunked => {
+                        let head_part: &[u8] = if head_pending { &head } else { &[] };
+                        write_all(
+                            sock,
+                            &mut [IoSlice::new(head_part), IoSlice::new(b"0\r\n\r\n")],
+                        )
+                        .await?;
+                    }
+                    _ => {
+                        if head_pending {
+                            sock.write_all(&head).await?;
+                        }
+                    }
+                }
+                return Ok(());
+            }
+            // The body failed midway (the upstream's error, recorded by the body): the
+            // client's connection is cut, without a terminator.
+            Event::Frame(Some(Err(e))) => return Err(io::Error::other(e)),
+        }
+    }
+    if head_pending {
+        sock.write_all(&head).await?;
+    }
+    Ok(())
+}
+
+/// Writes every byte of `bufs`, in as few `writev` calls as the socket takes.
+async fn write_all(sock: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !bufs.is_empty() {
+        let n = sock.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// The response head as hyper's server writes it, and the body's framing.
+fn encode_head(
+    parts: &http::response::Parts,
+    body: &ProxyBody,
+    keep_alive: bool,
+) -> (Vec<u8>, Framing) {
+    let status = parts.status;
+    let mut out = Vec::with_capacity(128 + parts.headers.len() * 48);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    match parts.extensions.get::<hyper::ext::ReasonPhrase>() {
+        Some(r) => out.extend_from_slice(r.as_bytes()),
+        None => out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes()),
+    }
+    out.extend_from_slice(b"\r\n");
+    let bodiless = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let framing = if bodiless {
+        Framing::None
+    } else if let Some(n) = declared {
+        Framing::Length(n)
+    } else if body.is_end_stream() {
+        Framing::Length(0)
+    } else if let Some(n) = body.size_hint().exact() {
+        Framing::Length(n)
+    } else {
+        Framing::Chunked
+    };
+    let mut dated = false;
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH && (bodiless || declared.is_none()) {
+            continue;
+        }
+        dated |= name == header::DATE;
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        Framing::Length(n) if declared.is_none() => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(n.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        _ => {}
+    }
+    if !keep_alive && !parts.headers.contains_key(header::CONNECTION) {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    if !dated {
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(&date());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    (out, framing)
+}
+
+/// The `date` header's value now, formatted once per second per thread.
+fn date() -> [u8; 29] {
+    use std::cell::Cell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static CACHED: Cell<(u64, [u8; 29])> = const { Cell::new((u64::MAX, [0; 29])) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|c| {
+        let (at, v) = c.get();
+        if at == secs {
+            return v;
+        }
+        let mut v = [b' '; 29];
+        let s = httpdate::fmt_http_date(now);
+        let n = s.len().min(29);
+        v[..n].copy_from_slice(&s.as_bytes()[..n]);
+        c.set((secs, v));
+        v
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lean(raw: &str) -> Option<LeanHead> {
+        match parse(raw.as_bytes(), 1 << 20) {
+            Parsed::Lean(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_plain_generation_request_is_lean() {
+        let raw = "POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nX-A: 1\r\nx-a: 2\r\n\r\n{}";
+        let h = lean(raw).expect("lean");
+        assert_eq!(h.len, raw.len() - 2);
+        assert_eq!(h.content_length, 2);
+        assert!(!h.close);
+        assert_eq!(h.parts.uri.path(), "/v1/chat/completions");
+        assert_eq!(h.parts.uri.query(), Some("x=1"));
+        assert_eq!(h.parts.headers.get_all("x-a").iter().count(), 2);
+        let h = lean("POST /v1/completions HTTP/1.1\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n")
+            .expect("lean");
+        assert!(h.close);
+        assert!(matches!(
+            parse(b"POST /v1/completions HTTP/1.1\r\ncontent-le", 10),
+            Parsed::Partial
+        ));
+    }
+
+    /// Everything with a second reading, or that hyper answers (400, 413, 431), is hyper's.
+    #[test]
+    fn anything_to_interpret_is_left_to_hyper() {
+        let cases = [
+            "GET /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/models HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.0\r\ncontent-length: 2\r\n\r\n",
+            "POST http://a/v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: +2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2, 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2000000\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nexpect: 100-continue\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nte: trailers\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nx-folded: a\r\n b\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length : 2\r\n\r\n",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        ];
+        for c in cases {
+            assert!(
+                matches!(parse(c.as_bytes(), 1 << 20), Parsed::Other),
+                "{c:?}"
+            );
+        }
+        let many: String = (0..MAX_FIELDS + 1)
+            .map(|i| format!("x-{i}: 1\r\n"))
+            .collect();
+        let raw = format!("POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n{many}\r\n");
+        assert!(matches!(parse(raw.as_bytes(), 1 << 20), Parsed::Other));
+    }
+
+    fn head_of(resp: Response<ProxyBody>, keep_alive: bool) -> (String, &'static str) {
+        let (parts, body) = resp.into_parts();
+        let (h, f) = encode_head(&parts, &body, keep_alive);
+        let f = match f {
+            Framing::None => "none",
+            Framing::Length(_) => "length",
+            Framing::Chunked => "chunked",
+        };
+        (String::from_utf8(h).unwrap(), f)
+    }
+
+    #[test]
+    fn the_head_says_how_the_body_is_framed() {
+        let full = |s: &'static str| ProxyBody::Full(http_body_util::Full::new(Bytes::from(s)));
+        let mut r = Response::new(full("{}"));
+        r.headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/json"));
+        let (h, f) = head_of(r, true);
+        assert_eq!(f, "length");
+        assert!(
+            h.starts_with(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\ndate: "
+            ),
+            "{h}"
+        );
+        assert!(h.ends_with(" GMT\r\n\r\n"), "{h}");
+        let mut r = Response::new(full(""));
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        r.headers_mut().insert(
+            "date",
+            HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"),
+        );
+        let (h, f) = head_of(r, false);
+        assert_eq!(f, "none");
+        assert_eq!(
+            h,
+            "HTTP/1.1 204 No Content\r\ndate: Thu, 01 Jan 1970 00:00:00 GMT\r\nconnection: close\r\n\r\n"
+        );
+        let mut r = Response::new(full("x"));
+        r.extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::try_from(&b"Fine"[..]).unwrap());
+        assert!(head_of(r, true).0.starts_with("HTTP/1.1 200 Fine\r\n"));
+    }
+}

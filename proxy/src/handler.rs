@@ -199,9 +199,35 @@ pub(crate) async fn generation<B>(
     shared: Arc<Shared>,
     parts: http::request::Parts,
     body: B,
-    (t0, accepted): (Instant, Option<Instant>),
+    t0: (Instant, Option<Instant>),
     arrival: i64,
 ) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    match read_generation(&shared, parts, body, t0, arrival).await {
+        Ok(g) => forward_generation(shared, g).await,
+        Err(refused) => refused,
+    }
+}
+
+/// A generation request whose body is read: what [`forward_generation`] sends.
+pub(crate) struct ReadGeneration {
+    recording: Recording,
+    parts: http::request::Parts,
+    body: Bytes,
+}
+
+/// The first half of [`generation`]: starts the row and reads the body (`Err`: the answer
+/// to a body that was too slow, too large, cut short or malformed, its row finished).
+pub(crate) async fn read_generation<B>(
+    shared: &Arc<Shared>,
+    parts: http::request::Parts,
+    body: B,
+    (t0, accepted): (Instant, Option<Instant>),
+    arrival: i64,
+) -> Result<ReadGeneration, Response<ProxyBody>>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -236,7 +262,7 @@ where
                 let msg = t.to_string();
                 recording.rec.status = Some(408);
                 recording.finish(Outcome::Timeout, Some(msg.clone()), Instant::now());
-                return body_timeout_response(&msg);
+                return Err(body_timeout_response(&msg));
             }
             let too_large = e
                 .downcast_ref::<http_body_util::LengthLimitError>()
@@ -245,11 +271,11 @@ where
                 let msg = format!("request body over {} bytes", shared.cfg.max_request_body);
                 recording.rec.status = Some(413);
                 recording.finish(Outcome::HttpError, Some(msg.clone()), Instant::now());
-                return error_response(
+                return Err(error_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "invalid_request_error",
                     &msg,
-                );
+                ));
             }
             if body_cut_short(&*e) {
                 recording.finish(
@@ -269,9 +295,31 @@ where
                 recording.rec.status = Some(400);
                 recording.finish(Outcome::HttpError, Some(msg), Instant::now());
             }
-            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad body");
+            return Err(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "bad body",
+            ));
         }
     };
+    Ok(ReadGeneration {
+        recording,
+        parts,
+        body,
+    })
+}
+
+/// The second half of [`generation`]: records what the body says, sends it upstream and
+/// answers with the upstream's response (its body observed) or the failure.
+pub(crate) async fn forward_generation(
+    shared: Arc<Shared>,
+    g: ReadGeneration,
+) -> Response<ProxyBody> {
+    let ReadGeneration {
+        mut recording,
+        parts,
+        body,
+    } = g;
     let info = RequestInfo::parse(&body);
     {
         let r = &mut recording.rec;

@@ -26,7 +26,7 @@
 //! cancelled); a body error cuts the connection without the chunked terminator, so the
 //! client sees a truncated body, not a complete one.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -118,8 +118,21 @@ pub(crate) async fn serve(
             buf: &mut buf,
             left: &mut left,
         };
-        let resp =
-            handler::generation(shared.clone(), parts, body, (t0, accepted.take()), arrival).await;
+        let read =
+            handler::read_generation(shared, parts, body, (t0, accepted.take()), arrival).await;
+        let resp = match read {
+            Err(refused) => refused,
+            Ok(g) => {
+                let forward = handler::forward_generation(shared.clone(), g);
+                match until_client_leaves(forward, io.get_mut(), &mut buf).await {
+                    Some(resp) => resp,
+                    // As hyper does: the request is dropped (its row says the client
+                    // disconnected before the response headers), and so is its upstream
+                    // connection, which ends the generation there.
+                    None => return None,
+                }
+            }
+        };
         // A body not read to its end leaves the connection's framing unknown.
         let refused = resp
             .headers()
@@ -133,6 +146,49 @@ pub(crate) async fn serve(
             return None;
         }
         asked = *graceful.borrow();
+    }
+}
+
+/// Runs `work` (a request forwarded, its response head awaited) unless the client closes
+/// its connection first (`None`). What the client sends meanwhile (a pipelined request) is
+/// kept in `buf`, up to [`MAX_PIPELINED`].
+async fn until_client_leaves<F: Future>(
+    work: F,
+    sock: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    loop {
+        let readable = poll_fn(|cx| {
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(Err(out));
+            }
+            if buf.len() < MAX_PIPELINED && sock.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            Poll::Pending
+        })
+        .await;
+        match readable {
+            Err(out) => return Some(out),
+            Ok(()) => {
+                if !read_more(sock, buf) {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// A non-blocking read of what the client sent while its request is served, into `buf`:
+/// false when the client has closed (or reset) its connection.
+fn read_more(sock: &mut TcpStream, buf: &mut BytesMut) -> bool {
+    buf.reserve(READ_SIZE);
+    match sock.try_read_buf(buf) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+        Err(_) => false,
     }
 }
 
@@ -349,17 +405,11 @@ async fn respond(
                 head_pending = false;
             }
             Event::Readable => {
-                buf.reserve(READ_SIZE);
-                match sock.try_read_buf(buf) {
-                    Ok(0) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::ConnectionAborted,
-                            "the client closed the connection mid-response",
-                        ))
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
+                if !read_more(sock, buf) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "the client closed the connection mid-response",
+                    ));
                 }
             }
             Event::Frame(Some(Ok(frame))) => {

@@ -154,3 +154,61 @@ async fn pipelined_requests_and_a_handoff_to_hyper_on_one_connection() {
         ]
     );
 }
+
+/// A client that goes away while its request waits for the upstream's response head ends
+/// it there, as hyper's server does: the upstream sees its connection closed (the
+/// generation stops), and the row says the client disconnected before the headers. The
+/// lean path first waited for the head, however long the upstream took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_the_response_head_cancels_the_request() {
+    use tokio::io::AsyncReadExt;
+    let up = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up_addr = up.local_addr().unwrap();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = up.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut b = [0u8; 4096];
+        // Read the request, never answer, and report when the proxy closes.
+        loop {
+            match s.read(&mut b).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&b[..n]),
+            }
+        }
+        let _ = closed_tx.send(got);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = proxy::ProxyConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        format!("http://{up_addr}"),
+        dir.path(),
+    );
+    let p = proxy::start(cfg).await.expect("proxy");
+    let addr = p.addr();
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(gen("gone", true, false).as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        drop(s);
+    })
+    .await
+    .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), closed_rx)
+        .await
+        .expect("the upstream connection was closed after the client left")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&got).contains(r#""model":"gone""#),
+        "the request reached the upstream once"
+    );
+    let report = p.shutdown(Duration::from_secs(2)).await.unwrap();
+    assert_eq!(report.records_written, 1);
+    let t = trace_format::read_traces(&[dir.path().to_str().unwrap()]).unwrap();
+    let r = &t.records[0];
+    assert_eq!(r.outcome, trace_format::Outcome::ClientCancelled, "{r:?}");
+    assert_eq!(
+        r.error.as_deref(),
+        Some("client disconnected before the response headers")
+    );
+}

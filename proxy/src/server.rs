@@ -236,6 +236,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         draining: AtomicBool::new(false),
         accept_failed_us: AtomicI64::new(0),
         admin_rescue: Default::default(),
+        cut: crate::cut::Cut::new(cfg.threads),
         cfg,
     });
     let (stop_tx, stop_rx) = oneshot::channel();
@@ -416,6 +417,7 @@ async fn run(
     if !drained {
         shared.recorder.hard_stop.store(true, Relaxed);
         let _ = hard_tx.send(true);
+        shared.cut.cut();
         let _ = tokio::time::timeout(Duration::from_secs(5), conns_done.recv()).await;
     }
     // Bodies of h2 streams live in their own tasks: wait for their records too.
@@ -428,6 +430,7 @@ async fn run(
         let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
     }
     let _ = hard_tx.send(true);
+    shared.cut.cut();
     if let Some(t) = admin_task {
         let _ = t.await;
     }
@@ -470,12 +473,9 @@ async fn serve_plain(sock: TcpStream, accepted: Instant, s: Serving) {
         shared.cfg.client,
         shared.metrics.clone(),
     );
-    let (mut graceful, mut hard) = (s.graceful.clone(), s.hard.clone());
-    let handoff = tokio::select! {
-        h = crate::http1::serve(&mut io, &phase, shared, Some(accepted), &mut graceful) => h,
-        _ = hard.wait_for(|h| *h) => None,
-    };
-    if let Some(h) = handoff {
+    let mut graceful = s.graceful.clone();
+    let lean = crate::http1::serve(&mut io, &phase, shared, Some(accepted), &mut graceful);
+    if let Some(Some(h)) = shared.cut.until(lean).await {
         io.unread(h.unread);
         serve_hyper(io, phase, h.accepted, s).await;
     }

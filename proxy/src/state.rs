@@ -36,4 +36,7 @@ pub(crate) struct Shared {
     /// with it: the serving threads' accept loops hold off meanwhile, so the freed descriptor
     /// goes to the admin connection, not to one more proxy connection.
     pub(crate) admin_rescue: HoldOff,
+    /// Cuts the lean path's connections in the shutdown's last stage (hyper's connections
+    /// watch the `hard` channel of [`crate::server`]).
+    pub(crate) cut: crate::cut::Cut,
 }

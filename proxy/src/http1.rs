@@ -357,16 +357,54 @@ enum Framing {
 
 /// What a response waits for next.
 enum Event {
-    Frame(Option<Result<Frame<Bytes>, crate::record::BoxError>>),
+    /// Body data ready (with whatever else was ready at once), and how the body stands
+    /// after it.
+    Data(After),
     /// Nothing to write with the head yet: send it alone.
     Head,
     /// The client sent something (a pipelined request, or its end).
     Readable,
 }
 
-/// Writes `resp` to the client, each body frame as it comes; `keep_alive` false adds
-/// `connection: close`. An error means the connection is not reusable (the client went
-/// away, or the body failed midway and the client has a truncated one).
+/// How a response body stands after the data taken in one turn.
+enum After {
+    More,
+    Ended,
+    Failed(crate::record::BoxError),
+}
+
+/// At most this many body frames are taken for one write.
+const MAX_BATCH: usize = 32;
+
+/// Takes the body's data frames that are ready now into `batch` (at most [`MAX_BATCH`]),
+/// skipping trailers (hyper sends them only to a client that asked with `te`, and such a
+/// request is hyper's) and empty frames. `Pending` when nothing at all was ready.
+fn poll_batch(body: &mut ProxyBody, cx: &mut Context<'_>, batch: &mut Vec<Bytes>) -> Poll<After> {
+    while batch.len() < MAX_BATCH {
+        if body.is_end_stream() {
+            return Poll::Ready(After::Ended);
+        }
+        match Pin::new(&mut *body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Ok(d) = frame.into_data() {
+                    if !d.is_empty() {
+                        batch.push(d);
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(After::Failed(e)),
+            Poll::Ready(None) => return Poll::Ready(After::Ended),
+            Poll::Pending if batch.is_empty() => return Poll::Pending,
+            Poll::Pending => break,
+        }
+    }
+    Poll::Ready(After::More)
+}
+
+/// Writes `resp` to the client, the body's frames as they come (those ready at once in one
+/// `writev`, and the head with the first); `keep_alive` false adds `connection: close`. An
+/// error means the connection is not reusable (the client went away, or the body failed
+/// midway and the client has a truncated one).
 async fn respond(
     io: &mut GuardedIo<TcpStream>,
     buf: &mut BytesMut,
@@ -378,17 +416,24 @@ async fn respond(
     drop(parts);
     let sock = io.get_mut();
     let mut head_pending = true;
+    let mut batch: Vec<Bytes> = Vec::with_capacity(4);
     loop {
         // A body whose length is met is done (hyper drops it unpolled then too).
-        match framing {
-            Framing::Length(0) => break,
-            Framing::None if body.is_end_stream() => break,
-            _ => {}
+        let done = match framing {
+            Framing::Length(0) => true,
+            Framing::None => body.is_end_stream(),
+            _ => false,
+        };
+        if done {
+            if head_pending {
+                sock.write_all(&head).await?;
+            }
+            return Ok(());
         }
         let watching = buf.len() < MAX_PIPELINED;
         let ev = poll_fn(|cx| {
-            if let Poll::Ready(f) = Pin::new(&mut body).poll_frame(cx) {
-                return Poll::Ready(Event::Frame(f));
+            if let Poll::Ready(after) = poll_batch(&mut body, cx, &mut batch) {
+                return Poll::Ready(Event::Data(after));
             }
             if head_pending {
                 return Poll::Ready(Event::Head);
@@ -399,10 +444,11 @@ async fn respond(
             Poll::Pending
         })
         .await;
-        match ev {
+        let after = match ev {
             Event::Head => {
                 sock.write_all(&head).await?;
                 head_pending = false;
+                continue;
             }
             Event::Readable => {
                 if !read_more(sock, buf) {
@@ -411,91 +457,103 @@ async fn respond(
                         "the client closed the connection mid-response",
                     ));
                 }
+                continue;
             }
-            Event::Frame(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else {
-                    // Trailers: hyper sends them only to a client that asked (`te`), and
-                    // such a request is hyper's.
-                    continue;
-                };
-                let head_part: &[u8] = if head_pending { &head } else { &[] };
-                head_pending = false;
-                match &mut framing {
-                    Framing::None => {}
-                    Framing::Length(left) => {
-                        let n = (data.len() as u64).min(*left) as usize;
-                        *left -= n as u64;
-                        write_all(
-                            sock,
-                            &mut [IoSlice::new(head_part), IoSlice::new(&data[..n])],
-                        )
-                        .await?;
-                        if n < data.len() {
-                            return Err(io::Error::new(
-                                io::ErrorKind::InvalidData,
-                                "response body longer than its content-length",
-                            ));
-                        }
-                    }
-                    Framing::Chunked => {
-                        if data.is_empty() {
-                            continue;
-                        }
-                        let size = format!("{:x}\r\n", data.len());
-                        let end: &[u8] = if body.is_end_stream() {
-                            b"\r\n0\r\n\r\n"
-                        } else {
-                            b"\r\n"
-                        };
-                        write_all(
-                            sock,
-                            &mut [
-                                IoSlice::new(head_part),
-                                IoSlice::new(size.as_bytes()),
-                                IoSlice::new(&data),
-                                IoSlice::new(end),
-                            ],
-                        )
-                        .await?;
-                        if body.is_end_stream() {
-                            framing = Framing::Length(0);
-                        }
-                    }
+            Event::Data(after) => after,
+        };
+        let head_part: &[u8] = if head_pending { &head } else { &[] };
+        head_pending = false;
+        let ended = matches!(after, After::Ended);
+        let mut size_line = [0u8; 18];
+        // Head, size line, up to MAX_BATCH frames, their end and the terminator.
+        let mut out = Slices::new();
+        out.push(head_part);
+        let mut too_long = false;
+        match &mut framing {
+            Framing::None => {}
+            Framing::Length(left) => {
+                for d in &batch {
+                    let n = (d.len() as u64).min(*left) as usize;
+                    *left -= n as u64;
+                    too_long |= n < d.len();
+                    out.push(&d[..n]);
+                }
+                if ended && *left > 0 {
+                    write_all(sock, out.as_mut()).await?;
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "response body shorter than its content-length",
+                    ));
                 }
             }
-            Event::Frame(None) => {
-                match framing {
-                    Framing::Length(left) if left > 0 => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "response body shorter than its content-length",
-                        ))
+            Framing::Chunked => {
+                // What was ready at once goes as one chunk (chunk boundaries carry no
+                // meaning, and hyper re-chunks too).
+                let total: usize = batch.iter().map(Bytes::len).sum();
+                if total > 0 {
+                    out.push(chunk_size_line(total, &mut size_line));
+                    for d in &batch {
+                        out.push(d);
                     }
-                    Framing::Chunked => {
-                        let head_part: &[u8] = if head_pending { &head } else { &[] };
-                        write_all(
-                            sock,
-                            &mut [IoSlice::new(head_part), IoSlice::new(b"0\r\n\r\n")],
-                        )
-                        .await?;
-                    }
-                    _ => {
-                        if head_pending {
-                            sock.write_all(&head).await?;
-                        }
-                    }
+                    out.push(b"\r\n");
                 }
-                return Ok(());
+                if ended {
+                    out.push(b"0\r\n\r\n");
+                }
             }
+        }
+        write_all(sock, out.as_mut()).await?;
+        batch.clear();
+        if too_long {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "response body longer than its content-length",
+            ));
+        }
+        match after {
+            After::More => {}
             // The body failed midway (the upstream's error, recorded by the body): the
             // client's connection is cut, without a terminator.
-            Event::Frame(Some(Err(e))) => return Err(io::Error::other(e)),
+            After::Failed(e) => return Err(io::Error::other(e)),
+            After::Ended => return Ok(()),
         }
     }
-    if head_pending {
-        sock.write_all(&head).await?;
+}
+
+/// The slices of one write: the head, a chunk's size line, up to [`MAX_BATCH`] frames,
+/// their end and the terminator, without an allocation per write.
+struct Slices<'a> {
+    s: [IoSlice<'a>; MAX_BATCH + 4],
+    k: usize,
+}
+
+impl<'a> Slices<'a> {
+    fn new() -> Self {
+        Slices {
+            s: [IoSlice::new(&[]); MAX_BATCH + 4],
+            k: 0,
+        }
     }
-    Ok(())
+
+    fn push(&mut self, b: &'a [u8]) {
+        self.s[self.k] = IoSlice::new(b);
+        self.k += 1;
+    }
+
+    fn as_mut(&mut self) -> &mut [IoSlice<'a>] {
+        &mut self.s[..self.k]
+    }
+}
+
+/// A chunk's size line (`<hex>\r\n`) in `out`, without an allocation per chunk.
+fn chunk_size_line(n: usize, out: &mut [u8; 18]) -> &[u8] {
+    let digits = (usize::BITS - n.leading_zeros()).div_ceil(4).max(1) as usize;
+    for i in 0..digits {
+        out[digits - 1 - i] = b"0123456789abcdef"[(n >> (4 * i)) & 0xf];
+    }
+    out[digits] = b'\r';
+    out[digits + 1] = b'\n';
+    &out[..digits + 2]
 }
 
 /// Writes every byte of `bufs`, in as few `writev` calls as the socket takes.
@@ -663,6 +721,14 @@ mod tests {
             .collect();
         let raw = format!("POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n{many}\r\n");
         assert!(matches!(parse(raw.as_bytes(), 1 << 20), Parsed::Other));
+    }
+
+    #[test]
+    fn chunk_size_lines_are_hex() {
+        for n in [0usize, 1, 15, 16, 255, 4096, 123_456_789, usize::MAX] {
+            let mut b = [0u8; 18];
+            assert_eq!(chunk_size_line(n, &mut b), format!("{n:x}\r\n").as_bytes());
+        }
     }
 
     fn head_of(resp: Response<ProxyBody>, keep_alive: bool) -> (String, &'static str) {

@@ -20,14 +20,8 @@ CAPTURE_BIN=${CAPTURE_BIN:-$BIN}
 OUT=bench/out/chunk-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 ulimit -n 65536 2>/dev/null || true
-# shellcheck source=bench/nginx.sh
-. bench/nginx.sh
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "nothing on $1" >&2; return 1; }
-# Summed schedstat run time (ns) of every thread of the given processes.
-cpu() { local p; for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null || true; done | awk '{s += $1} END {printf "%d\n", s}'; }
-# Summed voluntary context switches of every thread of the given processes.
-vcs() { local p; for p in "$@"; do cat /proc/"$p"/task/*/status 2>/dev/null || true; done | awk '/^voluntary_ctxt_switches/ {s += $2} END {printf "%d\n", s}'; }
+# shellcheck source=bench/proxies.sh
+. bench/proxies.sh
 "$BIN" synth -o "$OUT/in.parquet" --num-prompts "$N" --input-len 16 --output-len 600 --request-rate inf --seed 1 2>/dev/null
 
 one() { # one PATH RUN_DIR
@@ -38,18 +32,8 @@ one() { # one PATH RUN_DIR
   gp=$!
   wait_port "$gt"
   pp=$(free_port)
-  case "$path" in
-    nginx|nginx2)
-      local workers=1; [ "$path" = nginx2 ] && workers=2
-      nginx_start "$PWD/$d" "$workers" "$pp" "$gt"
-      cp=$! ;;
-    capture|capture-b)
-      local cbin=$CAPTURE_BIN
-      [ "$path" = capture-b ] && cbin=${CAPTURE_B_BIN:?capture-b needs CAPTURE_B_BIN}
-      "$cbin" capture --listen "127.0.0.1:$pp" --upstream "http://127.0.0.1:$gt" --out "$d/trace" --no-admin 2>"$d/capture.log" &
-      cp=$! ;;
-    *) echo "unknown path $path" >&2; exit 2 ;;
-  esac
+  proxy_start "$path" "$PWD/$d" "$pp" "$gt"
+  cp=$!
   wait_port "$pp"; sleep 0.3
   "$BIN" replay "$OUT/in.parquet" --target "c=http://127.0.0.1:$pp" --request-rate inf --max-concurrency "$N" --no-preconnect -q > "$d/replay.txt" 2>&1 &
   rp=$!

@@ -1,6 +1,6 @@
 # The nginx peer of the proxy benchmarks, one definition for every script that starts it
-# (bench/run.sh, bench/burst-ab.sh, bench/request-path-cpu.sh): a reverse proxy in front of
-# one upstream with `proxy_buffering off` (each upstream chunk forwarded as it arrives, as
+# (bench/run.sh, bench/burst-ab.sh, and bench/proxies.sh for the CPU benchmarks): a reverse
+# proxy in front of one upstream with `proxy_buffering off` (each upstream chunk forwarded as it arrives, as
 # capture does), HTTP/1.1 keep-alive to the upstream, and the listen backlog capture asks
 # for (4,096; nginx's default of 511 overflows in a 1,000-connection burst).
 #

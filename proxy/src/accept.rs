@@ -81,21 +81,57 @@ pub(crate) const ACCEPT_BATCH: usize = 8;
 /// thread comes for them first. Added TTFT p99 in bursts through capture (bench/run.sh
 /// burst, 4 rounds each): 26.5 ms with batches of 8 against 34.3 ms with 64 at 500
 /// connections, 42 against 59 ms at 1,000.
-#[derive(Debug, Default)]
+///
+/// But a fixed batch per turn made the accept rate depend on how long the runtime's turns
+/// are, and streams make them long: in a 1,000-connection burst the first streams start
+/// forwarding chunks (TTFT 50 ms) while the burst is still in the listen queue, each turn
+/// then ran hundreds of ready streams, and the accepts slowed down, which left more of the
+/// burst behind streams. Two rounds of six had their accepts spread over 177 and 227 ms
+/// instead of 72–89 (the client's own pace) and added TTFT p99 of 121 and 192 ms instead of
+/// 29–37 (bench/out/20261204T015107Z). So a batch is [`ACCEPT_BATCH`] for each
+/// [`ACCEPT_PERIOD`] the last turn took, up to [`MAX_ACCEPT_BATCH`]: at least that many
+/// accepts per period, however busy the runtime.
+#[derive(Debug)]
 pub(crate) struct AcceptTurns {
     taken: usize,
+    batch: usize,
+}
+
+/// The runtime time for which an accept loop takes [`ACCEPT_BATCH`] more connections in its
+/// next batch (see [`AcceptTurns`]).
+pub(crate) const ACCEPT_PERIOD: Duration = Duration::from_millis(1);
+
+/// The largest batch, whatever the turns take.
+pub(crate) const MAX_ACCEPT_BATCH: usize = 64;
+
+impl Default for AcceptTurns {
+    fn default() -> Self {
+        AcceptTurns {
+            taken: 0,
+            batch: ACCEPT_BATCH,
+        }
+    }
 }
 
 impl AcceptTurns {
     /// A connection was accepted (and its task spawned): at the end of a batch, the
-    /// runtime's turn.
+    /// runtime's turn, whose length sizes the next batch.
     pub(crate) async fn accepted(&mut self) {
         self.taken += 1;
-        if self.taken >= ACCEPT_BATCH {
+        if self.taken >= self.batch {
             self.taken = 0;
+            let start = tokio::time::Instant::now();
             tokio::task::yield_now().await;
+            self.batch = batch_for(start.elapsed());
         }
     }
+}
+
+/// The batch after a turn of `turn`: [`ACCEPT_BATCH`] per [`ACCEPT_PERIOD`], within
+/// [`ACCEPT_BATCH`]..=[`MAX_ACCEPT_BATCH`].
+fn batch_for(turn: Duration) -> usize {
+    let periods = turn.as_nanos() / ACCEPT_PERIOD.as_nanos().max(1);
+    (ACCEPT_BATCH as u128 * periods).clamp(ACCEPT_BATCH as u128, MAX_ACCEPT_BATCH as u128) as usize
 }
 
 /// How the admin listener's rescue keeps the serving threads' accepts off the descriptor it
@@ -323,6 +359,55 @@ mod tests {
             "accepting {N} queued connections took {taken} turns of the runtime"
         );
         assert!(taken < N / 4, "{taken} turns (ACCEPT_BATCH {ACCEPT_BATCH})");
+        drop(clients);
+    }
+
+    #[test]
+    fn the_batch_grows_with_the_turn() {
+        assert_eq!(batch_for(Duration::ZERO), ACCEPT_BATCH);
+        assert_eq!(batch_for(ACCEPT_PERIOD), ACCEPT_BATCH);
+        assert_eq!(batch_for(ACCEPT_PERIOD * 3), 3 * ACCEPT_BATCH);
+        assert_eq!(batch_for(Duration::from_secs(1)), MAX_ACCEPT_BATCH);
+    }
+
+    /// When every turn of the runtime is long (streams to forward), the burst is still taken
+    /// at [`ACCEPT_BATCH`] per [`ACCEPT_PERIOD`] of turns, not [`ACCEPT_BATCH`] per turn: 300
+    /// queued connections beside a task whose every turn takes 3 periods (the paused clock
+    /// moved on by it) are accepted in about a third of the turns a fixed batch needed
+    /// (it needed 300 / 8 = 38).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn long_turns_take_larger_batches() {
+        const N: usize = 300;
+        let listener = wire::listen::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let clients: Vec<_> = (0..N)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let turns = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = tokio::spawn({
+            let (turns, stop) = (turns.clone(), stop.clone());
+            async move {
+                while !stop.load(Relaxed) {
+                    turns.fetch_add(1, Relaxed);
+                    tokio::time::advance(ACCEPT_PERIOD * 3).await;
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let mut pacing = AcceptTurns::default();
+        for _ in 0..N {
+            let (sock, _) = listener.accept().await.unwrap();
+            drop(sock);
+            pacing.accepted().await;
+        }
+        let taken = turns.load(Relaxed);
+        stop.store(true, Relaxed);
+        busy.await.unwrap();
+        assert!(
+            taken <= N / (3 * ACCEPT_BATCH) + 4,
+            "accepting {N} queued connections beside long turns took {taken} turns"
+        );
         drop(clients);
     }
 }

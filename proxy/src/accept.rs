@@ -312,6 +312,56 @@ mod tests {
         drop(client);
     }
 
+    /// `n` connections the kernel has completed into a listen queue, beside a task that
+    /// counts the turns of the runtime it gets, each taking `turn` of the (paused) clock.
+    struct QueuedBurst {
+        listener: TcpListener,
+        _clients: Vec<std::net::TcpStream>,
+        turns: Arc<AtomicUsize>,
+        stop: Arc<AtomicBool>,
+        counter: tokio::task::JoinHandle<()>,
+    }
+
+    impl QueuedBurst {
+        fn start(n: usize, turn: Duration) -> Self {
+            let listener = wire::listen::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = listener.local_addr().unwrap();
+            // Blocking connects: the kernel completes each handshake into the listen queue.
+            let clients = (0..n)
+                .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                .collect();
+            let turns = Arc::new(AtomicUsize::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let counter = tokio::spawn({
+                let (turns, stop) = (turns.clone(), stop.clone());
+                async move {
+                    while !stop.load(Relaxed) {
+                        turns.fetch_add(1, Relaxed);
+                        if !turn.is_zero() {
+                            tokio::time::advance(turn).await;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                }
+            });
+            QueuedBurst {
+                listener,
+                _clients: clients,
+                turns,
+                stop,
+                counter,
+            }
+        }
+
+        /// The turns the counting task got.
+        async fn finish(self) -> usize {
+            let taken = self.turns.load(Relaxed);
+            self.stop.store(true, Relaxed);
+            self.counter.await.unwrap();
+            taken
+        }
+    }
+
     /// A burst waits in the listen queue for a few of the runtime's turns, not for one turn
     /// per connection: 300 connections queued at once, an accept loop paced by
     /// [`AcceptTurns`] spawning a task per connection (as the proxy's does), beside a task
@@ -320,27 +370,11 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_burst_is_accepted_in_a_few_turns_not_one_per_connection() {
         const N: usize = 300;
-        let listener = wire::listen::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        // Blocking connects: the kernel completes each handshake into the listen queue.
-        let clients: Vec<_> = (0..N)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
-        let turns = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let other = tokio::spawn({
-            let (turns, stop) = (turns.clone(), stop.clone());
-            async move {
-                while !stop.load(Relaxed) {
-                    turns.fetch_add(1, Relaxed);
-                    tokio::task::yield_now().await;
-                }
-            }
-        });
+        let burst = QueuedBurst::start(N, Duration::ZERO);
         let served = Arc::new(AtomicUsize::new(0));
         let mut pacing = AcceptTurns::default();
         for _ in 0..N {
-            let (sock, _) = listener.accept().await.unwrap();
+            let (sock, _) = burst.listener.accept().await.unwrap();
             let served = served.clone();
             tokio::spawn(async move {
                 served.fetch_add(1, Relaxed);
@@ -348,9 +382,7 @@ mod tests {
             });
             pacing.accepted().await;
         }
-        let taken = turns.load(Relaxed);
-        stop.store(true, Relaxed);
-        other.await.unwrap();
+        let taken = burst.finish().await;
         // Every connection's task ran: the batches are served, not only accepted.
         tokio::task::yield_now().await;
         assert_eq!(served.load(Relaxed), N);
@@ -359,7 +391,6 @@ mod tests {
             "accepting {N} queued connections took {taken} turns of the runtime"
         );
         assert!(taken < N / 4, "{taken} turns (ACCEPT_BATCH {ACCEPT_BATCH})");
-        drop(clients);
     }
 
     #[test]
@@ -378,36 +409,17 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn long_turns_take_larger_batches() {
         const N: usize = 300;
-        let listener = wire::listen::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let clients: Vec<_> = (0..N)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
-        let turns = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let busy = tokio::spawn({
-            let (turns, stop) = (turns.clone(), stop.clone());
-            async move {
-                while !stop.load(Relaxed) {
-                    turns.fetch_add(1, Relaxed);
-                    tokio::time::advance(ACCEPT_PERIOD * 3).await;
-                    tokio::task::yield_now().await;
-                }
-            }
-        });
+        let burst = QueuedBurst::start(N, ACCEPT_PERIOD * 3);
         let mut pacing = AcceptTurns::default();
         for _ in 0..N {
-            let (sock, _) = listener.accept().await.unwrap();
+            let (sock, _) = burst.listener.accept().await.unwrap();
             drop(sock);
             pacing.accepted().await;
         }
-        let taken = turns.load(Relaxed);
-        stop.store(true, Relaxed);
-        busy.await.unwrap();
+        let taken = burst.finish().await;
         assert!(
             taken <= N / (3 * ACCEPT_BATCH) + 4,
             "accepting {N} queued connections beside long turns took {taken} turns"
         );
-        drop(clients);
     }
 }

@@ -133,12 +133,9 @@ pub(crate) async fn serve(
                 }
             }
         };
-        // A body not read to its end leaves the connection's framing unknown.
-        let refused = resp
-            .headers()
-            .get(header::CONNECTION)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-        let keep_alive = !close && !refused && left == 0 && !*graceful.borrow();
+        // A body not read to its end (the handler's 408 and 400 answers) leaves the
+        // connection's framing unknown.
+        let keep_alive = !close && left == 0 && !*graceful.borrow();
         let written = respond(io, &mut buf, resp, keep_alive).await;
         drop(active);
         if written.is_err() || !keep_alive {
@@ -158,38 +155,33 @@ async fn until_client_leaves<F: Future>(
     buf: &mut BytesMut,
 ) -> Option<F::Output> {
     let mut work = std::pin::pin!(work);
-    loop {
-        let readable = poll_fn(|cx| {
-            if let Poll::Ready(out) = work.as_mut().poll(cx) {
-                return Poll::Ready(Err(out));
-            }
-            if buf.len() < MAX_PIPELINED && sock.poll_read_ready(cx).is_ready() {
-                return Poll::Ready(Ok(()));
-            }
-            Poll::Pending
-        })
-        .await;
-        match readable {
-            Err(out) => return Some(out),
-            Ok(()) => {
-                if !read_more(sock, buf) {
-                    return None;
-                }
-            }
+    poll_fn(|cx| {
+        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
         }
-    }
+        if client_gone(sock, buf, cx) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
-/// A non-blocking read of what the client sent while its request is served, into `buf`:
-/// false when the client has closed (or reset) its connection.
-fn read_more(sock: &mut TcpStream, buf: &mut BytesMut) -> bool {
-    buf.reserve(READ_SIZE);
-    match sock.try_read_buf(buf) {
-        Ok(0) => false,
-        Ok(_) => true,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
-        Err(_) => false,
+/// Reads what the client sent while its request is served into `buf` (up to
+/// [`MAX_PIPELINED`]; past that the socket is left alone) until a read would block, which
+/// registers `cx` for the next bytes: true when the client has closed (or reset) its
+/// connection.
+fn client_gone(sock: &mut TcpStream, buf: &mut BytesMut, cx: &mut Context<'_>) -> bool {
+    while buf.len() < MAX_PIPELINED && sock.poll_read_ready(cx).is_ready() {
+        buf.reserve(READ_SIZE);
+        match sock.try_read_buf(buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return true,
+        }
     }
+    false
 }
 
 /// A lean request's head.
@@ -362,8 +354,8 @@ enum Event {
     Data(After),
     /// Nothing to write with the head yet: send it alone.
     Head,
-    /// The client sent something (a pipelined request, or its end).
-    Readable,
+    /// The client closed its connection.
+    ClientGone,
 }
 
 /// How a response body stands after the data taken in one turn.
@@ -430,7 +422,6 @@ async fn respond(
             }
             return Ok(());
         }
-        let watching = buf.len() < MAX_PIPELINED;
         let ev = poll_fn(|cx| {
             if let Poll::Ready(after) = poll_batch(&mut body, cx, &mut batch) {
                 return Poll::Ready(Event::Data(after));
@@ -438,8 +429,8 @@ async fn respond(
             if head_pending {
                 return Poll::Ready(Event::Head);
             }
-            if watching && sock.poll_read_ready(cx).is_ready() {
-                return Poll::Ready(Event::Readable);
+            if client_gone(sock, buf, cx) {
+                return Poll::Ready(Event::ClientGone);
             }
             Poll::Pending
         })
@@ -450,14 +441,11 @@ async fn respond(
                 head_pending = false;
                 continue;
             }
-            Event::Readable => {
-                if !read_more(sock, buf) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        "the client closed the connection mid-response",
-                    ));
-                }
-                continue;
+            Event::ClientGone => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the client closed the connection mid-response",
+                ))
             }
             Event::Data(after) => after,
         };

@@ -465,14 +465,8 @@ async fn run(
 /// Serves one plain-http client connection, accepted at `accepted`: by the lean path
 /// ([`crate::http1`]) while its requests are lean ones, then by hyper.
 async fn serve_plain(sock: TcpStream, accepted: Instant, s: Serving) {
-    let phase = ConnPhase::new();
+    let (mut io, phase) = guarded(sock, &s.shared);
     let shared = &s.shared;
-    let mut io = GuardedIo::new(
-        sock,
-        phase.clone(),
-        shared.cfg.client,
-        shared.metrics.clone(),
-    );
     let mut graceful = s.graceful.clone();
     let lean = crate::http1::serve(&mut io, &phase, shared, Some(accepted), &mut graceful);
     if let Some(Some(h)) = shared.cut.until(lean).await {
@@ -486,14 +480,15 @@ async fn serve_conn<I>(io: I, accepted: Instant, s: Serving)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let phase = ConnPhase::new();
-    let io = GuardedIo::new(
-        io,
-        phase.clone(),
-        s.shared.cfg.client,
-        s.shared.metrics.clone(),
-    );
+    let (io, phase) = guarded(io, &s.shared);
     serve_hyper(io, phase, Some(accepted), s).await;
+}
+
+/// A client connection's socket under the client deadlines, and its phase.
+fn guarded<I>(io: I, shared: &Shared) -> (GuardedIo<I>, Arc<ConnPhase>) {
+    let phase = ConnPhase::new();
+    let io = GuardedIo::new(io, phase.clone(), shared.cfg.client, shared.metrics.clone());
+    (io, phase)
 }
 
 /// Serves a client connection with hyper to its end (`accepted`: when its first request is
@@ -611,8 +606,7 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                 let s = shared.clone();
                 let mut stop = stop.clone();
                 tokio::spawn(async move {
-                    let phase = ConnPhase::new();
-                    let io = GuardedIo::new(sock, phase.clone(), s.cfg.client, s.metrics.clone());
+                    let (io, phase) = guarded(sock, &s);
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let active = phase.start();
                         let r = admin_response(&s, req.uri().path(), wire::clock::epoch_us());

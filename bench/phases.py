@@ -28,6 +28,13 @@ def summary(rows):
         if d:
             out["gaps_ms"][label] = {q: round(pct(d, v), 2) for q, v in
                                      (("p50", .5), ("p90", .9), ("p99", .99), ("max", 1.0))}
+    # Builds with the thread field: how the burst's connections fell to the serving threads.
+    per = {}
+    for r in rows:
+        if r["accepted_us"] is not None and "thread" in r:
+            per[r["thread"]] = per.get(r["thread"], 0) + 1
+    if per:
+        out["connections_per_thread"] = [per[t] for t in sorted(per)]
     for k in ("accepted_us", "head_us", "written_us"):
         ts = [r[k] for r in rows if r.get(k) is not None]
         if ts:
@@ -46,6 +53,8 @@ def main():
           f"{s['reused_upstream']} on pooled upstream connections; spread of accepts "
           f"{s.get('spread_accepted_ms', '-')} ms, of head reads {s.get('spread_head_ms', '-')} ms, "
           f"of upstream writes {s.get('spread_written_ms', '-')} ms")
+    if "connections_per_thread" in s:
+        print("  new connections per serving thread: " + ", ".join(map(str, s["connections_per_thread"])))
     for label, g in s["gaps_ms"].items():
         print(f"  {label:<38} p50 {g['p50']:8.2f}  p90 {g['p90']:8.2f}  p99 {g['p99']:8.2f}  max {g['max']:8.2f} ms")
 

@@ -2,8 +2,9 @@
 //! diagnostic, off by default): each generation request's stamps on the monotonic clock —
 //! its connection accepted, its head read, an upstream connection in hand (pooled or
 //! newly connected), the request written to it, the upstream's response head read, and the
-//! first body frame handed to the client's connection — kept in memory (at most
-//! [`MAX_ROWS`]) and written as JSON lines at shutdown. `bench/phases.py` summarises them.
+//! first body frame handed to the client's connection — and the serving thread that read
+//! its head, kept in memory (at most [`MAX_ROWS`]) and written as JSON lines at shutdown.
+//! `bench/phases.py` summarises them.
 //!
 //! The stamps are taken whether or not the log is on (six `Instant::now()`, tens of ns);
 //! only the log itself is optional.
@@ -28,6 +29,8 @@ pub(crate) struct Phases {
     pub(crate) written: Option<Instant>,
     pub(crate) response_head: Option<Instant>,
     pub(crate) first_byte: Option<Instant>,
+    /// The serving thread that read the head ([`crate::serving::index`]).
+    pub(crate) thread: usize,
 }
 
 impl Phases {
@@ -41,6 +44,7 @@ impl Phases {
             written: None,
             response_head: None,
             first_byte: None,
+            thread: crate::serving::index(),
         }
     }
 }
@@ -89,7 +93,7 @@ impl PhaseLog {
         for p in &g.0 {
             writeln!(
                 f,
-                "{{\"accepted_us\":{},\"head_us\":{},\"leased_us\":{},\"reused\":{},\"written_us\":{},\"response_head_us\":{},\"first_byte_us\":{}}}",
+                "{{\"accepted_us\":{},\"head_us\":{},\"leased_us\":{},\"reused\":{},\"written_us\":{},\"response_head_us\":{},\"first_byte_us\":{},\"thread\":{}}}",
                 us(p.accepted),
                 us(Some(p.head)),
                 us(p.leased),
@@ -97,6 +101,7 @@ impl PhaseLog {
                 us(p.written),
                 us(p.response_head),
                 us(p.first_byte),
+                p.thread,
             )?;
         }
         if g.1 > 0 {
@@ -131,6 +136,7 @@ mod tests {
         assert_eq!(v["leased_us"], 2000);
         assert_eq!(v["reused"], true);
         assert!(v["written_us"].is_null() && v["first_byte_us"].is_null());
+        assert_eq!(v["thread"], 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -46,6 +46,29 @@ def read_log(log_path):
     return {e["request_id"]: e for e in log_entries(log_path) if e.get("request_id")}
 
 
+def joined(t, server, tally):
+    """The client's ok requests (indices into the results `t`) with the server's complete
+    log entry of each, when both saw the same number of chunks; `tally` counts the ok ones
+    and those left unmatched."""
+    for i, rid in enumerate(t["request_id"]):
+        if t["outcome"][i] != "ok":
+            continue
+        tally["ok"] += 1
+        s = server.get(rid)
+        if s is None or not s["complete"] or len(t["chunk_times_us"][i]) != len(s["chunk_written_us"]):
+            tally["unmatched"] += 1
+            continue
+        yield i, s
+
+
+def added_ttft_ms(results, log_path):
+    """Per joined request, the client's TTFT minus the server's logged write of the first
+    chunk (what `ttft_err_vs_logged_ms` summarises): the time a path in between added."""
+    t = pq.read_table(results, columns=["request_id", "outcome", "ttft_us", "chunk_times_us"]).to_pydict()
+    return [t["ttft_us"][i] / 1000.0 - s["chunk_written_us"][0] / 1000.0
+            for i, s in joined(t, read_log(log_path), {"ok": 0, "unmatched": 0})]
+
+
 def floor_main(stamps_path, log_path):
     server = read_log(log_path)
     errs, missing = [], 0
@@ -149,25 +172,13 @@ def main():
         return
     results, log_path, ttft_ms, itl_ms, tpc = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     t = pq.read_table(results).to_pydict()
-    server = read_log(log_path)
     ttft_nom, ttft_log, itl_nom, itl_log, tpot_nom, tpot_log = [], [], [], [], [], []
     client_gaps, server_gaps = [], []
-    missing = 0
-    ok = 0
-    for i, rid in enumerate(t["request_id"]):
-        if t["outcome"][i] != "ok":
-            continue
-        ok += 1
-        s = server.get(rid)
-        if s is None or not s["complete"]:
-            missing += 1
-            continue
+    tally = {"ok": 0, "unmatched": 0}
+    for i, s in joined(t, read_log(log_path), tally):
         chunks = t["chunk_times_us"][i]
         written = s["chunk_written_us"]
         nominal = s["chunk_nominal_us"]
-        if len(chunks) != len(written):
-            missing += 1
-            continue
         ttft = t["ttft_us"][i] / 1000.0
         ttft_nom.append(ttft - ttft_ms)
         ttft_log.append(ttft - written[0] / 1000.0)
@@ -187,8 +198,8 @@ def main():
             tpot_log.append(tpot - tpot_l)
     cg, sg = np.asarray(client_gaps), np.asarray(server_gaps)
     report = {
-        "requests_ok": ok,
-        "unmatched": missing,
+        "requests_ok": tally["ok"],
+        "unmatched": tally["unmatched"],
         "ttft_err_vs_nominal_ms": stats(ttft_nom),
         "ttft_err_vs_logged_ms": stats(ttft_log),
         "itl_err_vs_nominal_ms": stats(itl_nom),

@@ -334,10 +334,7 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
     let uploading = uploader.is_some();
     // This thread's runtime serves the first listener (and the admin one); the proxy starts
     // its other serving threads, each on its own runtime.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
+    let rt = proxy::serving_runtime().context("tokio runtime")?;
     let (dest2, out2) = (dest.clone(), out.clone());
     let incomplete = rt.block_on(async move {
         let (dest, out) = (dest2, out2);

@@ -49,3 +49,9 @@ pub use metrics::Metrics;
 pub use observe::{StreamObserver, Strip};
 pub use server::{start, ProxyHandle, ShutdownReport, SECRET_HEADERS};
 pub use tokenize::Tokenizer;
+
+/// The runtime to run [`start`] on: the caller's thread serves too, as one of the proxy's
+/// serving threads, so it is built as theirs are.
+pub fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    serving::runtime()
+}

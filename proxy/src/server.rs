@@ -123,8 +123,9 @@ impl ProxyHandle {
 
 /// Binds the listener (and the admin listener), opens the trace writer (recovering journals a
 /// crash left in `cfg.out`: what cannot be finished on a full disk is kept and retried,
-/// damaged journals are set aside, neither stops the start), and serves on the current tokio runtime until
-/// [`ProxyHandle::shutdown`].
+/// damaged journals are set aside, neither stops the start), and serves on the current tokio
+/// runtime (ideally one built by [`crate::serving_runtime`], as the proxy's other serving
+/// threads' are) until [`ProxyHandle::shutdown`].
 pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let upstream = Upstream::parse(&cfg.upstream)?;
     if !(cfg.sample_rate > 0.0 && cfg.sample_rate <= 1.0) {

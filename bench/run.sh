@@ -271,12 +271,13 @@ proxy_bench() {
 }
 
 # Connection bursts (issue 17): 100, 500 and 1,000 connections opened at t=0 (BURST_NS to
-# change), direct, through capture and through nginx, BURST_ROUNDS rounds (default 3) with
+# change), direct, through capture and through nginx, BURST_ROUNDS rounds (default 15) with
 # the paths interleaved in each, since one burst on a shared 2-core machine swings p99 by 2x;
 # bench/out/<run>/burst.txt has each run's TTFT, listen overflows, rows, and the proxies' CPU
 # and context switches per request (perf stat), burst-medians.txt the medians over rounds
 # (TTFT and added TTFT: the client's minus the server's own logged one, per request) and
-# how many rounds capture's p99 was no worse than nginx's; burst-N-capture-r*-phases.txt
+# how many rounds capture's p99 was no worse than nginx's, with pooled percentiles and a
+# permutation p (3 rounds cannot tell 5 ms from noise); burst-N-capture-r*-phases.txt
 # where capture's time went (bench/phases.py). BURST_PATHS picks the paths (default "direct
 # capture nginx"); "capture1" is capture with one serving thread and "nginx2" nginx with two
 # workers (like-for-like with nginx's one worker and capture's default of one thread per
@@ -285,7 +286,7 @@ proxy_bench() {
 burst_bench() {
   command -v nginx >/dev/null 2>&1 || { apt-get install -y -qq nginx-light >/dev/null 2>&1 || apt-get install -y -qq nginx >/dev/null 2>&1 || true; }
   for n in ${BURST_NS:-100 500 1000}; do
-    for r in $(seq "${BURST_ROUNDS:-3}"); do
+    for r in $(seq "${BURST_ROUNDS:-15}"); do
       for path in ${BURST_PATHS:-direct capture nginx}; do
         if [[ "$path" = nginx* ]] && ! command -v nginx >/dev/null 2>&1; then echo "nginx not installed: skipped"; continue; fi
         proxy_path "$n" "$path" burst "$r"

@@ -276,8 +276,20 @@ fn read_parquet(file: &OpenFile) -> Result<(TraceFile, Vec<TraceRecord>)> {
         let (first_row, batch) = batch?;
         records.extend(convert(&batch, file.name(), first_row)?);
     }
-    let mut info = file.info.clone();
-    info.rows = records.len();
+    // The footer's row count, which the stream trusts too: pages that decode to fewer or
+    // more rows than it says are a damaged file, whichever reader meets it (a mutated page
+    // once read as 200 rows of a footer's 202, and only the stream refused it).
+    if records.len() != file.info.rows {
+        return Err(Error::format(
+            file.name(),
+            format!(
+                "damaged file: its footer misstates its rows ({} rows; the footer says {})",
+                records.len(),
+                file.info.rows
+            ),
+        ));
+    }
+    let info = file.info.clone();
     // What the stream trusts the footer for (its order), checked here too: both readers
     // refuse a file whose footer misstates its rows.
     let mut meter = crate::order::OrderMeter::default();

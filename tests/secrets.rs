@@ -4,7 +4,7 @@
 //! `--record-bodies full` and a request body carrying an `api_key` field.
 
 mod support;
-use support::env::tmpdir;
+use support::env::{free_addr, tmpdir};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -159,10 +159,7 @@ fn assert_no_key_in(dir: &Path) -> usize {
 fn keys_echoed_by_the_upstream_or_in_bodies_are_written_nowhere() {
     let up = echo_upstream();
     let out = tmpdir("capture");
-    let listen = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let listen = free_addr();
     let upstream = format!("http://{up}");
     let flags = ["--record-bodies", "full", "--flush-interval", "20ms"];
     let mut cap = CaptureProc::spawn(listen, &upstream, &out, &flags);

@@ -4,8 +4,10 @@ Paths are found from this file's location, so the tests run from any working dir
 The samples are made by samples/make-samples.sh (see samples/README.md).
 """
 
+import itertools
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,35 @@ def synth_inspect():
 @pytest.fixture(scope="session")
 def result_schema():
     return _load(RESULT_SCHEMA)
+
+
+_PORTS = itertools.count()
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on, for a process a test starts to bind.
+
+    Taken below the kernel's ephemeral range, never from it: a port `bind(0)` hands out and
+    the test releases goes back to the pool outgoing connections draw their local ports
+    from, so another client could hold it by the time the process binds (the Rust tests'
+    `free_addr` in tests/support/env.rs, for the same reason).
+    """
+    first = 10_000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768
+    if low <= first + 1_000:
+        low = 32_768
+    span = low - first
+    start = os.getpid() * 89
+    for _ in range(span):
+        port = first + (start + next(_PORTS)) % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {first}..{low}")

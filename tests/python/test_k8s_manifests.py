@@ -27,7 +27,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, llmreplay_binary
+from conftest import ROOT, free_port, llmreplay_binary
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 if IN_CI:
@@ -299,11 +298,6 @@ def run(cmd, timeout=60, **kw):
         [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw
     )
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url, timeout=20.0, proc=None):

@@ -16,18 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import llmreplay_binary
+from conftest import free_port, llmreplay_binary
 
 boto3 = pytest.importorskip("boto3", reason="pip install 'moto[server]' (tests/python/requirements.txt)")
 pytest.importorskip("moto", reason="pip install 'moto[server]' (tests/python/requirements.txt)")
 
 KEY = re.compile(r"^prod/date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})/capture-(\d{8})T(\d{2})\d{4}Z-\d{6}\.parquet$")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0):

@@ -711,6 +711,215 @@ mod tests {
         assert!(matches!(parse(raw.as_bytes(), 1 << 20), Parsed::Other));
     }
 
+    /// Differential fuzzing of the lean head parser against hyper's server, which serves
+    /// every head the lean path leaves alone. Heads are built from the pieces smuggling and
+    /// framing attacks are made of (duplicate, signed, listed and padded lengths,
+    /// `transfer-encoding`, obs-fold, bare LF, absolute form, other methods and versions,
+    /// random fields), with a body and a pipelined request behind them and now and then a
+    /// byte overwritten; most are near misses of a lean head. Whenever the lean path takes a
+    /// head as its own, hyper must read the same bytes as the same request: method, target,
+    /// version, every header in order, and the same body when the bytes hold it. A head
+    /// hyper refuses, or reads with another body (another framing), is one the lean path
+    /// would serve differently from the rest of capture: a desync. Bounded in CI;
+    /// `LLMREPLAY_FUZZ_CASES=N` runs `N` cases (`bench/fuzz.sh lean`).
+    mod differential {
+        use super::*;
+        use http_body_util::BodyExt;
+        use proptest::prelude::*;
+
+        const MAX_BODY: usize = 64;
+
+        fn line() -> impl Strategy<Value = String> {
+            let method = prop_oneof![
+                16 => Just("POST"),
+                1 => Just("GET"),
+                1 => Just("post"),
+                1 => Just("PUT"),
+                1 => Just("POST "),
+            ];
+            let target = prop_oneof![
+                6 => Just("/v1/completions"),
+                4 => Just("/v1/chat/completions?stream=1"),
+                1 => Just("http://a/v1/completions"),
+                1 => Just("/v1/completions#x"),
+                1 => Just("/v1/models"),
+                1 => Just("//v1/completions"),
+                1 => Just("/v1/completions?a b"),
+                1 => Just("*"),
+                1 => Just("/v1/chat/completions/"),
+            ];
+            let version = prop_oneof![
+                16 => Just("HTTP/1.1"),
+                1 => Just("HTTP/1.0"),
+                1 => Just("HTTP/2.0"),
+                1 => Just("http/1.1"),
+                1 => Just("HTTP/1.1 "),
+            ];
+            (method, target, version).prop_map(|(m, t, v)| format!("{m} {t} {v}"))
+        }
+
+        /// The field that says the body's length, or one of its near misses.
+        fn length(len: usize) -> impl Strategy<Value = String> {
+            prop_oneof![
+                12 => Just(format!("Content-Length: {len}")),
+                4 => Just(format!("content-length:{len}")),
+                1 => Just(format!("content-length: 0{len}")),
+                1 => Just(format!("content-length: {len} ")),
+                1 => Just(format!("content-length:\t{len}\t")),
+                1 => Just(format!("content-length: +{len}")),
+                1 => Just(format!("content-length: -{len}")),
+                1 => Just(format!("content-length: {len}, {len}")),
+                1 => Just(format!("content-length : {len}")),
+                1 => Just(format!("content-length: {len}x")),
+                1 => Just(format!("content-length: {}", len + 1)),
+                1 => Just("content-length: 18446744073709551616".to_string()),
+                1 => Just("content-length: 9999999999999999999".to_string()),
+                1 => Just("content-length: ".to_string()),
+                1 => Just("Transfer-Encoding: chunked".to_string()),
+            ]
+        }
+
+        fn field(len: usize) -> impl Strategy<Value = String> {
+            prop_oneof![
+                6 => Just("Host: a".to_string()),
+                4 => Just("x-request-id: 7".to_string()),
+                2 => Just("authorization: Bearer sk-1".to_string()),
+                2 => Just("Connection: close".to_string()),
+                2 => Just("connection: keep-alive".to_string()),
+                2 => length(len),
+                1 => Just("transfer-encoding: identity".to_string()),
+                1 => Just("Transfer-Encoding: chunked".to_string()),
+                1 => Just("connection: keep-alive, Upgrade".to_string()),
+                1 => Just("upgrade: h2c".to_string()),
+                1 => Just("Expect: 100-continue".to_string()),
+                1 => Just("TE: trailers".to_string()),
+                1 => Just("x-folded: a\r\n b".to_string()),
+                1 => Just(" x-leading: space".to_string()),
+                1 => Just("x-empty:".to_string()),
+                1 => Just("x-nul: a\0b".to_string()),
+                1 => Just("x-cr: a\rb".to_string()),
+                2 => "[ -~\t]{0,12}:[ -~\t\u{80}-\u{ff}]{0,12}",
+            ]
+        }
+
+        /// A request's bytes.
+        fn request() -> impl Strategy<Value = Vec<u8>> {
+            (0..=MAX_BODY + 8).prop_flat_map(|len| {
+                (
+                    line(),
+                    length(len),
+                    prop::collection::vec(field(len), 0..5),
+                    any::<prop::sample::Index>(),
+                    prop_oneof![6 => Just("\r\n"), 1 => Just("\n")],
+                    prop::collection::vec(any::<u8>(), len..=len + 8),
+                    any::<bool>(),
+                    prop::option::weighted(0.2, (any::<prop::sample::Index>(), any::<u8>())),
+                )
+                    .prop_map(
+                        |(line, length, mut fields, at, eol, body, pipelined, poke)| {
+                            fields.insert(at.index(fields.len() + 1), length);
+                            let mut head = line;
+                            for f in fields {
+                                head.push_str(eol);
+                                head.push_str(&f);
+                            }
+                            head.push_str(eol);
+                            head.push_str(eol);
+                            let mut bytes = head.into_bytes();
+                            bytes.extend_from_slice(&body);
+                            if pipelined {
+                                bytes.extend_from_slice(
+                                    b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}",
+                                );
+                            }
+                            if let Some((at, b)) = poke {
+                                let i = at.index(bytes.len());
+                                bytes[i] = b;
+                            }
+                            bytes
+                        },
+                    )
+            })
+        }
+
+        /// What hyper's server reads from `bytes`: the first request's head, and its whole
+        /// body unless hyper waits for more bytes (or fails reading it).
+        type Read = (http::request::Parts, Option<Bytes>);
+
+        fn hyper_reads(bytes: &[u8]) -> Result<Read, String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (mut client, server) = tokio::io::duplex(1 << 16);
+                client.write_all(bytes).await.unwrap();
+                let (head_tx, mut head_rx) = tokio::sync::mpsc::unbounded_channel();
+                let (body_tx, mut body_rx) = tokio::sync::mpsc::unbounded_channel();
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let (head_tx, body_tx) = (head_tx.clone(), body_tx.clone());
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let _ = head_tx.send(parts);
+                        if let Ok(b) = body.collect().await {
+                            let _ = body_tx.send(b.to_bytes());
+                        }
+                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Empty::<
+                            Bytes,
+                        >::new(
+                        )))
+                    }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(server), svc);
+                let ended = tokio::select! {
+                    r = conn => format!("{r:?}"),
+                    // The paused clock gets here only once nothing else can run: hyper is
+                    // waiting for bytes that will not come.
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => {
+                        "waiting for more".into()
+                    }
+                };
+                // The first request is kept whatever hyper did after it (refused a
+                // pipelined request it cannot parse, waited for a body's last bytes).
+                let parts = head_rx
+                    .try_recv()
+                    .map_err(|_| format!("no request read; the connection: {ended}"))?;
+                Ok((parts, body_rx.try_recv().ok()))
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(wire::testing::fuzz_cases(1024)))]
+
+            #[test]
+            fn a_lean_head_is_the_request_hyper_reads(bytes in request()) {
+                let Parsed::Lean(h) = parse(&bytes, MAX_BODY) else {
+                    return Ok(());
+                };
+                let shown = String::from_utf8_lossy(&bytes).into_owned();
+                let (parts, body) = hyper_reads(&bytes).map_err(|e| {
+                    TestCaseError::fail(format!("lean took a head hyper refuses ({e}): {shown:?}"))
+                })?;
+                prop_assert_eq!(&parts.method, &h.parts.method, "{:?}", shown);
+                prop_assert_eq!(&parts.uri, &h.parts.uri, "{:?}", shown);
+                prop_assert_eq!(parts.version, h.parts.version, "{:?}", shown);
+                prop_assert_eq!(&parts.headers, &h.parts.headers, "{:?}", shown);
+                let want = bytes.get(h.len..h.len + h.content_length);
+                prop_assert_eq!(body.as_deref(), want, "{:?}", shown);
+            }
+
+            /// Any bytes at all: a verdict, never a panic, and a lean head inside them.
+            #[test]
+            fn any_bytes_are_a_verdict(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+                if let Parsed::Lean(h) = parse(&bytes, MAX_BODY) {
+                    prop_assert!(h.len <= bytes.len() && h.content_length <= MAX_BODY);
+                }
+            }
+        }
+    }
+
     #[test]
     fn chunk_size_lines_are_hex() {
         for n in [0usize, 1, 15, 16, 255, 4096, 123_456_789, usize::MAX] {

@@ -299,7 +299,6 @@ def run(cmd, timeout=60, **kw):
     )
 
 
-
 def wait_http(url, timeout=20.0, proc=None):
     deadline = time.monotonic() + timeout
     last = None

@@ -24,7 +24,6 @@ pytest.importorskip("moto", reason="pip install 'moto[server]' (tests/python/req
 KEY = re.compile(r"^prod/date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})/capture-(\d{8})T(\d{2})\d{4}Z-\d{6}\.parquet$")
 
 
-
 def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

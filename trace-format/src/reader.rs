@@ -276,9 +276,9 @@ fn read_parquet(file: &OpenFile) -> Result<(TraceFile, Vec<TraceRecord>)> {
         let (first_row, batch) = batch?;
         records.extend(convert(&batch, file.name(), first_row)?);
     }
-    // The footer's row count, which the stream trusts too: pages that decode to fewer or
-    // more rows than it says are a damaged file, whichever reader meets it (a mutated page
-    // once read as 200 rows of a footer's 202, and only the stream refused it).
+    // What the stream trusts the footer for, checked here too, so both readers refuse a
+    // file whose footer misstates its rows: their count (a mutated page once read as 200
+    // rows of a footer's 202, and only the stream refused it), then their order.
     if records.len() != file.info.rows {
         return Err(Error::format(
             file.name(),
@@ -290,8 +290,6 @@ fn read_parquet(file: &OpenFile) -> Result<(TraceFile, Vec<TraceRecord>)> {
         ));
     }
     let info = file.info.clone();
-    // What the stream trusts the footer for (its order), checked here too: both readers
-    // refuse a file whose footer misstates its rows.
     let mut meter = crate::order::OrderMeter::default();
     records.iter().for_each(|r| meter.add(r.arrival_time_us));
     crate::order::Claim::of(file.footer(), info.rows, file.name())?

@@ -84,6 +84,9 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let mut connect = Int64Builder::with_capacity(n);
     let mut target = str_builder(|r| r.target.as_deref());
     let mut run_id = str_builder(|r| r.run_id.as_deref());
+    let mut captured_status = Int32Builder::with_capacity(n);
+    let mut captured_outcome = StringBuilder::with_capacity(n, n * 8);
+    let mut synthesized_body = BooleanBuilder::with_capacity(n);
 
     for r in records {
         request_id.append_value(&r.request_id);
@@ -130,6 +133,9 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         connect.append_option(r.connect_us);
         target.append_option(r.target.as_deref().map(redact::redact_text));
         run_id.append_option(r.run_id.as_deref());
+        captured_status.append_option(r.captured_status.map(i32::from));
+        captured_outcome.append_option(r.captured_outcome.map(|o| o.as_str()));
+        synthesized_body.append_option(r.synthesized_body);
     }
 
     // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
@@ -165,6 +171,9 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         Arc::new(connect.finish()),
         Arc::new(target.finish()),
         Arc::new(run_id.finish()),
+        Arc::new(captured_status.finish()),
+        Arc::new(captured_outcome.finish()),
+        Arc::new(synthesized_body.finish()),
     ];
     RecordBatch::try_new(Arc::new(schema::schema()), columns)
         .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))

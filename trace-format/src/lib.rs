@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod arrivals;
+pub mod cause;
 pub mod encode;
 pub mod error;
 pub mod file_meta;
@@ -29,6 +30,7 @@ pub mod stream;
 mod test_records;
 pub mod writer;
 
+pub use cause::{Cause, CauseCounts};
 pub use encode::write_trace_file;
 pub use error::{Error, Result};
 pub use file_meta::FileMeta;

@@ -1,7 +1,8 @@
 //! The trace schema v1: one row per request, defined once.
 //!
 //! Versions: `1.0`; `1.1` added `parent_request_id` and `think_time_us` (sessions linked at
-//! capture). A minor version only adds nullable columns, so every `1.x` file reads: a column
+//! capture); `1.2` added `captured_status`, `captured_outcome` and `synthesized_body` (what a
+//! replayed row's captured row was, for the outcome taxonomy in [`crate::cause`]). A minor version only adds nullable columns, so every `1.x` file reads: a column
 //! the file lacks reads as null.
 //!
 //! Captures, imports, synthetic traces and replay results all use this schema, so the same
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 /// The schema version written into every file (`llmreplay.schema_version`).
 ///
 /// Readers accept any `1.x`; a different major version is an error.
-pub const SCHEMA_VERSION: &str = "1.1";
+pub const SCHEMA_VERSION: &str = "1.2";
 /// The major version this build reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 
@@ -90,6 +91,15 @@ pub mod col {
     pub const TARGET: &str = "target";
     /// Replay: the run's id.
     pub const RUN_ID: &str = "run_id";
+    /// Replay: the HTTP status of the captured row this request replays (int32, null when
+    /// unknown; since 1.2).
+    pub const CAPTURED_STATUS: &str = "captured_status";
+    /// Replay: the outcome of the captured row this request replays (utf8, null when
+    /// unknown; since 1.2).
+    pub const CAPTURED_OUTCOME: &str = "captured_outcome";
+    /// Replay: whether the request body was synthesized because the captured row had none
+    /// (bool, null when unknown; since 1.2).
+    pub const SYNTHESIZED_BODY: &str = "synthesized_body";
 }
 
 /// Key-value metadata keys written into every file.
@@ -202,7 +212,7 @@ str_enum!(TokenSource { Usage => "usage", Tokenizer => "tokenizer", Recorded => 
 ///
 /// Times are integer microseconds so nothing is lost to rounding; `arrival_time_us` is
 /// microseconds since the Unix epoch (UTC), every other `_us` field is an offset from t0
-/// (see ../shared/docs/metrics.md).
+/// (see docs/metrics.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceRecord {
     /// Unique per request.
@@ -270,6 +280,15 @@ pub struct TraceRecord {
     pub target: Option<String>,
     /// Replay: the run's id.
     pub run_id: Option<String>,
+    /// Replay: the HTTP status of the captured row (since 1.2).
+    #[serde(default)]
+    pub captured_status: Option<u16>,
+    /// Replay: the outcome of the captured row (since 1.2).
+    #[serde(default)]
+    pub captured_outcome: Option<Outcome>,
+    /// Replay: whether the body sent was synthesized (the captured row had none; since 1.2).
+    #[serde(default)]
+    pub synthesized_body: Option<bool>,
 }
 
 impl TraceRecord {
@@ -311,6 +330,9 @@ impl TraceRecord {
             connect_us: None,
             target: None,
             run_id: None,
+            captured_status: None,
+            captured_outcome: None,
+            synthesized_body: None,
         }
     }
 
@@ -369,6 +391,9 @@ pub fn schema() -> Schema {
         Field::new(CONNECT_US, DataType::Int64, true),
         Field::new(TARGET, DataType::Utf8, true),
         Field::new(RUN_ID, DataType::Utf8, true),
+        Field::new(CAPTURED_STATUS, DataType::Int32, true),
+        Field::new(CAPTURED_OUTCOME, DataType::Utf8, true),
+        Field::new(SYNTHESIZED_BODY, DataType::Boolean, true),
     ])
 }
 
@@ -391,8 +416,9 @@ mod tests {
         assert!(err.contains("http_error"), "{err}");
     }
 
-    /// A 1.0 file (written before the session columns existed) reads, those columns null;
-    /// so does a journal line of a 1.0 writer (capture's crash recovery).
+    /// A 1.0 file (written before the session columns and the 1.2 captured columns
+    /// existed) reads, those columns null; so does a journal line of a 1.0 writer (capture's
+    /// crash recovery).
     #[test]
     fn files_and_journals_without_the_1_1_columns_still_read() {
         use crate::encode::records_to_batch;
@@ -403,7 +429,13 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let mut batch = records_to_batch(&[full_record(1), full_record(2)]).unwrap();
-        for name in [col::PARENT_REQUEST_ID, col::THINK_TIME_US] {
+        for name in [
+            col::PARENT_REQUEST_ID,
+            col::THINK_TIME_US,
+            col::CAPTURED_STATUS,
+            col::CAPTURED_OUTCOME,
+            col::SYNTHESIZED_BODY,
+        ] {
             let idx = batch.schema().index_of(name).unwrap();
             batch.remove_column(idx);
         }
@@ -427,6 +459,11 @@ mod tests {
         assert_eq!(t.files[0].schema_version, "1.0");
         let mut want = full_record(1);
         (want.parent_request_id, want.think_time_us) = (None, None);
+        (
+            want.captured_status,
+            want.captured_outcome,
+            want.synthesized_body,
+        ) = (None, None, None);
         assert_eq!(t.records[0], want);
         assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
 
@@ -446,8 +483,15 @@ mod tests {
         let o = line.as_object_mut().unwrap();
         o.remove("parent_request_id");
         o.remove("think_time_us");
+        o.remove("captured_status");
+        o.remove("captured_outcome");
+        o.remove("synthesized_body");
         let r: TraceRecord = serde_json::from_value(line).unwrap();
         assert_eq!((r.parent_request_id, r.think_time_us), (None, None));
+        assert_eq!(
+            (r.captured_status, r.captured_outcome, r.synthesized_body),
+            (None, None, None)
+        );
     }
 
     #[test]
@@ -478,6 +522,9 @@ mod tests {
             "prefix_hashes",
             "request_bytes",
             "response_bytes",
+            "captured_status",
+            "captured_outcome",
+            "synthesized_body",
         ] {
             assert!(s.field_with_name(name).is_ok(), "missing column {name}");
         }

@@ -37,6 +37,9 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
         connect_us: Some(900),
         target: Some("candidate".into()),
         run_id: Some("run-1".into()),
+        captured_status: Some(400),
+        captured_outcome: Some(Outcome::ClientCancelled),
+        synthesized_body: Some(false),
     }
 }
 

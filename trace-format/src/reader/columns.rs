@@ -87,6 +87,9 @@ pub(crate) fn convert(
     let connect = cx.ints(col::CONNECT_US)?;
     let target = cx.strs(col::TARGET)?;
     let run_id = cx.strs(col::RUN_ID)?;
+    let captured_status = cx.ints(col::CAPTURED_STATUS)?;
+    let captured_outcome = cx.strs(col::CAPTURED_OUTCOME)?;
+    let synthesized_body = cx.bools(col::SYNTHESIZED_BODY)?;
 
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
@@ -151,6 +154,21 @@ pub(crate) fn convert(
             connect_us: i64_of(&connect, col::CONNECT_US)?,
             target: s(&target),
             run_id: s(&run_id),
+            captured_status: captured_status
+                .get(i)
+                .map(|v| {
+                    u16::try_from(v)
+                        .map_err(|_| cx.bad(i, col::CAPTURED_STATUS, "not an HTTP status"))
+                })
+                .transpose()?,
+            captured_outcome: captured_outcome
+                .get(i)
+                .map(|v| {
+                    v.parse::<Outcome>()
+                        .map_err(|e| cx.bad(i, col::CAPTURED_OUTCOME, &e))
+                })
+                .transpose()?,
+            synthesized_body: bool_at(synthesized_body, i),
         };
         out.push(rec);
     }

@@ -448,6 +448,8 @@ pub struct ReplayConfig {
     pub seed: u64,
     /// Goodput SLOs.
     pub goodput: Vec<Slo>,
+    /// The percentile at which every SLO must hold for a run to PASS (`--slo-percentile`).
+    pub slo_percentile: f64,
     /// Metrics that get percentiles.
     pub percentile_metrics: Vec<PercentileMetric>,
     /// Which percentiles.
@@ -532,6 +534,7 @@ impl ReplayConfig {
             num_warmups: 0,
             seed: 0,
             goodput: Vec::new(),
+            slo_percentile: 95.0,
             percentile_metrics: vec![
                 PercentileMetric::Ttft,
                 PercentileMetric::Tpot,

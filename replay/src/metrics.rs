@@ -1,4 +1,4 @@
-//! vLLM-compatible metrics from per-request results (../shared/docs/metrics.md).
+//! vLLM-compatible metrics from per-request results (docs/metrics.md).
 //!
 //! Inputs are the result rows themselves (integer microseconds), added one at a time to a
 //! [`MetricsBuilder`] in any order: every value is converted to milliseconds once, and
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use trace_format::quantiles::{Quantiles, EXACT_CAP};
 use trace_format::stats::Summary;
-use trace_format::{Outcome, TraceRecord};
+use trace_format::{Cause, CauseCounts, Outcome, TraceRecord};
 
 use crate::config::{Slo, SloMetric};
 
@@ -24,8 +24,12 @@ pub struct Metrics {
     pub num_prompts: usize,
     /// Requests with outcome `ok`.
     pub completed: usize,
-    /// All others.
+    /// All others (whoever caused them: see `causes`).
     pub failed: usize,
+    /// Requests per cause of their outcome (`trace_format::cause`): the server's failures
+    /// over the requests it was asked to serve are the error budget; the client's and the
+    /// replay's are left out of every verdict and shown beside it.
+    pub causes: CauseCounts,
     /// From the scheduled start of the first request to the end of the last one, s.
     pub duration_s: f64,
     /// Σ prompt tokens of completed requests.
@@ -34,7 +38,7 @@ pub struct Metrics {
     pub total_output_tokens: i64,
     /// completed / duration.
     pub request_throughput: f64,
-    /// Requests per second meeting every SLO (None without SLOs).
+    /// Requests per second served meeting every SLO (None without SLOs).
     pub request_goodput: Option<f64>,
     /// Σ output tokens / duration.
     pub output_throughput: f64,
@@ -57,7 +61,8 @@ pub struct Metrics {
     pub coverage: Coverage,
     /// Chunk gap per token of the later chunk, ms, when per-chunk token counts are known.
     pub itl_per_token: Option<Summary>,
-    /// Fraction of all requests meeting every SLO (None without SLOs).
+    /// Fraction of the requests the server was asked to serve (`causes.asked()`) that were
+    /// served meeting every SLO (None without SLOs).
     pub slo_attainment: Option<f64>,
     /// Actual send − when the request was due (its scheduled send, or the moment it got a
     /// concurrency slot or its turn in a burst), minus connect time, ms.
@@ -229,6 +234,7 @@ pub struct MetricsBuilder {
     total_input_tokens: i64,
     total_output_tokens: i64,
     good: usize,
+    causes: CauseCounts,
     ttft: Quantiles,
     tpot: Quantiles,
     itl: Quantiles,
@@ -264,6 +270,7 @@ impl MetricsBuilder {
             total_input_tokens: 0,
             total_output_tokens: 0,
             good: 0,
+            causes: CauseCounts::default(),
             ttft: Quantiles::new(),
             tpot: Quantiles::new(),
             itl: Quantiles::new(),
@@ -314,7 +321,9 @@ impl MetricsBuilder {
                 self.connect.add(ms(c));
             }
         }
-        if !self.slos.is_empty() && meets_slos(r, &self.slos) {
+        let cause = Cause::of(r);
+        self.causes.add(cause);
+        if cause == Cause::Served && !self.slos.is_empty() && meets_slos(r, &self.slos) {
             self.good += 1;
         }
         count(&mut self.outcomes, r.outcome.as_str());
@@ -410,6 +419,7 @@ impl MetricsBuilder {
             num_prompts: n,
             completed: self.completed,
             failed: n - self.completed,
+            causes: self.causes,
             duration_s,
             total_input_tokens,
             total_output_tokens,
@@ -430,7 +440,10 @@ impl MetricsBuilder {
                 not_streamed: self.completed - self.streamed_ok,
             },
             itl_per_token: self.have_tokens.then(|| summary(&self.itl_tok, p)),
-            slo_attainment: good.map(|g| if n == 0 { 0.0 } else { g as f64 / n as f64 }),
+            slo_attainment: good.map(|g| match self.causes.asked() {
+                0 => 0.0,
+                asked => g as f64 / asked as f64,
+            }),
             lag_allowance_ms: lag_allowance,
             late_dispatches: self.lag.count_above(lag_allowance),
             served: self.served.finish(),
@@ -824,6 +837,42 @@ mod tests {
         assert!((m.request_goodput.unwrap() - 1.0 / 1.24).abs() < 1e-9);
         assert!((m.slo_attainment.unwrap() - 1.0 / 3.0).abs() < 1e-9);
         assert_eq!(m.outcomes["http_error"], 1);
+    }
+
+    /// Issue 39: a replayed cancellation and a 4xx that was a 4xx in the capture are the
+    /// client's; a synthesized body where the capture had a 4xx is the replay's: SLO
+    /// attainment and goodput are over the requests the server was asked to serve, and the
+    /// excluded ones are counted, not dropped.
+    #[test]
+    fn attainment_is_over_the_requests_the_server_was_asked_to_serve() {
+        let served: Vec<TraceRecord> = (0..6).map(|i| ok(i * 100, &[10, 20], 2)).collect();
+        let mut cancelled = TraceRecord::new("x", 0, "/v1/completions");
+        cancelled.outcome = Outcome::ClientCancelled;
+        cancelled.captured_outcome = Some(Outcome::ClientCancelled);
+        let mut bad = TraceRecord::new("y", 0, "/v1/completions");
+        (bad.outcome, bad.status) = (Outcome::HttpError, Some(400));
+        (bad.captured_outcome, bad.captured_status) = (Some(Outcome::HttpError), Some(400));
+        bad.synthesized_body = Some(false);
+        let mut changed = ok(700, &[10, 20], 2);
+        (changed.captured_outcome, changed.captured_status) = (Some(Outcome::HttpError), Some(400));
+        changed.synthesized_body = Some(true);
+        let mut broken = TraceRecord::new("z", 0, "/v1/completions");
+        (broken.outcome, broken.status) = (Outcome::HttpError, Some(503));
+        let mut rows = served;
+        rows.extend([cancelled, bad, changed, broken]);
+        let m = compute(&rows, 0, &["ttft:150".parse().unwrap()], &[50.0]);
+        assert_eq!(
+            m.causes,
+            CauseCounts {
+                served: 6,
+                server: 1,
+                client: 2,
+                replay: 1
+            }
+        );
+        // 6 served within the SLO of the 7 the server was asked to serve (not 6 of 10).
+        assert!((m.slo_attainment.unwrap() - 6.0 / 7.0).abs() < 1e-9);
+        assert_eq!((m.completed, m.failed), (7, 3));
     }
 
     #[test]

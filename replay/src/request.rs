@@ -34,6 +34,40 @@ pub struct BuiltRequest {
     pub max_tokens: Option<i64>,
     /// Where the recorded client cancelled it, to cancel the replayed one at the same point.
     pub cancel: Option<CancelAt>,
+    /// What the captured row was, for the outcome taxonomy (`trace_format::cause`).
+    pub captured: Captured,
+}
+
+/// What the row a request replays was: its status and outcome, and whether the request sends
+/// its recorded body or a synthesized one. Copied into the result row (`captured_status`,
+/// `captured_outcome`, `synthesized_body`), so the row says whose its outcome is
+/// ([`trace_format::Cause::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Captured {
+    /// The captured HTTP status.
+    pub status: Option<u16>,
+    /// The captured outcome.
+    pub outcome: trace_format::Outcome,
+    /// Whether the body sent was synthesized (the row had none).
+    pub synthesized_body: bool,
+}
+
+impl Captured {
+    /// What `rec` was, sent with a synthesized body or its own.
+    pub fn of(rec: &TraceRecord, synthesized_body: bool) -> Captured {
+        Captured {
+            status: rec.status,
+            outcome: rec.outcome,
+            synthesized_body,
+        }
+    }
+
+    /// Writes it into a result row.
+    pub fn fill(&self, row: &mut TraceRecord) {
+        row.captured_status = self.status;
+        row.captured_outcome = Some(self.outcome);
+        row.synthesized_body = Some(self.synthesized_body);
+    }
 }
 
 /// Where a request the recorded client cancelled is cancelled again: after as many output
@@ -140,6 +174,7 @@ pub fn build_request(
         body: Bytes::from(serde_json::to_vec(&body).expect("JSON values serialize")),
         max_tokens: Some(max_tokens),
         cancel: CancelAt::of(rec),
+        captured: Captured::of(rec, true),
     })
 }
 
@@ -224,6 +259,7 @@ fn rebuild_recorded(rec: &TraceRecord, body: &str, opts: &RequestOptions) -> Bui
                 ),
                 max_tokens,
                 cancel: CancelAt::of(rec),
+                captured: Captured::of(rec, false),
             }
         }
         // Not a JSON object: send the recorded bytes untouched; the outcome records the rest.
@@ -233,6 +269,7 @@ fn rebuild_recorded(rec: &TraceRecord, body: &str, opts: &RequestOptions) -> Bui
             body: Bytes::from(body.to_string()),
             max_tokens: rec.max_tokens,
             cancel: CancelAt::of(rec),
+            captured: Captured::of(rec, false),
         },
     }
 }

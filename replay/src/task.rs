@@ -230,6 +230,7 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
     rec.connect_us = ex.new_connection.then_some(ex.connect.as_micros() as i64);
     rec.target = Some(sh.target.clone());
     rec.run_id = Some(sh.run_id.clone());
+    item.req.captured.fill(&mut rec);
     guard.done = true;
     let _ = sh.results.send(RunMsg::Row {
         seq: item.seq,

@@ -144,10 +144,16 @@ pub(crate) struct ReplayArgs {
     /// target's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s).
     #[arg(long, value_parser = parse_duration, default_value = "4s")]
     pool_idle_timeout: Duration,
-    /// Exit with status 4 (after writing every result) when more than this fraction of a
-    /// target's requests failed; 1 never does.
+    /// Exit with status 4 (after writing every result) when the server failed more than this
+    /// fraction of the requests it was asked to serve (recorded cancellations and captured
+    /// 4xx replayed as captured are the client's, not counted); 1 never does.
     #[arg(long, value_name = "FRACTION", default_value_t = 0.1, value_parser = parse_fraction)]
     max_failed: f64,
+    /// Exit with status 6 (after writing every result) when a target's verdict is FAIL: the
+    /// --slo-percentile of a --goodput SLO over its limit, or the server's failures over the
+    /// 1% error budget (the `VERDICT` line of each target says which).
+    #[arg(long)]
+    fail_on_slo: bool,
     /// Do not open the connection pool before the clock starts.
     #[arg(long)]
     no_preconnect: bool,
@@ -247,6 +253,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
         num_warmups: a.num_warmups,
         seed: a.seed,
         goodput: a.goodput.clone(),
+        slo_percentile: a.capacity.slo_percentile,
         percentile_metrics: a.percentile_metrics.clone(),
         metric_percentiles: a.metric_percentiles.clone(),
         cooldown: a.cooldown,
@@ -373,6 +380,9 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         if cfg.start_at_us.is_some() {
             bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
         }
+        if a.fail_on_slo {
+            bail!("--fail-on-slo judges one run per target; a sweep's answer is its capacity (use llmreplay compare --fail-on-regression, or one replay per level)");
+        }
         // Every level replays the same rows: they are read once, into memory.
         let trace = store::read_traces(&a.traces).context("reading the trace")?;
         let r = crate::report_cmd::run_sweep(
@@ -478,6 +488,12 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         eprintln!("error: {why}");
         std::process::exit(EXIT_FAILED_REQUESTS);
     }
+    if a.fail_on_slo {
+        if let Some(why) = reporting::outputs::failed_verdicts(&cfg, &runs) {
+            eprintln!("error: {why}");
+            std::process::exit(EXIT_SLO_FAIL);
+        }
+    }
     Ok(())
 }
 
@@ -516,6 +532,9 @@ fn prompt_note(stream: &trace_format::TraceStream, tok: Option<&str>) -> Result<
 
 /// Exit status of a replay in which more than `--max-failed` of a target's requests failed.
 const EXIT_FAILED_REQUESTS: i32 = 4;
+
+/// Exit status of a replay with `--fail-on-slo` in which a target's verdict is FAIL.
+const EXIT_SLO_FAIL: i32 = 6;
 
 /// Exit status of a replay stopped by SIGINT, after the results of what ran were written
 /// (128 + 2, as a shell shows a process the signal ended).

@@ -143,7 +143,7 @@ pub fn run_sweep(
     if spec.axis == Axis::MaxConcurrency && a.level_duration.is_some() {
         eprintln!("note: --level-duration has no effect on a max-concurrency sweep (every level replays the selection)");
     }
-    println!("{}", reporting::console::DEFINITIONS);
+    println!("{}", reporting::console::definitions());
     println!(
         "Sweep {} over {} level(s) x {} run(s) x {} target(s){}",
         spec.axis.key(),

@@ -18,8 +18,10 @@ use trace_format::stats::percentile_label;
 use crate::result_doc::ResultDoc;
 use replay::config::{Slo, SloMetric};
 
-/// A level with more failed requests than this fraction breaks the SLO, whatever its
-/// latencies (vLLM's percentiles are over completed requests only).
+/// A level with more server-caused failures than this fraction of the requests the server was
+/// asked to serve breaks the SLO, whatever its latencies (vLLM's percentiles are over
+/// completed requests only). The client's and the replay's outcomes (`trace_format::cause`)
+/// are not in it.
 pub const MAX_ERROR_FRACTION: f64 = 0.01;
 /// Goodput below this fraction of request throughput means goodput stopped following it.
 pub const GOODPUT_FOLLOW_FRACTION: f64 = 0.9;
@@ -144,8 +146,12 @@ pub struct LevelPoint {
     pub runs: usize,
     /// Numeric top-level keys of the vLLM result (`request_throughput`, `p95_ttft_ms`, ...).
     pub values: BTreeMap<String, Stat>,
-    /// Failed / sent requests, mean over runs.
+    /// Server-caused failures / requests the server was asked to serve, mean over runs
+    /// (failed / sent for results that do not count causes: vLLM's, older ones).
     pub failed_fraction: f64,
+    /// Requests per cause of their outcome, summed over runs (zero for results that do not
+    /// count causes).
+    pub causes: trace_format::CauseCounts,
 }
 
 impl LevelPoint {
@@ -153,6 +159,7 @@ impl LevelPoint {
     pub fn from_results(level: f64, results: &[&ResultDoc]) -> LevelPoint {
         let mut acc: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut fails = Vec::new();
+        let mut causes = trace_format::CauseCounts::default();
         for r in results {
             for (k, x) in r.numbers() {
                 acc.entry(k).or_default().push(x);
@@ -162,9 +169,17 @@ impl LevelPoint {
                     .or_default()
                     .push(s.request_throughput);
             }
-            let sent = r.vllm.num_prompts as f64;
-            let failed = r.vllm.failed as f64;
-            fails.push(if sent > 0.0 { failed / sent } else { 0.0 });
+            match r.llmreplay.as_ref().and_then(|o| o.outcome_causes) {
+                Some(c) => {
+                    causes.merge(&c);
+                    fails.push(c.server_failed_fraction());
+                }
+                None => {
+                    let sent = r.vllm.num_prompts as f64;
+                    let failed = r.vllm.failed as f64;
+                    fails.push(if sent > 0.0 { failed / sent } else { 0.0 });
+                }
+            }
         }
         LevelPoint {
             level,
@@ -174,6 +189,7 @@ impl LevelPoint {
                 .filter_map(|(k, v)| Stat::of(&v).map(|s| (k, s)))
                 .collect(),
             failed_fraction: Stat::of(&fails).map_or(0.0, |s| s.mean),
+            causes,
         }
     }
 
@@ -300,7 +316,7 @@ fn why(metric: &str) -> &'static str {
         "ttft" => "TTFT climbed first: prefill queueing (new requests wait for admission behind running ones)",
         "tpot" => "TPOT climbed first: decode batches too large (every step carries more sequences and KV reads)",
         "e2el" => "end-to-end latency broke first (prefill and decode together)",
-        _ => "requests failed (errors or timeouts)",
+        _ => "the server failed requests (5xx, 429, resets or timeouts)",
     }
 }
 
@@ -540,7 +556,10 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
         match &a.first_break {
             Some(b) => {
                 let what = if b.first == "errors" {
-                    format!("{:.1}% of requests failed", b.failed_fraction * 100.0)
+                    format!(
+                        "{:.1}% of the requests the server was asked to serve failed by its doing",
+                        b.failed_fraction * 100.0
+                    )
                 } else {
                     let c = b.checks.iter().find(|c| c.metric == b.first);
                     match c.and_then(|c| c.value_ms.map(|v| (v, c.limit_ms))) {
@@ -610,7 +629,8 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
 pub fn rules_text(pct: f64) -> String {
     format!(
         "Rules: a level meets the SLO when the mean over runs of its p{p} of every --goodput metric is within its limit \
-and at most {err}% of requests failed; capacity = the highest level meeting it with every lower level meeting it too. \
+and at most {err}% of the requests the server was asked to serve failed by its doing (recorded cancellations and captured 4xx, \
+replayed as captured, are the client's and not counted); capacity = the highest level meeting it with every lower level meeting it too. \
 Knee = the last level before goodput < {gf}% of request throughput, p50 TTFT/TPOT > {lf}x the lowest level's \
 (and > {fl} ms above it), or throughput stops following load. A level's throughput is its steady state: requests that \
 ended between its median E2EL after the start (ramp-up over) and its last send (drain after), when that window holds \

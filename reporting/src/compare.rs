@@ -102,9 +102,12 @@ pub struct Table {
     pub names: Vec<String>,
     /// Rows.
     pub rows: Vec<Row>,
-    /// SLO verdict per configuration: Some(true) pass, Some(false) fail, None without SLOs;
-    /// with the failing metrics.
+    /// SLO verdict per configuration ([`crate::verdict::judge`]): Some(true) pass,
+    /// Some(false) fail, None without SLOs; with why it failed.
     pub slo: Vec<(Option<bool>, Vec<String>)>,
+    /// Requests per cause of their outcome per configuration (None when its results do not
+    /// count causes), shown beside the verdict.
+    pub causes: Vec<Option<trace_format::CauseCounts>>,
 }
 
 fn figures(pct: f64) -> Vec<(String, String, bool)> {
@@ -168,26 +171,9 @@ fn table_at(level: Option<f64>, series: &[&Series], points: &[Option<&LevelPoint
         .zip(points)
         .map(|(s, p)| match p {
             Some(p) if !s.slos.is_empty() => {
-                let (checks, ok) = capacity::check_level(p, &s.slos, s.slo_percentile);
-                let mut bad: Vec<String> = checks
-                    .iter()
-                    .filter(|c| !c.ok)
-                    .map(|c| {
-                        format!(
-                            "{} p{} {}",
-                            c.metric.to_uppercase(),
-                            percentile_label(s.slo_percentile),
-                            c.value_ms.map_or("missing".into(), |v| format!(
-                                "{v:.1} > {}",
-                                fmt_num(c.limit_ms)
-                            ))
-                        )
-                    })
-                    .collect();
-                if p.failed_fraction > capacity::MAX_ERROR_FRACTION {
-                    bad.push(format!("{:.1}% failed", p.failed_fraction * 100.0));
-                }
-                (Some(ok), bad)
+                let v = crate::verdict::judge(p, &s.slos, s.slo_percentile);
+                let bad = if v.pass { Vec::new() } else { vec![v.reason] };
+                (Some(v.pass), bad)
             }
             _ => (None, Vec::new()),
         })
@@ -197,6 +183,10 @@ fn table_at(level: Option<f64>, series: &[&Series], points: &[Option<&LevelPoint
         names: series.iter().map(|s| s.name.clone()).collect(),
         rows,
         slo,
+        causes: points
+            .iter()
+            .map(|p| p.map(|p| p.causes).filter(|c| c.total() > 0))
+            .collect(),
     }
 }
 
@@ -476,6 +466,14 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
             }));
             grid.push(line);
         }
+        if t.causes.iter().any(|c| c.is_some_and(|c| c.excluded() > 0)) {
+            let mut line = vec!["left out (client, replay)".to_string()];
+            line.extend(t.causes.iter().map(|c| match c {
+                Some(c) => format!("{}, {} (of {})", c.client, c.replay, c.total()),
+                None => "-".into(),
+            }));
+            grid.push(line);
+        }
         if t.slo.iter().any(|s| s.0.is_some()) {
             let mut line = vec!["SLO".to_string()];
             line.extend(t.slo.iter().map(|(ok, bad)| match ok {
@@ -517,7 +515,7 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
     if let Some(s) = series.iter().find(|s| !s.slos.is_empty()) {
         let _ = writeln!(
             out,
-            "SLO: PASS when p{} of every SLO ({}) is within its limit and at most {}% of requests failed.",
+            "SLO: PASS when p{} of every SLO ({}) is within its limit and at most {}% of the requests the server was asked to serve failed by its doing (recorded cancellations and captured 4xx replayed as captured are the client's, left out).",
             percentile_label(s.slo_percentile),
             s.slos.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "),
             capacity::MAX_ERROR_FRACTION * 100.0
@@ -578,6 +576,7 @@ mod tests {
                     .into_iter()
                     .collect(),
                     failed_fraction: 0.0,
+                    causes: Default::default(),
                 })
                 .collect(),
             runs: levels.iter().map(|&l| (l, run(l))).collect(),

@@ -6,28 +6,16 @@ use std::fmt::Write as _;
 
 use trace_format::stats::{percentile_label, Summary};
 
-use crate::report::{prompt_note, slo_pass, verdict, ResultInputs};
+use crate::report::{prompt_note, run_verdict, slo_pass, verdict, ResultInputs};
 use replay::config::{Arrivals, ReplayConfig};
 use replay::metrics::Metrics;
 use replay::run::RunOutput;
 
-/// The definitions table printed above every result (../shared/docs/metrics.md).
-pub const DEFINITIONS: &str = "\
-Metric definitions (vLLM's `vllm bench serve`; measured at the client from t0 = request written):
-  TTFT      time of the first chunk with output - t0 (a chunk = an SSE event with non-empty `choices`;
-            output = text, content, reasoning or a tool call: a chat role-only or empty chunk is not
-            a token; vLLM's client takes any chunk, which on vLLM's server is the same instant);
-            TTFT, ITL and TPOT cover streamed requests only
-  ITL       gap between consecutive chunks with output, pooled over successful requests (k tokens in a chunk = one gap)
-  TPOT      per request, (E2EL - TTFT) / (output_tokens - 1), output_tokens from usage
-  E2EL      time of the last chunk - t0 (non-streamed: whole response read)
-  goodput   requests/s meeting every --goodput SLO (inclusive)
-  throughput  completed requests (or tokens) / duration; duration = scheduled start of the first request
-              to the end of the last one
-  dispatch lag  actual send - when the request was due (client overhead; queue and connect time apart)
-  client queue  waiting for a --max-concurrency slot, or for the requests due at the same instant
-              that were sent before it (a burst leaves one request after another)
-";
+/// The definitions table printed above every result: the console block of `docs/metrics.md`
+/// (one source for the console, the report and the repository's documentation).
+pub fn definitions() -> &'static str {
+    crate::definitions::section("console")
+}
 
 fn line(out: &mut String, label: &str, value: impl std::fmt::Display) {
     let _ = writeln!(out, "{label:<40} {value}");
@@ -111,6 +99,11 @@ pub fn console_report(i: &ResultInputs) -> String {
     line(&mut out, "Failed requests:", m.failed);
     line(
         &mut out,
+        "Outcomes by cause:",
+        crate::verdict::causes_text(&m.causes),
+    );
+    line(
+        &mut out,
         "Benchmark duration (s):",
         format!("{:.2}", m.duration_s),
     );
@@ -145,7 +138,11 @@ pub fn console_report(i: &ResultInputs) -> String {
         line(
             &mut out,
             "SLO attainment:",
-            format!("{:.1}%", m.slo_attainment.unwrap_or(0.0) * 100.0),
+            format!(
+                "{:.1}% of the {} requests the server was asked to serve",
+                m.slo_attainment.unwrap_or(0.0) * 100.0,
+                m.causes.asked()
+            ),
         );
     }
     line(
@@ -409,6 +406,11 @@ pub fn console_report(i: &ResultInputs) -> String {
         );
     }
     let _ = writeln!(out, "{}", v.message);
+    let _ = writeln!(
+        out,
+        "{}",
+        crate::verdict::line(&run.target.name, &run_verdict(cfg, m))
+    );
     let _ = writeln!(out, "{}", "=".repeat(50));
     out
 }
@@ -433,7 +435,7 @@ pub fn comparison_table(cfg: &ReplayConfig, runs: &[(RunOutput, Metrics)]) -> St
     let base = runs.first().map(|(_, m)| m);
     for (run, m) in runs {
         let p = |s: &Summary, q: f64| s.get(q).map_or("-".to_string(), |v| format!("{v:.1}"));
-        let slo = match slo_pass(m) {
+        let slo = match slo_pass(cfg, m) {
             None => "-".to_string(),
             Some(true) => "PASS".into(),
             Some(false) => "FAIL".into(),

@@ -15,20 +15,10 @@ use crate::result_doc::{ClassDoc, Extension, SummaryDoc};
 use crate::results::{self, ArrivalProfile, ResultFile, RunSamples, Samples, Series};
 use crate::sweep_doc::PlanInputsDoc;
 
-/// The metric definitions table (shared/docs/metrics.md), Markdown.
-pub const DEFINITIONS_MD: &str = "\
-| metric | definition in this report |
-|---|---|
-| TTFT | from sending the request (t0: request written) to the first output chunk, measured at the client |
-| ITL | gap between two consecutive output chunks, pooled across all successful requests |
-| TPOT | per request, (E2EL − TTFT) / (output_tokens − 1); output tokens from the server's usage |
-| E2EL | from t0 to the last chunk |
-| request throughput | completed requests / duration (scheduled start of the first request to the end of the last) |
-| system (output) throughput | total output tokens per second across all requests running in parallel |
-| goodput | requests per second meeting every SLO given with `--goodput` (inclusive) |
-| SLO met at a level | the pXX of every `--goodput` metric (mean over `--num-runs`) within its limit, ≤ 1% of requests failed |
-| knee | the last level before goodput falls below 90% of throughput, p50 latency leaves its flat region, or throughput stops following load |
-";
+/// The metric definitions table, Markdown: the report block of `docs/metrics.md`.
+pub fn definitions_md() -> &'static str {
+    crate::definitions::section("report")
+}
 
 /// Everything a report shows.
 #[derive(Debug, Clone)]
@@ -544,7 +534,7 @@ pub fn markdown(d: &ReportData) -> String {
     if let Some(n) = &d.plan_note {
         let _ = writeln!(o, "{n}\n");
     }
-    let _ = writeln!(o, "## Definitions\n\n{DEFINITIONS_MD}");
+    let _ = writeln!(o, "## Definitions\n\n{}", definitions_md());
     let _ = writeln!(o, "## How it was measured\n");
     let _ = writeln!(o, "Exact commands:\n\n```sh");
     for s in &d.series {

@@ -555,7 +555,7 @@ pub fn render(d: &ReportData) -> String {
         );
     }
     o.push_str("</div><h2>Definitions</h2>");
-    md_table(&mut o, crate::document::DEFINITIONS_MD);
+    md_table(&mut o, crate::document::definitions_md());
     o.push_str("<h2>How it was measured</h2><p>Exact commands:</p><pre>");
     for s in &d.series {
         for c in &s.commands {

@@ -9,6 +9,8 @@
 //! - [`sweep`]: load levels, each a fresh run, and the sweep's document and summary.
 //! - [`merge`]: the shards of one run into one result (and a killed run's journal, first).
 //! - [`outputs`]: what a plain replay writes; [`sink`]: its `--results` rows as they finish.
+//! - [`definitions`]: the definitions printed above results, from `docs/metrics.md`.
+//! - [`verdict`]: a run's PASS or FAIL and why (one rule, over `trace_format::cause`).
 //! - [`capacity`]: knee, capacity answer and plan. [`compare`]: configurations side by side.
 //! - [`document`] (Markdown), [`html`] and [`svg`]: `llmreplay report`. [`alerts`]:
 //!   Prometheus rules for the SLOs.
@@ -18,6 +20,7 @@ pub mod alerts;
 pub mod capacity;
 pub mod compare;
 pub mod console;
+pub mod definitions;
 pub mod document;
 pub mod fidelity;
 pub mod html;
@@ -30,5 +33,6 @@ pub mod sink;
 pub mod svg;
 pub mod sweep;
 pub mod sweep_doc;
+pub mod verdict;
 
 pub use result_doc::{is_result_key, ResultDoc};

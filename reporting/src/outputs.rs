@@ -64,7 +64,7 @@ pub fn write(
     out: &Outputs,
     console: &mut dyn Console,
 ) -> Result<(), ReplayError> {
-    console.report(crate::console::DEFINITIONS);
+    console.report(crate::console::definitions());
     let many = runs.len() > 1;
     for (run, m) in runs {
         let inputs = ResultInputs {
@@ -170,17 +170,15 @@ pub(crate) fn written(path: &Path, source: trace_format::Error) -> ReplayError {
     }
 }
 
-/// The worst target whose failed requests are more than `max_failed` of its requests, as the
-/// message that says so: a run most of whose requests failed measured a broken target, not a
-/// slow one. A cancellation replayed as recorded is the load production saw, not a failure.
+/// The worst target whose server-caused failures are more than `max_failed` of the requests
+/// the server was asked to serve, as the message that says so: a run most of whose requests
+/// failed measured a broken target, not a slow one. What the client did as captured (a
+/// cancellation replayed at its point, a captured 4xx) and what the replay changed are not
+/// failures of the target (`trace_format::cause`).
 pub fn too_many_failed(runs: &[(RunOutput, Metrics)], max_failed: f64) -> Option<String> {
     let (run, m, _) = runs
         .iter()
-        .map(|(run, m)| {
-            let cancelled = m.outcomes.get("client_cancelled").copied().unwrap_or(0);
-            let failed = m.failed.saturating_sub(cancelled);
-            (run, m, failed as f64 / m.num_prompts.max(1) as f64)
-        })
+        .map(|(run, m)| (run, m, m.causes.server_failed_fraction()))
         .filter(|(_, _, f)| *f > max_failed)
         .max_by(|x, y| x.2.total_cmp(&y.2))?;
     let what = m
@@ -189,9 +187,24 @@ pub fn too_many_failed(runs: &[(RunOutput, Metrics)], max_failed: f64) -> Option
         .map(|(o, t, n)| format!("; most often ({n}×) {o}: {t}"))
         .unwrap_or_default();
     Some(format!(
-        "{} of {} requests to {} failed, over --max-failed {max_failed}{what}",
-        m.failed, m.num_prompts, run.target.name
+        "{} of {} requests the server was asked to serve at {} failed, over --max-failed {max_failed}{what}",
+        m.causes.server,
+        m.causes.asked(),
+        run.target.name
     ))
+}
+
+/// The targets whose verdict ([`crate::verdict`]) is FAIL, as the message that says so
+/// (`--fail-on-slo`); None when every target passed.
+pub fn failed_verdicts(cfg: &ValidatedConfig, runs: &[(RunOutput, Metrics)]) -> Option<String> {
+    let failed: Vec<String> = runs
+        .iter()
+        .filter_map(|(run, m)| {
+            let v = report::run_verdict(cfg, m);
+            (!v.pass).then(|| format!("{}: {}", run.target.name, v.reason))
+        })
+        .collect();
+    (!failed.is_empty()).then(|| format!("verdict FAIL ({})", failed.join(" | ")))
 }
 
 /// With `many` targets, inserts the target name before the extension: `out.json` →

@@ -377,7 +377,9 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
             .map(|s| (s.metric.key().to_string(), s.limit_ms))
             .collect(),
         slo_attainment: m.slo_attainment,
-        slo_pass: slo_pass(m),
+        slo_pass: slo_pass(cfg, m),
+        verdict: Some(run_verdict(cfg, m)),
+        outcome_causes: Some(m.causes),
         dispatch_lag_ms: SummaryDoc::of(&m.dispatch_lag),
         client_queue_ms: SummaryDoc::of(&m.queue),
         connections: ConnectionsDoc {
@@ -500,9 +502,15 @@ pub fn empty_run(target: replay::config::Target) -> RunOutput {
     }
 }
 
-/// PASS when at least 95% of requests meet every SLO; None without SLOs.
-pub fn slo_pass(m: &Metrics) -> Option<bool> {
-    m.slo_attainment.map(|a| a >= 0.95)
+/// The run's verdict ([`crate::verdict::judge`]) against the configuration's SLOs at its
+/// SLO percentile.
+pub fn run_verdict(cfg: &ReplayConfig, m: &Metrics) -> crate::verdict::RunVerdict {
+    crate::verdict::judge_metrics(m, &cfg.goodput, cfg.slo_percentile)
+}
+
+/// The run's verdict as `slo_pass`: None without SLOs.
+pub fn slo_pass(cfg: &ReplayConfig, m: &Metrics) -> Option<bool> {
+    (!cfg.goodput.is_empty()).then(|| run_verdict(cfg, m).pass)
 }
 
 #[cfg(test)]

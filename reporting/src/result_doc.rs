@@ -447,6 +447,23 @@ pub struct MergeDoc {
     pub worst_shard_lag_too_high: bool,
 }
 
+/// `llmreplay.verdict`: a run's PASS or FAIL and why ([`crate::verdict::judge`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunVerdict {
+    /// PASS.
+    pub pass: bool,
+    /// Why, as one line: each SLO's percentile observed against its limit, and the error
+    /// budget with its counts.
+    pub reason: String,
+    /// The percentile SLOs were judged at.
+    pub percentile: f64,
+    /// Server-caused failures / requests the server was asked to serve.
+    pub server_failed_fraction: f64,
+    /// The error budget.
+    pub max_failed_fraction: f64,
+}
+
 /// `llmreplay`: everything vLLM's keys do not say.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -467,8 +484,15 @@ pub struct Extension {
     pub goodput_slos: BTreeMap<String, f64>,
     /// Share of requests meeting every SLO.
     pub slo_attainment: Option<f64>,
-    /// PASS (≥ 95% attainment), FAIL, or null without SLOs.
+    /// `verdict.pass`, or null without SLOs.
     pub slo_pass: Option<bool>,
+    /// PASS or FAIL and why ([`crate::verdict`]): absent from results that predate it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<RunVerdict>,
+    /// Requests per cause of their outcome (`trace_format::cause`): absent from results
+    /// that predate it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome_causes: Option<trace_format::CauseCounts>,
     /// Dispatch lag.
     pub dispatch_lag_ms: SummaryDoc,
     /// Client queue time.

@@ -505,6 +505,7 @@ mod tests {
             .into_iter()
             .collect(),
             failed_fraction: 0.0,
+            causes: Default::default(),
         };
         let points = vec![point(1.0, 1.0, 1.0), point(2.0, 2.0, 0.25)];
         let knee = capacity::knee(&points, Axis::RequestRate, true).unwrap();

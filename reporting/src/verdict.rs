@@ -1,0 +1,255 @@
+//! A run's verdict: PASS or FAIL, and why. One function ([`judge`]) over one rule
+//! ([`capacity::check_level`]: the SLO percentile of every `--goodput` metric within its
+//! limit, and server-caused failures within [`capacity::MAX_ERROR_FRACTION`] of the requests
+//! the server was asked to serve), so the console's `VERDICT` line, the JSON result
+//! (`llmreplay.verdict`, `slo_pass`), a sweep's levels, `compare` and `report` say the same
+//! thing. Which outcomes count against the server is `trace_format::cause`'s; the ones it
+//! leaves out are named in the reason, never dropped silently.
+
+use std::collections::BTreeMap;
+
+use replay::config::Slo;
+use replay::metrics::Metrics;
+use trace_format::stats::{percentile_label, Summary};
+use trace_format::CauseCounts;
+
+use crate::capacity::{self, fmt_num, LevelPoint, Stat};
+pub use crate::result_doc::RunVerdict;
+
+/// Judges one level (one run, or the runs of one sweep level) against `slos` at percentile
+/// `pct`. Without SLOs, the error budget alone decides.
+pub fn judge(p: &LevelPoint, slos: &[Slo], pct: f64) -> RunVerdict {
+    let (checks, mut pass) = capacity::check_level(p, slos, pct);
+    let pl = percentile_label(pct);
+    let mut failing = Vec::new();
+    let mut passing = Vec::new();
+    for c in &checks {
+        let name = c.metric.to_uppercase();
+        match c.value_ms {
+            Some(v) if c.ok => passing.push(format!(
+                "p{pl} {name} {} ms ≤ {} ms",
+                ms(v),
+                fmt_num(c.limit_ms)
+            )),
+            Some(v) => failing.push(format!(
+                "p{pl} {name} {} ms > {} ms",
+                ms(v),
+                fmt_num(c.limit_ms)
+            )),
+            None => failing.push(format!(
+                "p{pl} {name} not measured (no served request it applies to), limit {} ms",
+                fmt_num(c.limit_ms)
+            )),
+        }
+    }
+    let budget = capacity::MAX_ERROR_FRACTION;
+    let c = &p.causes;
+    let counts = if c.total() > 0 {
+        format!(
+            "{} of {} requests the server was asked to serve failed by its doing",
+            c.server,
+            c.asked()
+        )
+    } else {
+        "failed requests".to_string()
+    };
+    let errors = format!(
+        "{counts} ({} {} the {} error budget)",
+        pct_text(p.failed_fraction),
+        if p.failed_fraction <= budget {
+            "within"
+        } else {
+            "over"
+        },
+        pct_text(budget)
+    );
+    if p.failed_fraction <= budget {
+        passing.push(errors);
+    } else {
+        failing.push(errors);
+    }
+    if c.total() > 0 && c.asked() == 0 {
+        pass = false;
+        failing.push("the server was asked to serve no request".into());
+    }
+    let mut reason = failing;
+    reason.extend(passing);
+    let mut reason = reason.join("; ");
+    if slos.is_empty() {
+        reason = format!("no --goodput SLOs, the error budget alone: {reason}");
+    }
+    if c.excluded() > 0 {
+        reason.push_str(&format!("; left out: {}", c.excluded_text()));
+    }
+    RunVerdict {
+        pass,
+        reason,
+        percentile: pct,
+        server_failed_fraction: p.failed_fraction,
+        max_failed_fraction: budget,
+    }
+}
+
+/// Judges one run from its metrics: the level [`judge`] sees is built from the same figures
+/// the JSON result writes (`p95_ttft_ms`, …, the cause counts).
+pub fn judge_metrics(m: &Metrics, slos: &[Slo], pct: f64) -> RunVerdict {
+    judge(&point_of(m, pct), slos, pct)
+}
+
+/// The level of one run, with the figures [`capacity::check_level`] reads.
+fn point_of(m: &Metrics, pct: f64) -> LevelPoint {
+    let mut values = BTreeMap::new();
+    for (key, s) in [
+        ("ttft", &m.ttft),
+        ("tpot", &m.tpot),
+        ("itl", &m.itl),
+        ("e2el", &m.e2el),
+    ] {
+        if let Some(v) = value_at(s, pct) {
+            values.insert(capacity::pct_key(pct, key), Stat::one(v));
+        }
+    }
+    LevelPoint {
+        level: 0.0,
+        runs: 1,
+        values,
+        failed_fraction: m.causes.server_failed_fraction(),
+        causes: m.causes,
+    }
+}
+
+fn value_at(s: &Summary, pct: f64) -> Option<f64> {
+    (s.count > 0).then(|| s.get(pct)).flatten()
+}
+
+/// The console line that ends a run: `VERDICT name: PASS — reason`.
+pub fn line(target: &str, v: &RunVerdict) -> String {
+    format!(
+        "VERDICT {target}: {} — {}",
+        if v.pass { "PASS" } else { "FAIL" },
+        v.reason
+    )
+}
+
+/// The counts shown beside a verdict: every cause, so nothing is dropped silently.
+pub fn causes_text(c: &CauseCounts) -> String {
+    format!(
+        "{} asked of the server ({} served, {} failed by the server); {} the client's as captured; {} changed by the replay",
+        c.asked(),
+        c.served,
+        c.server,
+        c.client,
+        c.replay
+    )
+}
+
+fn ms(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn pct_text(f: f64) -> String {
+    let p = f * 100.0;
+    if p == 0.0 || p >= 10.0 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace_format::{Outcome, TokenSource, TraceRecord};
+
+    fn served(i: i64, ttft_ms: i64) -> TraceRecord {
+        let mut r = TraceRecord::new(format!("r{i}"), i * 10_000, "/v1/chat/completions");
+        r.stream = true;
+        r.status = Some(200);
+        r.chunk_times_us = vec![ttft_ms * 1000, ttft_ms * 1000 + 5_000];
+        r.ttft_us = Some(ttft_ms * 1000);
+        r.e2el_us = Some(ttft_ms * 1000 + 5_000);
+        r.output_tokens = Some(2);
+        r.output_tokens_source = Some(TokenSource::Usage);
+        r.captured_outcome = Some(Outcome::Ok);
+        r.captured_status = Some(200);
+        r.synthesized_body = Some(false);
+        r
+    }
+
+    /// Mixed traffic as real captures hold it: 3 recorded cancellations and 3 captured 4xx
+    /// replayed as captured, among 94 served requests.
+    fn mixed(ttft_ms: i64) -> Vec<TraceRecord> {
+        let mut rows: Vec<TraceRecord> = (0..94).map(|i| served(i, ttft_ms)).collect();
+        for i in 0..3 {
+            let mut c = served(100 + i, ttft_ms);
+            (c.outcome, c.captured_outcome) =
+                (Outcome::ClientCancelled, Some(Outcome::ClientCancelled));
+            rows.push(c);
+            let mut b = served(200 + i, ttft_ms);
+            (b.outcome, b.status) = (Outcome::HttpError, Some(400));
+            (b.captured_outcome, b.captured_status) = (Some(Outcome::HttpError), Some(400));
+            rows.push(b);
+        }
+        rows
+    }
+
+    fn slos() -> Vec<Slo> {
+        vec!["ttft:500".parse().unwrap()]
+    }
+
+    /// Issue 39: cancellations and client 4xx replayed as captured are not the server's
+    /// failures; before, the 6% of them failed the 1% error budget.
+    #[test]
+    fn cancellations_and_captured_4xx_do_not_fail_a_served_run() {
+        let m = replay::metrics::compute(&mixed(20), 0, &slos(), &[50.0, 95.0]);
+        let v = judge_metrics(&m, &slos(), 95.0);
+        assert!(v.pass, "{}", v.reason);
+        assert!(
+            v.reason.contains("p95 TTFT 20.0 ms ≤ 500 ms"),
+            "{}",
+            v.reason
+        );
+        assert!(v.reason.contains("0 of 94 requests"), "{}", v.reason);
+        assert!(
+            v.reason.contains("left out: 6 the client's"),
+            "{}",
+            v.reason
+        );
+        assert_eq!(
+            line("a", &v).split(" — ").next().unwrap(),
+            "VERDICT a: PASS"
+        );
+    }
+
+    #[test]
+    fn a_slow_server_fails_naming_the_slo_percentile_and_limit() {
+        let m = replay::metrics::compute(&mixed(700), 0, &slos(), &[50.0, 95.0]);
+        let v = judge_metrics(&m, &slos(), 95.0);
+        assert!(!v.pass);
+        assert!(
+            v.reason.starts_with("p95 TTFT 700 ms > 500 ms"),
+            "{}",
+            v.reason
+        );
+    }
+
+    #[test]
+    fn server_failures_over_the_budget_fail_with_their_counts() {
+        let mut rows = mixed(20);
+        for r in rows.iter_mut().take(2) {
+            (r.outcome, r.status) = (Outcome::HttpError, Some(503));
+        }
+        let m = replay::metrics::compute(&rows, 0, &[], &[50.0, 95.0]);
+        let v = judge_metrics(&m, &[], 95.0);
+        assert!(!v.pass);
+        assert!(
+            v.reason.starts_with("no --goodput SLOs, the error budget alone: 2 of 94 requests the server was asked to serve failed by its doing (2.1% over the 1.0% error budget)"),
+            "{}",
+            v.reason
+        );
+    }
+}

@@ -13,8 +13,9 @@
 //! - Captured without bodies (`--record-bodies hashes`), the 4xx rows are replayed with
 //!   synthesized bodies (or skipped): the replay's, counted apart, never the server's.
 //!
-//! Loopback only; each replay is a few seconds. The SLO is TTFT ≤ 100 ms against a sim whose
-//! TTFT is 40 ms (PASS) or 120 ms (FAIL): margins of 60 ms and 20 ms the sim cannot go under.
+//! Loopback only; each replay is a few seconds. The SLO is TTFT ≤ 250 ms against a sim whose
+//! TTFT is 100 ms (PASS: 150 ms of room for a loaded machine's scheduling noise) or 300 ms
+//! (FAIL: the sim never answers sooner than its timing).
 
 mod support;
 use support::env::{free_addr, tmpdir};
@@ -34,7 +35,7 @@ fn bin() -> String {
 }
 
 /// The SLO every replay is judged against.
-const SLO: &str = "ttft:100";
+const SLO: &str = "ttft:250";
 /// Requests served in the capture, then cancelled by their client, then refused (400).
 const SERVED: usize = 26;
 const CANCELLED: usize = 2;
@@ -274,8 +275,8 @@ fn causes(doc: &Value) -> (u64, u64, u64, u64) {
 
 #[test]
 fn an_a_a_replay_of_mixed_traffic_passes_and_a_3x_slower_sim_fails_naming_the_slo() {
-    let fast = SimProc::start(40, 8);
-    let slow = SimProc::start(120, 24);
+    let fast = SimProc::start(100, 8);
+    let slow = SimProc::start(300, 24);
     let trace = capture_mixed(&fast, "verdict-capture-full", "full");
     let dir = tmpdir("verdict-replay");
 
@@ -311,7 +312,7 @@ fn an_a_a_replay_of_mixed_traffic_passes_and_a_3x_slower_sim_fails_naming_the_sl
         .lines()
         .find(|l| l.starts_with("VERDICT slower: FAIL — p95 TTFT"))
         .unwrap_or_else(|| panic!("no FAIL verdict line: {}", b.context()));
-    assert!(fail.contains("> 100 ms"), "{fail}");
+    assert!(fail.contains("> 250 ms"), "{fail}");
     assert_eq!(doc_b["llmreplay"]["verdict"]["pass"], Value::Bool(false));
     assert_eq!(doc_b["llmreplay"]["slo_pass"], Value::Bool(false));
 
@@ -385,7 +386,7 @@ fn an_a_a_replay_of_mixed_traffic_passes_and_a_3x_slower_sim_fails_naming_the_sl
 /// apart, never a server failure; the cancellations stay the client's.
 #[test]
 fn without_bodies_the_captured_4xx_are_the_replays_change_not_the_servers() {
-    let sim = SimProc::start(40, 8);
+    let sim = SimProc::start(100, 8);
     let trace = capture_mixed(&sim, "verdict-capture-hashes", "hashes");
     let dir = tmpdir("verdict-replay-hashes");
     let (a, doc, _) = replay(&dir, &trace, "hashes", &sim);

@@ -138,11 +138,8 @@ pub fn console_report(i: &ResultInputs) -> String {
         line(
             &mut out,
             "SLO attainment:",
-            format!(
-                "{:.1}% of the {} requests the server was asked to serve",
-                m.slo_attainment.unwrap_or(0.0) * 100.0,
-                m.causes.asked()
-            ),
+            // Of the requests the server was asked to serve (the `Outcomes by cause:` line).
+            format!("{:.1}%", m.slo_attainment.unwrap_or(0.0) * 100.0),
         );
     }
     line(

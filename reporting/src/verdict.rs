@@ -225,6 +225,39 @@ mod tests {
         );
     }
 
+    /// Sweeps, compare and report judge levels read from result files: a level whose only
+    /// failures are the client's (8 of 100: cancellations and captured 4xx) meets the error
+    /// budget; before, its 8% "failed" broke it. A vLLM result (no causes) is judged on
+    /// failed / sent as before.
+    #[test]
+    fn levels_read_from_results_count_only_the_servers_failures() {
+        let doc = |causes: bool| {
+            let mut v = serde_json::json!({
+                "num_prompts": 100, "completed": 92, "failed": 8, "p95_ttft_ms": 14.0,
+                "llmreplay": {}
+            });
+            if causes {
+                v["llmreplay"]["outcome_causes"] =
+                    serde_json::json!({"served": 92, "server": 0, "client": 8, "replay": 0});
+            }
+            crate::result_doc::ResultDoc::from_value(&v).unwrap()
+        };
+        let ours = doc(true);
+        let p = LevelPoint::from_results(1.0, &[&ours]);
+        assert_eq!(p.failed_fraction, 0.0);
+        let v = judge(&p, &slos(), 95.0);
+        assert!(v.pass, "{}", v.reason);
+        assert!(
+            v.reason.contains("left out: 8 the client's"),
+            "{}",
+            v.reason
+        );
+        let theirs = doc(false);
+        let p = LevelPoint::from_results(1.0, &[&theirs]);
+        assert!((p.failed_fraction - 0.08).abs() < 1e-12);
+        assert!(!judge(&p, &slos(), 95.0).pass);
+    }
+
     #[test]
     fn a_slow_server_fails_naming_the_slo_percentile_and_limit() {
         let m = replay::metrics::compute(&mixed(700), 0, &slos(), &[50.0, 95.0]);

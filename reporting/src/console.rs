@@ -22,6 +22,8 @@ Metric definitions (vLLM's `vllm bench serve`; measured at the client from t0 = 
   TPOT      per request, (E2EL - TTFT) / (output_tokens - 1), output_tokens from usage
   E2EL      time of the last chunk - t0 (non-streamed: whole response read)
   goodput   requests/s meeting every --goodput SLO (inclusive)
+  offered load  requests due per second over the run's schedule, first due to last (not the
+              --request-rate setting); a sweep's capacity = the highest offered load meeting the SLO
   throughput  completed requests (or tokens) / duration; duration = scheduled start of the first request
               to the end of the last one
   dispatch lag  actual send - when the request was due (client overhead; queue and connect time apart)

@@ -26,6 +26,7 @@ pub const DEFINITIONS_MD: &str = "\
 | request throughput | completed requests / duration (scheduled start of the first request to the end of the last) |
 | system (output) throughput | total output tokens per second across all requests running in parallel |
 | goodput | requests per second meeting every SLO given with `--goodput` (inclusive) |
+| offered load | requests due per second over a level's schedule, first due to last: what the level put on the target, whatever its `--request-rate`/`--speedup` setting; the capacity answer is the highest offered load that met the SLO |
 | SLO met at a level | the pXX of every `--goodput` metric (mean over `--num-runs`) within its limit, ≤ 1% of requests failed |
 | knee | the last level before goodput falls below 90% of throughput, p50 latency leaves its flat region, or throughput stops following load |
 ";
@@ -304,10 +305,9 @@ pub fn verdict_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
         let mut verdict = Vec::new();
         if let Some(o) = overload {
             verdict.push(format!(
-                "OVERLOADED from t≈{} s: {} of {} req/s served",
+                "OVERLOADED from t≈{} s: {} req/s served over the schedule's second half, under 90% of the requests due then",
                 f(Some(o.from_s), 1),
                 f(Some(o.served_rps), 2),
-                f(Some(o.offered_rps), 2)
             ));
         }
         if saturated {
@@ -385,6 +385,28 @@ pub fn drift_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
     (head, rows)
 }
 
+/// What the captured trace's arrival rate is to the plan: the load it is sized for (no
+/// `--target-qps`: the trace's peak), or not (the plan carries `--target-qps`; a sweep's
+/// levels set their own rates).
+pub fn trace_rate_role(d: &ReportData) -> String {
+    let peak = d
+        .plans
+        .iter()
+        .any(|p| p.target_source == capacity::LoadSource::TracePeak);
+    let qps = d
+        .plans
+        .iter()
+        .find(|p| p.target_source == capacity::LoadSource::TargetQps)
+        .map(|p| p.target_qps);
+    match (peak, qps) {
+        (true, _) => "its peak is the load the capacity plan is sized for".into(),
+        (false, Some(q)) => format!(
+            "not the load the plan is sized for: the plan carries --target-qps {q:.2} req/s"
+        ),
+        (false, None) => "no capacity plan is sized on it".into(),
+    }
+}
+
 /// Why these levels, read off the answer.
 pub fn levels_why(s: &Series, a: &CapacityAnswer) -> String {
     let levels = s
@@ -403,10 +425,10 @@ pub fn levels_why(s: &Series, a: &CapacityAnswer) -> String {
             let _ = write!(
                 t,
                 "They bracket the limit: {} meets the SLO and {} does not, so the capacity lies between them{}.",
-                fmt_num(ok),
-                fmt_num(b.level),
+                capacity::load_text(s.axis, ok, a.max_ok_offered_rps),
+                capacity::load_text(s.axis, b.level, b.offered_rps),
                 if b.level / ok.max(1e-9) > 1.5 {
-                    "; a finer sweep between the two narrows it"
+                    "; a finer sweep between the two (`--refine N`) narrows it"
                 } else {
                     ""
                 }
@@ -433,6 +455,7 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
     let mut head = vec![
         s.axis.short().to_string(),
         "runs".into(),
+        "offered req/s".into(),
         "req/s".into(),
         "steady req/s".into(),
         "goodput req/s".into(),
@@ -469,6 +492,7 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
             let mut r = vec![
                 fmt_num(p.level),
                 p.runs.to_string(),
+                f(capacity::OFFERED_KEY, 2),
                 f("request_throughput", 2),
                 f(capacity::STEADY_KEY, 2),
                 f("request_goodput", 2),
@@ -574,10 +598,11 @@ pub fn markdown(d: &ReportData) -> String {
     if let Some(a) = &d.arrivals {
         let _ = writeln!(
             o,
-            "- The captured trace: {} s, mean {:.2} req/s, peak {:.0} req/s (1 s buckets).",
+            "- The captured trace: {} s, mean {:.2} req/s, peak {:.0} req/s (1 s buckets); {}.",
             a.counts.len(),
             a.mean_per_s,
-            a.peak_per_s
+            a.peak_per_s,
+            trace_rate_role(d)
         );
     }
     o.push('\n');

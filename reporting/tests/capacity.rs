@@ -187,7 +187,18 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         );
     }
     assert!(html.contains(&a.sentence.replace('>', "&gt;").replace('<', "&lt;")));
+    // Issue 39: the captured trace's rate was captioned "the load the capacity plan is sized
+    // for" while the plan carried --target-qps 10.
+    assert!(
+        plots[0].0.contains(
+            "not the load the plan is sized for: the plan carries --target-qps 10.00 req/s"
+        ),
+        "{}",
+        plots[0].0
+    );
+    assert!(!html.contains("(the load the capacity plan is sized for)"));
     let md = reporting::document::markdown(&data);
+    assert!(md.contains("; not the load the plan is sized for"), "{md}");
     for want in [
         "| TTFT |",
         "## Capacity plan",

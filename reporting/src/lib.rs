@@ -9,7 +9,8 @@
 //! - [`sweep`]: load levels, each a fresh run, and the sweep's document and summary.
 //! - [`merge`]: the shards of one run into one result (and a killed run's journal, first).
 //! - [`outputs`]: what a plain replay writes; [`sink`]: its `--results` rows as they finish.
-//! - [`capacity`]: knee, capacity answer and plan. [`compare`]: configurations side by side.
+//! - [`capacity`]: knee and capacity answer; [`plan`]: the capacity plan (replicas, cost).
+//!   [`compare`]: configurations side by side.
 //! - [`document`] (Markdown), [`html`] and [`svg`]: `llmreplay report`. [`alerts`]:
 //!   Prometheus rules for the SLOs.
 #![deny(missing_docs)]
@@ -23,6 +24,7 @@ pub mod fidelity;
 pub mod html;
 pub mod merge;
 pub mod outputs;
+pub mod plan;
 pub mod report;
 pub mod result_doc;
 pub mod results;

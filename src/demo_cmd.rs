@@ -110,6 +110,7 @@ pub(crate) fn run_demo(a: DemoArgs) -> Result<()> {
         num_runs: 1,
         level_duration: Some(Duration::from_secs_f64(a.seconds)),
         slo_percentile: 95.0,
+        refine: 0,
         plan: crate::report_cmd::PlanArgs {
             target_qps: Some(a.target_qps),
             redundancy: 2,

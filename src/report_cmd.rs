@@ -55,6 +55,11 @@ pub struct SweepArgs {
     /// The percentile at which every --goodput SLO must hold for a level to count.
     #[arg(long, default_value_t = 95.0, value_parser = parse_percentile)]
     pub slo_percentile: f64,
+    /// After the --sweep levels, run up to N more, each halfway between the highest level
+    /// meeting the SLO and the lowest breaking it, until the two are within 2% (concurrency:
+    /// adjacent): the capacity answer then lands near the limit, not at the nearest level given.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub refine: usize,
     #[command(flatten)]
     pub plan: PlanArgs,
 }
@@ -139,6 +144,7 @@ pub fn run_sweep(
         num_runs: a.num_runs as usize,
         level_duration: a.level_duration,
         slo_percentile: a.slo_percentile,
+        refine: a.refine,
     };
     if spec.axis == Axis::MaxConcurrency && a.level_duration.is_some() {
         eprintln!("note: --level-duration has no effect on a max-concurrency sweep (every level replays the selection)");
@@ -165,6 +171,8 @@ pub fn run_sweep(
         progress,
         &mut |lr| println!("{}", sweep::run_line(lr, spec, &opts)),
     )?;
+    // The levels run, refined ones included.
+    let spec = &sweep::levels_run(spec, &runs);
     let o = sweep::outcome(
         runs,
         cfg,

@@ -19,6 +19,10 @@ pub(crate) struct SimOpts {
     /// Ground-truth timing instead of the engine model: `TTFT_MS,ITL_MS` for every request, independent of load.
     #[arg(long, value_name = "TTFT_MS,ITL_MS")]
     fixed_timing: Option<String>,
+    /// A server of known capacity instead of the engine model: SLOTS requests at a time, each
+    /// holding its slot SERVICE_MS, the rest waiting in turn (capacity = SLOTS / SERVICE_MS).
+    #[arg(long, value_name = "SLOTS,SERVICE_MS", conflicts_with = "fixed_timing")]
+    slot_timing: Option<String>,
     /// Tokens per streamed chunk (as speculative decoding coalesces them).
     #[arg(long, default_value_t = 1)]
     tokens_per_chunk: u32,
@@ -65,6 +69,7 @@ impl SimOpts {
         };
         flag(self.profile.is_some(), "--profile");
         flag(self.fixed_timing.is_some(), "--fixed-timing");
+        flag(self.slot_timing.is_some(), "--slot-timing");
         flag(self.tokens_per_chunk != 1, "--tokens-per-chunk");
         flag(self.sim_seed != 0, "--sim-seed");
         flag(
@@ -85,8 +90,9 @@ impl SimOpts {
 
     pub(crate) fn config_with(&self, default_profile: &str) -> Result<sim::SimConfig> {
         let profile = self.profile_or(default_profile);
-        let timing = match &self.fixed_timing {
-            Some(spec) => {
+        let timing = match (&self.fixed_timing, &self.slot_timing) {
+            (_, Some(spec)) => slot_timing(spec)?,
+            (Some(spec), None) => {
                 let (t, i) = spec
                     .split_once(',')
                     .context("--fixed-timing: expected TTFT_MS,ITL_MS, e.g. 50,10")?;
@@ -107,13 +113,15 @@ impl SimOpts {
                     itl: ms(i)?,
                 }
             }
-            None => sim::Timing::Engine(sim::Profile::named(profile).with_context(|| {
-                format!(
-                    "unknown profile {:?} (known: {})",
-                    profile,
-                    sim::Profile::names().join(", ")
-                )
-            })?),
+            (None, None) => {
+                sim::Timing::Engine(sim::Profile::named(profile).with_context(|| {
+                    format!(
+                        "unknown profile {:?} (known: {})",
+                        profile,
+                        sim::Profile::names().join(", ")
+                    )
+                })?)
+            }
         };
         Ok(sim::SimConfig {
             timing,
@@ -195,7 +203,9 @@ fn run_ground_truth(a: &SimArgs) -> Result<()> {
     use std::io::Write;
     let (ttft, itl) = match a.sim.config()?.timing {
         sim::Timing::Fixed { ttft, itl } => (ttft, itl),
-        sim::Timing::Engine(_) => (Duration::from_millis(50), Duration::from_millis(10)),
+        sim::Timing::Engine(_) | sim::Timing::Slots { .. } => {
+            (Duration::from_millis(50), Duration::from_millis(10))
+        }
     };
     let cfg = sim::groundtruth::GroundTruthConfig {
         ttft,
@@ -268,4 +278,27 @@ impl Drop for EmbeddedSim {
             self.rt.block_on(h.shutdown());
         }
     }
+}
+
+/// `--slot-timing SLOTS,SERVICE_MS`.
+fn slot_timing(spec: &str) -> Result<sim::Timing> {
+    let (n, ms) = spec
+        .split_once(',')
+        .context("--slot-timing: expected SLOTS,SERVICE_MS, e.g. 4,20")?;
+    let slots: u32 =
+        n.trim().parse().ok().filter(|n| *n > 0).with_context(|| {
+            format!("--slot-timing: {n:?} is not a positive whole number of slots")
+        })?;
+    let ms: f64 = ms
+        .trim()
+        .parse()
+        .ok()
+        .filter(|x: &f64| x.is_finite() && *x > 0.0)
+        .with_context(|| {
+            format!("--slot-timing: {ms:?} is not a positive number of milliseconds")
+        })?;
+    Ok(sim::Timing::Slots {
+        slots,
+        service: Duration::from_secs_f64(ms / 1000.0),
+    })
 }

@@ -705,12 +705,17 @@ fn demo_runs_a_sweep_on_the_embedded_sim_and_writes_its_reports() {
         assert!(r["completed"].as_u64().unwrap() > 0, "{r}");
         assert_eq!(r["failed"].as_u64(), Some(0), "{r}");
     }
-    // The tiny profile serves ~1.5 req/s: 2 req/s offered is within the SLO, 8 is past it.
+    // The tiny profile serves ~1.5 req/s: request-rate 2 is within the SLO, 8 is past it; the
+    // answer states the load each offered (due over its schedule), with the setting beside it.
     assert!(
-        stdout.contains("meets the SLO") && stdout.contains("up to 2 req/s offered"),
+        stdout.contains("meets the SLO") && stdout.contains(" req/s offered (request-rate 2) "),
         "{stdout}"
     );
-    assert!(stdout.contains("it breaks at 8 req/s offered"), "{stdout}");
+    assert!(
+        stdout.contains(" req/s offered (request-rate 8): "),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("up to 2 req/s offered"), "{stdout}");
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("request-rate") || md.contains("req/s"), "{md}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -31,8 +31,11 @@ const SOJOURN_GROWTH_FLOOR_MS: f64 = 50.0;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Served {
-    /// Requests due per second of the schedule (None when every request was due at once:
-    /// a closed loop or `--request-rate inf`).
+    /// The run's **offered load**: requests due per second over its schedule, from the first
+    /// due to the last ((n − 1) / span). The one figure every report calls "offered" and the
+    /// capacity answer uses; not the `--request-rate` setting (a short Poisson schedule set to
+    /// 4 req/s may offer 2.9). None when every request was due at once: a closed loop or
+    /// `--request-rate inf`.
     pub offered_rps: Option<f64>,
     /// Throughput over the steady state, when the run had one.
     pub steady: Option<Steady>,
@@ -66,7 +69,8 @@ pub struct Steady {
 pub struct Overload {
     /// From about when (s of the schedule) requests kept waiting longer.
     pub from_s: f64,
-    /// Requests due per second over the second half of the schedule.
+    /// Requests due per second over the second half of the schedule: the overload test's own
+    /// window, not the run's offered load ([`Served::offered_rps`]).
     pub offered_rps: f64,
     /// Requests that ended per second over the same half.
     pub served_rps: f64,
@@ -85,13 +89,14 @@ impl Overload {
     pub fn message(&self) -> String {
         format!(
             "OVERLOADED: the target did not serve the offered load from t≈{:.1} s of the schedule: \
-             {:.2} req/s offered, {:.2} req/s served; {} requests were waiting at the last send, \
+             over its second half it completed {:.2} req/s, under {:.0}% of the requests due then; \
+             {} requests were waiting at the last send, \
              and time from due to done grew from {:.0} ms to {:.0} ms; the run took {:.1}× the \
              schedule. Its latencies measure a growing queue, not the target's steady state: \
              lower the load (--request-rate, --speedup) to find what it sustains.",
             self.from_s,
-            self.offered_rps,
             self.served_rps,
+            SERVED_FRACTION * 100.0,
             self.waiting_at_end,
             self.early_sojourn_ms,
             self.late_sojourn_ms,

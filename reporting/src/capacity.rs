@@ -4,6 +4,12 @@
 //! (where goodput stops following throughput or latency leaves its flat region) — and the
 //! capacity plan (replicas and cost for a target load).
 //!
+//! A level is a setting (`--request-rate 4`, `--speedup 2`); the load it put on the target is
+//! its **offered load**: the requests due per second over its schedule, from the first due to
+//! the last (`replay::served::Served::offered_rps`, mean over runs, [`LevelPoint::offered_rps`]).
+//! A short Poisson level set to 4 req/s may offer 2.9: the capacity answer is the highest
+//! offered load that met the SLO ([`CapacityAnswer::capacity_rps`]), never a setting.
+//!
 //! Everything here works on [`LevelPoint`]s read from vLLM-style result JSON, so the console
 //! at the end of a sweep, `llmreplay compare` and `llmreplay report` all reach the same answer
 //! from the same numbers. The rules are constants below and are printed with every answer.
@@ -34,8 +40,6 @@ pub const FLAT_LATENCY_FLOOR_MS: f64 = 10.0;
 pub const LOAD_FOLLOW_FRACTION: f64 = 0.7;
 /// Raising concurrency must gain at least this fraction of the proportional throughput gain.
 pub const THROUGHPUT_FOLLOW_FRACTION: f64 = 0.5;
-/// Hours in a month for the cost estimate (365 × 24 / 12).
-pub const HOURS_PER_MONTH: f64 = 730.0;
 
 /// What a sweep varies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -69,25 +73,43 @@ impl Axis {
         }
     }
 
-    /// A level as people read it: `concurrency 16`, `4 req/s`, `2.5x`.
+    /// A level's setting as people read it: `concurrency 16`, `request-rate 4`, `2.5x the
+    /// captured load`. Not the load it offered: see [`load_text`].
     pub fn level_label(self, level: f64) -> String {
         match self {
             Axis::MaxConcurrency => format!("concurrency {}", fmt_num(level)),
-            Axis::RequestRate => format!("{} req/s offered", fmt_num(level)),
+            Axis::RequestRate => format!("request-rate {}", fmt_num(level)),
             Axis::Speedup => format!("{}x the captured load", fmt_num(level)),
         }
     }
 
-    /// Short label for table headers and plot axes.
+    /// Short label for table headers and plot axes (the setting).
     pub fn short(self) -> &'static str {
         match self {
             Axis::MaxConcurrency => "max concurrency",
-            Axis::RequestRate => "offered req/s",
+            Axis::RequestRate => "--request-rate (req/s set)",
             Axis::Speedup => "speedup (x captured load)",
         }
     }
+
+    /// Whether a level of this axis offers a load of its own (an open loop: rate, speedup);
+    /// a concurrency level's load is whatever the target serves.
+    pub fn offers_load(self) -> bool {
+        self != Axis::MaxConcurrency
+    }
 }
 
+/// A level as the answer states it: the load it offered and the setting that offered it
+/// (`2.93 req/s offered (request-rate 4)`); concurrency levels by their setting alone.
+pub fn load_text(axis: Axis, level: f64, offered_rps: Option<f64>) -> String {
+    match (axis.offers_load(), offered_rps) {
+        (true, Some(o)) => format!("{o:.2} req/s offered ({})", axis.level_label(level)),
+        (true, None) => format!("{} (no offered load recorded)", axis.level_label(level)),
+        (false, _) => axis.level_label(level),
+    }
+}
+
+pub use crate::plan::{plan, CapacityPlan, LoadSource, PlanInputs, HOURS_PER_MONTH};
 pub use replay::pct::fmt_num;
 
 /// Mean and spread of one figure over the repeated runs of a level.
@@ -169,6 +191,9 @@ impl LevelPoint {
                     .or_default()
                     .push(s.request_throughput);
             }
+            if let Some(o) = r.llmreplay.as_ref().and_then(|o| o.served.offered_rps) {
+                acc.entry(OFFERED_KEY.into()).or_default().push(o);
+            }
             match r.llmreplay.as_ref().and_then(|o| o.outcome_causes) {
                 Some(c) => {
                     causes.merge(&c);
@@ -201,6 +226,13 @@ impl LevelPoint {
             .or_else(|| self.mean("request_throughput"))
     }
 
+    /// The load this level offered: requests due per second over its schedule, from the
+    /// first due to the last (mean over runs); None for results without it (a closed loop,
+    /// `--request-rate inf`, or older results). The one offered load of a level, everywhere.
+    pub fn offered_rps(&self) -> Option<f64> {
+        self.mean(OFFERED_KEY)
+    }
+
     /// The mean of a figure, when present.
     pub fn mean(&self, key: &str) -> Option<f64> {
         self.values.get(key).map(|s| s.mean)
@@ -214,6 +246,8 @@ impl LevelPoint {
 
 /// Where a level keeps its steady-state throughput among its figures.
 pub const STEADY_KEY: &str = "steady_request_throughput";
+/// Where a level keeps its offered load among its figures ([`LevelPoint::offered_rps`]).
+pub const OFFERED_KEY: &str = "offered_request_rate";
 
 /// The vLLM key of percentile `p` of an SLO metric: `p95_ttft_ms`.
 pub fn pct_key(p: f64, metric: &str) -> String {
@@ -255,8 +289,10 @@ pub fn check_level(p: &LevelPoint, slos: &[Slo], pct: f64) -> (Vec<SloCheck>, bo
 /// The first level that breaks the SLO, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Break {
-    /// The level.
+    /// The level (its setting).
     pub level: f64,
+    /// The load it offered, req/s ([`LevelPoint::offered_rps`]).
+    pub offered_rps: Option<f64>,
     /// Every SLO at that level.
     pub checks: Vec<SloCheck>,
     /// Failed fraction at that level.
@@ -272,6 +308,8 @@ pub struct Break {
 pub struct Knee {
     /// The last level before the bend (the answer the seed takes to the infrastructure team).
     pub level: f64,
+    /// The load that level offered, req/s ([`LevelPoint::offered_rps`]).
+    pub offered_rps: Option<f64>,
     /// The first bent level.
     pub bent_level: f64,
     /// What bent there, one clause each.
@@ -291,8 +329,11 @@ pub struct CapacityAnswer {
     pub slo_percentile: f64,
     /// The SLOs (`ttft` → ms).
     pub slos: BTreeMap<String, f64>,
-    /// Highest level (contiguous from the lowest) at which every SLO is met.
+    /// Highest level (contiguous from the lowest) at which every SLO is met (its setting).
     pub max_ok_level: Option<f64>,
+    /// The capacity answer on the rate and speedup axes: the load that level offered, req/s
+    /// ([`LevelPoint::offered_rps`]): the highest load actually offered that met the SLO.
+    pub max_ok_offered_rps: Option<f64>,
     /// Request throughput that level sustained, req/s (mean over runs): its steady state
     /// (see [`LevelPoint::served_rps`]).
     pub max_ok_request_throughput: Option<f64>,
@@ -301,6 +342,8 @@ pub struct CapacityAnswer {
     /// Level where the breaking metric crosses its limit, by linear interpolation between the
     /// last good and the first broken level (an estimate, not a measurement).
     pub interpolated_level: Option<f64>,
+    /// The same interpolation between the two levels' offered loads, req/s.
+    pub interpolated_offered_rps: Option<f64>,
     /// The first level that breaks.
     pub first_break: Option<Break>,
     /// Levels above the first break that pass again (noise; rerun with --num-runs).
@@ -309,6 +352,17 @@ pub struct CapacityAnswer {
     pub knee: Option<Knee>,
     /// The answer in one sentence.
     pub sentence: String,
+}
+
+impl CapacityAnswer {
+    /// The capacity, req/s: on the rate and speedup axes the highest load actually offered
+    /// that met the SLO ([`CapacityAnswer::max_ok_offered_rps`]); on the concurrency axis (or
+    /// for results that lack the offered load) what that level served.
+    pub fn capacity_rps(&self) -> Option<f64> {
+        self.max_ok_offered_rps
+            .filter(|_| self.axis.offers_load())
+            .or(self.max_ok_request_throughput)
+    }
 }
 
 fn why(metric: &str) -> &'static str {
@@ -361,19 +415,21 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
         let prev_thr = prev.served_rps().unwrap_or(0.0);
         match axis {
             Axis::RequestRate | Axis::Speedup => {
-                // Throughput per unit of offered load, against the median of the lower levels
-                // (short levels end with a drain tail, and a few Poisson arrivals are noisy).
+                // Throughput per unit of offered load (what each level's schedule really offered,
+                // else its setting), against the median of the lower levels (short levels end
+                // with a drain tail, and a few Poisson arrivals are noisy).
+                let load = |q: &LevelPoint| q.offered_rps().unwrap_or(q.level);
                 let mut ratios: Vec<f64> = points[..w]
                     .iter()
-                    .filter(|q| q.level > 0.0)
-                    .filter_map(|q| Some(q.served_rps()? / q.level))
+                    .filter(|q| load(q) > 0.0)
+                    .filter_map(|q| Some(q.served_rps()? / load(q)))
                     .collect();
                 ratios.sort_by(f64::total_cmp);
                 let typical = ratios
                     .get(ratios.len().saturating_sub(1) / 2)
                     .copied()
                     .unwrap_or(0.0);
-                let expected = typical * p.level;
+                let expected = typical * load(p);
                 if expected > 0.0 && thr < LOAD_FOLLOW_FRACTION * expected {
                     reasons.push(format!(
                         "throughput stopped following the offered load ({thr:.2} req/s where {expected:.2} was expected)"
@@ -393,6 +449,7 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
         if !reasons.is_empty() {
             return Some(Knee {
                 level: prev.level,
+                offered_rps: prev.offered_rps(),
                 bent_level: p.level,
                 reasons,
                 served_rps: prev.served_rps(),
@@ -418,6 +475,7 @@ pub fn answer(
     let mut first_break = None;
     let mut passes_above = Vec::new();
     let mut interpolated = None;
+    let mut interpolated_offered = None;
     if !slos.is_empty() {
         for p in &sorted {
             let (checks, ok) = check_level(p, slos, pct);
@@ -447,15 +505,19 @@ pub fn answer(
                             .find(|s| s.metric.key() == first)
                             .map(|s| s.limit_ms);
                         if let (Some(v0), Some(v1), Some(l)) = (ok_p.mean(&k), p.mean(&k), limit) {
+                            let at = |x0: f64, x1: f64| x0 + (l - v0) / (v1 - v0) * (x1 - x0);
                             if v1 > v0 && p.level.is_finite() {
-                                interpolated = Some(
-                                    ok_p.level + (l - v0) / (v1 - v0) * (p.level - ok_p.level),
-                                );
+                                interpolated = Some(at(ok_p.level, p.level));
+                                if let (Some(o0), Some(o1)) = (ok_p.offered_rps(), p.offered_rps())
+                                {
+                                    interpolated_offered = Some(at(o0, o1));
+                                }
                             }
                         }
                     }
                     first_break = Some(Break {
                         level: p.level,
+                        offered_rps: p.offered_rps(),
                         why: why(&first).to_string(),
                         first,
                         checks,
@@ -477,9 +539,11 @@ pub fn answer(
         slo_percentile: pct,
         slos: slo_map,
         max_ok_level: max_ok.map(|p| p.level),
+        max_ok_offered_rps: max_ok.and_then(LevelPoint::offered_rps),
         max_ok_request_throughput: max_ok.and_then(LevelPoint::served_rps),
         max_ok_goodput: max_ok.and_then(|p| p.mean("request_goodput")),
         interpolated_level: interpolated,
+        interpolated_offered_rps: interpolated_offered,
         first_break,
         passes_above_break: passes_above,
         knee,
@@ -506,7 +570,7 @@ fn slo_text(slos: &[Slo], pct: f64) -> String {
 fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
     let mut s = String::new();
     let pct = a.slo_percentile;
-    let level = |l: f64| a.axis.level_label(l);
+    let load = |l: f64, o: Option<f64>| load_text(a.axis, l, o);
     if slos.is_empty() {
         let _ = write!(
             s,
@@ -519,9 +583,11 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
                 if a.axis == Axis::Speedup {
                     let _ = write!(
                         s,
-                        "{} holds {}x the captured load within the SLO ({})",
+                        "{} holds {}x the captured load{} within the SLO ({})",
                         a.name,
                         fmt_num(l),
+                        a.max_ok_offered_rps
+                            .map_or(String::new(), |o| format!(", {o:.2} req/s offered,")),
                         slo_text(slos, pct)
                     );
                 } else {
@@ -530,11 +596,11 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
                         "{} meets the SLO ({}) up to {}",
                         a.name,
                         slo_text(slos, pct),
-                        level(l)
+                        load(l, a.max_ok_offered_rps)
                     );
                 }
                 if let Some(t) = a.max_ok_request_throughput {
-                    let _ = write!(s, " ({t:.2} req/s");
+                    let _ = write!(s, " ({t:.2} req/s served");
                     if let Some(g) = a.max_ok_goodput {
                         let _ = write!(s, ", goodput {g:.2} req/s");
                     }
@@ -573,8 +639,18 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
                         None => format!("no p{} {} in the results", percentile_label(pct), b.first),
                     }
                 };
-                let _ = write!(s, "; it breaks at {}: {what} — {}", level(b.level), b.why);
-                if let Some(i) = a.interpolated_level {
+                let _ = write!(
+                    s,
+                    "; it breaks at {}: {what} — {}",
+                    load(b.level, b.offered_rps),
+                    b.why
+                );
+                if let (true, Some(i)) = (a.axis.offers_load(), a.interpolated_offered_rps) {
+                    let _ = write!(
+                        s,
+                        " (the limit is crossed near {i:.2} req/s offered, interpolated)"
+                    );
+                } else if let Some(i) = a.interpolated_level {
                     let _ = write!(
                         s,
                         " (the limit is crossed near {}, interpolated)",
@@ -612,12 +688,12 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
             let _ = write!(
                 s,
                 "knee at {}{} ({} at {}).",
-                level(k.level),
+                load(k.level, k.offered_rps),
                 k.served_rps
                     .map(|t| format!(", {t:.2} req/s served"))
                     .unwrap_or_default(),
                 k.reasons.join("; "),
-                fmt_num(k.bent_level)
+                a.axis.level_label(k.bent_level)
             );
         }
         None => s.push_str("no knee within the tested levels (the curves stay flat)."),
@@ -630,7 +706,9 @@ pub fn rules_text(pct: f64) -> String {
     format!(
         "Rules: a level meets the SLO when the mean over runs of its p{p} of every --goodput metric is within its limit \
 and at most {err}% of the requests the server was asked to serve failed by its doing (recorded cancellations and captured 4xx, \
-replayed as captured, are the client's and not counted); capacity = the highest level meeting it with every lower level meeting it too. \
+replayed as captured, are the client's and not counted); capacity = the load offered by the highest level meeting it, with every lower \
+level meeting it too (a level's offered load: its requests due per second over its schedule, first due to last; on the \
+concurrency axis, what the level served). \
 Knee = the last level before goodput < {gf}% of request throughput, p50 TTFT/TPOT > {lf}x the lowest level's \
 (and > {fl} ms above it), or throughput stops following load. A level's throughput is its steady state: requests that \
 ended between its median E2EL after the start (ramp-up over) and its last send (drain after), when that window holds \
@@ -641,111 +719,6 @@ at least a quarter of the sending period; else the whole run's.",
         lf = FLAT_LATENCY_FACTOR,
         fl = FLAT_LATENCY_FLOOR_MS,
     )
-}
-
-/// Where the target load of a capacity plan comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LoadSource {
-    /// `--target-qps`.
-    TargetQps,
-    /// The captured trace's peak 1-second arrival rate.
-    TracePeak,
-}
-
-/// Replicas and cost to serve a target load within the SLO.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CapacityPlan {
-    /// Which configuration.
-    pub name: String,
-    /// Requests/s one replica serves within the SLO (throughput at the capacity level).
-    pub per_replica_rps: f64,
-    /// The load to serve, req/s.
-    pub target_qps: f64,
-    /// Where it came from.
-    pub target_source: LoadSource,
-    /// Replicas that carry the load: ceil(target / per replica).
-    pub replicas_for_load: u64,
-    /// Independent failure domains, each able to carry the whole load (`--redundancy`).
-    pub redundancy: u32,
-    /// replicas_for_load × redundancy.
-    pub replicas: u64,
-    /// Fraction of the fleet's SLO capacity the target uses.
-    pub utilization: f64,
-    /// `--cost-per-hour` of one replica.
-    pub cost_per_hour: Option<f64>,
-    /// replicas × cost_per_hour × 730.
-    pub monthly_cost: Option<f64>,
-    /// The plan in one sentence.
-    pub sentence: String,
-}
-
-/// The capacity plan of an answer, or None without a capacity (no SLO met, or no SLOs).
-pub fn plan(
-    a: &CapacityAnswer,
-    target_qps: f64,
-    source: LoadSource,
-    redundancy: u32,
-    cost_per_hour: Option<f64>,
-) -> Option<CapacityPlan> {
-    let per = a.max_ok_request_throughput.filter(|t| *t > 0.0)?;
-    if !(target_qps.is_finite() && target_qps > 0.0) {
-        return None;
-    }
-    let redundancy = redundancy.max(1);
-    let for_load = (target_qps / per).ceil().max(1.0) as u64;
-    let replicas = for_load * u64::from(redundancy);
-    let monthly = cost_per_hour.map(|c| c * replicas as f64 * HOURS_PER_MONTH);
-    let src = match source {
-        LoadSource::TargetQps => "--target-qps",
-        LoadSource::TracePeak => "the capture's peak 1-second arrival rate",
-    };
-    let mut sentence = format!(
-        "{}: {:.2} req/s ({src}) / {:.2} req/s per replica within the SLO = {for_load} replica{}; x{redundancy} redundancy = {replicas} replica{}",
-        a.name,
-        target_qps,
-        per,
-        if for_load == 1 { "" } else { "s" },
-        if replicas == 1 { "" } else { "s" },
-    );
-    if let (Some(c), Some(m)) = (cost_per_hour, monthly) {
-        let _ = write!(sentence, ", {m:.0}/month at {c}/hour each");
-    }
-    sentence.push('.');
-    Some(CapacityPlan {
-        name: a.name.clone(),
-        per_replica_rps: per,
-        target_qps,
-        target_source: source,
-        replicas_for_load: for_load,
-        redundancy,
-        replicas,
-        utilization: target_qps / (per * replicas as f64),
-        cost_per_hour,
-        monthly_cost: monthly,
-        sentence,
-    })
-}
-
-/// Inputs of a capacity plan.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PlanInputs {
-    /// `--target-qps` (None: the trace's peak arrival rate).
-    pub target_qps: Option<f64>,
-    /// `--redundancy`.
-    pub redundancy: u32,
-    /// `--cost-per-hour`.
-    pub cost_per_hour: Option<f64>,
-}
-
-impl Default for PlanInputs {
-    fn default() -> Self {
-        PlanInputs {
-            target_qps: None,
-            redundancy: 2,
-            cost_per_hour: None,
-        }
-    }
 }
 
 /// The SLOs recorded in a result (`llmreplay.goodput_slos`).
@@ -843,13 +816,75 @@ mod tests {
         assert!(i > 3.0 && i < 4.0, "{i}");
         let k = a.knee.as_ref().unwrap();
         assert_eq!((k.level, k.bent_level), (3.0, 4.0), "{k:?}");
+        // Results without an offered load (older ones) name the setting, never "offered".
         assert!(
-            a.sentence.contains("up to 3 req/s offered"),
+            a.sentence
+                .contains("up to request-rate 3 (no offered load recorded)"),
             "{}",
             a.sentence
         );
-        assert!(a.sentence.contains("breaks at 4 req/s"), "{}", a.sentence);
-        assert!(a.sentence.contains("knee at 3 req/s"), "{}", a.sentence);
+        assert!(
+            a.sentence.contains("breaks at request-rate 4"),
+            "{}",
+            a.sentence
+        );
+        assert!(
+            a.sentence.contains("knee at request-rate 3"),
+            "{}",
+            a.sentence
+        );
+        assert!(!a.sentence.contains("req/s offered"), "{}", a.sentence);
+    }
+
+    /// Issue 39, finding 3: a demo level set to 4 req/s was due at 2.93 req/s, and "meets the
+    /// SLO up to 4 req/s offered" overstated capacity by 27%. The answer is the load the
+    /// level actually offered (due over its schedule), the setting only beside it.
+    #[test]
+    fn the_capacity_is_the_load_actually_offered_not_the_setting() {
+        let mk = |level: f64, offered: f64, p95_ttft: f64| {
+            let v = json!({
+                "num_prompts": 40, "failed": 0,
+                "request_throughput": offered * 0.8, "request_goodput": offered * 0.8,
+                "median_ttft_ms": 40.0, "p95_ttft_ms": p95_ttft,
+                "median_tpot_ms": 20.0, "p95_tpot_ms": 22.0,
+                "llmreplay": {"served": {
+                    "offered_rps": offered,
+                    "steady": {"request_throughput": offered * 0.99},
+                }},
+            });
+            LevelPoint::from_results(level, &[&ResultDoc::from_value(&v).unwrap()])
+        };
+        let pts = vec![
+            mk(2.0, 1.71, 60.0),
+            mk(4.0, 2.93, 80.0),
+            mk(6.0, 5.22, 900.0),
+        ];
+        let a = answer("sim", Axis::RequestRate, &pts, &slos(), 95.0);
+        assert_eq!(a.max_ok_level, Some(4.0), "the setting is still recorded");
+        assert_eq!(a.capacity_rps(), Some(2.93));
+        assert!(
+            a.sentence
+                .contains("up to 2.93 req/s offered (request-rate 4)"),
+            "{}",
+            a.sentence
+        );
+        assert!(
+            a.sentence
+                .contains("breaks at 5.22 req/s offered (request-rate 6)"),
+            "{}",
+            a.sentence
+        );
+        assert!(!a.sentence.contains(" 4 req/s offered"), "{}", a.sentence);
+        assert!(!a.sentence.contains(" 6 req/s offered"), "{}", a.sentence);
+        // Interpolated between the offered loads, not the settings (2.93 + 420/820 × 2.29).
+        let i = a.interpolated_offered_rps.unwrap();
+        assert!(
+            (i - (2.93 + 420.0 / 820.0 * (5.22 - 2.93))).abs() < 1e-9,
+            "{i}"
+        );
+        // The plan divides by the capacity: 10 / 2.93 = 4 replicas (10 / 4 would be 3).
+        let p = plan(&a, 10.0, LoadSource::TargetQps, 1, None).unwrap();
+        assert_eq!((p.per_replica_rps, p.replicas), (2.93, 4));
     }
 
     #[test]

@@ -204,7 +204,7 @@ struct Alignment {
     notes: Vec<String>,
 }
 
-/// Levels as people read them: `concurrency 8, 16`, `2, 4 req/s offered`.
+/// Levels' settings as people read them: `concurrency 8, 16`, `request-rate 2, 4`.
 fn levels_text(axis: Axis, levels: &[f64]) -> String {
     let nums = levels
         .iter()
@@ -213,7 +213,7 @@ fn levels_text(axis: Axis, levels: &[f64]) -> String {
         .join(", ");
     match axis {
         Axis::MaxConcurrency => format!("concurrency {nums}"),
-        Axis::RequestRate => format!("{nums} req/s offered"),
+        Axis::RequestRate => format!("request-rate {nums}"),
         Axis::Speedup => format!("{nums}x the captured load"),
     }
 }

@@ -294,10 +294,9 @@ pub fn verdict_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
         let mut verdict = Vec::new();
         if let Some(o) = overload {
             verdict.push(format!(
-                "OVERLOADED from t≈{} s: {} of {} req/s served",
+                "OVERLOADED from t≈{} s: {} req/s served over the schedule's second half, under 90% of the requests due then",
                 f(Some(o.from_s), 1),
                 f(Some(o.served_rps), 2),
-                f(Some(o.offered_rps), 2)
             ));
         }
         if saturated {
@@ -375,6 +374,28 @@ pub fn drift_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
     (head, rows)
 }
 
+/// What the captured trace's arrival rate is to the plan: the load it is sized for (no
+/// `--target-qps`: the trace's peak), or not (the plan carries `--target-qps`; a sweep's
+/// levels set their own rates).
+pub fn trace_rate_role(d: &ReportData) -> String {
+    let peak = d
+        .plans
+        .iter()
+        .any(|p| p.target_source == capacity::LoadSource::TracePeak);
+    let qps = d
+        .plans
+        .iter()
+        .find(|p| p.target_source == capacity::LoadSource::TargetQps)
+        .map(|p| p.target_qps);
+    match (peak, qps) {
+        (true, _) => "its peak is the load the capacity plan is sized for".into(),
+        (false, Some(q)) => format!(
+            "not the load the plan is sized for: the plan carries --target-qps {q:.2} req/s"
+        ),
+        (false, None) => "no capacity plan is sized on it".into(),
+    }
+}
+
 /// Why these levels, read off the answer.
 pub fn levels_why(s: &Series, a: &CapacityAnswer) -> String {
     let levels = s
@@ -393,10 +414,10 @@ pub fn levels_why(s: &Series, a: &CapacityAnswer) -> String {
             let _ = write!(
                 t,
                 "They bracket the limit: {} meets the SLO and {} does not, so the capacity lies between them{}.",
-                fmt_num(ok),
-                fmt_num(b.level),
+                capacity::load_text(s.axis, ok, a.max_ok_offered_rps),
+                capacity::load_text(s.axis, b.level, b.offered_rps),
                 if b.level / ok.max(1e-9) > 1.5 {
-                    "; a finer sweep between the two narrows it"
+                    "; a finer sweep between the two (`--refine N`) narrows it"
                 } else {
                     ""
                 }
@@ -423,6 +444,7 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
     let mut head = vec![
         s.axis.short().to_string(),
         "runs".into(),
+        "offered req/s".into(),
         "req/s".into(),
         "steady req/s".into(),
         "goodput req/s".into(),
@@ -459,6 +481,7 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
             let mut r = vec![
                 fmt_num(p.level),
                 p.runs.to_string(),
+                f(capacity::OFFERED_KEY, 2),
                 f("request_throughput", 2),
                 f(capacity::STEADY_KEY, 2),
                 f("request_goodput", 2),
@@ -564,10 +587,11 @@ pub fn markdown(d: &ReportData) -> String {
     if let Some(a) = &d.arrivals {
         let _ = writeln!(
             o,
-            "- The captured trace: {} s, mean {:.2} req/s, peak {:.0} req/s (1 s buckets).",
+            "- The captured trace: {} s, mean {:.2} req/s, peak {:.0} req/s (1 s buckets); {}.",
             a.counts.len(),
             a.mean_per_s,
-            a.peak_per_s
+            a.peak_per_s,
+            trace_rate_role(d)
         );
     }
     o.push('\n');

@@ -53,7 +53,10 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
             ..Default::default()
         };
         out.push((
-            "The trace's arrival rate (the load the capacity plan is sized for)".into(),
+            format!(
+                "The captured trace's arrival rate ({})",
+                crate::document::trace_rate_role(d)
+            ),
             c.render(),
         ));
     }

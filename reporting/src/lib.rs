@@ -11,7 +11,8 @@
 //! - [`outputs`]: what a plain replay writes; [`sink`]: its `--results` rows as they finish.
 //! - [`definitions`]: the definitions printed above results, from `docs/metrics.md`.
 //! - [`verdict`]: a run's PASS or FAIL and why (one rule, over `trace_format::cause`).
-//! - [`capacity`]: knee, capacity answer and plan. [`compare`]: configurations side by side.
+//! - [`capacity`]: knee and capacity answer; [`plan`]: the capacity plan (replicas, cost).
+//!   [`compare`]: configurations side by side.
 //! - [`document`] (Markdown), [`html`] and [`svg`]: `llmreplay report`. [`alerts`]:
 //!   Prometheus rules for the SLOs.
 #![deny(missing_docs)]
@@ -26,6 +27,7 @@ pub mod fidelity;
 pub mod html;
 pub mod merge;
 pub mod outputs;
+pub mod plan;
 pub mod report;
 pub mod result_doc;
 pub mod results;

@@ -2,7 +2,10 @@
 //! max-concurrency=1,8,16,32`, `request-rate=...`, `speedup=...`), each level a fresh,
 //! comparable run — same rows and schedule seed, a prompt salt of its own so the server's
 //! prefix cache does not carry over from one level (or repeat) to the next, a cooldown
-//! between levels — repeated `--num-runs` times for a mean and a spread.
+//! between levels — repeated `--num-runs` times for a mean and a spread. With `--refine N`,
+//! up to N more levels bisect the bracket between the highest level that met the SLO and the
+//! lowest that broke it ([`refine_level`]), so the capacity answer lands within
+//! [`REFINE_GAP`] of the limit instead of at the nearest level someone typed.
 //!
 //! The sweep's JSON is one file: every level's vLLM-style result (under `results`, each
 //! marked with `llmreplay.sweep`) and a summary with the capacity answer per target (under
@@ -82,7 +85,14 @@ pub struct SweepOptions {
     pub level_duration: Option<Duration>,
     /// The percentile SLOs are judged at.
     pub slo_percentile: f64,
+    /// Levels added after the given ones, at most, bisecting the capacity bracket (0: none).
+    pub refine: usize,
 }
+
+/// Refinement stops once the bracket (highest level meeting the SLO, lowest breaking it) is
+/// this narrow, as a fraction of its top (rate and speedup axes; concurrency: adjacent whole
+/// numbers). The capacity answer is then within this fraction of the lowest breaking level.
+pub const REFINE_GAP: f64 = 0.02;
 
 /// One run of one level against one target.
 #[derive(Debug, Clone)]
@@ -119,8 +129,20 @@ pub fn level_config(
     run: usize,
 ) -> Result<ValidatedConfig, ReplayError> {
     let level = spec.levels[level_index];
+    config_at(base, spec.axis, level, opts, level_index, run)
+}
+
+/// The configuration of `level` on `axis`, the `level_index`-th level run (its salt).
+fn config_at(
+    base: &ReplayConfig,
+    axis: Axis,
+    level: f64,
+    opts: &SweepOptions,
+    level_index: usize,
+    run: usize,
+) -> Result<ValidatedConfig, ReplayError> {
     let mut cfg = base.clone();
-    match spec.axis {
+    match axis {
         Axis::MaxConcurrency => cfg.max_concurrency = Some(level as usize),
         Axis::RequestRate => {
             let burstiness = match base.arrivals {
@@ -151,8 +173,9 @@ pub fn level_config(
     cfg.validate()
 }
 
-/// Runs every level (`num_runs` times each) against every target; `on_run` sees each run as
-/// it finishes (for a live table).
+/// Runs every level (`num_runs` times each) against every target, then up to `opts.refine`
+/// levels more from [`refine_level`]; `on_run` sees each run as it finishes (for a live
+/// table). The levels run are [`levels_run`] of the result.
 pub fn run_sweep(
     base: &ValidatedConfig,
     spec: &SweepSpec,
@@ -172,34 +195,103 @@ pub fn run_sweep(
         )));
     }
     let mut out = Vec::new();
-    for li in 0..spec.levels.len() {
-        for run in 0..opts.num_runs {
-            if (li > 0 || run > 0) && !base.cooldown.is_zero() {
-                std::thread::sleep(base.cooldown);
+    let mut levels = spec.levels.clone();
+    let mut li = 0;
+    loop {
+        while li < levels.len() {
+            for run in 0..opts.num_runs {
+                if (li > 0 || run > 0) && !base.cooldown.is_zero() {
+                    std::thread::sleep(base.cooldown);
+                }
+                let cfg = config_at(base, spec.axis, levels[li], opts, li, run)?;
+                for (output, metrics) in replay::replay(
+                    &cfg,
+                    &records,
+                    block_size,
+                    progress,
+                    &mut replay::sink::NoSink,
+                    &replay::Stop::new(),
+                )? {
+                    let lr = LevelRun {
+                        level_index: li,
+                        level: levels[li],
+                        run,
+                        cfg: cfg.clone(),
+                        output,
+                        metrics,
+                    };
+                    on_run(&lr);
+                    out.push(lr);
+                }
             }
-            let cfg = level_config(base, spec, opts, li, run)?;
-            for (output, metrics) in replay::replay(
-                &cfg,
-                &records,
-                block_size,
-                progress,
-                &mut replay::sink::NoSink,
-                &replay::Stop::new(),
-            )? {
-                let lr = LevelRun {
-                    level_index: li,
-                    level: spec.levels[li],
-                    run,
-                    cfg: cfg.clone(),
-                    output,
-                    metrics,
-                };
-                on_run(&lr);
-                out.push(lr);
-            }
+            li += 1;
+        }
+        if levels.len() >= spec.levels.len() + opts.refine {
+            break;
+        }
+        match refine_level(&out, spec.axis, opts.slo_percentile) {
+            Some(l) if !levels.iter().any(|x| x.to_bits() == l.to_bits()) => levels.push(l),
+            _ => break,
         }
     }
     Ok(out)
+}
+
+/// The next level a refining sweep runs, judged on the same capacity answer as the report:
+/// halfway between the highest level meeting the SLO and the lowest breaking it, for the
+/// target whose two are furthest apart (relative to the breaking level); None once every
+/// bracket is within [`REFINE_GAP`] (concurrency: adjacent), or without one (no SLO, no
+/// level met it, or none broke it).
+pub fn refine_level(runs: &[LevelRun], axis: Axis, slo_percentile: f64) -> Option<f64> {
+    let spec = SweepSpec {
+        axis,
+        levels: Vec::new(),
+    };
+    let identity = TraceIdentity {
+        files: Vec::new(),
+        rows: 0,
+        content_hash: String::new(),
+    };
+    let docs: Vec<ResultDoc> = runs
+        .iter()
+        .map(|lr| level_result(lr, &spec, &identity, "", false))
+        .collect();
+    results::series_of(&docs, Some(axis), slo_percentile)
+        .iter()
+        .filter_map(|s| {
+            let a = s.answer();
+            let (lo, hi) = (a.max_ok_level?, a.first_break.as_ref()?.level);
+            Some(((hi - lo) / hi, bisect(axis, lo, hi)?))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, mid)| mid)
+}
+
+/// Halfway between `lo` (met the SLO) and `hi` (broke it); None once they are within
+/// [`REFINE_GAP`] of `hi` (concurrency: adjacent whole numbers).
+pub fn bisect(axis: Axis, lo: f64, hi: f64) -> Option<f64> {
+    let (mid, narrow) = match axis {
+        Axis::MaxConcurrency => (((lo + hi) / 2.0).floor(), hi - lo <= 1.0),
+        Axis::RequestRate | Axis::Speedup => ((lo + hi) / 2.0, hi - lo <= REFINE_GAP * hi),
+    };
+    (!narrow && mid > lo && mid < hi).then_some(mid)
+}
+
+/// The sweep that `runs` ran: `spec`'s axis and every level run (refined ones included),
+/// ascending.
+pub fn levels_run(spec: &SweepSpec, runs: &[LevelRun]) -> SweepSpec {
+    let mut levels: Vec<f64> = spec
+        .levels
+        .iter()
+        .copied()
+        .chain(runs.iter().map(|r| r.level))
+        .collect();
+    levels.sort_by(f64::total_cmp);
+    levels.dedup_by(|a, b| a.to_bits() == b.to_bits());
+    SweepSpec {
+        axis: spec.axis,
+        levels,
+    }
 }
 
 /// The vLLM-style result of one level run, marked with its place in the sweep.
@@ -304,13 +396,13 @@ pub fn run_line(lr: &LevelRun, spec: &SweepSpec, opts: &SweepOptions) -> String 
     let pl = trace_format::stats::percentile_label(opts.slo_percentile);
     let v = crate::report::verdict(m, &lr.output);
     format!(
-        "  {} run {}/{} {}: {}{:.2} req/s{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}",
+        "  {} run {}/{} {}: {}{:.2} req/s served{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}",
         spec.axis.level_label(lr.level),
         lr.run + 1,
         opts.num_runs,
         lr.output.target.name,
-        // What the schedule really offered (a short Poisson level is not its nominal rate).
-        m.served.offered_rps.map_or(String::new(), |o| format!("{o:.2} req/s due, ")),
+        // The load the schedule really offered (a short Poisson level is not its setting).
+        m.served.offered_rps.map_or(String::new(), |o| format!("{o:.2} req/s offered, ")),
         m.request_throughput,
         m.served.steady.as_ref().map_or(String::new(), |s| format!(" ({:.2} steady)", s.request_throughput)),
         m.request_goodput.map_or("-".into(), |g| format!("{g:.2}")),
@@ -433,14 +525,15 @@ pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
         let pct = trace_format::stats::percentile_label(s.slo_percentile);
         let _ = writeln!(
             out,
-            "{:=^108}",
+            "{:=^118}",
             format!(" Sweep {} — {} ", spec.axis.key(), s.name)
         );
         let _ = writeln!(
             out,
-            "{:>10} {:>4} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>7}",
+            "{:>10} {:>4} {:>9} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>7}",
             "level",
             "runs",
+            "offered",
             "req/s",
             "goodput",
             "good%",
@@ -466,9 +559,10 @@ pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
                 .map_or("-".into(), replay::pct::fmt_share);
             let _ = writeln!(
                 out,
-                "{:>10} {:>4} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
+                "{:>10} {:>4} {:>9} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
                 capacity::fmt_num(p.level),
                 p.runs,
+                p.offered_rps().map_or("-".into(), |o| format!("{o:.2}")),
                 f("request_throughput"),
                 f("request_goodput"),
                 good,
@@ -527,6 +621,18 @@ mod tests {
     }
 
     #[test]
+    fn refinement_bisects_the_bracket_until_it_is_narrow() {
+        assert_eq!(bisect(Axis::RequestRate, 150.0, 270.0), Some(210.0));
+        assert_eq!(bisect(Axis::RequestRate, 195.0, 202.5), Some(198.75));
+        // 198.75..202.5 is within 2% of 202.5: the answer is close enough.
+        assert_eq!(bisect(Axis::RequestRate, 198.75, 202.5), None);
+        assert_eq!(bisect(Axis::Speedup, 1.0, 3.0), Some(2.0));
+        assert_eq!(bisect(Axis::MaxConcurrency, 8.0, 16.0), Some(12.0));
+        assert_eq!(bisect(Axis::MaxConcurrency, 8.0, 11.0), Some(9.0));
+        assert_eq!(bisect(Axis::MaxConcurrency, 8.0, 9.0), None);
+    }
+
+    #[test]
     fn specs_parse_and_reject_garbage() {
         let s: SweepSpec = "max-concurrency=16,1,8".parse().unwrap();
         assert_eq!(
@@ -550,6 +656,7 @@ mod tests {
             num_runs: 2,
             level_duration: Some(Duration::from_secs(10)),
             slo_percentile: 95.0,
+            refine: 0,
         };
         let mut salts = std::collections::HashSet::new();
         for li in 0..2 {

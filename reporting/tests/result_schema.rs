@@ -361,6 +361,7 @@ fn fresh_replay_and_sweep_results_validate() {
         num_runs: 1,
         level_duration: None,
         slo_percentile: 95.0,
+        refine: 0,
     };
     let recs = records(12, 1.0, EndpointKind::Completions);
     let runs = reporting::sweep::run_sweep(

@@ -11,6 +11,9 @@
 //!   parameters; [`Profile::named`] gives built-in ones (`llama-3.1-8b-h100`, `tiny`).
 //! - [`Timing::Fixed`] emits chunk `i` of every request at `t0 + ttft + i × itl`
 //!   independently of load: a ground-truth server to check a client's measurements against.
+//! - [`Timing::Slots`] serves `slots` requests at a time for a fixed service time each, the
+//!   rest waiting first come first served: a server whose capacity is known exactly
+//!   (`slots / service` requests per second), to test capacity answers against.
 //!
 //! # Tokenization
 //! There is no real tokenizer: **one token per whitespace-separated word** of the prompt
@@ -42,6 +45,7 @@ pub mod metrics;
 mod openai;
 pub mod profile;
 mod server;
+mod slots;
 pub mod tokens;
 
 use std::future::Future;
@@ -95,6 +99,15 @@ pub enum Timing {
         ttft: Duration,
         /// Time between chunks.
         itl: Duration,
+    },
+    /// A server of known capacity: `slots` requests at a time, each holding its slot for
+    /// `service` (its chunks spread evenly over it, the last at the end); requests beyond
+    /// `slots` wait, first come first served. Capacity: exactly `slots / service` req/s.
+    Slots {
+        /// Requests served at a time (≥ 1).
+        slots: u32,
+        /// Time each request holds its slot (> 0).
+        service: Duration,
     },
 }
 

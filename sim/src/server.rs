@@ -28,6 +28,7 @@ use tokio::time::{Instant, Sleep};
 use crate::engine::{Emit, Engine};
 use crate::metrics::{FinishReason, Metrics};
 use crate::openai::{self, ApiError, Formatter, GenRequest, Kind};
+use crate::slots::Slots;
 use crate::tokens::{combine, content_hash, mix, output_len};
 use crate::{Faults, SimConfig, SimError, Timing};
 
@@ -53,6 +54,7 @@ enum Fault {
 enum Backend {
     Engine { engine: Engine, max_model_len: u32 },
     Fixed { ttft: Duration, itl: Duration },
+    Slots(Arc<Slots>),
 }
 
 struct AppState {
@@ -86,8 +88,14 @@ pub(crate) fn validate(cfg: &SimConfig) -> Result<(), SimError> {
     if f.error_rate + f.rate_limit_rate + f.reset_rate + f.stall_rate > 1.0 + 1e-9 {
         return Err(SimError::Config("fault rates must sum to at most 1".into()));
     }
-    if let Timing::Engine(p) = &cfg.timing {
-        p.validate().map_err(SimError::Config)?;
+    match &cfg.timing {
+        Timing::Engine(p) => p.validate().map_err(SimError::Config)?,
+        Timing::Slots { slots, service } if *slots == 0 || service.is_zero() => {
+            return Err(SimError::Config(format!(
+                "slot timing needs at least one slot and a service time above zero, got {slots} slots of {service:?}"
+            )));
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -113,6 +121,10 @@ pub(crate) async fn serve(
             )
         }
         Timing::Fixed { ttft, itl } => (Backend::Fixed { ttft, itl }, None),
+        Timing::Slots { slots, service } => (
+            Backend::Slots(Arc::new(Slots::new(slots, service, Instant::now()))),
+            None,
+        ),
     };
     let state = Arc::new(AppState {
         model: cfg.model_name,
@@ -225,7 +237,7 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Response<SimBody> 
         "/v1/models" if get => {
             let max_model_len = match &st.backend {
                 Backend::Engine { max_model_len, .. } => Some(*max_model_len),
-                Backend::Fixed { .. } => None,
+                Backend::Fixed { .. } | Backend::Slots(_) => None,
             };
             let body = serde_json::json!({
                 "object": "list",
@@ -393,7 +405,31 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
         Backend::Fixed { ttft, itl } => {
             let (ttft, itl) = (*ttft, *itl);
             let metrics = Arc::clone(&st.metrics);
-            Box::new(move || fixed_stream(ttft, itl, k, prompt_tokens, target, finish, metrics))
+            Box::new(move || {
+                let t0 = Instant::now();
+                let t = StreamTimes {
+                    t0,
+                    first: far(t0, ttft),
+                    itl,
+                };
+                fixed_stream(t, k, prompt_tokens, target, finish, metrics)
+            })
+        }
+        Backend::Slots(slots) => {
+            let slots = Arc::clone(slots);
+            let metrics = Arc::clone(&st.metrics);
+            Box::new(move || {
+                // Booked when the response starts, in turn; chunks spread over the service.
+                let t0 = Instant::now();
+                let start = slots.book(t0);
+                let itl = slots.service() / target.div_ceil(k.max(1)).max(1);
+                let t = StreamTimes {
+                    t0,
+                    first: start + itl,
+                    itl,
+                };
+                fixed_stream(t, k, prompt_tokens, target, finish, metrics)
+            })
         }
     };
     let stall = (fault == Some(Fault::Stall)).then(|| {
@@ -443,10 +479,20 @@ fn far(t0: Instant, d: Duration) -> Instant {
         .unwrap_or_else(|| t0 + Duration::from_secs(365 * 86_400))
 }
 
-/// Ground-truth timing: chunk `i` at `t0 + ttft + i × itl`, on absolute deadlines.
-fn fixed_stream(
-    ttft: Duration,
+/// When a scripted stream's chunks are due: chunk `i` at `first + i × itl`.
+struct StreamTimes {
+    /// The request was handled.
+    t0: Instant,
+    /// The first chunk is due.
+    first: Instant,
+    /// Between chunks.
     itl: Duration,
+}
+
+/// Scripted timing (ground truth, slots): chunk `i` at `first + i × itl`, on absolute
+/// deadlines.
+fn fixed_stream(
+    times: StreamTimes,
     k: u32,
     prompt_tokens: u32,
     target: u32,
@@ -454,14 +500,14 @@ fn fixed_stream(
     metrics: Arc<Metrics>,
 ) -> UnboundedReceiver<Emit> {
     let (tx, rx) = mpsc::unbounded_channel();
+    let StreamTimes { t0, first, itl } = times;
     tokio::spawn(async move {
-        let t0 = Instant::now();
         metrics.update().add_running(1);
         let chunks = target.div_ceil(k.max(1));
         let mut sent = 0u32;
         let mut complete = true;
         for i in 0..chunks {
-            let deadline = far(t0, ttft.saturating_add(itl.saturating_mul(i)));
+            let deadline = far(first, itl.saturating_mul(i));
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => {}
                 () = tx.closed() => { complete = false; break; }
@@ -484,7 +530,7 @@ fn fixed_stream(
         if complete {
             m.prompt_tokens(prompt_tokens);
             m.generation_tokens(target);
-            m.ttft(ttft);
+            m.ttft(first.saturating_duration_since(t0));
             for _ in 1..chunks {
                 m.itl(itl);
             }

@@ -173,7 +173,8 @@ pub struct Fidelity {
     pub load_reproduced: bool,
     /// Whether the schedule reproduces (error within its bound, sessions in order).
     pub schedule_reproduced: bool,
-    /// Whether every latency quantile and distance is within tolerance.
+    /// Whether no latency drifts: every quantile, paired ratio and distance within tolerance,
+    /// or within the engine's own noise measured by a noise run.
     pub latencies_reproduced: bool,
 }
 

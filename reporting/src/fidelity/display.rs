@@ -113,7 +113,8 @@ impl fmt::Display for Fidelity {
         for c in &self.classes {
             writeln!(
                 f,
-                "{}: requests {}/{}, prompt tokens {}/{}, output tokens {}/{} ({} ok on both sides)",
+                "{}: requests {}/{}, prompt tokens {}/{}, output tokens {}/{}{} ({} ok on both \
+                 sides)",
                 class_name(c),
                 c.requests.0,
                 c.requests.1,
@@ -121,6 +122,10 @@ impl fmt::Display for Fidelity {
                 c.prompt_tokens.1,
                 c.output_tokens.0,
                 c.output_tokens.1,
+                c.output_tokens_paired.map_or(String::new(), |p| format!(
+                    " (paired per request ×{:.2} [{:.2}, {:.2}])",
+                    p.ratio, p.ci.0, p.ci.1
+                )),
                 c.both_ok
             )?;
             for l in &c.latencies {

@@ -213,6 +213,8 @@ pub struct ClassFidelity {
     /// Output tokens of the requests that succeeded on both sides (matched), so a failure on
     /// one side does not count as a token difference.
     pub output_tokens: (i64, i64),
+    /// Output tokens replayed / captured per request, over the same requests.
+    pub output_tokens_paired: Option<Paired>,
     /// Matched requests that succeeded on both sides.
     pub both_ok: usize,
     /// Latencies of the requests that succeeded on both sides (TTFT, TPOT and ITL apply to
@@ -625,6 +627,7 @@ fn classes(
                 requests: (0, 0),
                 prompt_tokens: (0, 0),
                 output_tokens: (0, 0),
+                output_tokens_paired: None,
                 both_ok: 0,
                 latencies: Vec::new(),
             })
@@ -664,6 +667,10 @@ fn classes(
                 v.iter().flat_map(|(_, r)| f(r)).collect(),
             )
         };
+        class.output_tokens_paired = Paired::of(
+            v.iter()
+                .filter_map(|(c, r)| Some((c.output_tokens? as f64, r.output_tokens? as f64))),
+        );
         let per_request = |f: &dyn Fn(&TraceRecord) -> Option<f64>| {
             let (a, b) = side(&|r| f(r).into_iter().collect());
             let paired = Paired::of(v.iter().filter_map(|(c, r)| Some((f(c)?, f(r)?))));
@@ -796,6 +803,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("output tokens"), "{text}");
+        // r0: 25 of 20 tokens, the others equal: per request ×1.25 once in 39.
+        let p = f.classes[0].output_tokens_paired.unwrap();
+        assert_eq!(p.n, 38);
+        assert!((p.ratio - 1.25f64.powf(1.0 / 38.0)).abs() < 1e-9, "{p:?}");
+        assert!(f.to_string().contains("paired per request ×1.01"), "{f}");
         assert!(text.contains("http_error 0 → 1"), "{text}");
     }
 

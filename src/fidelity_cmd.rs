@@ -16,6 +16,15 @@ pub struct FidelityArgs {
     /// The replay's result rows (`replay --results`), replayed against the same upstream.
     #[arg(long, required = true, num_args = 1..)]
     pub replayed: Vec<String>,
+    /// Another run of the same capture against the captured configuration (a second replay's
+    /// --results): its difference from the capture is the engine's own run-to-run noise, and
+    /// a latency difference within it reads "within the engine's own noise", not a drift.
+    #[arg(long, num_args = 1..)]
+    pub noise: Vec<String>,
+    /// The replay's result document (replay --save-result): why captured rows were not
+    /// replayed (rows it could not build, its selection).
+    #[arg(long)]
+    pub replay_result: Option<PathBuf>,
     /// The replay's --speedup (captured offsets are divided by it).
     #[arg(long, default_value_t = 1.0, value_parser = crate::flags::parse_positive)]
     pub speedup: f64,
@@ -35,11 +44,36 @@ pub struct FidelityArgs {
 pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
     let captured = store::read_traces(&a.captured).context("reading the captured trace")?;
     let replayed = store::read_traces(&a.replayed).context("reading the replay's results")?;
+    let noise = if a.noise.is_empty() {
+        None
+    } else {
+        Some(store::read_traces(&a.noise).context("reading the noise run's results")?)
+    };
+    let replay_run = match &a.replay_result {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let doc: reporting::ResultDoc = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a replay result document", p.display()))?;
+            let ext = doc.llmreplay.with_context(|| {
+                format!(
+                    "{}: no llmreplay section (not an llmreplay result)",
+                    p.display()
+                )
+            })?;
+            Some(reporting::fidelity::ReplayRun::from_trace_doc(&ext.trace))
+        }
+        None => None,
+    };
     let f = reporting::fidelity::assess(
         &captured.records,
         &replayed.records,
-        reporting::fidelity::Options { speedup: a.speedup },
-    );
+        reporting::fidelity::Options {
+            speedup: a.speedup,
+            noise: noise.as_ref().map(|n| n.records.as_slice()),
+            replay_run: replay_run.as_ref(),
+        },
+    )?;
     print!("{f}");
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&f)? + "\n")

@@ -5,7 +5,8 @@
 //! streamed or not):
 //! - the **schedule**: the replayed send offset (scheduled offset + queue + client lag + connect,
 //!   the instant the request's bytes left) minus the captured arrival offset (scaled by the
-//!   replay's speed-up), both measured from the first request they share, and whether each
+//!   replay's speed-up), both measured from the first request they share (its captured arrival,
+//!   its replayed *scheduled* instant), and whether each
 //!   session's turns were sent in their captured order;
 //! - the **load**: requests, prompt and output tokens per class, and outcomes, side by side;
 //! - the **latencies**: TTFT, TPOT, ITL and E2EL quantiles, replayed / captured, and the
@@ -13,19 +14,31 @@
 //!   CDFs: 0 = identical, 1 = disjoint), which marks a drift only beyond chance at the sample
 //!   sizes and with a decile moved by more than 5% ([`shape_drifts`]).
 //!
+//! - per request ([`paired`]): the same request's replayed / captured TTFT, TPOT and E2EL,
+//!   their geometric mean with a 95% confidence interval, per class; and, given a second
+//!   replay of the same capture against the same server (`Options::noise`), the engine's own
+//!   run-to-run spread, beyond which alone a difference is a drift.
+//!
 //! Then a plain verdict says which part drifts: the schedule (the client did not send when it
-//! should), the load (different requests, tokens or outcomes), or the server's state (same
-//! requests at the same times, different latencies — e.g. a prefix cache warm in production
-//! and cold in the replay).
+//! should), the load (different requests, tokens or outcomes), what the replay itself changed
+//! (a captured request without a body that failed 4xx, sent with a synthesized prompt), or the
+//! server's state (same requests at the same times, different latencies, slower or faster —
+//! the explanation follows the direction). Two inputs with no request in common are refused.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 
 use serde::Serialize;
 use trace_format::stats::percentile;
 use trace_format::{Outcome, TraceRecord};
 
 use replay::metrics::{itl_gaps_ms, tpot_ms, ttft_ms};
+
+mod display;
+pub mod paired;
+mod verdict;
+
+use paired::within_tol;
+pub use paired::{judge, NoiseFloor, Paired, Status, NOISE_MARGIN};
 
 /// The schedule error the verdict tolerates at p99, ms, at least: a send this close to its
 /// captured instant cannot change what the server sees (sub-millisecond gaps are below the
@@ -51,15 +64,80 @@ pub const QUANTILES: [f64; 3] = [50.0, 90.0, 99.0];
 
 /// Options of an assessment.
 #[derive(Debug, Clone, Copy)]
-pub struct Options {
+pub struct Options<'a> {
     /// The replay's `--speedup` (captured offsets are divided by it).
     pub speedup: f64,
+    /// A second replay of the same capture against the same server: its difference from the
+    /// replay assessed is the engine's own run-to-run noise.
+    pub noise: Option<&'a [TraceRecord]>,
+    /// What the replay's result document says about its rows (why some were not sent).
+    pub replay_run: Option<&'a ReplayRun>,
 }
 
-impl Default for Options {
+impl Default for Options<'_> {
     fn default() -> Self {
-        Options { speedup: 1.0 }
+        Options {
+            speedup: 1.0,
+            noise: None,
+            replay_run: None,
+        }
     }
+}
+
+/// What the replay's result document (`replay --save-result`) says about the rows it was
+/// given: enough to say why a captured request has no replayed row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayRun {
+    /// Rows in the replay's input.
+    pub rows: u64,
+    /// Rows its selection kept (window, sample, `--max-requests`).
+    pub selected_rows: u64,
+    /// Selected rows it could not build a request from.
+    pub skipped_rows: u64,
+    /// The first few of those: (request id, why).
+    pub skipped: Vec<(String, String)>,
+}
+
+impl ReplayRun {
+    /// From a result document's `llmreplay.trace` (`skipped_examples` are `id: why`).
+    pub fn from_trace_doc(t: &crate::result_doc::TraceDoc) -> ReplayRun {
+        ReplayRun {
+            rows: t.rows,
+            selected_rows: t.selected_rows,
+            skipped_rows: t.skipped_rows,
+            skipped: t
+                .skipped_examples
+                .iter()
+                .map(|e| match e.split_once(": ") {
+                    Some((id, why)) => (id.to_string(), why.to_string()),
+                    None => (String::new(), e.clone()),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Inputs an assessment refuses.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FidelityError {
+    /// No `request_id` in both: not a capture and its replay.
+    #[error(
+        "the {captured} captured and {replayed} replayed rows have no request id in common: \
+         they are not a capture and its replay (replay result rows carry the captured \
+         request_id)"
+    )]
+    NothingInCommon {
+        /// Captured rows.
+        captured: usize,
+        /// Replayed rows.
+        replayed: usize,
+    },
+    /// The noise run shares no request with the replay.
+    #[error(
+        "the noise run's {0} rows have no request id in common with the replay: it must be \
+         another replay of the same capture"
+    )]
+    NoiseNothingInCommon(usize),
 }
 
 /// The whole comparison.
@@ -83,6 +161,11 @@ pub struct Fidelity {
     pub outcomes: BTreeMap<String, (usize, usize)>,
     /// Matched requests whose outcome changed: `"captured → replayed"` → requests.
     pub outcome_changes: BTreeMap<String, usize>,
+    /// Matched requests the replay itself changed: captured without a body and answered 4xx,
+    /// replayed with a synthesized prompt (request ids).
+    pub replay_changed: Vec<String>,
+    /// Rows of the noise run that match replayed rows (None: no noise run given).
+    pub noise_matched: Option<usize>,
     /// Which part drifts, in one sentence per finding; the first says whether the replay
     /// reproduces the capture.
     pub verdict: Vec<String>,
@@ -90,7 +173,8 @@ pub struct Fidelity {
     pub load_reproduced: bool,
     /// Whether the schedule reproduces (error within its bound, sessions in order).
     pub schedule_reproduced: bool,
-    /// Whether every latency quantile and distance is within tolerance.
+    /// Whether no latency drifts: every quantile, paired ratio and distance within tolerance,
+    /// or within the engine's own noise measured by a noise run.
     pub latencies_reproduced: bool,
 }
 
@@ -129,6 +213,8 @@ pub struct ClassFidelity {
     /// Output tokens of the requests that succeeded on both sides (matched), so a failure on
     /// one side does not count as a token difference.
     pub output_tokens: (i64, i64),
+    /// Output tokens replayed / captured per request, over the same requests.
+    pub output_tokens_paired: Option<Paired>,
     /// Matched requests that succeeded on both sides.
     pub both_ok: usize,
     /// Latencies of the requests that succeeded on both sides (TTFT, TPOT and ITL apply to
@@ -147,7 +233,14 @@ pub struct LatencyFidelity {
     pub quantiles: Vec<(f64, f64, f64, f64)>,
     /// Kolmogorov–Smirnov distance between the two samples.
     pub ks: f64,
-    /// Quantiles within [`RATIO_TOL`], and no drift of shape ([`shape_drifts`]).
+    /// Replayed / captured per request (TTFT, TPOT, E2EL; none for ITL, whose gaps are not
+    /// paired).
+    pub paired: Option<Paired>,
+    /// The engine's own spread for this class and metric, when a noise run was given.
+    pub noise: Option<NoiseFloor>,
+    /// Reproduced, within the engine's own noise, or drifting ([`judge`]).
+    pub status: Status,
+    /// Not drifting: reproduced, or within the engine's own noise.
     pub reproduced: bool,
     /// The captured values, ms, ascending (for the HTML overlay; not serialized).
     #[serde(skip)]
@@ -190,11 +283,6 @@ pub fn ks_distance(a: &mut [f64], b: &mut [f64]) -> f64 {
     d
 }
 
-/// A quantile ratio within [1/RATIO_TOL, RATIO_TOL] (NaN: no captured value to compare).
-fn within_tol(r: f64) -> bool {
-    r.is_nan() || (1.0 / RATIO_TOL..=RATIO_TOL).contains(&r)
-}
-
 /// Whether two samples (sorted ascending) at KS distance `ks` differ in shape: the distance
 /// is over [`KS_TOL`], over what sampling alone gives at their sizes (α = 0.01: with 10
 /// requests a side, distances up to 0.73 are chance), and some decile moved by more than
@@ -217,7 +305,12 @@ pub fn shape_drifts(ks: f64, cap: &[f64], rep: &[f64]) -> bool {
     ks > KS_TOL && ks > chance && moved
 }
 
-fn latency(metric: &'static str, mut cap: Vec<f64>, mut rep: Vec<f64>) -> LatencyFidelity {
+fn latency(
+    metric: &'static str,
+    mut cap: Vec<f64>,
+    mut rep: Vec<f64>,
+    paired: Option<Paired>,
+) -> LatencyFidelity {
     let ks = ks_distance(&mut cap, &mut rep);
     let quantiles: Vec<(f64, f64, f64, f64)> = if cap.is_empty() || rep.is_empty() {
         Vec::new()
@@ -230,36 +323,82 @@ fn latency(metric: &'static str, mut cap: Vec<f64>, mut rep: Vec<f64>) -> Latenc
             })
             .collect()
     };
-    let reproduced = !shape_drifts(ks, &cap, &rep) && quantiles.iter().all(|q| within_tol(q.3));
-    LatencyFidelity {
+    let mut l = LatencyFidelity {
         metric,
         samples: (cap.len(), rep.len()),
         quantiles,
         ks,
-        reproduced,
+        paired,
+        noise: None,
+        status: Status::Reproduced,
+        reproduced: true,
         captured_ms: cap,
         replayed_ms: rep,
+    };
+    l.set_noise(None);
+    l
+}
+
+impl LatencyFidelity {
+    /// Sets the noise floor (or none) and judges the metric again.
+    fn set_noise(&mut self, noise: Option<NoiseFloor>) {
+        self.noise = noise;
+        self.status = judge(self);
+        self.reproduced = self.status != Status::Drifts;
     }
 }
 
-/// Compares a captured trace with the result rows of its replay.
-pub fn assess(captured: &[TraceRecord], replayed: &[TraceRecord], opts: Options) -> Fidelity {
-    let speedup = if opts.speedup > 0.0 {
-        opts.speedup
-    } else {
-        1.0
-    };
+/// (captured, replayed) pairs by `request_id`, in captured arrival order.
+fn pair_up<'a>(
+    captured: &'a [TraceRecord],
+    replayed: &'a [TraceRecord],
+) -> Vec<(&'a TraceRecord, &'a TraceRecord)> {
     let rep_by_id: HashMap<&str, &TraceRecord> = replayed
         .iter()
         .map(|r| (r.request_id.as_str(), r))
         .collect();
-    let cap_ids: std::collections::HashSet<&str> =
-        captured.iter().map(|r| r.request_id.as_str()).collect();
     let mut pairs: Vec<(&TraceRecord, &TraceRecord)> = captured
         .iter()
         .filter_map(|c| rep_by_id.get(c.request_id.as_str()).map(|r| (c, *r)))
         .collect();
     pairs.sort_by_key(|(c, _)| c.arrival_time_us);
+    pairs
+}
+
+/// Whether the replay, not the server, changed what was sent for this pair: the captured
+/// request has no recorded body (so the replay synthesized a prompt in its place) and the
+/// server refused it as a client error (4xx: e.g. empty `messages`), while the replay's
+/// synthesized request was answered otherwise.
+fn replay_changed(c: &TraceRecord, r: &TraceRecord) -> bool {
+    let client_error = |x: &TraceRecord| x.status.is_some_and(|s| (400..500).contains(&s));
+    c.body.is_none()
+        && client_error(c)
+        && (c.outcome != r.outcome || c.status != r.status)
+        && r.outcome != Outcome::ClientCancelled
+}
+
+/// Compares a captured trace with the result rows of its replay (and, with `opts.noise`,
+/// with a second run of it, for the engine's own noise). Refuses inputs that share no
+/// request.
+pub fn assess(
+    captured: &[TraceRecord],
+    replayed: &[TraceRecord],
+    opts: Options<'_>,
+) -> Result<Fidelity, FidelityError> {
+    let speedup = if opts.speedup > 0.0 {
+        opts.speedup
+    } else {
+        1.0
+    };
+    let pairs = pair_up(captured, replayed);
+    if pairs.is_empty() {
+        return Err(FidelityError::NothingInCommon {
+            captured: captured.len(),
+            replayed: replayed.len(),
+        });
+    }
+    let cap_ids: std::collections::HashSet<&str> =
+        captured.iter().map(|r| r.request_id.as_str()).collect();
     let only_replayed = replayed
         .iter()
         .filter(|r| !cap_ids.contains(r.request_id.as_str()))
@@ -278,18 +417,55 @@ pub fn assess(captured: &[TraceRecord], replayed: &[TraceRecord], opts: Options)
         outcomes.entry(r.outcome.to_string()).or_default().1 += 1;
     }
 
-    let changes = OutcomeChanges::of(&pairs);
+    let changed: Vec<String> = pairs
+        .iter()
+        .filter(|(c, r)| replay_changed(c, r))
+        .map(|(c, _)| c.request_id.clone())
+        .collect();
+    let server_pairs: Vec<(&TraceRecord, &TraceRecord)> = pairs
+        .iter()
+        .filter(|(c, r)| !replay_changed(c, r))
+        .copied()
+        .collect();
+    let changes = OutcomeChanges::of(&server_pairs);
 
-    let classes = classes(captured, replayed, &pairs);
-    let verdict_parts = verdict(
-        &schedule,
-        &classes,
-        &outcomes,
-        &changes,
-        pairs.len(),
-        captured.len(),
-    );
-    Fidelity {
+    let mut classes = classes(captured, replayed, &pairs);
+    let noise_matched = match opts.noise {
+        Some(noise) => {
+            // Replay against replay: two runs of the same requests against the same server.
+            // (Against the capture it would also hold whatever differed at capture time, a
+            // cold engine: 5–30× on its first run.)
+            let noise_pairs = pair_up(replayed, noise);
+            if noise_pairs.is_empty() {
+                return Err(FidelityError::NoiseNothingInCommon(noise.len()));
+            }
+            let floor = self::classes(replayed, noise, &noise_pairs);
+            for c in &mut classes {
+                let same = floor
+                    .iter()
+                    .find(|n| n.endpoint == c.endpoint && n.stream == c.stream);
+                for l in &mut c.latencies {
+                    let n = same.and_then(|n| n.latencies.iter().find(|x| x.metric == l.metric));
+                    l.set_noise(n.map(NoiseFloor::of));
+                }
+            }
+            Some(noise_pairs.len())
+        }
+        None => None,
+    };
+    let verdict_parts = verdict::verdict(&verdict::Facts {
+        schedule: &schedule,
+        classes: &classes,
+        outcomes: &outcomes,
+        changes: &changes,
+        replay_changed: &changed,
+        matched: pairs.len(),
+        captured,
+        replayed_ids: &pairs.iter().map(|(c, _)| c.request_id.as_str()).collect(),
+        replay_run: opts.replay_run,
+        noise: noise_matched.is_some(),
+    });
+    Ok(Fidelity {
         captured: captured.len(),
         replayed: replayed.len(),
         matched: pairs.len(),
@@ -299,11 +475,13 @@ pub fn assess(captured: &[TraceRecord], replayed: &[TraceRecord], opts: Options)
         classes,
         outcomes,
         outcome_changes: changes.by_kind.clone(),
+        replay_changed: changed,
+        noise_matched,
         verdict: verdict_parts.0,
         load_reproduced: verdict_parts.1,
         schedule_reproduced: verdict_parts.2,
         latencies_reproduced: verdict_parts.3,
-    }
+    })
 }
 
 fn schedule(pairs: &[(&TraceRecord, &TraceRecord)], speedup: f64) -> Schedule {
@@ -311,11 +489,19 @@ fn schedule(pairs: &[(&TraceRecord, &TraceRecord)], speedup: f64) -> Schedule {
         .iter()
         .filter_map(|(c, r)| send_offset_us(r).map(|s| (*c, s)))
         .collect();
+    // Both sides from the first shared request: on the replay's side from its *scheduled*
+    // instant, not its send, so that request's own lateness (a first connection, a busy
+    // machine) counts once, for it, and does not shift every other request's error.
     let mut errors: Vec<f64> = Vec::new();
-    if let Some((c0, s0)) = sent.first() {
+    let zero = pairs.iter().find_map(|(c, r)| {
+        send_offset_us(r)
+            .and(r.scheduled_offset_us)
+            .map(|z| (*c, z))
+    });
+    if let Some((c0, z)) = zero {
         for (c, s) in &sent {
             let cap = (c.arrival_time_us - c0.arrival_time_us) as f64 / speedup;
-            errors.push((s - s0) as f64 - cap);
+            errors.push((s - z) as f64 - cap);
         }
     }
     let mut abs: Vec<f64> = errors.iter().map(|e| e.abs() / 1000.0).collect();
@@ -441,6 +627,7 @@ fn classes(
                 requests: (0, 0),
                 prompt_tokens: (0, 0),
                 output_tokens: (0, 0),
+                output_tokens_paired: None,
                 both_ok: 0,
                 latencies: Vec::new(),
             })
@@ -480,208 +667,27 @@ fn classes(
                 v.iter().flat_map(|(_, r)| f(r)).collect(),
             )
         };
+        class.output_tokens_paired = Paired::of(
+            v.iter()
+                .filter_map(|(c, r)| Some((c.output_tokens? as f64, r.output_tokens? as f64))),
+        );
+        let per_request = |f: &dyn Fn(&TraceRecord) -> Option<f64>| {
+            let (a, b) = side(&|r| f(r).into_iter().collect());
+            let paired = Paired::of(v.iter().filter_map(|(c, r)| Some((f(c)?, f(r)?))));
+            (a, b, paired)
+        };
         if key.1 {
-            let (a, b) = side(&|r| ttft_ms(r).into_iter().collect());
-            class.latencies.push(latency("ttft", a, b));
-            let (a, b) = side(&|r| tpot_ms(r).into_iter().collect());
-            class.latencies.push(latency("tpot", a, b));
+            let (a, b, p) = per_request(&ttft_ms);
+            class.latencies.push(latency("ttft", a, b, p));
+            let (a, b, p) = per_request(&tpot_ms);
+            class.latencies.push(latency("tpot", a, b, p));
             let (a, b) = side(&|r| itl_gaps_ms(r).collect());
-            class.latencies.push(latency("itl", a, b));
+            class.latencies.push(latency("itl", a, b, None));
         }
-        let (a, b) = side(&|r| r.e2el_us.map(|e| e as f64 / 1000.0).into_iter().collect());
-        class.latencies.push(latency("e2el", a, b));
+        let (a, b, p) = per_request(&|r| r.e2el_us.map(|e| e as f64 / 1000.0));
+        class.latencies.push(latency("e2el", a, b, p));
     }
     out.into_values().collect()
-}
-
-/// (sentences, load reproduced, schedule reproduced, latencies reproduced).
-fn verdict(
-    s: &Schedule,
-    classes: &[ClassFidelity],
-    outcomes: &BTreeMap<String, (usize, usize)>,
-    changes: &OutcomeChanges,
-    matched: usize,
-    captured: usize,
-) -> (Vec<String>, bool, bool, bool) {
-    let mut findings = Vec::new();
-    let mut load_ok = matched == captured;
-    if matched < captured {
-        findings.push(format!(
-            "The load differs: {} of {captured} captured requests were not replayed (a window, \
-             a sample or --max-requests selects fewer; or the run stopped early).",
-            captured - matched
-        ));
-    }
-    for c in classes {
-        let name = class_name(c);
-        if c.requests.0 != c.requests.1 {
-            load_ok = false;
-            findings.push(format!(
-                "The load differs: {name} has {} captured and {} replayed requests.",
-                c.requests.0, c.requests.1
-            ));
-        }
-        if c.prompt_tokens.0 != c.prompt_tokens.1 {
-            load_ok = false;
-            findings.push(format!(
-                "The load differs: {name} prompt tokens {} captured, {} replayed ({}): the \
-                 replayed prompts are not the captured ones (synthesized text counts \
-                 differently; record bodies, or give the tokenizer the capture used).",
-                c.prompt_tokens.0,
-                c.prompt_tokens.1,
-                signed_pct(c.prompt_tokens.1 as f64, c.prompt_tokens.0 as f64)
-            ));
-        }
-        if c.output_tokens.0 != c.output_tokens.1 {
-            load_ok = false;
-            findings.push(format!(
-                "The load differs: {name} output tokens {} captured, {} replayed ({}) over the \
-                 {} requests that succeeded on both sides: the server generated different \
-                 lengths (sampling, or max_tokens not replayed).",
-                c.output_tokens.0,
-                c.output_tokens.1,
-                signed_pct(c.output_tokens.1 as f64, c.output_tokens.0 as f64),
-                c.both_ok
-            ));
-        }
-    }
-    let diff: Vec<String> = outcomes
-        .iter()
-        .filter(|(_, (a, b))| a != b)
-        .map(|(o, (a, b))| format!("{o} {a} → {b}"))
-        .collect();
-    if !diff.is_empty() {
-        findings.push(format!(
-            "The outcomes differ (captured → replayed): {}.",
-            diff.join(", ")
-        ));
-    }
-    if changes.by_client() {
-        // What the server was asked to do differs: a request cut short, or not.
-        load_ok = false;
-        findings.push(format!(
-            "The client differs: {} request(s) cancelled in the capture were not cancelled in \
-             the replay, {} cancelled in the replay only (the replay cancels at the recorded \
-             point: after as many chunks, or as long, as the captured client waited).",
-            changes.not_cancelled, changes.cancelled
-        ));
-    }
-    if changes.by_server() {
-        findings.push(format!(
-            "The server answered differently: {} requests that succeeded in the capture failed \
-             in the replay, {} that failed succeeded, {} failed otherwise; the replay sent them \
-             as captured, so this is the server's doing (its errors, limits or health), not the \
-             traffic's.",
-            changes.now_failed, changes.now_ok, changes.other_failure
-        ));
-    }
-    let schedule_ok = s.abs_error_p99_ms <= s.bound_ms && s.sessions_in_order == s.sessions;
-    if s.abs_error_p99_ms > s.bound_ms {
-        findings.push(format!(
-            "The schedule drifts: sends were off their captured instants by {:.1} ms at p99 \
-             (bound {:.1} ms; median {:+.1} ms): the client did not send when the capture \
-             says (see the replay's client verdict and dispatch lag).",
-            s.abs_error_p99_ms, s.bound_ms, s.error_median_ms
-        ));
-    }
-    if s.sessions_in_order < s.sessions {
-        findings.push(format!(
-            "The schedule drifts: {} of {} sessions had their turns sent out of captured order.",
-            s.sessions - s.sessions_in_order,
-            s.sessions
-        ));
-    }
-    let mut lat_ok = true;
-    let mut prefill_drift = Vec::new();
-    let mut decode_drift = Vec::new();
-    let mut stalls = Vec::new();
-    for c in classes {
-        for l in &c.latencies {
-            if l.reproduced {
-                continue;
-            }
-            lat_ok = false;
-            let p50 = l.quantiles.first().map_or(f64::NAN, |q| q.3);
-            // The median and the distribution hold, and a tail quantile is far out (beyond
-            // the tolerance squared: a jump, not a nudge): a few requests waited, the rest did
-            // not move.
-            let far = |r: f64| {
-                !r.is_nan() && (r > RATIO_TOL * RATIO_TOL || r * RATIO_TOL * RATIO_TOL < 1.0)
-            };
-            if within_tol(p50) && !shape_drifts(l.ks, &l.captured_ms, &l.replayed_ms) {
-                if let Some(&(q, _, _, r)) = l.quantiles.iter().rev().find(|q| far(q.3)) {
-                    stalls.push(format!(
-                        "{} {} ×{r:.2} at p{q:.0} (×{p50:.2} at p50, KS {:.2})",
-                        class_name(c),
-                        l.metric.to_uppercase(),
-                        l.ks
-                    ));
-                    continue;
-                }
-            }
-            let text = format!(
-                "{} {} ×{:.2} at p50 (KS {:.2})",
-                class_name(c),
-                l.metric.to_uppercase(),
-                p50,
-                l.ks
-            );
-            if l.metric == "ttft" {
-                prefill_drift.push(text);
-            } else {
-                decode_drift.push(text);
-            }
-        }
-    }
-    if !stalls.is_empty() {
-        findings.push(format!(
-            "The server stalled: {}: the median holds and only the tail drifts — a few requests \
-             waited (a stall, a queueing burst, a pause of the server), not a shift of the \
-             whole distribution.",
-            stalls.join(", ")
-        ));
-    }
-    let stream_held = classes.iter().any(|c| {
-        c.latencies
-            .iter()
-            .any(|l| (l.metric == "itl" || l.metric == "tpot") && l.reproduced)
-    });
-    if !prefill_drift.is_empty() && decode_drift.iter().all(|d| d.contains("E2EL")) && stream_held {
-        findings.push(format!(
-            "The server's state drifts: {} while decoding (ITL/TPOT) holds — prefill work \
-             differs, e.g. a prefix cache warm in production and cold in the replay (a salted \
-             replay shares prefixes only within the run), or a different batch mix.",
-            prefill_drift.join(", ")
-        ));
-    } else if !prefill_drift.is_empty() || !decode_drift.is_empty() {
-        let all: Vec<String> = prefill_drift.into_iter().chain(decode_drift).collect();
-        let cause = if load_ok && schedule_ok {
-            "with the same requests sent at the same times, the server itself differs (its \
-             load from other clients, its configuration, or its state)"
-        } else {
-            "read it with the load and schedule findings above: the replay did not send the \
-             same traffic"
-        };
-        findings.push(format!("The latencies drift: {}: {cause}.", all.join(", ")));
-    }
-    let head = if load_ok && schedule_ok && lat_ok && !changes.by_server() {
-        "The replay reproduces the capture: same requests, tokens and outcomes, sent within the \
-         schedule bound, with latencies within tolerance."
-            .to_string()
-    } else if load_ok && schedule_ok && changes.by_server() {
-        "The replay reproduces the captured traffic (requests, tokens, cancellations and \
-         schedule), but the server answered it differently."
-            .to_string()
-    } else if load_ok && schedule_ok {
-        "The replay reproduces the captured traffic (requests, tokens, outcomes and schedule), \
-         but not its latencies."
-            .to_string()
-    } else {
-        "The replay does not reproduce the captured traffic.".to_string()
-    };
-    let mut v = vec![head];
-    v.extend(findings);
-    (v, load_ok, schedule_ok, lat_ok)
 }
 
 fn class_name(c: &ClassFidelity) -> String {
@@ -697,146 +703,6 @@ fn signed_pct(new: f64, old: f64) -> String {
         return "n/a".into();
     }
     format!("{:+.1}%", (new / old - 1.0) * 100.0)
-}
-
-impl Fidelity {
-    /// A self-contained HTML page: the console text, and per class and metric the captured
-    /// and replayed distributions overlaid (CDFs: captured solid, replayed dashed).
-    pub fn render_html(&self, title: &str) -> String {
-        use crate::svg::{cdf, esc, Chart, Line, PALETTE};
-        let mut body = String::new();
-        for (i, c) in self.classes.iter().enumerate() {
-            for l in &c.latencies {
-                if l.captured_ms.is_empty() && l.replayed_ms.is_empty() {
-                    continue;
-                }
-                let color = PALETTE[i % PALETTE.len()].to_string();
-                let line = |name: &str, v: &[f64], dashed: bool| Line {
-                    name: format!("{name} ({} values)", v.len()),
-                    points: cdf(v, 400),
-                    color: color.clone(),
-                    dashed,
-                    markers: false,
-                };
-                let all = l
-                    .captured_ms
-                    .iter()
-                    .chain(&l.replayed_ms)
-                    .filter(|v| **v > 0.0);
-                let (lo, hi) = all.fold((f64::INFINITY, 0f64), |(a, b), v| (a.min(*v), b.max(*v)));
-                let chart = Chart {
-                    title: format!(
-                        "{} — {}: KS {:.2}{}",
-                        class_name(c),
-                        l.metric.to_uppercase(),
-                        l.ks,
-                        if l.reproduced { "" } else { " (drifts)" }
-                    ),
-                    x_label: format!("{} (ms)", l.metric.to_uppercase()),
-                    y_label: "fraction of requests ≤ x".into(),
-                    lines: vec![
-                        line("captured", &l.captured_ms, false),
-                        line("replayed", &l.replayed_ms, true),
-                    ],
-                    log_x: hi / lo.max(1e-9) > 30.0,
-                    y_from_zero: true,
-                    ..Default::default()
-                };
-                body.push_str(&format!("<div class=\"chart\">{}</div>", chart.render()));
-            }
-        }
-        format!(
-            "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
-             <style>{css}</style></head><body><h1>{t}</h1><pre style=\"white-space:pre-wrap\">{text}</pre><div class=\"plots\">{body}</div></body></html>\n",
-            t = esc(title),
-            css = crate::html::CSS,
-            text = esc(&self.to_string()),
-        )
-    }
-}
-
-impl fmt::Display for Fidelity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{:=^78}", " A/A fidelity ")?;
-        writeln!(
-            f,
-            "Requests: {} captured, {} replayed, {} in both ({} only captured, {} only replayed)",
-            self.captured, self.replayed, self.matched, self.only_captured, self.only_replayed
-        )?;
-        let s = &self.schedule;
-        writeln!(
-            f,
-            "Schedule: send − captured arrival over {} requests: |error| p50 {:.2} ms, p99 {:.2} \
-             ms, max {:.2} ms (bound {:.1} ms at p99); median {:+.2} ms",
-            s.requests,
-            s.abs_error_p50_ms,
-            s.abs_error_p99_ms,
-            s.abs_error_max_ms,
-            s.bound_ms,
-            s.error_median_ms
-        )?;
-        if s.sessions > 0 {
-            writeln!(
-                f,
-                "Sessions: {} of {} multi-turn sessions sent in captured turn order",
-                s.sessions_in_order, s.sessions
-            )?;
-        }
-        let outs: Vec<String> = self
-            .outcomes
-            .iter()
-            .filter(|(_, (a, b))| *a + *b > 0)
-            .map(|(o, (a, b))| format!("{o} {a}/{b}"))
-            .collect();
-        writeln!(f, "Outcomes (captured/replayed): {}", outs.join(", "))?;
-        if !self.outcome_changes.is_empty() {
-            let ch: Vec<String> = self
-                .outcome_changes
-                .iter()
-                .map(|(k, n)| format!("{k} {n}"))
-                .collect();
-            writeln!(f, "Outcome changes per request: {}", ch.join(", "))?;
-        }
-        writeln!(f, "{:-^78}", " load and latencies by class ")?;
-        for c in &self.classes {
-            writeln!(
-                f,
-                "{}: requests {}/{}, prompt tokens {}/{}, output tokens {}/{} ({} ok on both sides)",
-                class_name(c),
-                c.requests.0,
-                c.requests.1,
-                c.prompt_tokens.0,
-                c.prompt_tokens.1,
-                c.output_tokens.0,
-                c.output_tokens.1,
-                c.both_ok
-            )?;
-            for l in &c.latencies {
-                let q: Vec<String> = l
-                    .quantiles
-                    .iter()
-                    .map(|(p, a, b, r)| format!("p{p:.0} {a:.1}→{b:.1} ms (×{r:.2})"))
-                    .collect();
-                writeln!(
-                    f,
-                    "  {:<5} {}  KS {:.2}{}",
-                    l.metric.to_uppercase(),
-                    if q.is_empty() {
-                        "no samples on one side".to_string()
-                    } else {
-                        q.join(", ")
-                    },
-                    l.ks,
-                    if l.reproduced { "" } else { "  [drifts]" }
-                )?;
-            }
-        }
-        writeln!(f, "{:-^78}", " verdict ")?;
-        for v in &self.verdict {
-            writeln!(f, "{v}")?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -880,7 +746,7 @@ mod tests {
     fn an_exact_replay_reproduces_everything() {
         let c = trace();
         let r: Vec<_> = c.iter().map(|x| rep(x, 0, 1)).collect();
-        let f = assess(&c, &r, Options::default());
+        let f = assess(&c, &r, Options::default()).unwrap();
         assert_eq!((f.matched, f.only_captured, f.only_replayed), (40, 0, 0));
         assert!(f.load_reproduced && f.schedule_reproduced && f.latencies_reproduced);
         assert_eq!(f.schedule.abs_error_max_ms, 0.0);
@@ -907,7 +773,7 @@ mod tests {
             .enumerate()
             .map(|(i, x)| rep(x, if i % 4 == 3 { 30 } else { 0 }, 3))
             .collect();
-        let f = assess(&c, &r, Options::default());
+        let f = assess(&c, &r, Options::default()).unwrap();
         assert!(f.load_reproduced);
         assert!(!f.schedule_reproduced);
         assert!((f.schedule.abs_error_p99_ms - 30.0).abs() < 1e-9);
@@ -926,7 +792,7 @@ mod tests {
         r[0].output_tokens = Some(25);
         r[1].outcome = Outcome::HttpError;
         r.pop();
-        let f = assess(&c, &r, Options::default());
+        let f = assess(&c, &r, Options::default()).unwrap();
         assert!(!f.load_reproduced);
         assert_eq!(f.only_captured, 1);
         assert_eq!(f.outcomes["ok"], (40, 38));
@@ -937,6 +803,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("output tokens"), "{text}");
+        // r0: 25 of 20 tokens, the others equal: per request ×1.25 once in 39.
+        let p = f.classes[0].output_tokens_paired.unwrap();
+        assert_eq!(p.n, 38);
+        assert!((p.ratio - 1.25f64.powf(1.0 / 38.0)).abs() < 1e-9, "{p:?}");
+        assert!(f.to_string().contains("paired per request ×1.01"), "{f}");
         assert!(text.contains("http_error 0 → 1"), "{text}");
     }
 
@@ -954,14 +825,30 @@ mod tests {
                 y
             })
             .collect();
-        let f = assess(&c, &r, Options { speedup: 2.0 });
+        let f = assess(
+            &c,
+            &r,
+            Options {
+                speedup: 2.0,
+                ..Options::default()
+            },
+        )
+        .unwrap();
         assert_eq!(f.schedule.abs_error_max_ms, 0.0);
         assert_eq!((f.schedule.sessions, f.schedule.sessions_in_order), (5, 5));
         // Swap two turns of session s0 (r0 and r5).
         let (a, b) = (r[0].scheduled_offset_us, r[5].scheduled_offset_us);
         r[0].scheduled_offset_us = b;
         r[5].scheduled_offset_us = a;
-        let f = assess(&c, &r, Options { speedup: 2.0 });
+        let f = assess(
+            &c,
+            &r,
+            Options {
+                speedup: 2.0,
+                ..Options::default()
+            },
+        )
+        .unwrap();
         assert_eq!(f.schedule.sessions_in_order, 4);
         assert!(!f.schedule_reproduced);
     }
@@ -999,7 +886,7 @@ mod tests {
             x.chunk_times_us.iter_mut().for_each(|t| *t += 2_000_000);
             x.e2el_us = x.e2el_us.map(|t| t + 2_000_000);
         }
-        let f = assess(&c, &r, Options::default());
+        let f = assess(&c, &r, Options::default()).unwrap();
         eprintln!("{f}");
         let text = f.verdict.join("\n");
         // Side by side, and per request.
@@ -1037,7 +924,7 @@ mod tests {
         // doing, and the load (what the server was asked to do) differs.
         let mut r: Vec<_> = c.iter().map(|x| rep(x, 0, 1)).collect();
         r[5] = rep(&cap("r5", 500, 55, 10, 20), 0, 1);
-        let f = assess(&c, &r, Options::default());
+        let f = assess(&c, &r, Options::default()).unwrap();
         let text = f.verdict.join("\n");
         assert_eq!(
             f.outcome_changes,
@@ -1060,7 +947,7 @@ mod tests {
     fn ks_marks_a_drift_only_beyond_chance_and_with_a_decile_moved() {
         let tight: Vec<f64> = (0..40).map(|i| 21.0 + f64::from(i % 8) * 0.1).collect();
         let shifted: Vec<f64> = tight.iter().map(|v| v * 1.01).collect();
-        let l = latency("tpot", tight.clone(), shifted);
+        let l = latency("tpot", tight.clone(), shifted, None);
         assert!(l.ks > KS_TOL, "{}", l.ks);
         assert!(l.reproduced, "KS {} over every decile within 1%", l.ks);
         let few: Vec<f64> = (0..10).map(f64::from).collect();
@@ -1069,6 +956,7 @@ mod tests {
             "e2el",
             few.iter().map(|v| v + 100.0).collect(),
             later.iter().map(|v| v + 100.0).collect(),
+            None,
         );
         assert!((l.ks - 0.5).abs() < 1e-9 && l.reproduced, "{}", l.ks);
         let cap: Vec<f64> = (0..200).map(|i| 100.0 + f64::from(i) / 20.0).collect();
@@ -1077,7 +965,7 @@ mod tests {
             .enumerate()
             .map(|(i, v)| if (40..110).contains(&i) { v * 1.2 } else { *v })
             .collect();
-        let l = latency("ttft", cap, rep);
+        let l = latency("ttft", cap, rep, None);
         assert!(
             l.quantiles.iter().all(|q| within_tol(q.3)),
             "{:?}",
@@ -1088,6 +976,262 @@ mod tests {
             "KS {}: a third of the requests 20% slower",
             l.ks
         );
+    }
+
+    /// Scales every timing of `r` (TTFT, chunks, E2EL) by `k`, or only prefill (TTFT, and
+    /// the chunks and E2EL moved by as much) with `prefill_only`.
+    fn scaled(r: &TraceRecord, k: f64, prefill_only: bool) -> TraceRecord {
+        let mut x = r.clone();
+        let t = x.ttft_us.unwrap_or(0) as f64;
+        let shift = (t * (k - 1.0)) as i64;
+        let f = |v: i64| {
+            if prefill_only {
+                v + shift
+            } else {
+                (v as f64 * k) as i64
+            }
+        };
+        x.ttft_us = x.ttft_us.map(f);
+        x.chunk_times_us = x.chunk_times_us.iter().map(|v| f(*v)).collect();
+        x.e2el_us = x.e2el_us.map(f);
+        x
+    }
+
+    /// Two unrelated files: "0 in both" gave a dozen "load differs" lines and exit 0. Now
+    /// refused, as is a noise run that shares nothing with the capture.
+    #[test]
+    fn two_inputs_with_no_request_in_common_are_refused() {
+        let c = trace();
+        let other: Vec<_> = (0..5)
+            .map(|i| cap(&format!("x{i}"), i * 100, 50, 10, 20))
+            .collect();
+        let e = assess(&c, &other, Options::default()).unwrap_err();
+        assert_eq!(
+            e,
+            FidelityError::NothingInCommon {
+                captured: 40,
+                replayed: 5
+            }
+        );
+        assert!(e.to_string().contains("no request id in common"), "{e}");
+        let r: Vec<_> = c.iter().map(|x| rep(x, 0, 1)).collect();
+        let opts = Options {
+            noise: Some(&other),
+            ..Options::default()
+        };
+        assert_eq!(
+            assess(&c, &r, opts).unwrap_err(),
+            FidelityError::NoiseNothingInCommon(5)
+        );
+    }
+
+    /// With `--record-bodies hashes`, two captured 400s (empty `messages`) have no body; the
+    /// replay synthesizes a valid prompt and gets 200. That is the replay's change: it was
+    /// put on the server ("the replay sent them as captured").
+    #[test]
+    fn a_captured_4xx_replayed_with_a_synthesized_prompt_is_the_replays_change() {
+        let mut c = trace();
+        for i in [3, 4] {
+            fail(&mut c[i], Outcome::HttpError, Some(400));
+        }
+        let r: Vec<_> = trace().iter().map(|x| rep(x, 0, 1)).collect();
+        let f = assess(&c, &r, Options::default()).unwrap();
+        let text = f.verdict.join("\n");
+        assert_eq!(f.replay_changed, vec!["r3".to_string(), "r4".to_string()]);
+        assert!(f.outcome_changes.is_empty(), "{:?}", f.outcome_changes);
+        assert!(
+            text.contains("The replay changed 2 request(s) (r3, r4)"),
+            "{text}"
+        );
+        assert!(!text.contains("The server answered differently"), "{text}");
+        assert!(!text.contains("server's doing"), "{text}");
+        assert!(!f.load_reproduced);
+        // With the body recorded, the replay sent the captured request: the server's answer.
+        for i in [3, 4] {
+            c[i].body = Some(r#"{"messages":[]}"#.into());
+        }
+        let f = assess(&c, &r, Options::default()).unwrap();
+        let text = f.verdict.join("\n");
+        assert!(f.replay_changed.is_empty());
+        assert!(text.contains("The server answered differently"), "{text}");
+    }
+
+    /// A row the replay skipped (it printed why) was put on "a window, a sample or
+    /// --max-requests". With the replay's result document the verdict carries its reason;
+    /// without it, the verdict names no cause it cannot know.
+    #[test]
+    fn a_skipped_row_carries_the_replays_own_reason() {
+        let c = trace();
+        let r: Vec<_> = c
+            .iter()
+            .filter(|x| x.request_id != "r7")
+            .map(|x| rep(x, 0, 1))
+            .collect();
+        let run = ReplayRun {
+            rows: 40,
+            selected_rows: 40,
+            skipped_rows: 1,
+            skipped: vec![("r7".into(), "request r7: body is not JSON".into())],
+        };
+        let opts = Options {
+            replay_run: Some(&run),
+            ..Options::default()
+        };
+        let text = assess(&c, &r, opts).unwrap().verdict.join("\n");
+        assert!(
+            text.contains(
+                "1 of 40 captured requests were not replayed: 1 the replay could not build and \
+                 skipped (r7: request r7: body is not JSON)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("--max-requests"), "{text}");
+        let text = assess(&c, &r, Options::default())
+            .unwrap()
+            .verdict
+            .join("\n");
+        assert!(text.contains("--replay-result"), "{text}");
+        assert!(!text.contains("selects fewer"), "{text}");
+        // A window left out the rest: said so, from the document.
+        let run = ReplayRun {
+            rows: 40,
+            selected_rows: 39,
+            ..ReplayRun::default()
+        };
+        let opts = Options {
+            replay_run: Some(&run),
+            ..Options::default()
+        };
+        let text = assess(&c, &r, opts).unwrap().verdict.join("\n");
+        assert!(text.contains("1 not selected (a window"), "{text}");
+    }
+
+    /// A replay whose prefill was *faster* (TTFT ×0.5, decoding held) was explained as "a
+    /// prefix cache warm in production and cold in the replay".
+    #[test]
+    fn the_explanation_follows_the_direction_of_the_change() {
+        let c = trace();
+        let faster: Vec<_> = c.iter().map(|x| scaled(x, 0.5, true)).collect();
+        let f = assess(&c, &faster, Options::default()).unwrap();
+        let text = f.verdict.join("\n");
+        assert!(text.contains("prefill is faster in the replay"), "{text}");
+        assert!(text.contains("warm in the replay"), "{text}");
+        assert!(!text.contains("warm in production"), "{text}");
+        let slower: Vec<_> = c.iter().map(|x| scaled(x, 2.0, true)).collect();
+        let text = assess(&c, &slower, Options::default())
+            .unwrap()
+            .verdict
+            .join("\n");
+        assert!(text.contains("prefill is slower in the replay"), "{text}");
+        assert!(
+            text.contains("warm in production and cold in the replay"),
+            "{text}"
+        );
+        let all_faster: Vec<_> = c.iter().map(|x| scaled(x, 0.6, false)).collect();
+        let text = assess(&c, &all_faster, Options::default())
+            .unwrap()
+            .verdict
+            .join("\n");
+        assert!(
+            text.contains("The latencies drift, faster in the replay"),
+            "{text}"
+        );
+    }
+
+    /// The engine's own noise: a replay ×1.35 slower than the capture while a second replay
+    /// of the same requests was ×1.35 apart from it reads "within the engine's own noise" and
+    /// reproduces; without the noise run it drifts; a server ×1.8 slower whose two replays
+    /// agree within 3% drifts, on the server.
+    #[test]
+    fn a_difference_within_the_engines_own_noise_is_not_a_drift() {
+        let c = trace();
+        // Per-request jitter of ±3% around each run's shift.
+        let run = |k: f64| -> Vec<TraceRecord> {
+            c.iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let mut y = scaled(
+                        &rep(x, 0, 1),
+                        k * (1.0 + 0.03 * ((i % 3) as f64 - 1.0)),
+                        false,
+                    );
+                    y.output_tokens = x.output_tokens;
+                    y
+                })
+                .collect()
+        };
+        // This replay ×1.35 slower than the capture; another replay of it read the capture's
+        // own times: the engine moves that far between runs.
+        let (replay, noise) = (run(1.35), run(1.0));
+        let f = assess(&c, &replay, Options::default()).unwrap();
+        assert!(!f.latencies_reproduced, "{f}");
+        let opts = Options {
+            noise: Some(&noise),
+            ..Options::default()
+        };
+        let f = assess(&c, &replay, opts).unwrap();
+        let text = f.verdict.join("\n");
+        assert_eq!(f.noise_matched, Some(40));
+        assert!(f.latencies_reproduced, "{f}");
+        assert!(
+            text.starts_with("The replay reproduces the capture"),
+            "{text}"
+        );
+        assert!(text.contains("within the engine's own noise"), "{text}");
+        let e2el = f.classes[0]
+            .latencies
+            .iter()
+            .find(|l| l.metric == "e2el")
+            .unwrap();
+        assert_eq!(e2el.status, Status::WithinNoise);
+        let p = e2el.paired.unwrap();
+        assert!(p.ci.0 < 1.35 && 1.35 < p.ci.1 * 1.01, "{p:?}");
+        assert!(f.to_string().contains("[within noise]"), "{f}");
+        assert!(!text.contains("The noise run is far"), "{text}");
+        // A "noise run" against a server 4× faster makes everything noise: said so.
+        let other_server = run(0.3);
+        let opts = Options {
+            noise: Some(&other_server),
+            ..Options::default()
+        };
+        let text = assess(&c, &replay, opts).unwrap().verdict.join("\n");
+        assert!(
+            text.contains("The noise run is far from the replay"),
+            "{text}"
+        );
+
+        // A server ×1.8 slower, whose two runs agree within 3%: a drift.
+        let (slow, quiet) = (run(1.8), run(1.75));
+        let opts = Options {
+            noise: Some(&quiet),
+            ..Options::default()
+        };
+        let f = assess(&c, &slow, opts).unwrap();
+        let text = f.verdict.join("\n");
+        assert!(!f.latencies_reproduced, "{f}");
+        assert!(
+            text.contains(
+                "The latencies drift, slower in the replay, beyond the engine's own noise"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("the server itself differs"), "{text}");
+    }
+
+    /// The first request sent 12 ms late (a first connection on a busy machine), the rest on
+    /// time: measured from the first request's *send*, the other 39 all read 12 ms early and
+    /// the schedule "drifted" (p99 12 ms over a 10 ms bound; an A/A against the same sim
+    /// exited 5 with --fail-on-drift). From its scheduled instant, only it is late.
+    #[test]
+    fn the_first_requests_own_lateness_does_not_shift_the_others() {
+        let c = trace();
+        let mut r: Vec<_> = c.iter().map(|x| rep(x, 0, 1)).collect();
+        r[0].dispatch_lag_us = Some(12_000);
+        let f = assess(&c, &r, Options::default()).unwrap();
+        assert_eq!(f.schedule.error_median_ms, 0.0, "{f}");
+        assert_eq!(f.schedule.abs_error_max_ms, 12.0, "{f}");
+        assert!(f.schedule.abs_error_p99_ms < f.schedule.bound_ms, "{f}");
+        assert!(f.schedule_reproduced && f.load_reproduced, "{f}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use trace_format::stats::percentile;
+use trace_format::cause::Cause;
 use trace_format::{Outcome, TraceRecord};
 
 use replay::metrics::{itl_gaps_ms, tpot_ms, ttft_ms};
@@ -365,14 +366,19 @@ fn pair_up<'a>(
     pairs
 }
 
-/// Whether the replay, not the server, changed what was sent for this pair: the captured
-/// request has no recorded body (so the replay synthesized a prompt in its place) and the
-/// server refused it as a client error (4xx: e.g. empty `messages`), while the replay's
-/// synthesized request was answered otherwise.
+/// Whether the replay, not the server, changed what was sent for this pair: the outcome
+/// taxonomy's [`Cause::Replay`] (the capture had a client error, a 4xx such as empty
+/// `messages`, and the replay synthesized the body in place of the one it did not record).
+/// Result rows written before schema 1.2 do not say what the replay synthesized; for them the
+/// same rule is read off the captured row: no recorded body, a client error, and a replayed
+/// outcome that differs.
 fn replay_changed(c: &TraceRecord, r: &TraceRecord) -> bool {
-    let client_error = |x: &TraceRecord| x.status.is_some_and(|s| (400..500).contains(&s));
+    if r.synthesized_body.is_some() {
+        return Cause::of(r) == Cause::Replay;
+    }
     c.body.is_none()
-        && client_error(c)
+        && c.outcome != Outcome::ClientCancelled
+        && Cause::of_captured(c) == Cause::Client
         && (c.outcome != r.outcome || c.status != r.status)
         && r.outcome != Outcome::ClientCancelled
 }

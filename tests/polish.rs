@@ -149,7 +149,7 @@ fn capture_with_its_upstream_down_warns_and_is_not_ready_until_it_is_up() {
         warning.contains(&up_addr.to_string()) && warning.contains("is unreachable"),
         "{warning}"
     );
-    cap.wait_for("listening on");
+    // The admin listener is bound before the check starts.
     assert_eq!(http_get(admin, "/healthz").unwrap().0, 200);
     let (status, body) = http_get(admin, "/readyz").unwrap();
     assert_eq!(status, 503, "{body}");

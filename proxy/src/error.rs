@@ -52,6 +52,9 @@ impl From<std::io::Error> for ProxyError {
     }
 }
 
+/// Result with [`ProxyError`].
+pub type Result<T, E = ProxyError> = std::result::Result<T, E>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +72,3 @@ mod tests {
         }
     }
 }
-
-/// Result with [`ProxyError`].
-pub type Result<T, E = ProxyError> = std::result::Result<T, E>;

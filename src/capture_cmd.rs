@@ -52,7 +52,8 @@ pub struct CaptureArgs {
     /// run are uploaded at the next start.
     #[arg(long)]
     spool_dir: Option<PathBuf>,
-    /// Admin listener for /metrics and /healthz.
+    /// Admin listener for /metrics, /healthz (liveness: 200 while capture serves) and
+    /// /readyz (readiness: also 503 while the upstream is unreachable).
     #[arg(long, default_value = "127.0.0.1:9464")]
     admin: SocketAddr,
     /// No admin listener.
@@ -102,6 +103,12 @@ pub struct CaptureArgs {
     /// Longest TCP (and TLS) connect to the upstream (then 502).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     connect_timeout: Duration,
+    /// How often the upstream's reachability is checked while it answers (a TCP connection
+    /// to its host and port; every 1 s while it does not, and at once after a request could
+    /// not connect); 0 turns the checks off. An unreachable upstream does not stop capture:
+    /// it is logged, /readyz answers 503 and llmreplay_capture_upstream_up is 0 meanwhile.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    upstream_check_interval: Duration,
     /// Longest an upstream keep-alive connection waits idle for its next request; keep it
     /// below the upstream's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s).
     #[arg(long, value_parser = parse_duration, default_value = "4s")]
@@ -157,9 +164,10 @@ pub struct CaptureArgs {
     #[arg(long)]
     session_header: Option<String>,
     /// Threads serving connections (default: one per core; the trace writer and prompt
-    /// tokenizing have their own). As nginx's workers with `reuseport`: each thread has its
-    /// own listener on the port (SO_REUSEPORT; the kernel spreads new connections over them)
-    /// and serves its connections to their end, so no work moves between threads.
+    /// tokenizing have their own). They accept from one shared listening socket (no
+    /// SO_REUSEPORT: a new connection goes to whichever thread is free first, and no other
+    /// process can bind the port), and each serves its connections to their end with its own
+    /// upstream pool, so no work moves between threads.
     #[arg(long, env = "LLMREPLAY_CAPTURE_THREADS")]
     threads: Option<usize>,
     /// Diagnostic: write each generation request's phase stamps (accept, head read, upstream
@@ -267,6 +275,8 @@ impl CaptureArgs {
         c.upstream_timeout = self.upstream_timeout;
         c.upstream_connect_timeout = self.connect_timeout;
         c.upstream_pool_idle_timeout = self.pool_idle_timeout;
+        c.upstream_check_interval =
+            (!self.upstream_check_interval.is_zero()).then_some(self.upstream_check_interval);
         c.idle_timeout = self.idle_timeout;
         c.max_request_body = self.max_request_body_mb * 1024 * 1024;
         c.client = proxy::ClientLimits {
@@ -348,7 +358,9 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
             handle.url(tls),
             handle
                 .admin_addr()
-                .map_or(String::new(), |a| format!(" (admin http://{a}/metrics)")),
+                .map_or(String::new(), |a| format!(
+                    " (admin http://{a}/metrics, /healthz, /readyz)"
+                )),
             if uploading {
                 format!("{dest} (spooled in {})", out.display())
             } else {

@@ -45,7 +45,9 @@ pub(crate) struct ReplayArgs {
     traces: Vec<String>,
     /// Target base URL, `URL` or `NAME=URL`; repeat to replay the same schedule against each in turn.
     /// Without one, an in-process sim is the target. `--base-url` is `vllm bench serve`'s name
-    /// for it: the server's base URL without the endpoint path (a trailing /v1 is dropped).
+    /// for it: the server's base URL without the endpoint path (a trailing /v1 is dropped; a
+    /// URL naming an endpoint, such as .../v1/chat/completions, is refused with its base URL;
+    /// any other path is a prefix, e.g. a gateway's).
     #[arg(long = "target", visible_alias = "base-url")]
     targets: Vec<Target>,
     /// Replay speed: 2.0 = twice as fast, 0.5 = half.
@@ -209,8 +211,9 @@ pub(crate) struct ReplayArgs {
     /// Sweeps, repeats and the capacity answer.
     #[command(flatten)]
     capacity: crate::report_cmd::SweepArgs,
-    /// The in-process sim used when no --target is given.
-    #[command(flatten)]
+    /// The in-process sim used when no --target is given: its flags under their own
+    /// heading, as they do nothing with a --target (given with one, they are refused).
+    #[command(flatten, next_help_heading = "In-process sim (only without --target)")]
     pub(crate) sim: SimOpts,
 }
 

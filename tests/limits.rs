@@ -373,24 +373,30 @@ fn huge_event_upstream(
     let t = std::thread::spawn(move || {
         l.set_nonblocking(true).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut s = loop {
-            match l.accept() {
-                Ok((s, _)) => break s,
-                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+        // The first connection that sends a request: capture's reachability check connects
+        // and closes without one.
+        let mut s = 'accept: loop {
+            let mut s = match l.accept() {
+                Ok((s, _)) => s,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
                 Err(_) => return,
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut req = Vec::new();
+            let mut b = [0u8; 4096];
+            // Head and a short body: read until the JSON closes.
+            while !(req.windows(4).any(|w| w == b"\r\n\r\n") && req.ends_with(b"}")) {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => continue 'accept,
+                    Ok(n) => req.extend_from_slice(&b[..n]),
+                }
             }
+            break s;
         };
-        s.set_nonblocking(false).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut req = Vec::new();
-        let mut b = [0u8; 4096];
-        // Head and a short body: read until the JSON closes.
-        while !(req.windows(4).any(|w| w == b"\r\n\r\n") && req.ends_with(b"}")) {
-            match s.read(&mut b) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => req.extend_from_slice(&b[..n]),
-            }
-        }
         let _ = s.write_all(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
         );

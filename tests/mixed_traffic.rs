@@ -361,7 +361,7 @@ fn replay_ttft_is_the_first_content_chunk_not_the_role_chunk() {
         problems.push(format!("median_tpot_ms {median_tpot}, want < 40 (~5)"));
     }
     let cov = run.ours("metric_requests");
-    let want = serde_json::json!({"ttft": 4, "tpot": 4, "itl": 4, "e2el": 4, "not_streamed": 0});
+    let want = serde_json::json!({"ttft": 4, "tpot": 4, "itl": 4, "e2el": 4, "not_streamed": 0, "single_token": 0});
     if *cov != want {
         problems.push(format!("llmreplay.metric_requests {cov}, want {want}"));
     }
@@ -660,7 +660,7 @@ fn replay_mixed_traffic_not_streamed_requests_have_no_ttft() {
         let cov = run.ours("metric_requests");
         let want = serde_json::json!({
             "ttft": n_stream, "tpot": n_stream, "itl": n_stream,
-            "e2el": reqs.len(), "not_streamed": n_whole
+            "e2el": reqs.len(), "not_streamed": n_whole, "single_token": 0
         });
         if *cov != want {
             problems.push(format!(

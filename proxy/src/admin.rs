@@ -1,6 +1,7 @@
-//! The admin endpoints: `/metrics` (Prometheus text) and `/healthz` (503 while draining or
-//! for 2 s after the proxy listener failed an accept). The admin listener's accept loop is
-//! in [`crate::server`].
+//! The admin endpoints: `/metrics` (Prometheus text), `/healthz` (liveness: 503 while
+//! draining or for 2 s after the proxy listener failed an accept) and `/readyz` (readiness:
+//! as `/healthz`, and 503 while the upstream is unreachable, see [`crate::reach`]). The admin
+//! listener's accept loop is in [`crate::server`].
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -20,17 +21,21 @@ pub(crate) fn admin_response(shared: &Shared, path: &str, now_us: i64) -> Respon
             "text/plain; version=0.0.4",
             shared.metrics.render(),
         ),
-        "/healthz" if shared.draining.load(Relaxed) => (
+        "/healthz" | "/readyz" if shared.draining.load(Relaxed) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
             "draining\n".into(),
         ),
-        "/healthz" if saturated => (
+        "/healthz" | "/readyz" if saturated => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
             "saturated: the proxy listener failed to accept in the last 2 s (out of descriptors?)\n"
                 .into(),
         ),
+        "/readyz" => match shared.forward.reach().not_ready() {
+            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", why + "\n"),
+            None => (StatusCode::OK, "text/plain", "ready\n".into()),
+        },
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     };

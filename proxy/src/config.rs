@@ -82,7 +82,7 @@ impl Default for ClientLimits {
 pub struct ProxyConfig {
     /// Address to listen on (port 0 picks one).
     pub listen: SocketAddr,
-    /// Admin listener for `/metrics` and `/healthz` (`None`: no admin listener).
+    /// Admin listener for `/metrics`, `/healthz` and `/readyz` (`None`: no admin listener).
     pub admin: Option<SocketAddr>,
     /// Upstream base URL, `http://` or `https://`, optionally with a path prefix.
     pub upstream: String,
@@ -114,6 +114,11 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// Longest TCP (and TLS) connect to the upstream (then 502).
     pub upstream_connect_timeout: Duration,
+    /// How often the upstream's reachability is checked while it answers (a TCP connection
+    /// to its host and port; every second while it does not, and at once after a request
+    /// could not connect): the gauge `llmreplay_capture_upstream_up`, `/readyz`, and a line
+    /// in the log at each change. `None`: not checked (no gauge; `/readyz` as `/healthz`).
+    pub upstream_check_interval: Option<Duration>,
     /// Longest an upstream keep-alive connection waits idle for reuse: below the upstream's
     /// own keep-alive timeout (uvicorn's is 5 s), so no request is written to a connection
     /// in the instant the upstream closes it.
@@ -176,6 +181,7 @@ impl ProxyConfig {
             upstream_timeout: Duration::from_secs(600),
             upstream_connect_timeout: Duration::from_secs(10),
             upstream_pool_idle_timeout: Duration::from_secs(4),
+            upstream_check_interval: None,
             idle_timeout: Duration::from_secs(600),
             max_request_body: 64 * 1024 * 1024,
             client: ClientLimits::default(),

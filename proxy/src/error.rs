@@ -28,15 +28,47 @@ pub enum ProxyError {
         reason: String,
     },
     /// The trace writer failed (opening the directory, recovering journals, closing files).
+    /// The cause is in the message, so not also a `source` (a chain printer such as
+    /// anyhow's would print it twice).
     #[error("trace writer: {0}")]
-    Trace(#[from] trace_format::Error),
+    Trace(trace_format::Error),
     /// The writer thread died.
     #[error("trace writer thread: {0}")]
     WriterThread(String),
-    /// Other I/O error.
+    /// Other I/O error (in the message, not also a `source`).
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<trace_format::Error> for ProxyError {
+    fn from(e: trace_format::Error) -> Self {
+        ProxyError::Trace(e)
+    }
+}
+
+impl From<std::io::Error> for ProxyError {
+    fn from(e: std::io::Error) -> Self {
+        ProxyError::Io(e)
+    }
 }
 
 /// Result with [`ProxyError`].
 pub type Result<T, E = ProxyError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 39, polish: `capture --out afile` printed "afile: File exists" twice, once from
+    /// the message and once from the `source` that anyhow's `{:#}` adds.
+    #[test]
+    fn no_error_repeats_its_cause_as_a_source() {
+        let exists = || std::io::Error::from(std::io::ErrorKind::AlreadyExists);
+        for e in [
+            ProxyError::from(trace_format::Error::io("afile", exists())),
+            ProxyError::from(exists()),
+        ] {
+            assert!(std::error::Error::source(&e).is_none(), "{e}");
+        }
+    }
+}

@@ -25,10 +25,12 @@ use trace_format::Outcome;
 use crate::config::ProxyConfig;
 use crate::error::{ProxyError, Result};
 use crate::limits::TimedBody;
+use crate::metrics::Metrics;
 use crate::phases::Phases;
+use crate::reach::Reach;
 use crate::record::UpstreamBody;
 use crate::tls;
-use crate::upstream::LeanUpstream;
+use crate::upstream::{LeanUpstream, SendError};
 
 /// The body of a request to the upstream: a generation request's, read whole, or a
 /// pass-through request's, streamed under the client's body timeout.
@@ -142,11 +144,18 @@ pub(crate) struct Forward {
     lean: Option<Arc<LeanUpstream>>,
     /// How long to wait for the upstream's response head.
     timeout: Duration,
+    /// Whether the upstream can be reached (woken when a request could not connect).
+    reach: Arc<Reach>,
 }
 
 impl Forward {
-    /// The clients for `upstream` with the timeouts, CA and protocol of `cfg`.
-    pub(crate) fn new(upstream: Upstream, cfg: &ProxyConfig) -> Result<Forward> {
+    /// The clients for `upstream` with the timeouts, CA and protocol of `cfg`; its
+    /// reachability shows in `metrics` once checked ([`Forward::reach`]).
+    pub(crate) fn new(
+        upstream: Upstream,
+        cfg: &ProxyConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Forward> {
         let port = upstream.authority.port_u16().unwrap_or(
             if upstream.scheme == http::uri::Scheme::HTTPS {
                 443
@@ -154,11 +163,14 @@ impl Forward {
                 80
             },
         );
-        let dns = UpstreamDns(Arc::new(wire::Resolver::new(
-            upstream.authority.host(),
-            port,
-        )));
-        let client = build_client(cfg, dns)?;
+        let resolver = Arc::new(wire::Resolver::new(upstream.authority.host(), port));
+        let reach = Arc::new(Reach::new(
+            &cfg.upstream,
+            resolver.clone(),
+            cfg.upstream_connect_timeout,
+            metrics,
+        ));
+        let client = build_client(cfg, UpstreamDns(resolver))?;
         let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
             .then(|| LeanUpstream::new(&upstream.authority, cfg))
             .flatten()
@@ -168,7 +180,13 @@ impl Forward {
             client,
             lean,
             timeout: cfg.upstream_timeout,
+            reach,
         })
+    }
+
+    /// The upstream's reachability.
+    pub(crate) fn reach(&self) -> &Arc<Reach> {
+        &self.reach
     }
 
     /// The upstream's authority (host and port).
@@ -270,11 +288,16 @@ impl Forward {
         Some(
             match tokio::time::timeout(self.timeout, lean.send(&bytes, phases)).await {
                 Ok(Ok((parts, body))) => Ok((parts, UpstreamBody::Lean(body))),
-                Ok(Err(e)) => Err((
-                    Outcome::UpstreamError,
-                    StatusCode::BAD_GATEWAY,
-                    e.to_string(),
-                )),
+                Ok(Err(e)) => {
+                    if matches!(e, SendError::Connect(_)) {
+                        self.reach.connect_failed();
+                    }
+                    Err((
+                        Outcome::UpstreamError,
+                        StatusCode::BAD_GATEWAY,
+                        e.to_string(),
+                    ))
+                }
                 Err(_) => Err(self.header_timeout()),
             },
         )
@@ -298,6 +321,9 @@ impl Forward {
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => {
+                if e.is_connect() {
+                    self.reach.connect_failed();
+                }
                 let mut msg = e.to_string();
                 let mut src = std::error::Error::source(&e);
                 while let Some(s) = src {
@@ -374,7 +400,12 @@ mod tests {
             "http://127.0.0.1:9/base/",
             "/tmp/unused",
         );
-        let f = Forward::new(Upstream::parse(&cfg.upstream).unwrap(), &cfg).unwrap();
+        let f = Forward::new(
+            Upstream::parse(&cfg.upstream).unwrap(),
+            &cfg,
+            Arc::new(Metrics::default()),
+        )
+        .unwrap();
         let req = Request::builder()
             .method("POST")
             .uri("/v1/completions?x=1")

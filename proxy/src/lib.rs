@@ -33,6 +33,7 @@ pub mod observe;
 mod phases;
 pub mod prefix;
 mod prompts;
+mod reach;
 mod record;
 pub mod request;
 mod server;

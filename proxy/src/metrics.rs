@@ -128,6 +128,9 @@ pub struct Metrics {
     pub accept_errors: AtomicU64,
     /// SSE events larger than the bound, forwarded unobserved.
     pub sse_oversized_events: AtomicU64,
+    /// 1 while the last check reached the upstream, 0 while it did not (or before the first
+    /// check), -1 when it is not checked (no `upstream_check_interval`; not shown).
+    pub upstream_up: AtomicI64,
     /// Time to first chunk.
     pub ttft: Histogram,
     /// Gaps between consecutive chunks of successful streams.
@@ -166,6 +169,7 @@ impl Default for Metrics {
             client_body_timeouts: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             sse_oversized_events: AtomicU64::new(0),
+            upstream_up: AtomicI64::new(-1),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2el: Histogram::new(E2E_BUCKETS),
@@ -299,6 +303,13 @@ impl Metrics {
                 v.load(Relaxed)
             );
         }
+        let up = self.upstream_up.load(Relaxed);
+        if up >= 0 {
+            let _ = writeln!(
+                s,
+                "# HELP {p}_upstream_up 1 while the last check reached the upstream (a TCP connection to its host and port), else 0.\n# TYPE {p}_upstream_up gauge\n{p}_upstream_up {up}"
+            );
+        }
         let _ = writeln!(
             s,
             "# HELP {p}_client_timeouts_total Client connections closed by a client-side timeout, by phase.\n# TYPE {p}_client_timeouts_total counter"
@@ -404,5 +415,22 @@ mod tests {
         ] {
             assert!(s.lines().any(|l| l == line), "no {line:?} in\n{s}");
         }
+    }
+
+    /// The upstream gauge shows only while a checker sets it.
+    #[test]
+    fn renders_the_upstream_gauge_while_checked() {
+        let m = Metrics::default();
+        assert!(!m.render().contains("upstream_up"));
+        m.upstream_up.store(0, Relaxed);
+        let s = m.render();
+        assert!(
+            s.contains("# TYPE llmreplay_capture_upstream_up gauge\n"),
+            "{s}"
+        );
+        assert!(
+            s.lines().any(|l| l == "llmreplay_capture_upstream_up 0"),
+            "{s}"
+        );
     }
 }

@@ -156,7 +156,8 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         ))),
         None => None,
     };
-    let forward = Forward::new(upstream, &cfg)?;
+    let metrics = Arc::new(Metrics::default());
+    let forward = Forward::new(upstream, &cfg, metrics.clone())?;
 
     let bind_err = |cause| ProxyError::Bind {
         addr: cfg.listen,
@@ -180,7 +181,6 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     };
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
 
-    let metrics = Arc::new(Metrics::default());
     let mut meta = FileMeta::new(Producer::Capture, cfg.command.clone());
     meta.block_size = (cfg.record_bodies != RecordBodies::None).then_some(cfg.block_size);
     meta.extra
@@ -253,6 +253,10 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         hard,
         guard: conn_guard,
     };
+    if let Some(every) = shared.cfg.upstream_check_interval {
+        let reach = shared.forward.reach().clone();
+        tokio::spawn(reach.run(every, serving.hard.clone()));
+    }
     let mut threads = Vec::with_capacity(others.len());
     for (i, l) in others.into_iter().enumerate() {
         let (s, mut accepting) = (serving.clone(), accepting.clone());

@@ -39,6 +39,23 @@ impl FromStr for Target {
                 "target {s:?}: expected http://HOST:PORT or https://..., optionally NAME=URL"
             ));
         }
+        if let Some(base) = endpoint_base(&url) {
+            let named = if name.is_empty() {
+                String::new()
+            } else {
+                format!("{name}=")
+            };
+            return Err(format!(
+                "target {s:?} names an API endpoint; give the server's base URL instead: \
+                 --target {named}{base} (each request's own path, /v1/completions or \
+                 /v1/chat/completions, is added to it)"
+            ));
+        }
+        if url.contains(['?', '#']) {
+            return Err(format!(
+                "target {s:?}: a base URL takes no query string or fragment"
+            ));
+        }
         let name = if name.is_empty() {
             url.split("://").nth(1).unwrap_or(&url).to_string()
         } else {
@@ -46,6 +63,28 @@ impl FromStr for Target {
         };
         Ok(Target { name, url })
     }
+}
+
+/// The paths that end an OpenAI API endpoint: a target URL ending in one (with or without
+/// `/v1` before it) names an endpoint, not a server.
+const ENDPOINT_PATHS: &[&str] = &[
+    "/chat/completions",
+    "/completions",
+    "/models",
+    "/embeddings",
+    "/responses",
+];
+
+/// When `url` (no trailing `/`) ends in an API endpoint's path: the base URL before it (and
+/// before a `/v1` ahead of it). A path that is not an endpoint is a prefix, kept.
+fn endpoint_base(url: &str) -> Option<&str> {
+    let path_start = url.find("://").map_or(0, |i| i + 3);
+    let path = &url[path_start..];
+    let path = &path[path.find('/')?..];
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    let rest = ENDPOINT_PATHS.iter().find_map(|e| path.strip_suffix(e))?;
+    let rest = rest.strip_suffix("/v1").unwrap_or(rest);
+    Some(&url[..path_start + url[path_start..].find('/')? + rest.len()])
 }
 
 /// Which OpenAI endpoint a built request (a row without a body) goes to.
@@ -649,6 +688,35 @@ mod tests {
         let t: Target = "awq=https://h:1".parse().unwrap();
         assert_eq!((t.name.as_str(), t.url.as_str()), ("awq", "https://h:1"));
         assert!("localhost:8000".parse::<Target>().is_err());
+        // A path that is not an endpoint is a prefix (a gateway's), kept.
+        let t: Target = "https://gw.example.com/team-a/v1".parse().unwrap();
+        assert_eq!(t.url, "https://gw.example.com/team-a");
+    }
+
+    /// Issue 39, finding 5: an endpoint URL as --target passed the probe, then every request
+    /// went to `/v1/chat/completions/v1/chat/completions` (404).
+    #[test]
+    fn a_target_naming_an_endpoint_is_refused_with_its_base_url() {
+        for (given, base) in [
+            (
+                "http://127.0.0.1:18001/v1/chat/completions",
+                "--target http://127.0.0.1:18001 ",
+            ),
+            (
+                "vllm=http://h:8000/v1/completions/",
+                "--target vllm=http://h:8000 ",
+            ),
+            (
+                "https://gw.example.com/team-a/v1/models",
+                "--target https://gw.example.com/team-a ",
+            ),
+            ("http://h:8000/chat/completions", "--target http://h:8000 "),
+        ] {
+            let e = given.parse::<Target>().unwrap_err();
+            assert!(e.contains("base URL") && e.contains(base), "{given}: {e}");
+        }
+        let e = "http://h:8000/?model=x".parse::<Target>().unwrap_err();
+        assert!(e.contains("query"), "{e}");
     }
 
     #[test]

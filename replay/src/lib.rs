@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod config;
+pub mod coverage;
 pub mod cpu;
 pub mod error;
 pub mod feed;

@@ -95,21 +95,7 @@ pub struct Metrics {
     pub output_token_sources: BTreeMap<String, usize>,
 }
 
-/// How many completed requests each latency metric covers: TTFT, ITL and TPOT exist only for
-/// streamed requests; E2EL, throughput and goodput count every one.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Coverage {
-    /// Completed streamed requests with a first output chunk.
-    pub ttft: usize,
-    /// Completed streamed requests with more than one output token.
-    pub tpot: usize,
-    /// Completed streamed requests with two or more output chunks (one gap or more).
-    pub itl: usize,
-    /// Completed requests with an end time.
-    pub e2el: usize,
-    /// Completed requests that were not streamed (in E2EL, throughput and goodput only).
-    pub not_streamed: usize,
-}
+pub use crate::coverage::Coverage;
 
 /// The latencies of one class of request: one endpoint, streamed or not.
 #[derive(Debug, Clone, Serialize)]
@@ -229,6 +215,7 @@ pub struct MetricsBuilder {
     requests: usize,
     completed: usize,
     streamed_ok: usize,
+    single_token: usize,
     itl_requests: usize,
     end_us: i64,
     total_input_tokens: i64,
@@ -265,6 +252,7 @@ impl MetricsBuilder {
             requests: 0,
             completed: 0,
             streamed_ok: 0,
+            single_token: 0,
             itl_requests: 0,
             end_us: run_start_us,
             total_input_tokens: 0,
@@ -347,6 +335,9 @@ impl MetricsBuilder {
             return;
         }
         self.streamed_ok += 1;
+        if r.output_tokens.is_some_and(|n| n <= 1) {
+            self.single_token += 1;
+        }
         if let Some(t) = ttft_ms(r) {
             self.ttft.add(t);
         }
@@ -438,6 +429,7 @@ impl MetricsBuilder {
                 itl: self.itl_requests,
                 e2el: self.e2el.len(),
                 not_streamed: self.completed - self.streamed_ok,
+                single_token: self.single_token,
             },
             itl_per_token: self.have_tokens.then(|| summary(&self.itl_tok, p)),
             slo_attainment: good.map(|g| match self.causes.asked() {
@@ -931,7 +923,8 @@ mod tests {
                 tpot: 1,
                 itl: 1,
                 e2el: 2,
-                not_streamed: 1
+                not_streamed: 1,
+                single_token: 0
             }
         );
         assert_eq!(m.total_output_tokens, 54);
@@ -939,6 +932,21 @@ mod tests {
         assert!(meets_slos(&whole, &slos));
         assert!(!meets_slos(&whole, &["e2el:500".parse().unwrap()]));
         assert!((m.slo_attainment.unwrap() - 1.0).abs() < 1e-9);
+    }
+
+    /// A streamed request with one output token is in TTFT and E2EL, not TPOT, and the
+    /// coverage says why.
+    #[test]
+    fn single_token_streams_are_counted_apart() {
+        let m = compute(&[ok(0, &[100], 1), ok(0, &[100, 120], 2)], 0, &[], &[50.0]);
+        assert_eq!((m.coverage.tpot, m.coverage.single_token), (1, 1));
+        assert_eq!(
+            m.coverage.left_out("tpot", m.completed),
+            vec![(
+                1,
+                "with a single output token: no time per token after the first"
+            )]
+        );
     }
 
     #[test]

@@ -17,6 +17,40 @@ pub struct TargetInfo {
     pub version: Option<serde_json::Value>,
 }
 
+impl TargetInfo {
+    /// The version as a reader wants it: `0.11.0` for vLLM's `{"version":"0.11.0"}`, with
+    /// any other plain fields after it (`0.11.0 (commit abc)`); a body of another shape as
+    /// compact JSON.
+    pub fn version_text(&self) -> Option<String> {
+        use serde_json::Value;
+        let v = self.version.as_ref()?;
+        let plain = |v: &Value| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
+            _ => None,
+        };
+        if let Some(s) = plain(v) {
+            return Some(s);
+        }
+        let Some(m) = v.as_object() else {
+            return Some(v.to_string());
+        };
+        let Some(version) = m.get("version").and_then(plain) else {
+            return Some(v.to_string());
+        };
+        let rest: Vec<String> = m
+            .iter()
+            .filter(|(k, _)| k.as_str() != "version")
+            .map(|(k, x)| format!("{k} {}", plain(x).unwrap_or_else(|| x.to_string())))
+            .collect();
+        Some(if rest.is_empty() {
+            version
+        } else {
+            format!("{version} ({})", rest.join(", "))
+        })
+    }
+}
+
 /// The client's own resource use during the run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ClientLoad {
@@ -79,4 +113,30 @@ pub struct RunOutput {
     /// Soak passes the rows came from (1 + the largest `~k` request-id suffix; see
     /// [`crate::soak::passes_replayed`]); 0 for a run assembled elsewhere.
     pub passes: usize,
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::TargetInfo;
+
+    fn text(body: &str) -> Option<String> {
+        TargetInfo {
+            models: vec![],
+            version: serde_json::from_str(body).ok(),
+        }
+        .version_text()
+    }
+
+    /// Issue 39, polish: the console printed `Target version: {"version":"0.11.0"}`.
+    #[test]
+    fn the_version_prints_as_text_not_json() {
+        assert_eq!(text(r#"{"version":"0.11.0"}"#).as_deref(), Some("0.11.0"));
+        assert_eq!(
+            text(r#"{"version":"0.5.1","commit":"abc"}"#).as_deref(),
+            Some("0.5.1 (commit abc)")
+        );
+        assert_eq!(text(r#""1.2""#).as_deref(), Some("1.2"));
+        assert_eq!(text(r#"{"v":[1]}"#).as_deref(), Some(r#"{"v":[1]}"#));
+        assert_eq!(text("not json"), None);
+    }
 }

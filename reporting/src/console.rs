@@ -46,7 +46,7 @@ pub fn console_report(i: &ResultInputs) -> String {
         format!("{} ({})", run.target.name, run.target.url),
     );
     line(&mut out, "Model:", &run.model);
-    if let Some(v) = &run.target_info.version {
+    if let Some(v) = run.target_info.version_text() {
         line(&mut out, "Target version:", v);
     }
     line(
@@ -185,18 +185,20 @@ pub fn console_report(i: &ResultInputs) -> String {
         };
         section(&mut out, title);
         let c = &m.coverage;
-        let (covered, streamed_only) = match pm.key() {
-            "ttft" => (c.ttft, true),
-            "tpot" => (c.tpot, true),
-            "itl" => (c.itl, true),
-            _ => (c.e2el, false),
+        let covered = match pm.key() {
+            "ttft" => c.ttft,
+            "tpot" => c.tpot,
+            "itl" => c.itl,
+            _ => c.e2el,
         };
         let mut txt = format!("{covered} of {}", m.completed);
-        if streamed_only && c.not_streamed > 0 {
-            txt.push_str(&format!(
-                " ({} not streamed: {name} does not apply)",
-                c.not_streamed
-            ));
+        let why: Vec<String> = c
+            .left_out(pm.key(), m.completed)
+            .iter()
+            .map(|(n, why)| format!("{n} {why}"))
+            .collect();
+        if !why.is_empty() {
+            txt.push_str(&format!(" ({})", why.join("; ")));
         }
         line(&mut out, &format!("Requests in {name}:"), txt);
         if covered == 0 {

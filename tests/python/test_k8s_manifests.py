@@ -14,7 +14,7 @@
   directory, the target a local `llmreplay sim`, and all N shards start together; the merge
   Job's command then merges exactly what they wrote, every request counted once.
 * The capture sidecar: ports, probes and drain timing are consistent (Service -> --listen,
-  readiness probe -> --admin /healthz, --upstream -> the serving container's port, preStop +
+  readiness probe -> --admin /readyz, --upstream -> the serving container's port, preStop +
   --drain-timeout within the grace period), and the container's command line starts, becomes
   ready, records a request sent through it, and exits 0 on SIGTERM with a Parquet file.
 
@@ -533,7 +533,8 @@ def test_capture_sidecar_is_wired_and_drains(docs):
     server_ports = {p["containerPort"] for c in others for p in c.get("ports", [])}
     assert int(m.group(2)) in server_ports, f"--upstream port {m.group(2)} not served in the pod"
 
-    # Service -> the capture listener; the readiness probe -> the admin /healthz.
+    # Service -> the capture listener; the readiness probe -> the admin /readyz (503 while
+    # draining and while the upstream cannot be reached).
     (listen,) = option_value(args, "--listen")
     (admin,) = option_value(args, "--admin")
     assert _host_port(listen)[0] == "0.0.0.0" and _host_port(admin)[0] == "0.0.0.0", (
@@ -553,7 +554,7 @@ def test_capture_sidecar_is_wired_and_drains(docs):
     for t in targets:
         assert all(_port(c, t) is None for c in others), f"Service targetPort {t} bypasses capture"
     probe = cap["readinessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz"
+    assert probe["path"] == "/readyz"
     assert _port(cap, probe["port"]) == _host_port(admin)[1], "readiness probe is not on --admin"
 
     # Drain: capture's preStop + --drain-timeout inside the serving container's preStop, all

@@ -451,6 +451,36 @@ mod tests {
         assert!(matches!(&err, Error::NotATrace { .. }), "{err}");
     }
 
+    /// Issue 39, polish: `inspect result.json` said "Invalid Parquet file. Corrupt footer";
+    /// a file that is not Parquet at all is named for what it is.
+    #[test]
+    fn json_and_other_files_are_named_for_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, body, says) in [
+            (
+                "result.json",
+                "{\n  \"backend\": \"openai\",\n  \"completed\": 3\n}\n",
+                "JSON document (a result JSON?",
+            ),
+            (
+                "run.journal",
+                "{\"request_id\":\"a\"}\n{\"request_id\":\"b\"}\n",
+                "JSON lines",
+            ),
+            ("empty.parquet", "", "empty"),
+            ("notes.txt", "hello", "Parquet's magic bytes"),
+        ] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            let err = read_traces(&[p.to_str().unwrap()]).unwrap_err();
+            assert!(
+                matches!(&err, Error::Format { message, .. } if message.contains(says)),
+                "{name}: {err}"
+            );
+            assert!(!err.to_string().contains("Corrupt footer"), "{err}");
+        }
+    }
+
     #[test]
     fn missing_optional_columns_read_as_null_and_any_timestamp_unit_works() {
         let dir = tempfile::tempdir().unwrap();

@@ -125,8 +125,8 @@ impl std::fmt::Display for SessionSummary {
              multi-turn sessions",
             self.sessions,
             self.multi_turn_sessions,
-            self.turns.p50,
-            self.turns.p99,
+            tidy(self.turns.p50),
+            tidy(self.turns.p99),
             self.turns.max,
             self.multi_turn_share * 100.0
         )?;
@@ -141,9 +141,35 @@ impl std::fmt::Display for SessionSummary {
     }
 }
 
+/// An interpolated count as a reader wants it: at most two decimals, no trailing zeros
+/// (`2.38`, not `2.3800000000000026`; `2`, not `2.00`).
+fn tidy(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 39, polish: `inspect` printed "turns per session p50 1 p99 2.3800000000000026".
+    #[test]
+    fn interpolated_turns_print_with_two_decimals_at_most() {
+        let s = SessionSummary {
+            sessions: 120,
+            multi_turn_sessions: 3,
+            turns: Spread {
+                p50: 1.0,
+                p99: 2.3800000000000026,
+                max: 4,
+            },
+            multi_turn_share: 0.05,
+            linked: 0,
+            think_time_ms: None,
+        };
+        let line = s.to_string();
+        assert!(line.contains("p50 1 p99 2.38 max 4;"), "{line}");
+    }
 
     fn row(
         id: &str,

@@ -102,6 +102,38 @@ pub(crate) fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T
     }
 }
 
+/// What a file that failed to open as Parquet is, when its first bytes say it is something
+/// else: a JSON document (a replay's result, which `report` and `compare` read), JSON lines
+/// (a journal, which `merge` recovers), or anything not starting with Parquet's magic. None
+/// for a file that starts as Parquet does (then it is a damaged one).
+fn not_parquet(chunks: &Chunks) -> Option<String> {
+    let n = chunks.len().min(4096) as usize;
+    let head = chunks.get_bytes(0, n).ok()?;
+    if head.starts_with(b"PAR1") {
+        return None;
+    }
+    let text = head.trim_ascii_start();
+    let mut lines = text.split(|&b| b == b'\n');
+    let first_line = lines.next().unwrap_or(text);
+    let json_lines = lines.next().is_some()
+        && serde_json::from_slice::<serde_json::Value>(first_line).is_ok_and(|v| v.is_object());
+    Some(if text.is_empty() {
+        "the file is empty".into()
+    } else if json_lines {
+        "this is JSON lines (a journal? `llmreplay merge FILE -o OUT.parquet` recovers a \
+         replay's --results journal); traces are Parquet files"
+            .into()
+    } else if text.starts_with(b"{") || text.starts_with(b"[") {
+        "this is a JSON document (a result JSON? `llmreplay report` and `llmreplay compare` \
+         read those); traces are Parquet files (`llmreplay import` converts public traces)"
+            .into()
+    } else {
+        "not a Parquet file (it does not start with Parquet's magic bytes); `llmreplay \
+         import` converts public traces"
+            .into()
+    })
+}
+
 /// The columns a read decodes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Columns {
@@ -143,8 +175,13 @@ impl OpenFile {
 
     fn of(chunks: Chunks, path: &Path) -> Result<OpenFile> {
         guarded(path, || {
-            let meta = ArrowReaderMetadata::load(&chunks, ArrowReaderOptions::new())
-                .map_err(|e| Error::format(path, format!("not a readable Parquet file: {e}")))?;
+            let meta =
+                ArrowReaderMetadata::load(&chunks, ArrowReaderOptions::new()).map_err(|e| {
+                    match not_parquet(&chunks) {
+                        Some(what) => Error::format(path, what),
+                        None => Error::format(path, format!("not a readable Parquet file: {e}")),
+                    }
+                })?;
             let kv = meta
                 .metadata()
                 .file_metadata()

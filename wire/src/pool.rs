@@ -699,13 +699,15 @@ impl Pool {
     }
 
     /// Makes the pool hold `n` usable idle connections: drops the idle ones that expired or
-    /// that the server closed, and opens the rest. Returns (kept, opened).
+    /// that the server closed, and opens the rest. Returns (kept, opened). A connection still
+    /// settling after a response ([`SETTLE`]) stays in the pool but is not counted as usable:
+    /// a request right after the refresh would not take it.
     pub async fn refresh(self: &Arc<Self>, n: usize) -> Result<(usize, usize), ConnectError> {
         let kept = {
             let mut idle = self.lock();
             let before = idle.len();
             let bound = self.cfg.idle_timeout;
-            let (mut expired, mut closed, mut retired) = (0, 0, 0);
+            let (mut expired, mut closed, mut retired, mut settling) = (0, 0, 0, 0);
             idle.retain_mut(|i| {
                 let age = i.since.elapsed();
                 if age >= bound {
@@ -721,6 +723,10 @@ impl Pool {
                     i.conn.closed_after(age);
                     false
                 } else {
+                    let after = i.conn.last_kind().map(|k| self.habit.after(k));
+                    if !matches!(after, None | Some(After::Keeps)) && age < SETTLE {
+                        settling += 1;
+                    }
                     true
                 }
             });
@@ -731,7 +737,7 @@ impl Pool {
                 before as u64 - expired - closed - retired,
                 idle.len() as u64
             );
-            idle.len()
+            idle.len() - settling
         };
         let opened = self.preconnect(n.saturating_sub(kept)).await?;
         Ok((kept, opened))

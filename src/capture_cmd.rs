@@ -65,6 +65,15 @@ pub struct CaptureArgs {
     /// Speak HTTP/2 with prior knowledge (h2c) to a plain-http upstream.
     #[arg(long)]
     upstream_h2: bool,
+    /// Pass the client's X-Forwarded-For / X-Forwarded-Proto on unchanged and add none. By
+    /// default the upstream gets `X-Forwarded-For: <client address>` and
+    /// `X-Forwarded-Proto: http|https` (the listener's), in place of any the client sent.
+    #[arg(long)]
+    no_forwarded_headers: bool,
+    /// Trust the X-Forwarded-For / X-Forwarded-Proto a load balancer in front sends: the
+    /// client address is appended to its X-Forwarded-For, and its X-Forwarded-Proto kept.
+    #[arg(long, conflicts_with = "no_forwarded_headers")]
+    trust_forwarded_headers: bool,
     /// PEM certificate chain: serve TLS on --listen (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -251,6 +260,11 @@ impl CaptureArgs {
         c.admin = (!self.no_admin).then_some(self.admin);
         c.upstream_ca = self.upstream_ca;
         c.upstream_h2 = self.upstream_h2;
+        c.forwarded = match (self.no_forwarded_headers, self.trust_forwarded_headers) {
+            (true, _) => proxy::ForwardedHeaders::Off,
+            (false, true) => proxy::ForwardedHeaders::Trust,
+            (false, false) => proxy::ForwardedHeaders::Set,
+        };
         c.tls = match (self.tls_cert, self.tls_key) {
             (Some(cert), Some(key)) => Some(proxy::TlsFiles { cert, key }),
             (None, None) => None,

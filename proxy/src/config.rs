@@ -32,6 +32,23 @@ pub enum UsageMode {
     Vllm,
 }
 
+/// What capture tells the upstream about the client (`X-Forwarded-For`,
+/// `X-Forwarded-Proto`), as nginx and Envoy deployments do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedHeaders {
+    /// Pass the client's headers on unchanged, add nothing (`--no-forwarded-headers`).
+    Off,
+    /// `X-Forwarded-For: <client address>` and `X-Forwarded-Proto: <http|https of the
+    /// listener>`, replacing whatever the client sent (a client cannot choose the address
+    /// the upstream sees). The default.
+    #[default]
+    Set,
+    /// Trust the inbound values, from a load balancer in front: the client address is
+    /// appended to its `X-Forwarded-For`, and its `X-Forwarded-Proto` is kept
+    /// (`--trust-forwarded-headers`).
+    Trust,
+}
+
 /// Certificate chain and private key (PEM files) for a TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -93,6 +110,8 @@ pub struct ProxyConfig {
     pub upstream_h2: bool,
     /// Serve TLS on the listener.
     pub tls: Option<TlsFiles>,
+    /// `X-Forwarded-For` / `X-Forwarded-Proto` on requests to the upstream.
+    pub forwarded: ForwardedHeaders,
     /// Directory of the trace files.
     pub out: PathBuf,
     /// Trace file name prefix.
@@ -170,6 +189,7 @@ impl ProxyConfig {
             upstream_ca: None,
             upstream_h2: false,
             tls: None,
+            forwarded: ForwardedHeaders::Set,
             out: out.into(),
             file_prefix: "capture".into(),
             record_bodies: RecordBodies::Hashes,

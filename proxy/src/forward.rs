@@ -5,7 +5,7 @@
 //! sending it with the header timeout.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,7 +22,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use trace_format::Outcome;
 
-use crate::config::ProxyConfig;
+use crate::config::{ForwardedHeaders, ProxyConfig};
 use crate::error::{ProxyError, Result};
 use crate::limits::TimedBody;
 use crate::metrics::Metrics;
@@ -73,6 +73,21 @@ impl tower_service::Service<Name> for UpstreamDns {
 /// Why a request got no response head from the upstream: the row's outcome, the status to
 /// answer the client with, and the error text.
 pub(crate) type Failure = (Outcome, StatusCode, String);
+
+/// The address of the client a request came from, in the request's extensions (put there
+/// by the server that read it) for `X-Forwarded-For`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClientAddr(pub(crate) IpAddr);
+
+impl ClientAddr {
+    /// The client at `peer` (an IPv4 client of a dual-stack listener as IPv4).
+    pub(crate) fn of(peer: SocketAddr) -> ClientAddr {
+        ClientAddr(peer.ip().to_canonical())
+    }
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -146,6 +161,10 @@ pub(crate) struct Forward {
     timeout: Duration,
     /// Whether the upstream can be reached (woken when a request could not connect).
     reach: Arc<Reach>,
+    /// What to tell the upstream about the client.
+    forwarded: ForwardedHeaders,
+    /// The listener's scheme, for `X-Forwarded-Proto`.
+    proto: HeaderValue,
 }
 
 impl Forward {
@@ -181,6 +200,8 @@ impl Forward {
             lean,
             timeout: cfg.upstream_timeout,
             reach,
+            forwarded: cfg.forwarded,
+            proto: HeaderValue::from_static(if cfg.tls.is_some() { "https" } else { "http" }),
         })
     }
 
@@ -220,7 +241,37 @@ impl Forward {
         if let Some(n) = body_len {
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
         }
+        if let Some([xff, xfp]) = self.forwarded(parts) {
+            h.insert(X_FORWARDED_FOR, xff);
+            h.insert(X_FORWARDED_PROTO, xfp);
+        }
         Some(req)
+    }
+
+    /// The `X-Forwarded-For` and `X-Forwarded-Proto` values the upstream gets in place of the
+    /// client's (see [`ForwardedHeaders`]), or `None` to pass the client's on unchanged.
+    fn forwarded(&self, parts: &http::request::Parts) -> Option<[HeaderValue; 2]> {
+        if self.forwarded == ForwardedHeaders::Off {
+            return None;
+        }
+        let client = parts.extensions.get::<ClientAddr>()?;
+        let trust = self.forwarded == ForwardedHeaders::Trust;
+        let mut xff = String::new();
+        if trust {
+            for v in parts.headers.get_all(&X_FORWARDED_FOR) {
+                let v = v.to_str().unwrap_or("").trim().trim_end_matches(',');
+                if !v.is_empty() {
+                    xff.push_str(v);
+                    xff.push_str(", ");
+                }
+            }
+        }
+        xff.push_str(&client.0.to_string());
+        let proto = match parts.headers.get(&X_FORWARDED_PROTO) {
+            Some(p) if trust => p.clone(),
+            _ => self.proto.clone(),
+        };
+        Some([HeaderValue::from_str(&xff).ok()?, proto])
     }
 
     fn header_timeout(&self) -> Failure {
@@ -248,6 +299,7 @@ impl Forward {
         let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let h = &parts.headers;
         let named = connection_named(h);
+        let forwarded = self.forwarded(parts);
         let mut out = Vec::with_capacity(
             64 + self.upstream.base_path.len() + pq.len() + h.len() * 48 + body.len(),
         );
@@ -262,6 +314,7 @@ impl Forward {
                 || name == header::HOST
                 || name == header::CONTENT_LENGTH
                 || named.contains(name)
+                || (forwarded.is_some() && (name == X_FORWARDED_FOR || name == X_FORWARDED_PROTO))
             {
                 continue;
             }
@@ -269,6 +322,14 @@ impl Forward {
             out.extend_from_slice(b": ");
             out.extend_from_slice(value.as_bytes());
             out.extend_from_slice(b"\r\n");
+        }
+        if let Some([xff, xfp]) = forwarded {
+            for (n, v) in [(X_FORWARDED_FOR, xff), (X_FORWARDED_PROTO, xfp)] {
+                out.extend_from_slice(n.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(v.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
         }
         lean.encode_tail(&mut out, body);
         out
@@ -453,6 +514,69 @@ mod tests {
         assert!(!got
             .iter()
             .any(|l| l.starts_with("x-private") || l.starts_with("te:")));
+    }
+
+    /// Both paths tell the upstream who the client is the same way: by default its address
+    /// (an IPv4-mapped one as IPv4) and the listener's scheme in place of the client's
+    /// claims; trusted, the claims kept and the address appended; off, the claims unchanged.
+    #[tokio::test]
+    async fn forwarded_headers_name_the_client_on_both_paths() {
+        for (mode, want_for, want_proto) in [
+            (ForwardedHeaders::Set, "192.0.2.1", "http"),
+            (
+                ForwardedHeaders::Trust,
+                "203.0.113.7, 10.0.0.1, 192.0.2.1",
+                "https",
+            ),
+            (ForwardedHeaders::Off, "203.0.113.7, 10.0.0.1", "https"),
+        ] {
+            let mut cfg = ProxyConfig::new(
+                "127.0.0.1:0".parse().unwrap(),
+                "http://127.0.0.1:9",
+                "/tmp/unused",
+            );
+            cfg.forwarded = mode;
+            let f = Forward::new(Upstream::parse(&cfg.upstream).unwrap(), &cfg).unwrap();
+            let (mut parts, ()) = Request::builder()
+                .method("POST")
+                .uri("/v1/completions")
+                .header("x-forwarded-for", "203.0.113.7")
+                .header("x-forwarded-for", "10.0.0.1")
+                .header("x-forwarded-proto", "https")
+                .body(())
+                .unwrap()
+                .into_parts();
+            parts
+                .extensions
+                .insert(ClientAddr::of("[::ffff:192.0.2.1]:5555".parse().unwrap()));
+            let lean = f.lean.as_ref().unwrap();
+            let text = String::from_utf8(f.lean_request(lean, &parts, b"{}")).unwrap();
+            let lines = |name: &str| -> Vec<String> {
+                text.split("\r\n")
+                    .filter_map(|l| l.strip_prefix(&format!("{name}: ")))
+                    .map(str::to_string)
+                    .collect()
+            };
+            let up = f
+                .request(&parts, Either::Left(Full::new(Bytes::new())), Some(2))
+                .unwrap();
+            let values = |name: &str| -> Vec<String> {
+                up.headers()
+                    .get_all(name)
+                    .iter()
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .collect()
+            };
+            if mode == ForwardedHeaders::Off {
+                assert_eq!(lines("x-forwarded-for"), ["203.0.113.7", "10.0.0.1"]);
+                assert_eq!(values("x-forwarded-for"), ["203.0.113.7", "10.0.0.1"]);
+            } else {
+                assert_eq!(lines("x-forwarded-for"), [want_for], "{mode:?}");
+                assert_eq!(values("x-forwarded-for"), [want_for], "{mode:?}");
+            }
+            assert_eq!(lines("x-forwarded-proto"), [want_proto], "{mode:?}");
+            assert_eq!(values("x-forwarded-proto"), [want_proto], "{mode:?}");
+        }
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub(crate) async fn serve(
     io: &mut GuardedIo<TcpStream>,
     phase: &Arc<ConnPhase>,
     shared: &Arc<Shared>,
-    mut accepted: Option<Instant>,
+    (peer, mut accepted): (crate::forward::ClientAddr, Option<Instant>),
     graceful: &mut watch::Receiver<bool>,
 ) -> Option<Handoff> {
     let mut buf = BytesMut::new();
@@ -109,8 +109,9 @@ pub(crate) async fn serve(
             len,
             content_length,
             close,
-            parts,
+            mut parts,
         } = head;
+        parts.extensions.insert(peer);
         let _ = buf.split_to(len);
         let mut left = content_length;
         let body = SocketBody {

@@ -44,7 +44,7 @@ mod state;
 mod tls;
 mod upstream;
 
-pub use config::{ClientLimits, ProxyConfig, RecordBodies, TlsFiles, UsageMode};
+pub use config::{ClientLimits, ForwardedHeaders, ProxyConfig, RecordBodies, TlsFiles, UsageMode};
 pub use error::{ProxyError, Result};
 pub use metrics::Metrics;
 pub use observe::{StreamObserver, Strip};

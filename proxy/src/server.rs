@@ -30,7 +30,7 @@ use crate::accept::{fd_exhausted, spare_fd, AcceptBackoff, AcceptTurns};
 use crate::admin::admin_response;
 use crate::config::{ProxyConfig, RecordBodies};
 use crate::error::{ProxyError, Result};
-use crate::forward::{Forward, Upstream};
+use crate::forward::{ClientAddr, Forward, Upstream};
 use crate::handler::handle;
 use crate::limits::{ConnPhase, Guarded, GuardedIo};
 use crate::metrics::Metrics;
@@ -359,14 +359,15 @@ async fn accept_loop(listener: TcpListener, s: Serving) {
             continue;
         };
         match accepted {
-            Ok((sock, _)) => {
+            Ok((sock, peer)) => {
                 let accepted = Instant::now();
+                let peer = ClientAddr::of(peer);
                 backoff.ok();
                 let _ = sock.set_nodelay(true);
                 let c = s.clone();
                 match &s.acceptor {
                     None => {
-                        tokio::spawn(serve_plain(sock, accepted, c));
+                        tokio::spawn(serve_plain(sock, peer, accepted, c));
                     }
                     Some(acc) => {
                         let acc = acc.clone();
@@ -375,7 +376,7 @@ async fn accept_loop(listener: TcpListener, s: Serving) {
                                 tokio::time::timeout(Duration::from_secs(10), acc.accept(sock))
                                     .await;
                             if let Ok(Ok(tls)) = hs {
-                                serve_conn(tls, accepted, c).await;
+                                serve_conn(tls, peer, accepted, c).await;
                             }
                         });
                     }
@@ -469,24 +470,30 @@ async fn run(
 
 /// Serves one plain-http client connection, accepted at `accepted`: by the lean path
 /// ([`crate::http1`]) while its requests are lean ones, then by hyper.
-async fn serve_plain(sock: TcpStream, accepted: Instant, s: Serving) {
+async fn serve_plain(sock: TcpStream, peer: ClientAddr, accepted: Instant, s: Serving) {
     let (mut io, phase) = guarded(sock, &s.shared);
     let shared = &s.shared;
     let mut graceful = s.graceful.clone();
-    let lean = crate::http1::serve(&mut io, &phase, shared, Some(accepted), &mut graceful);
+    let lean = crate::http1::serve(
+        &mut io,
+        &phase,
+        shared,
+        (peer, Some(accepted)),
+        &mut graceful,
+    );
     if let Some(Some(h)) = shared.cut.until(lean).await {
         io.unread(h.unread);
-        serve_hyper(io, phase, h.accepted, s).await;
+        serve_hyper(io, phase, (peer, h.accepted), s).await;
     }
 }
 
 /// Serves one client connection (TLS), accepted at `accepted`.
-async fn serve_conn<I>(io: I, accepted: Instant, s: Serving)
+async fn serve_conn<I>(io: I, peer: ClientAddr, accepted: Instant, s: Serving)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (io, phase) = guarded(io, &s.shared);
-    serve_hyper(io, phase, Some(accepted), s).await;
+    serve_hyper(io, phase, (peer, Some(accepted)), s).await;
 }
 
 /// A client connection's socket under the client deadlines, and its phase.
@@ -496,12 +503,12 @@ fn guarded<I>(io: I, shared: &Shared) -> (GuardedIo<I>, Arc<ConnPhase>) {
     (io, phase)
 }
 
-/// Serves a client connection with hyper to its end (`accepted`: when its first request is
-/// still to come, the accept instant).
+/// Serves a client connection from `peer` with hyper to its end (`accepted`: when its first
+/// request is still to come, the accept instant).
 async fn serve_hyper<I>(
     io: GuardedIo<I>,
     phase: Arc<ConnPhase>,
-    accepted: Option<Instant>,
+    (peer, accepted): (ClientAddr, Option<Instant>),
     s: Serving,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -516,7 +523,8 @@ async fn serve_hyper<I>(
     } = s;
     // The first request's phases start at the accept.
     let accepted = std::cell::Cell::new(accepted);
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(peer);
         // The head is read: the connection serves this request until its response body is
         // done (no client-side read deadline meanwhile; see crate::limits).
         let active = phase.start();

@@ -16,7 +16,9 @@
 //! ([`wire::framing`]), a non-canonical reason phrase kept for the client, trailers
 //! forwarded as a trailers frame, and connections kept alive unless the response says
 //! otherwise. Connections come from a [`wire::Pool`]: checked with the kernel before reuse,
-//! kept idle at most `--pool-idle-timeout`, and a request is sent again only when not one
+//! kept idle at most `--pool-idle-timeout`, not reused after a kind of response the upstream
+//! has been seen to close them after ([`wire::habit`]; the serving threads' pools share what
+//! they learn), and a request is sent again only when not one
 //! byte of it reached a connection (the retry rule, [`wire::Pool::send`]). Once it has, the
 //! upstream may have started a generation: a connection that closes without an answer is a
 //! 502 for the client and an `upstream_error` row, never a second generation.
@@ -103,9 +105,11 @@ impl LeanUpstream {
             _ => host.to_string(),
         };
         let target = wire::Target::plain(host, port, authority.as_str());
+        // One origin: what one thread's pool learns of its habits, all of them use.
+        let habit = Arc::new(wire::Habit::new());
         Some(LeanUpstream {
             pools: (0..threads.max(1))
-                .map(|_| Arc::new(Pool::new(target.clone(), pool)))
+                .map(|_| Arc::new(Pool::with_habit(target.clone(), pool, habit.clone())))
                 .collect(),
             host: HeaderValue::from_str(&host_header).ok()?,
         })
@@ -431,6 +435,13 @@ mod tests {
         )
     }
 
+    /// Until the upstream has kept a connection open after a kind of response, the pool
+    /// reuses one only once it has sat idle [`wire::habit::SETTLE`] (this scripted server
+    /// serves one connection at a time: a new one would wait forever).
+    async fn settle() {
+        tokio::time::sleep(wire::habit::SETTLE + Duration::from_millis(10)).await;
+    }
+
     fn request(up: &LeanUpstream) -> Vec<u8> {
         let mut out =
             b"POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\n".to_vec();
@@ -460,6 +471,7 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             req,
             format!("POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\nhost: 127.0.0.1:{port}\r\ncontent-length: 2\r\n\r\n{{}}")
         );
+        settle().await;
         let (parts, body) = up
             .send(&request(&up), &mut Phases::new(Instant::now()))
             .await
@@ -506,6 +518,7 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             .await
             .expect("send");
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
+        settle().await;
         let e = up
             .send(&request(&up), &mut Phases::new(Instant::now()))
             .await
@@ -544,6 +557,7 @@ f\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
             }
             assert_eq!(got, want);
             assert_eq!(up.idle_count(), 1, "connection back in the pool");
+            settle().await;
         }
     }
 

@@ -3,7 +3,8 @@
 //! `timeout_keep_alive`), closes after N requests with or without `Connection: close`
 //! (nginx's `keepalive_requests`), reads a request on a reused connection and then dies
 //! without answering (a crashed or restarting worker), answers everything with
-//! `Connection: close`, or answers HTTP/1.0 with a body delimited by the close.
+//! `Connection: close`, answers HTTP/1.0 with a body delimited by the close, or closes right
+//! after every streamed response while advertising keep-alive (llama.cpp's server).
 //!
 //! Blocking std I/O, one thread per connection. Every request it has read completely is
 //! logged (path, `x-request-id`, connection number, index on the connection, time, and what
@@ -62,6 +63,11 @@ pub struct Behaviour {
     /// Tokens per streamed chunk, cycled (`[2, 1]`: 30 tokens in 20 chunks); empty: one each.
     /// A chunk of k tokens carries `" x"` k times.
     pub tokens_per_chunk: Vec<usize>,
+    /// Close the connection this long after every streamed response, without reading
+    /// further, while every response advertises keep-alive (`keep-alive: timeout=5,
+    /// max=100`, no `Connection: close`): llama.cpp's server, whose close follows the last
+    /// chunk by microseconds.
+    pub close_after_stream: Option<Duration>,
 }
 
 impl Default for Behaviour {
@@ -79,6 +85,7 @@ impl Default for Behaviour {
             role_chunk_first_delay: None,
             no_usage: false,
             tokens_per_chunk: Vec::new(),
+            close_after_stream: None,
         }
     }
 }
@@ -120,6 +127,14 @@ impl Behaviour {
         }
     }
 
+    /// Closes `linger` after every streamed response while advertising keep-alive.
+    pub fn close_after_every_stream(linger: Duration) -> Behaviour {
+        Behaviour {
+            close_after_stream: Some(linger),
+            ..Default::default()
+        }
+    }
+
     /// Streamed chat: the role-only chunk at once, the first content chunk `delay` later.
     pub fn role_chunk_first(delay: Duration) -> Behaviour {
         Behaviour {
@@ -140,6 +155,9 @@ pub struct Served {
     pub path: String,
     /// The `x-request-id` header, if any.
     pub request_id: Option<String>,
+    /// The `x-forwarded-for` and `x-forwarded-proto` headers, if any.
+    pub forwarded_for: Option<String>,
+    pub forwarded_proto: Option<String>,
     pub body: String,
     /// When the request had been read completely.
     pub at: Instant,
@@ -163,6 +181,8 @@ pub enum ConnEnd {
     ClosedWithoutAnswer,
     /// Closed after a `Connection: close` or HTTP/1.0 response.
     ClosedAfterResponse,
+    /// Closed after a streamed response that advertised keep-alive.
+    ClosedAfterStream,
     /// The peer closed it (EOF while waiting for a request).
     PeerClosed,
     /// A read or write error, or a malformed request.
@@ -358,6 +378,8 @@ struct Request {
     method: String,
     path: String,
     request_id: Option<String>,
+    forwarded_for: Option<String>,
+    forwarded_proto: Option<String>,
     body: Vec<u8>,
 }
 
@@ -367,6 +389,7 @@ fn read_request(r: &mut BufReader<TcpStream>) -> io::Result<Request> {
     let mut request_line = String::new();
     let mut content_length = 0usize;
     let mut request_id = None;
+    let (mut forwarded_for, mut forwarded_proto) = (None, None);
     loop {
         line.clear();
         if r.read_line(&mut line)? == 0 {
@@ -390,6 +413,10 @@ fn read_request(r: &mut BufReader<TcpStream>) -> io::Result<Request> {
                     .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "content-length"))?;
             } else if k.eq_ignore_ascii_case("x-request-id") {
                 request_id = Some(v.to_string());
+            } else if k.eq_ignore_ascii_case("x-forwarded-for") {
+                forwarded_for = Some(v.to_string());
+            } else if k.eq_ignore_ascii_case("x-forwarded-proto") {
+                forwarded_proto = Some(v.to_string());
             } else if k.eq_ignore_ascii_case("transfer-encoding") {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -405,6 +432,8 @@ fn read_request(r: &mut BufReader<TcpStream>) -> io::Result<Request> {
         method: parts.next().unwrap_or("").to_string(),
         path: parts.next().unwrap_or("").to_string(),
         request_id,
+        forwarded_for,
+        forwarded_proto,
         body,
     })
 }
@@ -446,6 +475,8 @@ fn serve_conn(
                 method: req.method.clone(),
                 path: req.path.clone(),
                 request_id: req.request_id.clone(),
+                forwarded_for: req.forwarded_for.clone(),
+                forwarded_proto: req.forwarded_proto.clone(),
                 body: String::from_utf8_lossy(&req.body).into_owned(),
                 at: Instant::now(),
                 dropped,
@@ -468,6 +499,11 @@ fn serve_conn(
         }
         logs.served.lock().unwrap()[slot].answered = true;
         since = Instant::now();
+        if let Some(linger) = b.close_after_stream.filter(|_| streamed(&req)) {
+            // Whatever the client sent meanwhile is left unread: the close resets.
+            std::thread::sleep(linger);
+            return ConnEnd::ClosedAfterStream;
+        }
         if closes {
             let _ = w.shutdown(Shutdown::Write);
             return if last_by_max {
@@ -477,6 +513,13 @@ fn serve_conn(
             };
         }
     }
+}
+
+/// A POST asking for a streamed answer.
+fn streamed(req: &Request) -> bool {
+    req.method == "POST"
+        && serde_json::from_slice::<serde_json::Value>(&req.body)
+            .is_ok_and(|v| v.get("stream").and_then(|s| s.as_bool()) == Some(true))
 }
 
 /// Words in the prompt (or the messages' contents): the server's "prompt tokens".
@@ -502,6 +545,8 @@ fn respond(w: &mut TcpStream, req: &Request, b: &Behaviour, close_header: bool) 
     };
     let conn_line = if close_header {
         "connection: close\r\n"
+    } else if b.close_after_stream.is_some() {
+        "keep-alive: timeout=5, max=100\r\n"
     } else {
         ""
     };

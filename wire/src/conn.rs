@@ -15,14 +15,16 @@
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::framing::{response_framing, ChunkedDecoder, Framing};
+use crate::habit::{self, Habit, Kind};
 
 /// Free room kept in the read buffer before each read.
 const READ_ROOM: usize = 8 * 1024;
@@ -422,6 +424,21 @@ pub struct Conn {
     io: Io,
     /// Bytes read and not yet consumed.
     buf: BytesMut,
+    /// What this connection tells its origin's habit (set by the pool).
+    track: Track,
+}
+
+/// What a connection reports to its origin's [`Habit`]: whether it stayed open after a
+/// response.
+#[derive(Default)]
+struct Track {
+    habit: Option<Arc<Habit>>,
+    /// Response heads read, by kind.
+    served: [u32; 2],
+    /// The kind of the last one.
+    last: Option<Kind>,
+    /// How long it sat idle before the request in flight (a reused connection).
+    idled: Option<Duration>,
 }
 
 impl Conn {
@@ -430,6 +447,43 @@ impl Conn {
         Conn {
             io,
             buf: BytesMut::with_capacity(2 * READ_ROOM),
+            track: Track::default(),
+        }
+    }
+
+    /// Reports to `habit` what the server does with this connection after its responses.
+    pub(crate) fn watch(&mut self, habit: Arc<Habit>) {
+        self.track.habit = Some(habit);
+    }
+
+    /// The kind of the last response read on it.
+    pub(crate) fn last_kind(&self) -> Option<Kind> {
+        self.track.last
+    }
+
+    /// It is used again after sitting idle `idle` since its last response.
+    pub(crate) fn reused_after(&mut self, idle: Duration) {
+        self.track.idled = Some(idle);
+    }
+
+    /// Its request found it closed before anything was written: as [`Conn::closed_after`]
+    /// the idle time it was reused after.
+    pub(crate) fn closed_in_use(&mut self) {
+        if let Some(idle) = self.track.idled.take() {
+            self.closed_after(idle);
+        }
+    }
+
+    /// It was found closed (or reset) `idle` after its last response: when that came
+    /// [`habit::RIGHT_AFTER`] the first response of its kind on it, the server closed it
+    /// after that response without saying so (a close after N requests, or when idle,
+    /// does not count).
+    pub(crate) fn closed_after(&self, idle: Duration) {
+        let t = &self.track;
+        if let (Some(h), Some(k)) = (&t.habit, t.last) {
+            if t.served[k as usize] == 1 && idle < habit::RIGHT_AFTER {
+                h.closed(k);
+            }
         }
     }
 
@@ -506,6 +560,33 @@ impl Conn {
     /// it. Body bytes read with it stay in the buffer; the `Instant` is when the head's first
     /// bytes arrived.
     pub async fn read_head<T>(
+        &mut self,
+        max_head: usize,
+        interpret: impl FnMut(&httparse::Response<'_, '_>) -> Result<T, String>,
+    ) -> Result<(Head<T>, Instant), ReadError> {
+        let r = self.read_head_inner(max_head, interpret).await;
+        let idled = self.track.idled.take();
+        match &r {
+            Ok((h, _)) => {
+                let t = &mut self.track;
+                if let (Some(habit), Some(k)) = (&t.habit, t.last) {
+                    habit.kept(k);
+                }
+                let k = Kind::of(h.framing);
+                t.served[k as usize] = t.served[k as usize].saturating_add(1);
+                t.last = Some(k);
+            }
+            Err(ReadError::ClosedBeforeResponse) | Err(ReadError::Io(_)) if self.buf.is_empty() => {
+                if let Some(idle) = idled {
+                    self.closed_after(idle);
+                }
+            }
+            Err(_) => {}
+        }
+        r
+    }
+
+    async fn read_head_inner<T>(
         &mut self,
         max_head: usize,
         mut interpret: impl FnMut(&httparse::Response<'_, '_>) -> Result<T, String>,

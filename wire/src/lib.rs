@@ -12,6 +12,10 @@
 //!   check before reuse and an idle-age bound, preconnect and refresh, honest counts, and
 //!   **the retry rule** ([`Pool::send`]): a request is sent again only when not one byte of
 //!   it was accepted by a connection, so no server ever sees a request twice.
+//! - [`habit`]: what an origin does with a connection after each kind of response, learned
+//!   per origin: a server that closes after every streamed response while advertising
+//!   keep-alive gets no reuse after one (and spares opened ahead), a well-behaved one full
+//!   reuse.
 //! - [`direct`]: a connect, and a new connection's first writes, that do not wait for a
 //!   reactor turn when the kernel has already done the work (a loopback connect).
 //! - [`rxstamp`]: `SO_TIMESTAMPNS` receive stamps and the clock pair that converts them.
@@ -28,6 +32,7 @@ pub mod clock;
 mod conn;
 pub mod direct;
 pub mod framing;
+pub mod habit;
 pub mod listen;
 mod pool;
 pub mod rxstamp;
@@ -39,6 +44,7 @@ pub mod testing;
 
 pub use conn::{BodyReader, Conn, Head, Io, ReadError, Stamped, WriteError};
 pub use framing::{Framing, ResponseFraming};
+pub use habit::{After, Habit};
 pub use pool::{
     ConnectError, Lease, Pool, PoolConfig, PoolStats, Resolver, SendError, Sent, Target,
     RESOLVED_FOR,

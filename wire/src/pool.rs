@@ -26,13 +26,14 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
 use crate::conn::{Conn, Io, Stamped, WriteError};
+use crate::habit::{After, Checkin, Habit, SETTLE};
 
 /// Where the connections go: host, port, and TLS when `https`.
 #[derive(Clone)]
@@ -130,6 +131,11 @@ pub struct PoolStats {
     /// Lookups of the target's host name (none for an IP address): at most one per
     /// [`RESOLVED_FOR`], however many connections are opened meanwhile.
     pub resolved: u64,
+    /// Connections not reused because the server closes them after such a response
+    /// without saying so ([`Habit`]).
+    pub retired: u64,
+    /// Opened ahead of the next request in place of a retired one.
+    pub spares: u64,
 }
 
 impl PoolStats {
@@ -142,6 +148,8 @@ impl PoolStats {
             found_closed: self.found_closed - earlier.found_closed,
             expired: self.expired - earlier.expired,
             resolved: self.resolved - earlier.resolved,
+            retired: self.retired - earlier.retired,
+            spares: self.spares - earlier.spares,
         }
     }
 }
@@ -237,6 +245,8 @@ struct Counters {
     reused: AtomicU64,
     found_closed: AtomicU64,
     expired: AtomicU64,
+    retired: AtomicU64,
+    spares: AtomicU64,
 }
 
 /// Why no connection could be had.
@@ -332,6 +342,18 @@ impl std::error::Error for SendError {}
 struct Idle {
     conn: Conn,
     since: Instant,
+    /// Kept although the origin closes connections after its response (a [`Checkin::Probe`]).
+    probe: bool,
+}
+
+impl Idle {
+    fn new(conn: Conn, probe: bool) -> Idle {
+        Idle {
+            conn,
+            since: Instant::now(),
+            probe,
+        }
+    }
 }
 
 /// Keep-alive connections to one [`Target`].
@@ -345,6 +367,10 @@ pub struct Pool {
     fixed: Option<SocketAddr>,
     /// The host name's addresses while fresh.
     resolver: Resolver,
+    /// What the origin does with a connection after a response.
+    habit: Arc<Habit>,
+    /// Spares being opened.
+    opening: AtomicUsize,
 }
 
 impl std::fmt::Debug for Pool {
@@ -357,8 +383,14 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// A pool for `target`.
+    /// A pool for `target`, learning its habits afresh.
     pub fn new(target: Target, cfg: PoolConfig) -> Pool {
+        Pool::with_habit(target, cfg, Arc::new(Habit::new()))
+    }
+
+    /// A pool for `target` that shares what `habit` learned (and adds to it) with the other
+    /// pools of the same origin.
+    pub fn with_habit(target: Target, cfg: PoolConfig, habit: Arc<Habit>) -> Pool {
         let fixed = target
             .host
             .parse::<IpAddr>()
@@ -372,7 +404,14 @@ impl Pool {
             stats: Counters::default(),
             fixed,
             resolver,
+            habit,
+            opening: AtomicUsize::new(0),
         }
+    }
+
+    /// What the pool learned about how its origin ends connections.
+    pub fn habit(&self) -> &Arc<Habit> {
+        &self.habit
     }
 
     /// The target.
@@ -390,6 +429,8 @@ impl Pool {
             found_closed: s.found_closed.load(Relaxed),
             expired: s.expired.load(Relaxed),
             resolved: self.resolver.lookups(),
+            retired: s.retired.load(Relaxed),
+            spares: s.spares.load(Relaxed),
         }
     }
 
@@ -439,33 +480,80 @@ impl Pool {
             }
         };
         match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
-            Ok(r) => r,
+            Ok(Ok(mut conn)) => {
+                conn.watch(self.habit.clone());
+                Ok(conn)
+            }
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(ConnectError::Timeout(a(), self.cfg.connect_timeout)),
         }
     }
 
-    /// The most recently used idle connection that is young enough and still open and
-    /// quiet; the others met on the way are dropped and counted.
+    /// The most recently used idle connection that is young enough, still open and quiet,
+    /// and that the origin's habit lets be reused now; the expired, closed and retired ones
+    /// met on the way are dropped and counted, and those still settling are left for later.
     fn checkout(&self) -> Option<Conn> {
-        loop {
-            let Idle { mut conn, since } = self.lock().pop()?;
-            if since.elapsed() >= self.cfg.idle_timeout {
+        let mut idle = self.lock();
+        let mut i = idle.len();
+        while i > 0 {
+            i -= 1;
+            let age = idle[i].since.elapsed();
+            if age >= self.cfg.idle_timeout {
+                idle.remove(i);
                 self.stats.expired.fetch_add(1, Relaxed);
                 continue;
             }
+            let after = idle[i].conn.last_kind().map(|k| self.habit.after(k));
+            match after {
+                None | Some(After::Keeps) => {}
+                Some(After::Closes) if !idle[i].probe => {
+                    // The habit was learned while it sat idle.
+                    idle.remove(i);
+                    self.stats.retired.fetch_add(1, Relaxed);
+                    continue;
+                }
+                // Not known to stay open after its response (or a probe): reused once a close
+                // that follows the response would have arrived; one that already has is
+                // learned from at once.
+                Some(_) if age < SETTLE => {
+                    if !idle[i].conn.is_usable() {
+                        let conn = idle.remove(i).conn;
+                        self.stats.found_closed.fetch_add(1, Relaxed);
+                        conn.closed_after(age);
+                    }
+                    continue;
+                }
+                Some(_) => {}
+            }
+            let mut conn = idle.remove(i).conn;
             if !conn.is_usable() {
                 self.stats.found_closed.fetch_add(1, Relaxed);
+                conn.closed_after(age);
                 continue;
             }
+            conn.reused_after(age);
             return Some(conn);
         }
+        None
     }
 
-    /// Gives back a connection whose response ended cleanly and allows keep-alive.
-    pub fn checkin(&self, conn: Conn) {
+    /// Gives back a connection whose response ended cleanly and allows keep-alive: kept for
+    /// reuse, unless the origin closes connections after such a response without saying so
+    /// ([`Habit`]); then a spare is opened in its place, ahead of the next request.
+    pub fn checkin(self: &Arc<Self>, conn: Conn) {
         if !conn.is_clean() {
             return;
         }
+        let probe = match conn.last_kind().map(|k| self.habit.checkin(k)) {
+            Some(Checkin::Retire) => {
+                self.stats.retired.fetch_add(1, Relaxed);
+                drop(conn);
+                self.spare();
+                return;
+            }
+            Some(Checkin::Probe) => true,
+            _ => false,
+        };
         let now = Instant::now();
         let mut idle = self.lock();
         // The oldest are at the front: drop the expired ones.
@@ -476,8 +564,29 @@ impl Pool {
         idle.drain(..stale);
         self.stats.expired.fetch_add(stale as u64, Relaxed);
         if idle.len() < self.cfg.max_idle {
-            idle.push(Idle { conn, since: now });
+            idle.push(Idle::new(conn, probe));
         }
+    }
+
+    /// Opens a connection into the idle pool in the background (on the caller's runtime, whose
+    /// reactor its requests will use), unless the pool is full.
+    fn spare(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let opening = self.opening.fetch_add(1, Relaxed);
+        if opening + self.idle_count() >= self.cfg.max_idle {
+            self.opening.fetch_sub(1, Relaxed);
+            return;
+        }
+        let me = self.clone();
+        rt.spawn(async move {
+            if let Ok(conn) = me.connect().await {
+                me.stats.spares.fetch_add(1, Relaxed);
+                me.lock().push(Idle::new(conn, false));
+            }
+            me.opening.fetch_sub(1, Relaxed);
+        });
     }
 
     /// A usable pooled connection, or a new one.
@@ -534,6 +643,7 @@ impl Pool {
                 }
                 Ok(Err(WriteError::NothingSent(_))) if reused => {
                     self.stats.found_closed.fetch_add(1, Relaxed);
+                    conn.closed_in_use();
                 }
                 Ok(Err(error)) => {
                     return Err(SendError::Write {
@@ -580,9 +690,8 @@ impl Pool {
         }
         let count = opened.len();
         self.stats.preconnected.fetch_add(count as u64, Relaxed);
-        let now = Instant::now();
         self.lock()
-            .extend(opened.into_iter().map(|conn| Idle { conn, since: now }));
+            .extend(opened.into_iter().map(|conn| Idle::new(conn, false)));
         match (count, first_err) {
             (0, Some(e)) if n > 0 => Err(e),
             _ => Ok(count),
@@ -590,28 +699,45 @@ impl Pool {
     }
 
     /// Makes the pool hold `n` usable idle connections: drops the idle ones that expired or
-    /// that the server closed, and opens the rest. Returns (kept, opened).
+    /// that the server closed, and opens the rest. Returns (kept, opened). A connection still
+    /// settling after a response ([`SETTLE`]) stays in the pool but is not counted as usable:
+    /// a request right after the refresh would not take it.
     pub async fn refresh(self: &Arc<Self>, n: usize) -> Result<(usize, usize), ConnectError> {
         let kept = {
             let mut idle = self.lock();
             let before = idle.len();
             let bound = self.cfg.idle_timeout;
-            let (mut expired, mut closed) = (0, 0);
+            let (mut expired, mut closed, mut retired, mut settling) = (0, 0, 0, 0);
             idle.retain_mut(|i| {
-                if i.since.elapsed() >= bound {
+                let age = i.since.elapsed();
+                if age >= bound {
                     expired += 1;
+                    false
+                } else if !i.probe
+                    && i.conn.last_kind().map(|k| self.habit.after(k)) == Some(After::Closes)
+                {
+                    retired += 1;
                     false
                 } else if !i.conn.is_usable() {
                     closed += 1;
+                    i.conn.closed_after(age);
                     false
                 } else {
+                    let after = i.conn.last_kind().map(|k| self.habit.after(k));
+                    if !matches!(after, None | Some(After::Keeps)) && age < SETTLE {
+                        settling += 1;
+                    }
                     true
                 }
             });
             self.stats.expired.fetch_add(expired, Relaxed);
             self.stats.found_closed.fetch_add(closed, Relaxed);
-            debug_assert_eq!(before as u64 - expired - closed, idle.len() as u64);
-            idle.len()
+            self.stats.retired.fetch_add(retired, Relaxed);
+            debug_assert_eq!(
+                before as u64 - expired - closed - retired,
+                idle.len() as u64
+            );
+            idle.len() - settling
         };
         let opened = self.preconnect(n.saturating_sub(kept)).await?;
         Ok((kept, opened))
@@ -688,12 +814,20 @@ mod tests {
     }
 
     /// A server that answers each request on a connection with a 2-byte body, closing the
-    /// connection after `per_conn` requests (without saying so) or, when `drop_second`, reading
-    /// the second request of a connection and closing without an answer. Reports
-    /// (connection number, request number on it) for every request it read.
+    /// connection `linger` after its `per_conn`th answer (without saying so) or, when
+    /// `drop_second`, reading the second request of a connection and closing without an
+    /// answer. Reports (connection number, request number on it) for every request it read.
     async fn server(
         per_conn: usize,
         drop_second: bool,
+    ) -> (Target, tokio::sync::mpsc::UnboundedReceiver<(usize, usize)>) {
+        lingering_server(per_conn, drop_second, Duration::ZERO).await
+    }
+
+    async fn lingering_server(
+        per_conn: usize,
+        drop_second: bool,
+        linger: Duration,
     ) -> (Target, tokio::sync::mpsc::UnboundedReceiver<(usize, usize)>) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
@@ -724,6 +858,7 @@ mod tests {
                                 .await
                                 .unwrap();
                             if served == per_conn {
+                                tokio::time::sleep(linger).await;
                                 return;
                             }
                         }
@@ -737,7 +872,7 @@ mod tests {
         )
     }
 
-    async fn exchange(pool: &Pool) -> Result<Vec<u8>, String> {
+    async fn exchange(pool: &Arc<Pool>) -> Result<Vec<u8>, String> {
         let mut sent = pool
             .send(b"GET / HTTP/1.1\r\n\r\n", Duration::from_secs(5))
             .await
@@ -759,17 +894,24 @@ mod tests {
         Ok(body)
     }
 
+    /// Long enough for a connection to settle ([`SETTLE`]).
+    async fn settle() {
+        tokio::time::sleep(SETTLE + Duration::from_millis(10)).await;
+    }
+
     /// A server that closes every connection after one answer, without `connection:
-    /// close`: each later request finds its pooled connection closed, replaces it before
-    /// writing a byte, and every request is read exactly once.
+    /// close`: the next requests find their pooled connection closed and replace it before
+    /// writing a byte; after two, the pool has learned the habit and no longer keeps a
+    /// connection after such a response, but opens a spare in its place. Every request is
+    /// read exactly once.
     #[tokio::test]
     async fn a_connection_the_server_closed_is_replaced_before_any_byte_is_written() {
         let (target, mut log) = server(1, false).await;
-        let pool = Pool::new(target, PoolConfig::default());
+        let pool = Arc::new(Pool::new(target, PoolConfig::default()));
         for _ in 0..5 {
             assert_eq!(exchange(&pool).await.unwrap(), b"ok");
             // The server's close arrives while the connection is idle.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            settle().await;
         }
         let mut seen = Vec::new();
         while let Ok(r) = log.try_recv() {
@@ -777,7 +919,64 @@ mod tests {
         }
         assert_eq!(seen, (1..=5).map(|c| (c, 1)).collect::<Vec<_>>());
         let s = pool.stats();
-        assert_eq!((s.opened, s.reused, s.found_closed), (5, 0, 4), "{s:?}");
+        assert_eq!(
+            (s.opened, s.found_closed, s.retired, s.spares, s.reused),
+            (3, 2, 3, 3, 2),
+            "{s:?}"
+        );
+        assert_eq!(pool.habit().after_sized(), After::Closes);
+    }
+
+    /// A server that closes each connection a millisecond after its one answer, advertising
+    /// keep-alive all along (llama.cpp's server after a stream): before the pool learned that,
+    /// a request written in between failed ("closed before a response") — every back-to-back
+    /// one, here. Now a connection is not reused until a close would have been seen, the habit
+    /// is learned from the first closes, and 200 requests back to back all succeed, each read
+    /// once, with spares opened ahead.
+    #[tokio::test]
+    async fn a_server_that_closes_right_after_each_answer_fails_no_request() {
+        let (target, mut log) = lingering_server(1, false, Duration::from_millis(1)).await;
+        let pool = Arc::new(Pool::new(target, PoolConfig::default()));
+        for i in 0..200 {
+            let r = exchange(&pool).await;
+            assert_eq!(r, Ok(b"ok".to_vec()), "request {i}: {:?}", pool.stats());
+        }
+        let mut seen = Vec::new();
+        while let Ok(r) = log.try_recv() {
+            seen.push(r);
+        }
+        assert_eq!(seen.len(), 200);
+        assert!(
+            seen.iter().all(|&(_, n)| n == 1),
+            "a connection carried two"
+        );
+        assert_eq!(pool.habit().after_sized(), After::Closes);
+        let s = pool.stats();
+        assert!(
+            s.retired >= 150 && s.reused >= 50 && s.spares >= 50,
+            "{s:?}"
+        );
+    }
+
+    /// A well-behaved server is learned as one: after the first reuse, connections go back
+    /// to work at once, and 200 requests back to back share a couple of connections.
+    #[tokio::test]
+    async fn a_server_that_keeps_connections_open_gets_them_reused() {
+        let (target, mut log) = server(usize::MAX, false).await;
+        let pool = Arc::new(Pool::new(target, PoolConfig::default()));
+        assert_eq!(exchange(&pool).await.unwrap(), b"ok");
+        settle().await;
+        for _ in 0..200 {
+            assert_eq!(exchange(&pool).await.unwrap(), b"ok");
+        }
+        assert_eq!(pool.habit().after_sized(), After::Keeps);
+        let s = pool.stats();
+        assert_eq!((s.opened, s.reused, s.retired), (1, 200, 0), "{s:?}");
+        let mut conns = std::collections::BTreeSet::new();
+        while let Ok((c, _)) = log.try_recv() {
+            conns.insert(c);
+        }
+        assert_eq!(conns.len(), 1);
     }
 
     /// A server that reads a request on a reused connection and closes without answering
@@ -785,8 +984,9 @@ mod tests {
     #[tokio::test]
     async fn a_request_the_server_read_is_never_sent_again() {
         let (target, mut log) = server(usize::MAX, true).await;
-        let pool = Pool::new(target, PoolConfig::default());
+        let pool = Arc::new(Pool::new(target, PoolConfig::default()));
         assert_eq!(exchange(&pool).await.unwrap(), b"ok");
+        settle().await;
         let e = exchange(&pool).await.unwrap_err();
         assert!(e.contains("closed before a response"), "{e}");
         assert_eq!(exchange(&pool).await.unwrap(), b"ok");
@@ -814,7 +1014,7 @@ mod tests {
         assert_eq!(pool.stats().expired, 3);
         // One round trip closes its connection (the server's close after one answer).
         assert_eq!(exchange(&pool).await.unwrap(), b"ok");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        settle().await;
         assert_eq!(pool.idle_count(), 3);
         assert_eq!(pool.refresh(3).await.unwrap(), (2, 1));
         assert_eq!(pool.stats().found_closed, 1);

@@ -14,6 +14,14 @@
 //! being filled, one waiting to be handed over, two queued and one being built per builder,
 //! two built, one being assembled), so the rows read but not yet in the look-ahead are at
 //! most `IN_TRANSIT × CHUNK_ROWS` per builder.
+//!
+//! A backlog is not built either: with `--max-concurrency C`, at most `C + `[`waiting_cap`]
+//! requests that are due (their offset reached) and not finished exist at once, in flight or
+//! waiting for a slot. When that many are, the feed waits (the rows behind stay unread in the
+//! trace, however many are due) and the next request is built when one finishes; it records
+//! when it was let in ([`Fed::held_until`]), the moment its wait for a slot ended at the
+//! latest, so its queue time runs from its scheduled time as before. Memory is then
+//! O(concurrency + look-ahead), not O(requests waiting).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender};
@@ -40,12 +48,29 @@ pub const IN_TRANSIT: usize = 8;
 /// How often a waiting feed thread looks at the clock and at cancellation.
 const POLL: Duration = Duration::from_millis(20);
 
+/// Requests that may wait for a `--max-concurrency` slot, built, beside the `max_concurrency`
+/// in flight: as many as the cap, at least 256 (enough that the next request is built and
+/// released before its slot comes while requests end quickly).
+pub fn waiting_cap(max_concurrency: usize) -> usize {
+    max_concurrency.max(256)
+}
+
 /// A scheduled request in the look-ahead; its bytes are given back when it is dropped.
 #[derive(Debug)]
 pub struct Fed {
     /// The request.
     pub item: PlannedRequest,
-    _ticket: Ticket,
+    /// When the feed let it in after waiting for the backlog to shrink (see the module doc):
+    /// it was due and waiting for a concurrency slot until then at least. None: not held.
+    pub held_until: Option<Instant>,
+    ticket: Ticket,
+}
+
+impl Fed {
+    /// Released by the pacer: it now counts as due (it is to be sent or wait for a slot).
+    pub fn released(&mut self) {
+        self.ticket.count_due();
+    }
 }
 
 /// What the feed tells the run besides the requests to pace.
@@ -79,24 +104,59 @@ pub struct FeedSummary {
     pub trace_span: Duration,
 }
 
-/// Bytes of built requests not yet finished, and the cap.
+/// Bytes of built requests not yet finished and the requests due and not finished, and
+/// their caps.
 #[derive(Debug)]
 struct Budget {
-    used: Mutex<usize>,
+    used: Mutex<Used>,
     freed: Condvar,
     cap: usize,
+    /// Most requests due and not finished (`--max-concurrency` + [`waiting_cap`]).
+    max_due: usize,
+}
+
+#[derive(Debug, Default)]
+struct Used {
+    bytes: usize,
+    /// Requests fed and not finished.
+    items: usize,
+    /// Of which due (their offset reached when fed, or released by the pacer).
+    due: usize,
+    /// The most `items` held at once.
+    peak: usize,
+}
+
+impl Budget {
+    fn used(&self) -> std::sync::MutexGuard<'_, Used> {
+        self.used.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 #[derive(Debug)]
 struct Ticket {
     bytes: usize,
+    /// Counted among the requests due.
+    due: bool,
     budget: Arc<Budget>,
+}
+
+impl Ticket {
+    fn count_due(&mut self) {
+        if !self.due {
+            self.due = true;
+            self.budget.used().due += 1;
+        }
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
-        *used = used.saturating_sub(self.bytes);
+        let mut used = self.budget.used();
+        used.bytes = used.bytes.saturating_sub(self.bytes);
+        used.items = used.items.saturating_sub(1);
+        if self.due {
+            used.due = used.due.saturating_sub(1);
+        }
         self.budget.freed.notify_all();
     }
 }
@@ -136,7 +196,13 @@ impl FeedCtl {
 
     /// Bytes of built requests held now (in the look-ahead or in flight).
     pub fn bytes_held(&self) -> usize {
-        *self.budget.used.lock().unwrap_or_else(|e| e.into_inner())
+        self.budget.used().bytes
+    }
+
+    /// The most requests built and not finished at once so far (in the look-ahead, waiting
+    /// for a slot, or in flight).
+    pub fn peak_held(&self) -> usize {
+        self.budget.used().peak
     }
 
     fn cancelled(&self) -> bool {
@@ -155,21 +221,45 @@ impl FeedCtl {
 
     /// Whether `bytes` more fit beside `used`: one item always fits, however large, so the
     /// look-ahead never stops a run.
-    fn bytes_fit(&self, used: usize, bytes: usize) -> bool {
-        used == 0 || used + bytes <= self.budget.cap
+    fn bytes_fit(&self, used: &Used, bytes: usize) -> bool {
+        used.bytes == 0 || used.bytes + bytes <= self.budget.cap
+    }
+
+    /// Whether one more request due fits the backlog.
+    fn due_fits(&self, used: &Used) -> bool {
+        used.due < self.budget.max_due
+    }
+
+    /// Whether an item due at `offset` is due now (before the clock starts: at the first).
+    fn is_due(&self, offset: Duration, first: Duration) -> bool {
+        let now = self.start.get().map_or(Duration::ZERO, |s| {
+            Instant::now().saturating_duration_since(*s)
+        });
+        offset <= now.max(first)
     }
 
     /// Whether an item fits the look-ahead now.
     fn has_room(&self, offset: Duration, first: Duration, bytes: usize) -> bool {
-        self.time_to_room(offset, first).is_zero() && self.bytes_fit(self.bytes_held(), bytes)
+        let used = self.budget.used();
+        self.time_to_room(offset, first).is_zero()
+            && self.bytes_fit(&used, bytes)
+            && (!self.is_due(offset, first) || self.due_fits(&used))
     }
 
     /// Waits until an item due at `offset` of `bytes` fits the look-ahead, and takes its
-    /// bytes (false: cancelled).
-    fn wait_for_room(&self, offset: Duration, first: Duration, bytes: usize) -> bool {
+    /// place: its ticket, and when it is held for the backlog, the instant it was let in
+    /// (None: cancelled). A closed-session turn that waits for its predecessor (`chained`)
+    /// is not due before the pacer releases it.
+    fn wait_for_room(
+        &self,
+        offset: Duration,
+        first: Duration,
+        bytes: usize,
+        chained: bool,
+    ) -> Option<(Ticket, Option<Instant>)> {
         loop {
             if self.cancelled() {
-                return false;
+                return None;
             }
             let wait = self.time_to_room(offset, first);
             if wait.is_zero() {
@@ -178,11 +268,28 @@ impl FeedCtl {
             self.stalled.store(true, Ordering::SeqCst);
             std::thread::sleep(wait.min(POLL));
         }
-        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
-        while !self.bytes_fit(*used, bytes) {
-            if self.cancelled() {
-                return false;
+        let mut used = self.budget.used();
+        let mut held = false;
+        loop {
+            let due = !chained && self.is_due(offset, first);
+            let backlog = due && !self.due_fits(&used);
+            if self.bytes_fit(&used, bytes) && !backlog {
+                used.bytes += bytes;
+                used.items += 1;
+                used.due += usize::from(due);
+                used.peak = used.peak.max(used.items);
+                self.stalled.store(false, Ordering::SeqCst);
+                let ticket = Ticket {
+                    bytes,
+                    due,
+                    budget: self.budget.clone(),
+                };
+                return Some((ticket, held.then(Instant::now)));
             }
+            if self.cancelled() {
+                return None;
+            }
+            held |= backlog;
             self.stalled.store(true, Ordering::SeqCst);
             used = self
                 .budget
@@ -191,9 +298,6 @@ impl FeedCtl {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        *used += bytes;
-        self.stalled.store(false, Ordering::SeqCst);
-        true
     }
 }
 
@@ -246,9 +350,12 @@ pub fn start<'scope, 'env>(
         stalled: AtomicBool::new(false),
         emitted: AtomicU64::new(0),
         budget: Arc::new(Budget {
-            used: Mutex::new(0),
+            used: Mutex::new(Used::default()),
             freed: Condvar::new(),
             cap: bytes.max(1),
+            max_due: cfg
+                .max_concurrency
+                .map_or(usize::MAX, |c| c.saturating_add(waiting_cap(c))),
         }),
         lookahead: time,
     });
@@ -405,14 +512,14 @@ fn collect(
             {
                 return summary(asm, None, false);
             }
-            if !ctl.wait_for_room(item.offset, first, bytes) {
+            let Some((ticket, held_until)) =
+                ctl.wait_for_room(item.offset, first, bytes, item.waits_for.is_some())
+            else {
                 return summary(asm, None, false);
-            }
+            };
             let fed = Box::new(Fed {
-                _ticket: Ticket {
-                    bytes,
-                    budget: ctl.budget.clone(),
-                },
+                ticket,
+                held_until,
                 item,
             });
             batch.push(match fed.item.waits_for {

@@ -15,12 +15,15 @@
 //! two built, one being assembled), so the rows read but not yet in the look-ahead are at
 //! most `IN_TRANSIT × CHUNK_ROWS` per builder.
 //!
-//! A backlog is not built either: with `--max-concurrency C`, at most `C + `[`waiting_cap`]
-//! requests that are due (their offset reached) and not finished exist at once, in flight or
-//! waiting for a slot. When that many are, the feed waits (the rows behind stay unread in the
-//! trace, however many are due) and the next request is built when one finishes; it records
-//! when it was let in ([`Fed::held_until`]), the moment its wait for a slot ended at the
-//! latest, so its queue time runs from its scheduled time as before. Memory is then
+//! A backlog is not built either: with `--max-concurrency C`, at most `C + W`
+//! ([`Lookahead::waiting`]) requests that are due (their offset reached) and not finished
+//! exist at once, in flight or waiting for a slot. When that many are, the feed waits (the
+//! rows behind stay unread in the trace, however many are due) until `W / 2` have finished,
+//! then builds the next ones; so the requests waiting for a slot are W/2 to W, and the one
+//! whose slot comes next is built well before. A request let in while `C` requests due
+//! before it were unfinished could not have had a slot yet: it records that instant
+//! ([`Fed::slot_not_before`]), so its queue time runs from its scheduled time as it did when
+//! every waiting request was built, even when it reaches the semaphore late. Memory is then
 //! O(concurrency + look-ahead), not O(requests waiting).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,21 +51,14 @@ pub const IN_TRANSIT: usize = 8;
 /// How often a waiting feed thread looks at the clock and at cancellation.
 const POLL: Duration = Duration::from_millis(20);
 
-/// Requests that may wait for a `--max-concurrency` slot, built, beside the `max_concurrency`
-/// in flight: as many as the cap, at least 256 (enough that the next request is built and
-/// released before its slot comes while requests end quickly).
-pub fn waiting_cap(max_concurrency: usize) -> usize {
-    max_concurrency.max(256)
-}
-
 /// A scheduled request in the look-ahead; its bytes are given back when it is dropped.
 #[derive(Debug)]
 pub struct Fed {
     /// The request.
     pub item: PlannedRequest,
-    /// When the feed let it in after waiting for the backlog to shrink (see the module doc):
-    /// it was due and waiting for a concurrency slot until then at least. None: not held.
-    pub held_until: Option<Instant>,
+    /// When it was let in, due, while `max_concurrency` requests due before it were not
+    /// finished (see the module doc): it had no slot before then. None: it may have had one.
+    pub slot_not_before: Option<Instant>,
     ticket: Ticket,
 }
 
@@ -111,8 +107,12 @@ struct Budget {
     used: Mutex<Used>,
     freed: Condvar,
     cap: usize,
-    /// Most requests due and not finished (`--max-concurrency` + [`waiting_cap`]).
+    /// `--max-concurrency` (usize::MAX: none).
+    concurrency: usize,
+    /// Most requests due and not finished (`--max-concurrency` + [`Lookahead::waiting`]).
     max_due: usize,
+    /// Once at `max_due`, the feed waits until no more than this many are due.
+    low_due: usize,
 }
 
 #[derive(Debug, Default)]
@@ -124,6 +124,8 @@ struct Used {
     due: usize,
     /// The most `items` held at once.
     peak: usize,
+    /// The feed waits for the requests due to fall to `low_due`.
+    backlogged: bool,
 }
 
 impl Budget {
@@ -157,7 +159,10 @@ impl Drop for Ticket {
         if self.due {
             used.due = used.due.saturating_sub(1);
         }
-        self.budget.freed.notify_all();
+        // A feed waiting for the backlog to shrink is woken once it has (or by its poll).
+        if !used.backlogged || used.due <= self.budget.low_due {
+            self.budget.freed.notify_all();
+        }
     }
 }
 
@@ -227,7 +232,8 @@ impl FeedCtl {
 
     /// Whether one more request due fits the backlog.
     fn due_fits(&self, used: &Used) -> bool {
-        used.due < self.budget.max_due
+        let b = &self.budget;
+        used.due < b.max_due && !(used.backlogged && used.due > b.low_due)
     }
 
     /// Whether an item due at `offset` is due now (before the clock starts: at the first).
@@ -247,8 +253,8 @@ impl FeedCtl {
     }
 
     /// Waits until an item due at `offset` of `bytes` fits the look-ahead, and takes its
-    /// place: its ticket, and when it is held for the backlog, the instant it was let in
-    /// (None: cancelled). A closed-session turn that waits for its predecessor (`chained`)
+    /// place: its ticket and, when it could not have had a slot before now, this instant
+    /// ([`Fed::slot_not_before`]) (None: cancelled). A closed-session turn that waits for its predecessor (`chained`)
     /// is not due before the pacer releases it.
     fn wait_for_room(
         &self,
@@ -269,27 +275,28 @@ impl FeedCtl {
             std::thread::sleep(wait.min(POLL));
         }
         let mut used = self.budget.used();
-        let mut held = false;
         loop {
             let due = !chained && self.is_due(offset, first);
             let backlog = due && !self.due_fits(&used);
             if self.bytes_fit(&used, bytes) && !backlog {
+                let no_slot = due && used.due >= self.budget.concurrency;
                 used.bytes += bytes;
                 used.items += 1;
                 used.due += usize::from(due);
                 used.peak = used.peak.max(used.items);
+                used.backlogged = false;
                 self.stalled.store(false, Ordering::SeqCst);
                 let ticket = Ticket {
                     bytes,
                     due,
                     budget: self.budget.clone(),
                 };
-                return Some((ticket, held.then(Instant::now)));
+                return Some((ticket, no_slot.then(Instant::now)));
             }
             if self.cancelled() {
                 return None;
             }
-            held |= backlog;
+            used.backlogged |= backlog;
             self.stalled.store(true, Ordering::SeqCst);
             used = self
                 .budget
@@ -343,7 +350,13 @@ pub fn start<'scope, 'env>(
     block_size: Option<usize>,
     tx: Sender<Vec<ToPacer>>,
 ) -> Result<Feed<'scope>, ReplayError> {
-    let Lookahead { time, bytes } = cfg.lookahead;
+    let Lookahead {
+        time,
+        bytes,
+        waiting,
+    } = cfg.lookahead;
+    let concurrency = cfg.max_concurrency.unwrap_or(usize::MAX);
+    let max_due = concurrency.saturating_add(waiting.max(1));
     let ctl = Arc::new(FeedCtl {
         start: OnceLock::new(),
         cancel: AtomicBool::new(false),
@@ -353,9 +366,9 @@ pub fn start<'scope, 'env>(
             used: Mutex::new(Used::default()),
             freed: Condvar::new(),
             cap: bytes.max(1),
-            max_due: cfg
-                .max_concurrency
-                .map_or(usize::MAX, |c| c.saturating_add(waiting_cap(c))),
+            concurrency,
+            max_due,
+            low_due: max_due - waiting.max(1).div_ceil(2),
         }),
         lookahead: time,
     });
@@ -512,14 +525,14 @@ fn collect(
             {
                 return summary(asm, None, false);
             }
-            let Some((ticket, held_until)) =
+            let Some((ticket, slot_not_before)) =
                 ctl.wait_for_room(item.offset, first, bytes, item.waits_for.is_some())
             else {
                 return summary(asm, None, false);
             };
             let fed = Box::new(Fed {
                 ticket,
-                held_until,
+                slot_not_before,
                 item,
             });
             batch.push(match fed.item.waits_for {

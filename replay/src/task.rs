@@ -148,10 +148,10 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
         guard.unsent();
         return;
     }
-    // A request the feed held back while the backlog was full waited for a slot until it
-    // was let in at least (`held_until`: the feed builds no more requests waiting for a
-    // slot than it has to).
-    let slot_at = match (slot_at, fed.held_until.filter(|h| *h > scheduled)) {
+    // A request the feed let in while `--max-concurrency` requests due before it were
+    // unfinished had no slot before (`slot_not_before`: the feed builds no more requests
+    // waiting for a slot than it has to, so one may reach the semaphore after its slot came).
+    let slot_at = match (slot_at, fed.slot_not_before.filter(|h| *h > scheduled)) {
         (Some(a), Some(h)) => Some(a.max(h)),
         (a, h) => a.or(h),
     };

@@ -1,12 +1,11 @@
 //! A backlog in bounded memory: requests all due at once behind a `--max-concurrency` cap
 //! are built when a slot is near, not when they are due, so the requests built and not
-//! finished at once stay within the cap plus [`replay::feed::waiting_cap`], however many are
+//! finished at once stay within the cap plus the look-ahead's `waiting`, however many are
 //! waiting; and their queue time still runs from their scheduled time.
 
 use std::time::Duration;
 
 use replay::config::Target;
-use replay::feed::waiting_cap;
 use replay::ReplayConfig;
 use sim::groundtruth::{GroundTruth, GroundTruthConfig};
 use trace_format::TraceRecord;
@@ -32,6 +31,7 @@ fn burst(n: usize) -> Vec<TraceRecord> {
 fn requests_waiting_for_a_slot_are_not_built_until_one_is_near() {
     const N: usize = 2_000;
     const CAP: usize = 8;
+    const WAITING: usize = 64;
     let server = GroundTruth::start(
         "127.0.0.1:0".parse().unwrap(),
         GroundTruthConfig {
@@ -46,6 +46,7 @@ fn requests_waiting_for_a_slot_are_not_built_until_one_is_near() {
         url: server.url(),
     }]);
     cfg.max_concurrency = Some(CAP);
+    cfg.lookahead.waiting = WAITING;
     let runs = replay::replay(
         &cfg.validate().unwrap(),
         &burst(N),
@@ -59,8 +60,8 @@ fn requests_waiting_for_a_slot_are_not_built_until_one_is_near() {
     assert_eq!(m.completed, N, "outcomes: {:?}", m.outcomes);
     assert_eq!(run.records.len(), N);
     // The bound does not depend on timing: the feed lets a due request in only while fewer
-    // than CAP + waiting_cap(CAP) are due and unfinished.
-    let bound = CAP + waiting_cap(CAP);
+    // than CAP + WAITING are due and unfinished.
+    let bound = CAP + WAITING;
     assert!(bound < N / 4);
     assert!(
         run.peak_built >= CAP && run.peak_built <= bound,

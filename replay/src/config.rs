@@ -501,7 +501,7 @@ impl Default for Lookahead {
         Lookahead {
             time: Duration::from_secs(5),
             bytes: 128 << 20,
-            waiting: 2048,
+            waiting: 4096,
         }
     }
 }

@@ -20,12 +20,15 @@
 //! exist at once, in flight or waiting for a slot. When that many are, the feed waits (the
 //! rows behind stay unread in the trace, however many are due) until `W / 2` have finished,
 //! then builds the next ones; so the requests waiting for a slot are W/2 to W, and the one
-//! whose slot comes next is built well before. A request let in while `C` requests due
-//! before it were unfinished could not have had a slot yet: it records that instant
-//! ([`Fed::slot_not_before`]), so its queue time runs from its scheduled time as it did when
-//! every waiting request was built, even when it reaches the semaphore late. Memory is then
-//! O(concurrency + look-ahead), not O(requests waiting).
+//! whose slot comes next is built well before. A request that becomes due while `C` requests
+//! due before it are unfinished could not have had a slot yet, and one that becomes due
+//! while fewer are (the feed fell behind) takes the slot free longest: it records from when
+//! ([`Fed::slot_not_before`]). So its queue time runs from its scheduled time to its slot as
+//! it did when every waiting request was built, and only the time after its slot came is
+//! dispatch lag, even when it reaches the semaphore late. Memory is then O(concurrency +
+//! look-ahead), not O(requests waiting).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -56,8 +59,10 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct Fed {
     /// The request.
     pub item: PlannedRequest,
-    /// When it was let in, due, while `max_concurrency` requests due before it were not
-    /// finished (see the module doc): it had no slot before then. None: it may have had one.
+    /// The earliest it can have had a `--max-concurrency` slot, when it became due (let in
+    /// by the feed or released by the pacer): then, when `max_concurrency` requests due
+    /// before it were unfinished, or when the slot free longest was freed (see the module
+    /// doc). None: a slot was free from the start.
     pub slot_not_before: Option<Instant>,
     ticket: Ticket,
 }
@@ -65,7 +70,9 @@ pub struct Fed {
 impl Fed {
     /// Released by the pacer: it now counts as due (it is to be sent or wait for a slot).
     pub fn released(&mut self) {
-        self.ticket.count_due();
+        if let Some(t) = self.ticket.count_due() {
+            self.slot_not_before.get_or_insert(t);
+        }
     }
 }
 
@@ -126,6 +133,38 @@ struct Used {
     peak: usize,
     /// The feed waits for the requests due to fall to `low_due`.
     backlogged: bool,
+    /// With `due` below `concurrency`: when the slots the requests due leave free were
+    /// freed, oldest first; slots never taken (free since the start) are not listed, so
+    /// there are at most `concurrency - due`.
+    free_since: VecDeque<Instant>,
+}
+
+impl Used {
+    /// One more request due, from `now`: it takes the slot free longest, and returns when
+    /// that slot was freed (None: never taken) or, when none is free, `now` (it has no slot
+    /// before then).
+    fn take_due(&mut self, concurrency: usize, now: Instant) -> Option<Instant> {
+        let free = concurrency.saturating_sub(self.due);
+        self.due += 1;
+        if concurrency == usize::MAX {
+            return None;
+        }
+        if free == 0 {
+            return Some(now);
+        }
+        if self.free_since.len() < free {
+            return None;
+        }
+        self.free_since.pop_front()
+    }
+
+    /// A request due finished at `now`: its slot is free from then.
+    fn end_due(&mut self, concurrency: usize, now: Instant) {
+        self.due = self.due.saturating_sub(1);
+        if self.due < concurrency && concurrency != usize::MAX {
+            self.free_since.push_back(now);
+        }
+    }
 }
 
 impl Budget {
@@ -143,11 +182,14 @@ struct Ticket {
 }
 
 impl Ticket {
-    fn count_due(&mut self) {
-        if !self.due {
-            self.due = true;
-            self.budget.used().due += 1;
+    /// Counts it among the requests due (once); see [`Used::take_due`].
+    fn count_due(&mut self) -> Option<Instant> {
+        if self.due {
+            return None;
         }
+        self.due = true;
+        let c = self.budget.concurrency;
+        self.budget.used().take_due(c, Instant::now())
     }
 }
 
@@ -157,7 +199,7 @@ impl Drop for Ticket {
         used.bytes = used.bytes.saturating_sub(self.bytes);
         used.items = used.items.saturating_sub(1);
         if self.due {
-            used.due = used.due.saturating_sub(1);
+            used.end_due(self.budget.concurrency, Instant::now());
         }
         // A feed waiting for the backlog to shrink is woken once it has (or by its poll).
         if !used.backlogged || used.due <= self.budget.low_due {
@@ -279,10 +321,12 @@ impl FeedCtl {
             let due = !chained && self.is_due(offset, first);
             let backlog = due && !self.due_fits(&used);
             if self.bytes_fit(&used, bytes) && !backlog {
-                let no_slot = due && used.due >= self.budget.concurrency;
+                let slot = match due {
+                    true => used.take_due(self.budget.concurrency, Instant::now()),
+                    false => None,
+                };
                 used.bytes += bytes;
                 used.items += 1;
-                used.due += usize::from(due);
                 used.peak = used.peak.max(used.items);
                 used.backlogged = false;
                 self.stalled.store(false, Ordering::SeqCst);
@@ -291,7 +335,7 @@ impl FeedCtl {
                     due,
                     budget: self.budget.clone(),
                 };
-                return Some((ticket, no_slot.then(Instant::now)));
+                return Some((ticket, slot));
             }
             if self.cancelled() {
                 return None;
@@ -554,5 +598,41 @@ fn summary(asm: Assembler, sel: Option<&Selector>, complete: bool) -> FeedSummar
         trace_span: sel.map(Selector::trace_span).unwrap_or_default(),
         skipped: asm.skipped,
         bodies: asm.bodies,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_due_takes_the_slot_free_longest_or_has_none_before_it_becomes_due() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut u = Used::default();
+        // Two slots, never taken: free since the start.
+        assert_eq!(u.take_due(2, at(0)), None);
+        assert_eq!(u.take_due(2, at(1)), None);
+        // Both taken: the next two have no slot before they become due.
+        assert_eq!(u.take_due(2, at(2)), Some(at(2)));
+        assert_eq!(u.take_due(2, at(3)), Some(at(3)));
+        // Two end: their slots go to the two waiting, none is left free.
+        u.end_due(2, at(10));
+        u.end_due(2, at(11));
+        assert!(u.free_since.is_empty());
+        // Two more end with nothing due behind them (the feed fell behind): the next ones
+        // take those slots, the one freed first first.
+        u.end_due(2, at(20));
+        u.end_due(2, at(25));
+        assert_eq!(u.free_since.len(), 2);
+        assert_eq!(u.take_due(2, at(30)), Some(at(20)));
+        assert_eq!(u.take_due(2, at(31)), Some(at(25)));
+        assert_eq!(u.take_due(2, at(32)), Some(at(32)));
+        assert_eq!(u.due, 3);
+        // Without a cap nothing is listed.
+        let mut v = Used::default();
+        v.end_due(usize::MAX, at(40));
+        assert_eq!(v.take_due(usize::MAX, at(41)), None);
+        assert!(v.free_since.is_empty());
     }
 }

@@ -18,7 +18,8 @@
 //! A backlog is not built either: with `--max-concurrency C`, at most `C + W`
 //! ([`Lookahead::waiting`]) requests that are due (their offset reached) and not finished
 //! exist at once, in flight or waiting for a slot. When that many are, the feed waits (the
-//! rows behind stay unread in the trace, however many are due) until `W / 2` have finished,
+//! rows behind stay unread in the trace, due or not: a paced trace against a slower target
+//! is held the same way) until `W / 2` have finished,
 //! then builds the next ones; so the requests waiting for a slot are W/2 to W, and the one
 //! whose slot comes next is built well before. A request that becomes due while `C` requests
 //! due before it are unfinished could not have had a slot yet, and one that becomes due
@@ -287,11 +288,11 @@ impl FeedCtl {
     }
 
     /// Whether an item fits the look-ahead now.
-    fn has_room(&self, offset: Duration, first: Duration, bytes: usize) -> bool {
+    fn has_room(&self, offset: Duration, first: Duration, bytes: usize, chained: bool) -> bool {
         let used = self.budget.used();
         self.time_to_room(offset, first).is_zero()
             && self.bytes_fit(&used, bytes)
-            && (!self.is_due(offset, first) || self.due_fits(&used))
+            && (chained || self.due_fits(&used))
     }
 
     /// Waits until an item due at `offset` of `bytes` fits the look-ahead, and takes its
@@ -318,8 +319,10 @@ impl FeedCtl {
         }
         let mut used = self.budget.used();
         loop {
+            // A full backlog stops the feed whether this item is due yet or not: once due,
+            // it would join the backlog (a paced trace against a slower target).
             let due = !chained && self.is_due(offset, first);
-            let backlog = due && !self.due_fits(&used);
+            let backlog = !chained && !self.due_fits(&used);
             if self.bytes_fit(&used, bytes) && !backlog {
                 let slot = match due {
                     true => used.take_due(self.budget.concurrency, Instant::now()),
@@ -563,14 +566,15 @@ fn collect(
             let bytes = item.req.body.len() + item.request_id.len() + 256;
             // Hand over what is ready before waiting for room, so the pacer never waits
             // for the feed while the feed waits for the clock.
+            let chained = item.waits_for.is_some();
             if !batch.is_empty()
-                && !ctl.has_room(item.offset, first, bytes)
+                && !ctl.has_room(item.offset, first, bytes, chained)
                 && tx.send(std::mem::take(&mut batch)).is_err()
             {
                 return summary(asm, None, false);
             }
             let Some((ticket, slot_not_before)) =
-                ctl.wait_for_room(item.offset, first, bytes, item.waits_for.is_some())
+                ctl.wait_for_room(item.offset, first, bytes, chained)
             else {
                 return summary(asm, None, false);
             };

@@ -522,14 +522,19 @@ pub struct ReplayConfig {
 }
 
 /// How far ahead of the clock the feed builds requests: at most `time` of schedule ahead,
-/// and at most `bytes` of built requests not yet finished (one request always fits). The
-/// run's memory is bounded by these and by the requests in flight, not by the trace.
+/// at most `bytes` of built requests not yet finished (one request always fits), and with a
+/// `max_concurrency`, at most `waiting` requests due beyond it (waiting for a slot). The
+/// run's memory is bounded by these and by the requests in flight, not by the trace or by
+/// the requests waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lookahead {
     /// Schedule time built ahead of the clock.
     pub time: Duration,
     /// Bytes of built requests (in the look-ahead or in flight).
     pub bytes: usize,
+    /// Requests due and built beyond `max_concurrency` (waiting for a slot); the rest of a
+    /// backlog stays unread until some finish.
+    pub waiting: usize,
 }
 
 impl Default for Lookahead {
@@ -537,6 +542,7 @@ impl Default for Lookahead {
         Lookahead {
             time: Duration::from_secs(5),
             bytes: 128 << 20,
+            waiting: 4096,
         }
     }
 }
@@ -653,8 +659,9 @@ impl ReplayConfig {
         if self.soak.slice.is_some_and(|d| d.is_zero()) {
             return bad("--slice must be positive".into());
         }
-        if self.lookahead.time.is_zero() || self.lookahead.bytes == 0 {
-            return bad("the look-ahead must be positive (time and bytes)".into());
+        if self.lookahead.time.is_zero() || self.lookahead.bytes == 0 || self.lookahead.waiting == 0
+        {
+            return bad("the look-ahead must be positive (time, bytes and waiting)".into());
         }
         if self.start_at_us.is_some() && self.targets.len() > 1 {
             return bad("--start-at starts one run: give a single --target".into());

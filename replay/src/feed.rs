@@ -14,7 +14,22 @@
 //! being filled, one waiting to be handed over, two queued and one being built per builder,
 //! two built, one being assembled), so the rows read but not yet in the look-ahead are at
 //! most `IN_TRANSIT × CHUNK_ROWS` per builder.
+//!
+//! A backlog is not built either: with `--max-concurrency C`, at most `C + W`
+//! ([`Lookahead::waiting`]) requests that are due (their offset reached) and not finished
+//! exist at once, in flight or waiting for a slot. When that many are, the feed waits (the
+//! rows behind stay unread in the trace, due or not: a paced trace against a slower target
+//! is held the same way) until `W / 2` have finished,
+//! then builds the next ones; so the requests waiting for a slot are W/2 to W, and the one
+//! whose slot comes next is built well before. A request that becomes due while `C` requests
+//! due before it are unfinished could not have had a slot yet, and one that becomes due
+//! while fewer are (the feed fell behind) takes the slot free longest: it records from when
+//! ([`Fed::slot_not_before`]). So its queue time runs from its scheduled time to its slot as
+//! it did when every waiting request was built, and only the time after its slot came is
+//! dispatch lag, even when it reaches the semaphore late. Memory is then O(concurrency +
+//! look-ahead), not O(requests waiting).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -45,7 +60,21 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct Fed {
     /// The request.
     pub item: PlannedRequest,
-    _ticket: Ticket,
+    /// The earliest it can have had a `--max-concurrency` slot, when it became due (let in
+    /// by the feed or released by the pacer): then, when `max_concurrency` requests due
+    /// before it were unfinished, or when the slot free longest was freed (see the module
+    /// doc). None: a slot was free from the start.
+    pub slot_not_before: Option<Instant>,
+    ticket: Ticket,
+}
+
+impl Fed {
+    /// Released by the pacer: it now counts as due (it is to be sent or wait for a slot).
+    pub fn released(&mut self) {
+        if let Some(t) = self.ticket.count_due() {
+            self.slot_not_before.get_or_insert(t);
+        }
+    }
 }
 
 /// What the feed tells the run besides the requests to pace.
@@ -79,25 +108,104 @@ pub struct FeedSummary {
     pub trace_span: Duration,
 }
 
-/// Bytes of built requests not yet finished, and the cap.
+/// Bytes of built requests not yet finished and the requests due and not finished, and
+/// their caps.
 #[derive(Debug)]
 struct Budget {
-    used: Mutex<usize>,
+    used: Mutex<Used>,
     freed: Condvar,
     cap: usize,
+    /// `--max-concurrency` (usize::MAX: none).
+    concurrency: usize,
+    /// Most requests due and not finished (`--max-concurrency` + [`Lookahead::waiting`]).
+    max_due: usize,
+    /// Once at `max_due`, the feed waits until no more than this many are due.
+    low_due: usize,
+}
+
+#[derive(Debug, Default)]
+struct Used {
+    bytes: usize,
+    /// Requests fed and not finished.
+    items: usize,
+    /// Of which due (their offset reached when fed, or released by the pacer).
+    due: usize,
+    /// The most `items` held at once.
+    peak: usize,
+    /// The feed waits for the requests due to fall to `low_due`.
+    backlogged: bool,
+    /// With `due` below `concurrency`: when the slots the requests due leave free were
+    /// freed, oldest first; slots never taken (free since the start) are not listed, so
+    /// there are at most `concurrency - due`.
+    free_since: VecDeque<Instant>,
+}
+
+impl Used {
+    /// One more request due, from `now`: it takes the slot free longest, and returns when
+    /// that slot was freed (None: never taken) or, when none is free, `now` (it has no slot
+    /// before then).
+    fn take_due(&mut self, concurrency: usize, now: Instant) -> Option<Instant> {
+        let free = concurrency.saturating_sub(self.due);
+        self.due += 1;
+        if concurrency == usize::MAX {
+            return None;
+        }
+        if free == 0 {
+            return Some(now);
+        }
+        if self.free_since.len() < free {
+            return None;
+        }
+        self.free_since.pop_front()
+    }
+
+    /// A request due finished at `now`: its slot is free from then.
+    fn end_due(&mut self, concurrency: usize, now: Instant) {
+        self.due = self.due.saturating_sub(1);
+        if self.due < concurrency && concurrency != usize::MAX {
+            self.free_since.push_back(now);
+        }
+    }
+}
+
+impl Budget {
+    fn used(&self) -> std::sync::MutexGuard<'_, Used> {
+        self.used.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 #[derive(Debug)]
 struct Ticket {
     bytes: usize,
+    /// Counted among the requests due.
+    due: bool,
     budget: Arc<Budget>,
+}
+
+impl Ticket {
+    /// Counts it among the requests due (once); see [`Used::take_due`].
+    fn count_due(&mut self) -> Option<Instant> {
+        if self.due {
+            return None;
+        }
+        self.due = true;
+        let c = self.budget.concurrency;
+        self.budget.used().take_due(c, Instant::now())
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
-        *used = used.saturating_sub(self.bytes);
-        self.budget.freed.notify_all();
+        let mut used = self.budget.used();
+        used.bytes = used.bytes.saturating_sub(self.bytes);
+        used.items = used.items.saturating_sub(1);
+        if self.due {
+            used.end_due(self.budget.concurrency, Instant::now());
+        }
+        // A feed waiting for the backlog to shrink is woken once it has (or by its poll).
+        if !used.backlogged || used.due <= self.budget.low_due {
+            self.budget.freed.notify_all();
+        }
     }
 }
 
@@ -136,7 +244,13 @@ impl FeedCtl {
 
     /// Bytes of built requests held now (in the look-ahead or in flight).
     pub fn bytes_held(&self) -> usize {
-        *self.budget.used.lock().unwrap_or_else(|e| e.into_inner())
+        self.budget.used().bytes
+    }
+
+    /// The most requests built and not finished at once so far (in the look-ahead, waiting
+    /// for a slot, or in flight).
+    pub fn peak_held(&self) -> usize {
+        self.budget.used().peak
     }
 
     fn cancelled(&self) -> bool {
@@ -155,21 +269,46 @@ impl FeedCtl {
 
     /// Whether `bytes` more fit beside `used`: one item always fits, however large, so the
     /// look-ahead never stops a run.
-    fn bytes_fit(&self, used: usize, bytes: usize) -> bool {
-        used == 0 || used + bytes <= self.budget.cap
+    fn bytes_fit(&self, used: &Used, bytes: usize) -> bool {
+        used.bytes == 0 || used.bytes + bytes <= self.budget.cap
+    }
+
+    /// Whether one more request due fits the backlog.
+    fn due_fits(&self, used: &Used) -> bool {
+        let b = &self.budget;
+        used.due < b.max_due && !(used.backlogged && used.due > b.low_due)
+    }
+
+    /// Whether an item due at `offset` is due now (before the clock starts: at the first).
+    fn is_due(&self, offset: Duration, first: Duration) -> bool {
+        let now = self.start.get().map_or(Duration::ZERO, |s| {
+            Instant::now().saturating_duration_since(*s)
+        });
+        offset <= now.max(first)
     }
 
     /// Whether an item fits the look-ahead now.
-    fn has_room(&self, offset: Duration, first: Duration, bytes: usize) -> bool {
-        self.time_to_room(offset, first).is_zero() && self.bytes_fit(self.bytes_held(), bytes)
+    fn has_room(&self, offset: Duration, first: Duration, bytes: usize, chained: bool) -> bool {
+        let used = self.budget.used();
+        self.time_to_room(offset, first).is_zero()
+            && self.bytes_fit(&used, bytes)
+            && (chained || self.due_fits(&used))
     }
 
     /// Waits until an item due at `offset` of `bytes` fits the look-ahead, and takes its
-    /// bytes (false: cancelled).
-    fn wait_for_room(&self, offset: Duration, first: Duration, bytes: usize) -> bool {
+    /// place: its ticket and, when it could not have had a slot before now, this instant
+    /// ([`Fed::slot_not_before`]) (None: cancelled). A closed-session turn that waits for its predecessor (`chained`)
+    /// is not due before the pacer releases it.
+    fn wait_for_room(
+        &self,
+        offset: Duration,
+        first: Duration,
+        bytes: usize,
+        chained: bool,
+    ) -> Option<(Ticket, Option<Instant>)> {
         loop {
             if self.cancelled() {
-                return false;
+                return None;
             }
             let wait = self.time_to_room(offset, first);
             if wait.is_zero() {
@@ -178,11 +317,33 @@ impl FeedCtl {
             self.stalled.store(true, Ordering::SeqCst);
             std::thread::sleep(wait.min(POLL));
         }
-        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
-        while !self.bytes_fit(*used, bytes) {
-            if self.cancelled() {
-                return false;
+        let mut used = self.budget.used();
+        loop {
+            // A full backlog stops the feed whether this item is due yet or not: once due,
+            // it would join the backlog (a paced trace against a slower target).
+            let due = !chained && self.is_due(offset, first);
+            let backlog = !chained && !self.due_fits(&used);
+            if self.bytes_fit(&used, bytes) && !backlog {
+                let slot = match due {
+                    true => used.take_due(self.budget.concurrency, Instant::now()),
+                    false => None,
+                };
+                used.bytes += bytes;
+                used.items += 1;
+                used.peak = used.peak.max(used.items);
+                used.backlogged = false;
+                self.stalled.store(false, Ordering::SeqCst);
+                let ticket = Ticket {
+                    bytes,
+                    due,
+                    budget: self.budget.clone(),
+                };
+                return Some((ticket, slot));
             }
+            if self.cancelled() {
+                return None;
+            }
+            used.backlogged |= backlog;
             self.stalled.store(true, Ordering::SeqCst);
             used = self
                 .budget
@@ -191,9 +352,6 @@ impl FeedCtl {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        *used += bytes;
-        self.stalled.store(false, Ordering::SeqCst);
-        true
     }
 }
 
@@ -239,16 +397,25 @@ pub fn start<'scope, 'env>(
     block_size: Option<usize>,
     tx: Sender<Vec<ToPacer>>,
 ) -> Result<Feed<'scope>, ReplayError> {
-    let Lookahead { time, bytes } = cfg.lookahead;
+    let Lookahead {
+        time,
+        bytes,
+        waiting,
+    } = cfg.lookahead;
+    let concurrency = cfg.max_concurrency.unwrap_or(usize::MAX);
+    let max_due = concurrency.saturating_add(waiting.max(1));
     let ctl = Arc::new(FeedCtl {
         start: OnceLock::new(),
         cancel: AtomicBool::new(false),
         stalled: AtomicBool::new(false),
         emitted: AtomicU64::new(0),
         budget: Arc::new(Budget {
-            used: Mutex::new(0),
+            used: Mutex::new(Used::default()),
             freed: Condvar::new(),
             cap: bytes.max(1),
+            concurrency,
+            max_due,
+            low_due: max_due - waiting.max(1).div_ceil(2),
         }),
         lookahead: time,
     });
@@ -399,20 +566,21 @@ fn collect(
             let bytes = item.req.body.len() + item.request_id.len() + 256;
             // Hand over what is ready before waiting for room, so the pacer never waits
             // for the feed while the feed waits for the clock.
+            let chained = item.waits_for.is_some();
             if !batch.is_empty()
-                && !ctl.has_room(item.offset, first, bytes)
+                && !ctl.has_room(item.offset, first, bytes, chained)
                 && tx.send(std::mem::take(&mut batch)).is_err()
             {
                 return summary(asm, None, false);
             }
-            if !ctl.wait_for_room(item.offset, first, bytes) {
+            let Some((ticket, slot_not_before)) =
+                ctl.wait_for_room(item.offset, first, bytes, chained)
+            else {
                 return summary(asm, None, false);
-            }
+            };
             let fed = Box::new(Fed {
-                _ticket: Ticket {
-                    bytes,
-                    budget: ctl.budget.clone(),
-                },
+                ticket,
+                slot_not_before,
                 item,
             });
             batch.push(match fed.item.waits_for {
@@ -434,5 +602,41 @@ fn summary(asm: Assembler, sel: Option<&Selector>, complete: bool) -> FeedSummar
         trace_span: sel.map(Selector::trace_span).unwrap_or_default(),
         skipped: asm.skipped,
         bodies: asm.bodies,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_due_takes_the_slot_free_longest_or_has_none_before_it_becomes_due() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut u = Used::default();
+        // Two slots, never taken: free since the start.
+        assert_eq!(u.take_due(2, at(0)), None);
+        assert_eq!(u.take_due(2, at(1)), None);
+        // Both taken: the next two have no slot before they become due.
+        assert_eq!(u.take_due(2, at(2)), Some(at(2)));
+        assert_eq!(u.take_due(2, at(3)), Some(at(3)));
+        // Two end: their slots go to the two waiting, none is left free.
+        u.end_due(2, at(10));
+        u.end_due(2, at(11));
+        assert!(u.free_since.is_empty());
+        // Two more end with nothing due behind them (the feed fell behind): the next ones
+        // take those slots, the one freed first first.
+        u.end_due(2, at(20));
+        u.end_due(2, at(25));
+        assert_eq!(u.free_since.len(), 2);
+        assert_eq!(u.take_due(2, at(30)), Some(at(20)));
+        assert_eq!(u.take_due(2, at(31)), Some(at(25)));
+        assert_eq!(u.take_due(2, at(32)), Some(at(32)));
+        assert_eq!(u.due, 3);
+        // Without a cap nothing is listed.
+        let mut v = Used::default();
+        v.end_due(usize::MAX, at(40));
+        assert_eq!(v.take_due(usize::MAX, at(41)), None);
+        assert!(v.free_since.is_empty());
     }
 }

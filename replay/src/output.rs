@@ -98,6 +98,10 @@ pub struct RunOutput {
     pub pool: Option<wire::PoolStats>,
     /// Warm-up requests sent.
     pub warmups: usize,
+    /// The most requests built and not finished at once (in the look-ahead, waiting for a
+    /// `--max-concurrency` slot, or in flight): bounded by the look-ahead and the
+    /// concurrency cap, not by the requests waiting (0 for a run assembled elsewhere).
+    pub peak_built: usize,
     /// Client CPU, when measurable.
     pub client_load: Option<ClientLoad>,
     /// The server's scheduler gauges sampled during the run (`--server-metrics`).

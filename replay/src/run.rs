@@ -181,7 +181,8 @@ impl Dispatch {
 }
 
 impl Outlet<Box<Fed>, FeedMsg> for Dispatch {
-    fn dispatch(&mut self, item: Box<Fed>, offset: Duration, scheduled: Instant) {
+    fn dispatch(&mut self, mut item: Box<Fed>, offset: Duration, scheduled: Instant) {
+        item.released();
         let us = offset.as_micros() as i64;
         if self.instant_us != Some(us) {
             self.close();
@@ -547,6 +548,7 @@ fn run_fed(
         preconnected: pool_at_start.preconnected as usize,
         pool: Some(pool),
         warmups: cfg.num_warmups,
+        peak_built: feed.peak_held(),
         client_load,
         server_gauges,
         server_histograms: Default::default(),

@@ -148,6 +148,13 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
         guard.unsent();
         return;
     }
+    // A request the feed let in while `--max-concurrency` requests due before it were
+    // unfinished had no slot before (`slot_not_before`: the feed builds no more requests
+    // waiting for a slot than it has to, so one may reach the semaphore after its slot came).
+    let slot_at = match (slot_at, fed.slot_not_before.filter(|h| *h > scheduled)) {
+        (Some(a), Some(h)) => Some(a.max(h)),
+        (a, h) => a.or(h),
+    };
     let due = slot_at.map_or(scheduled, |at| at.max(scheduled));
     let waited = slot_at.is_some();
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -252,6 +259,10 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
 /// starts late, is still lag. Requests that waited for a slot (`waited`) are due when they got
 /// it and are left out. The row invariant holds: send = start + scheduled offset + queue +
 /// lag + connect.
+///
+/// This is the attribution over a whole run; the run applies it as rows finish, in bounded
+/// memory ([`Bursts`]), and the tests check the two agree.
+#[cfg(test)]
 pub(crate) fn attribute_bursts(rows: &mut [TraceRecord], waited: &[bool]) {
     let mut by_instant: std::collections::HashMap<i64, Vec<usize>> = Default::default();
     for (i, r) in rows.iter().enumerate() {
@@ -262,26 +273,45 @@ pub(crate) fn attribute_bursts(rows: &mut [TraceRecord], waited: &[bool]) {
             by_instant.entry(off).or_default().push(i);
         }
     }
-    for mut burst in by_instant.into_values().filter(|b| b.len() > 1) {
-        burst.sort_by_key(|&i| rows[i].arrival_time_us);
-        for w in burst.windows(2) {
-            let before = rows[w[0]].arrival_time_us;
-            let r = &mut rows[w[1]];
+    for burst in by_instant.into_values().filter(|b| b.len() > 1) {
+        chain(rows, burst, None);
+    }
+}
+
+/// Attributes `burst` (indexes of rows due at one instant) in send order: each row waited for
+/// the one sent before it, the first for a send at `before` (a member attributed earlier) if
+/// it was sent after that. Returns the latest send seen.
+fn chain(rows: &mut [TraceRecord], mut burst: Vec<usize>, mut before: Option<i64>) -> Option<i64> {
+    burst.sort_by_key(|&i| rows[i].arrival_time_us);
+    for i in burst {
+        let r = &mut rows[i];
+        let sent = r.arrival_time_us;
+        if let Some(before) = before.filter(|b| *b <= sent) {
             let (lag, queue) = (r.dispatch_lag_us.unwrap_or(0), r.queue_us.unwrap_or(0));
             let behind = lag + queue;
             // The instant the request was due (start + scheduled offset), from its own row.
-            let due = r.arrival_time_us - behind - r.connect_us.unwrap_or(0);
+            let due = sent - behind - r.connect_us.unwrap_or(0);
             let wait = (before - due).clamp(0, behind);
             r.queue_us = Some(wait);
             r.dispatch_lag_us = Some(behind - wait);
         }
+        before = Some(before.map_or(sent, |b| b.max(sent)));
     }
+    before
 }
+
+/// Rows of one burst held at most: past it, the earliest-sent half is attributed and leaves,
+/// and the rest wait for their predecessors in the part still held or in flight, so a burst of
+/// millions (`--request-rate inf`) is held in bounded memory. A member that finishes after
+/// `BURST_WINDOW / 2` members sent after it finished, and was sent before the last of those
+/// that left, is left as sent (its whole delay dispatch lag: the conservative side).
+pub(crate) const BURST_WINDOW: usize = 4096;
 
 /// Rows held for burst attribution: a burst (the requests released at one instant) is held
 /// until it is closed (the pacer released a later instant) and every member finished, then
-/// attributed as [`attribute_bursts`] would over the whole run. Rows of bursts of one are
-/// held only until the pacer moves on.
+/// attributed as `attribute_bursts` would over the whole run; at most [`BURST_WINDOW`] rows
+/// of a burst are held. Rows of requests that waited for a concurrency slot take no part and
+/// leave at once; rows of bursts of one are held only until the pacer moves on.
 #[derive(Debug, Default)]
 pub(crate) struct Bursts {
     groups: HashMap<u64, Burst>,
@@ -289,15 +319,18 @@ pub(crate) struct Bursts {
 
 #[derive(Debug, Default)]
 struct Burst {
-    /// (schedule position, row, waited for a slot), in completion order.
-    rows: Vec<(u64, TraceRecord, bool)>,
+    /// (schedule position, row) of members that did not wait for a slot, in completion order.
+    rows: Vec<(u64, TraceRecord)>,
     finished: usize,
     members: Option<usize>,
+    /// The latest send of the members that already left (past [`BURST_WINDOW`]).
+    sent_before: Option<i64>,
 }
 
 impl Bursts {
-    /// A member of `gid` finished with `row` (None: it was not sent). Returns the burst's
-    /// rows when it is complete.
+    /// A member of `gid` finished with `row` (None: it was not sent; `waited`: it waited for
+    /// a slot). Returns the rows that can leave: its own if it waited, the burst's once it
+    /// is complete, the earliest half once it holds more than [`BURST_WINDOW`].
     pub fn finished(
         &mut self,
         gid: u64,
@@ -305,8 +338,17 @@ impl Bursts {
     ) -> Vec<(u64, TraceRecord)> {
         let g = self.groups.entry(gid).or_default();
         g.finished += 1;
-        g.rows.extend(row);
-        self.ready(gid)
+        let mut out = Vec::new();
+        match row {
+            Some((seq, rec, true)) => out.push((seq, rec)),
+            Some((seq, rec, false)) => g.rows.push((seq, rec)),
+            None => {}
+        }
+        if g.rows.len() > BURST_WINDOW {
+            out.extend(g.window());
+        }
+        out.extend(self.ready(gid));
+        out
     }
 
     /// The pacer closed `gid` with `members`.
@@ -326,8 +368,9 @@ impl Bursts {
             Some(g) if g.members == Some(g.finished) => {}
             _ => return Vec::new(),
         }
-        let g = self.groups.remove(&gid).unwrap_or_default();
-        attribute(g)
+        let mut g = self.groups.remove(&gid).unwrap_or_default();
+        g.attribute(g.rows.len());
+        g.rows
     }
 
     /// Every row still held (the run ended: no member is still in flight), burst by burst.
@@ -335,17 +378,37 @@ impl Bursts {
         let mut ids: Vec<u64> = self.groups.keys().copied().collect();
         ids.sort_unstable();
         ids.into_iter()
-            .flat_map(|id| attribute(self.groups.remove(&id).unwrap_or_default()))
+            .flat_map(|id| {
+                let mut g = self.groups.remove(&id).unwrap_or_default();
+                g.attribute(g.rows.len());
+                g.rows
+            })
             .collect()
     }
 }
 
-fn attribute(g: Burst) -> Vec<(u64, TraceRecord)> {
-    let waited: Vec<bool> = g.rows.iter().map(|r| r.2).collect();
-    let (seqs, mut rows): (Vec<u64>, Vec<TraceRecord>) =
-        g.rows.into_iter().map(|(s, r, _)| (s, r)).unzip();
-    attribute_bursts(&mut rows, &waited);
-    seqs.into_iter().zip(rows).collect()
+impl Burst {
+    /// Sorts the rows held by send time and attributes the first `n` (the rest stay as sent).
+    fn attribute(&mut self, n: usize) {
+        // Stable: rows sent at one microsecond stay in completion order, as before.
+        self.rows.sort_by_key(|(_, r)| r.arrival_time_us);
+        let (seqs, mut rows): (Vec<u64>, Vec<TraceRecord>) = self.rows.drain(..).unzip();
+        let idx: Vec<usize> = (0..n)
+            .filter(|&i| rows[i].scheduled_offset_us.is_some())
+            .collect();
+        if idx.len() > 1 || self.sent_before.is_some() {
+            let last = chain(&mut rows, idx, self.sent_before);
+            self.sent_before = last.or(self.sent_before);
+        }
+        self.rows = seqs.into_iter().zip(rows).collect();
+    }
+
+    /// The earliest-sent half of the rows held, attributed.
+    fn window(&mut self) -> Vec<(u64, TraceRecord)> {
+        let n = self.rows.len() / 2;
+        self.attribute(n);
+        self.rows.drain(..n).collect()
+    }
 }
 
 #[cfg(test)]
@@ -465,11 +528,12 @@ mod tests {
         for &k in &[3usize, 2, 6] {
             out.extend(b.finished(gid(&rows[k]), Some((k as u64, rows[k].clone(), waited[k]))));
         }
-        assert_eq!(out.len(), 5);
-        assert_eq!(b.held(), 1);
+        // The member that waited for a slot takes no part: it left at once.
+        assert_eq!(out.len(), 6);
+        assert_eq!(b.held(), 0);
         out.extend(b.finished(9_000, None)); // a member not sent (the run was stopping)
         out.extend(b.finished(9_000, Some((5, rows[5].clone(), waited[5]))));
-        assert!(out.len() == 5 && b.held() == 2);
+        assert!(out.len() == 6 && b.held() == 1);
         out.extend(b.flush());
         assert_eq!(b.held(), 0);
         out.sort_by_key(|(k, _)| *k);
@@ -480,6 +544,50 @@ mod tests {
                 (&g.request_id, g.dispatch_lag_us, g.queue_us),
                 (&w.request_id, w.dispatch_lag_us, w.queue_us)
             );
+        }
+    }
+
+    #[test]
+    fn a_burst_of_many_is_held_in_bounded_memory_and_attributed_as_over_the_whole_run() {
+        // All due at 0 (`--request-rate inf`), sent 10 µs apart, finishing in pairs out of
+        // send order; every eighth waited for a slot.
+        let n = 3 * BURST_WINDOW + 7;
+        let rows: Vec<TraceRecord> = (0..n)
+            .map(|i| row(&format!("r{i}"), 0, 10 * i as i64 + 3, 0, None))
+            .collect();
+        let waited: Vec<bool> = (0..n).map(|i| i % 8 == 5).collect();
+        let mut whole = rows.clone();
+        attribute_bursts(&mut whole, &waited);
+        let mut b = Bursts::default();
+        let mut out: Vec<(u64, TraceRecord)> = Vec::new();
+        let mut most = 0;
+        for k in 0..n {
+            let i = if k % 2 == 0 {
+                (k + 1).min(n - 1)
+            } else {
+                k - 1
+            };
+            let left = b.finished(1, Some((i as u64, rows[i].clone(), waited[i])));
+            if waited[i] {
+                assert!(
+                    left.iter().any(|(s, _)| *s == i as u64),
+                    "a slot wait leaves at once"
+                );
+            }
+            out.extend(left);
+            most = most.max(b.held());
+        }
+        assert!(most <= BURST_WINDOW, "held {most} rows of one burst");
+        out.extend(b.closed(1, n));
+        assert_eq!(b.held(), 0);
+        out.sort_by_key(|(k, _)| *k);
+        assert_eq!(out.len(), n);
+        for ((_, g), w) in out.iter().zip(&whole) {
+            assert_eq!(
+                (&g.request_id, g.dispatch_lag_us, g.queue_us),
+                (&w.request_id, w.dispatch_lag_us, w.queue_us)
+            );
+            assert_eq!(send_minus_parts(g), send_minus_parts(w));
         }
     }
 }

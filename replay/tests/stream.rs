@@ -145,6 +145,7 @@ fn the_feed_reads_no_further_ahead_than_its_look_ahead() {
     cfg.lookahead = Lookahead {
         time: Duration::from_millis(200),
         bytes: 64 << 20,
+        ..Default::default()
     };
     let read = Arc::new(AtomicUsize::new(0));
     let src = Counted {
@@ -192,6 +193,7 @@ fn closed_sessions_finish_when_the_look_ahead_holds_one_request() {
     cfg.lookahead = Lookahead {
         time: Duration::from_millis(1),
         bytes: 1,
+        ..Default::default()
     };
     let mut rows = trace(200, 1_000, 2);
     for (i, r) in rows.iter_mut().enumerate() {

@@ -493,6 +493,7 @@ pub fn empty_run(target: replay::config::Target) -> RunOutput {
         preconnected: 0,
         pool: None,
         warmups: 0,
+        peak_built: 0,
         client_load: None,
         server_gauges: Default::default(),
         server_histograms: Default::default(),

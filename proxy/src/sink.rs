@@ -581,6 +581,39 @@ mod tests {
         assert_eq!(m.shed.prefix_hashes.load(Relaxed), 0);
     }
 
+    /// A prompt a starved runner never delivers does not hold the writer up past the row's
+    /// shed budget: the row is written without hashes or a prompt count, and the shed work
+    /// is counted. (Before, the writer waited 10 s per such prompt and counted nothing.)
+    #[test]
+    fn a_prompt_not_ready_within_the_budget_is_not_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "test");
+        let mut cfg = WriterConfig::new(dir.path(), "t", meta);
+        cfg.flush_interval = Duration::from_millis(20);
+        let m = Arc::new(Metrics::default());
+        let tok = Arc::new(Tokenizer::words());
+        let budget = Duration::from_millis(20);
+        let (sink, writer, _) = start(cfg, 16, true, budget, tok, m.clone()).unwrap();
+        let (tx, rx) = mpsc::sync_channel::<crate::prompts::PromptInfo>(1);
+        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while m.shed.prefix_hashes.load(Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "the writer is still waiting");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(m.shed.prompt_tokens.load(Relaxed), 1);
+        writer.close().unwrap();
+        drop(tx);
+        let rows = trace_format::read_traces(&[dir.path().to_str().unwrap()])
+            .unwrap()
+            .records;
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].prefix_hashes.as_ref(), rows[0].prompt_tokens),
+            (None, None)
+        );
+    }
+
     /// A disk failing on every tick (every 25 ms) for a minute: the first error at once,
     /// then one summary line per 10 s with the count, and one line when writes succeed.
     #[test]

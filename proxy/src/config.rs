@@ -129,6 +129,11 @@ pub struct ProxyConfig {
     pub sample_rate: f64,
     /// Records queued for the writer before new ones are dropped.
     pub queue_capacity: usize,
+    /// The recorder's shed budget: a prompt waiting longer than this to be tokenized is not
+    /// tokenized (its row has no `prefix_hashes`, and estimated `prompt_tokens` when the
+    /// upstream reported none), and a row queued longer than this for the writer gets
+    /// estimated token counts instead of counted ones. Bounds the recorder's lag.
+    pub recorder_shed_after: Duration,
     /// Longest wait for the upstream's response headers (then 504, outcome `timeout`).
     pub upstream_timeout: Duration,
     /// Longest TCP (and TLS) connect to the upstream (then 502).
@@ -179,7 +184,7 @@ pub struct ProxyConfig {
 
 impl ProxyConfig {
     /// A configuration with defaults: no admin listener, record hashes with 16-token blocks
-    /// of the `words` tokenizer, standard usage injection, everything sampled, 16 Ki queued records, 10 min upstream
+    /// of the `words` tokenizer, standard usage injection, everything sampled, 16 Ki queued records, a 1 s recorder shed budget, 10 min upstream
     /// and idle timeouts, 64 MiB request bodies, 256 MiB / 1 h files, 200 ms flush.
     pub fn new(listen: SocketAddr, upstream: impl Into<String>, out: impl Into<PathBuf>) -> Self {
         ProxyConfig {
@@ -198,6 +203,7 @@ impl ProxyConfig {
             usage: UsageMode::Standard,
             sample_rate: 1.0,
             queue_capacity: 16 * 1024,
+            recorder_shed_after: Duration::from_secs(1),
             upstream_timeout: Duration::from_secs(600),
             upstream_connect_timeout: Duration::from_secs(10),
             upstream_pool_idle_timeout: Duration::from_secs(4),

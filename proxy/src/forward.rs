@@ -536,7 +536,12 @@ mod tests {
                 "/tmp/unused",
             );
             cfg.forwarded = mode;
-            let f = Forward::new(Upstream::parse(&cfg.upstream).unwrap(), &cfg).unwrap();
+            let f = Forward::new(
+                Upstream::parse(&cfg.upstream).unwrap(),
+                &cfg,
+                Arc::new(Metrics::default()),
+            )
+            .unwrap();
             let (mut parts, ()) = Request::builder()
                 .method("POST")
                 .uri("/v1/completions")

@@ -331,12 +331,14 @@ pub(crate) async fn forward_generation(
             r.body = Some(String::from_utf8_lossy(&body).into_owned());
         }
     }
-    // Tokenizing the prompt (prefix hashes, and prompt_tokens when the upstream reports no
-    // usage) can take milliseconds: it runs on the prompt runners (batched, parsed there, see
-    // [`crate::prompts`]) while the request is forwarded, and the writer thread joins it
-    // before writing the row.
+    // Tokenizing the prompt for its prefix hashes can take milliseconds: it runs on the
+    // prompt runners (batched, parsed there, see [`crate::prompts`]) while the request is
+    // forwarded, and the writer thread joins it before writing the row. Without hashes to
+    // keep, the body is only parsed there (the chat chain); its tokens are counted only when
+    // the upstream reports no usage.
     if recording.sampled() && info.object {
-        recording.prompt = Some(shared.prompts.submit(body.clone()));
+        let tokenize = shared.cfg.record_bodies != RecordBodies::None;
+        recording.prompt = Some(shared.prompts.submit(body.clone(), tokenize));
     }
     let (up_body, strip) = match inject_usage(&body, &info, shared.cfg.usage) {
         Some((b, s)) => (Bytes::from(b), s),

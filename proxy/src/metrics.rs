@@ -8,8 +8,11 @@
 //! label carries request data (model names, headers): cardinality stays fixed and no secret
 //! can leak into a scrape.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use trace_format::Outcome;
 
@@ -81,6 +84,66 @@ impl Histogram {
     }
 }
 
+/// When each record still queued for the writer thread was queued, oldest first: the
+/// recorder's lag (`recorder_lag_seconds`) is the age of the front. A record is pushed when it
+/// is queued and popped once it is written (or counted as not written), so a record the writer
+/// is waiting on (its prompt still tokenizing) counts until it is done.
+#[derive(Debug, Default)]
+pub struct RecorderQueue {
+    queued: Mutex<VecDeque<Instant>>,
+}
+
+impl RecorderQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `send` (queueing one record queued at `at`) under the lock, so the times stay in
+    /// queue order; the record counts when `send` says it was queued.
+    pub(crate) fn push_with(&self, at: Instant, send: impl FnOnce() -> bool) -> bool {
+        let mut q = self.lock();
+        let queued = send();
+        if queued {
+            q.push_back(at);
+        }
+        queued
+    }
+
+    /// One record left the queue (written, or counted as not written).
+    pub(crate) fn pop(&self) {
+        self.lock().pop_front();
+    }
+
+    /// The age of the oldest record queued, zero when none is.
+    pub fn lag(&self, now: Instant) -> Duration {
+        self.lock()
+            .front()
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(*t))
+    }
+
+    /// Records queued and not yet written.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no record is queued.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+/// Recording work left undone to keep up (the row is written without it; see the README's
+/// capture section), by kind.
+#[derive(Debug, Default)]
+pub struct ShedWork {
+    /// Prompts not tokenized into `prefix_hashes` (the row has none).
+    pub prefix_hashes: AtomicU64,
+    /// Prompt token counts estimated instead of counted (`prompt_tokens_source` `estimate`).
+    pub prompt_tokens: AtomicU64,
+    /// Output token counts estimated instead of counted (`output_tokens_source` `estimate`).
+    pub output_tokens: AtomicU64,
+}
+
 /// All of the proxy's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -131,6 +194,10 @@ pub struct Metrics {
     /// 1 while the last check reached the upstream, 0 while it did not (or before the first
     /// check), -1 when it is not checked (no `upstream_check_interval`; not shown).
     pub upstream_up: AtomicI64,
+    /// Records queued for the writer thread, with when they were queued (the lag).
+    pub recorder_queue: RecorderQueue,
+    /// Work the recorder shed to keep up.
+    pub shed: ShedWork,
     /// Time to first chunk.
     pub ttft: Histogram,
     /// Gaps between consecutive chunks of successful streams.
@@ -170,6 +237,8 @@ impl Default for Metrics {
             accept_errors: AtomicU64::new(0),
             sse_oversized_events: AtomicU64::new(0),
             upstream_up: AtomicI64::new(-1),
+            recorder_queue: RecorderQueue::default(),
+            shed: ShedWork::default(),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2el: Histogram::new(E2E_BUCKETS),
@@ -327,6 +396,31 @@ impl Metrics {
         }
         let _ = writeln!(
             s,
+            "# HELP {p}_recorder_lag_seconds Age of the oldest record queued for the trace writer (its prompt may still be tokenizing).\n# TYPE {p}_recorder_lag_seconds gauge\n{p}_recorder_lag_seconds {:.6}",
+            self.recorder_queue.lag(Instant::now()).as_secs_f64()
+        );
+        let _ = writeln!(
+            s,
+            "# HELP {p}_recorder_queued_records Records queued for the trace writer.\n# TYPE {p}_recorder_queued_records gauge\n{p}_recorder_queued_records {}",
+            self.recorder_queue.len()
+        );
+        let _ = writeln!(
+            s,
+            "# HELP {p}_recorder_shed_total Recording work left undone to keep up, by kind (the row is written without it).\n# TYPE {p}_recorder_shed_total counter"
+        );
+        for (work, v) in [
+            ("prefix_hashes", &self.shed.prefix_hashes),
+            ("prompt_tokens", &self.shed.prompt_tokens),
+            ("output_tokens", &self.shed.output_tokens),
+        ] {
+            let _ = writeln!(
+                s,
+                "{p}_recorder_shed_total{{work=\"{work}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            s,
             "# HELP {p}_requests_in_flight Recorded requests in flight.\n# TYPE {p}_requests_in_flight gauge\n{p}_requests_in_flight {}",
             self.in_flight.load(Relaxed)
         );
@@ -394,6 +488,35 @@ mod tests {
         assert!(
             s.contains("gen_ai_client_token_usage_bucket{gen_ai_token_type=\"output\",le=\"1\"} 0")
         );
+    }
+
+    /// The lag is the age of the oldest record still queued; a record refused by the queue
+    /// is not counted; the gauge and the shed counters are rendered.
+    #[test]
+    fn the_lag_is_the_age_of_the_oldest_queued_record() {
+        let m = Metrics::default();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        assert!(m.recorder_queue.push_with(t0, || true));
+        assert!(m.recorder_queue.push_with(t0 + s(2), || true));
+        assert!(!m.recorder_queue.push_with(t0 + s(3), || false));
+        assert_eq!(m.recorder_queue.len(), 2);
+        assert_eq!(m.recorder_queue.lag(t0 + s(5)), s(5));
+        m.recorder_queue.pop();
+        assert_eq!(m.recorder_queue.lag(t0 + s(5)), s(3));
+        m.recorder_queue.pop();
+        assert_eq!(m.recorder_queue.lag(t0 + s(5)), Duration::ZERO);
+        m.shed.prefix_hashes.store(4, Relaxed);
+        let text = m.render();
+        for line in [
+            "# TYPE llmreplay_capture_recorder_lag_seconds gauge",
+            "llmreplay_capture_recorder_lag_seconds 0.000000",
+            "llmreplay_capture_recorder_queued_records 0",
+            "llmreplay_capture_recorder_shed_total{work=\"prefix_hashes\"} 4",
+            "llmreplay_capture_recorder_shed_total{work=\"output_tokens\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //! Tokenizing a long prompt with a real tokenizer takes milliseconds, so the proxy never does
 //! it on the request path: see [`prompt_blocks`] and the record sink.
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
 use serde_json::{Map, Value};
 use tokenize::Tokenizer;
 
@@ -32,6 +36,7 @@ pub(crate) use trace_format::fnv::fnv1a as fnv;
 pub(crate) use trace_format::fnv::OFFSET as FNV_OFFSET;
 
 /// Chains tokens into block hashes.
+#[derive(Debug, Clone)]
 struct Blocks {
     block_size: usize,
     parent: u64,
@@ -81,6 +86,76 @@ impl Blocks {
     }
 }
 
+/// One piece of a generation request's prompt, in order.
+enum Piece<'a> {
+    /// A chat message's role (hashed, not counted).
+    Role(&'a str),
+    /// Text to tokenize.
+    Text(&'a str),
+    /// A completion prompt's token ids.
+    Ids(&'a [Value]),
+}
+
+/// Walks one chat message piece by piece: its role, then the text of its content.
+fn walk_message<'a>(m: &'a Value, each: &mut impl FnMut(Piece<'a>) -> Option<()>) -> Option<()> {
+    if let Some(role) = m.get("role").and_then(Value::as_str) {
+        each(Piece::Role(role))?;
+    }
+    match m.get("content") {
+        Some(Value::String(s)) => each(Piece::Text(s))?,
+        Some(Value::Array(parts)) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    each(Piece::Text(t))?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Some(())
+}
+
+/// Walks a generation request's prompt piece by piece; `None` when the body has no prompt
+/// this can read (or `each` gives up).
+fn walk<'a>(
+    req: &'a Map<String, Value>,
+    mut each: impl FnMut(Piece<'a>) -> Option<()>,
+) -> Option<()> {
+    if let Some(messages) = req.get("messages").and_then(Value::as_array) {
+        for m in messages {
+            walk_message(m, &mut each)?;
+        }
+        return Some(());
+    }
+    let prompt = req.get("prompt")?;
+    let first = match prompt {
+        Value::Array(a) if a.first().is_some_and(|v| v.is_string() || v.is_array()) => a.first()?,
+        other => other,
+    };
+    match first {
+        Value::String(s) => each(Piece::Text(s)),
+        Value::Array(ids) => each(Piece::Ids(ids)),
+        _ => None,
+    }
+}
+
+/// Feeds one piece of a prompt into `b`.
+fn feed(b: &mut Blocks, tok: &Tokenizer, piece: Piece<'_>) -> Option<()> {
+    match piece {
+        Piece::Role(r) => {
+            b.mark(r.as_bytes());
+            Some(())
+        }
+        Piece::Text(t) => b.text(tok, t),
+        Piece::Ids(ids) => {
+            for id in ids {
+                b.token(id.as_u64()?);
+            }
+            Some(())
+        }
+    }
+}
+
 /// Tokenizes a generation request's prompt with `tok` into block hashes and a token count,
 /// or `None` when the body has no prompt this can read.
 ///
@@ -92,39 +167,181 @@ pub fn prompt_blocks(
     tok: &Tokenizer,
 ) -> Option<PromptBlocks> {
     let mut b = Blocks::new(block_size as usize);
-    if let Some(messages) = req.get("messages").and_then(Value::as_array) {
-        for m in messages {
-            if let Some(role) = m.get("role").and_then(Value::as_str) {
-                b.mark(role.as_bytes());
-            }
-            match m.get("content") {
-                Some(Value::String(s)) => b.text(tok, s)?,
-                Some(Value::Array(parts)) => {
-                    for p in parts {
-                        if let Some(t) = p.get("text").and_then(Value::as_str) {
-                            b.text(tok, t)?;
-                        }
-                    }
-                }
-                _ => {}
+    walk(req, |piece| feed(&mut b, tok, piece))?;
+    Some(PromptBlocks {
+        hashes: b.out,
+        tokens: b.tokens,
+    })
+}
+
+/// Bytes of text per token in [`estimate_tokens`]: about what cl100k_base and o200k_base
+/// give for English prose.
+pub const ESTIMATE_BYTES_PER_TOKEN: usize = 4;
+
+/// A prompt's tokens estimated without a tokenizer: [`ESTIMATE_BYTES_PER_TOKEN`] bytes of
+/// text per token (rounded up per piece of text), and token ids counted. What a row gets
+/// (source `estimate`) when the recorder shed its tokenizing; `None` when the body has no
+/// prompt this can read.
+pub fn estimate_tokens(req: &Map<String, Value>) -> Option<usize> {
+    let mut n = 0;
+    walk(req, |piece| {
+        match piece {
+            Piece::Role(_) => {}
+            Piece::Text(t) => n += estimate_text(t),
+            Piece::Ids(ids) => n += ids.len(),
+        }
+        Some(())
+    })?;
+    Some(n)
+}
+
+/// A prompt's tokens counted with `tok` (text tokenized, token ids counted), without the
+/// block hashes; `None` when the body has no prompt this can read or the tokenizer fails.
+pub fn prompt_tokens(req: &Map<String, Value>, tok: &Tokenizer) -> Option<usize> {
+    let mut n = 0;
+    walk(req, |piece| {
+        match piece {
+            Piece::Role(_) => {}
+            Piece::Text(t) => n += tok.count(t).ok()?,
+            Piece::Ids(ids) => n += ids.len(),
+        }
+        Some(())
+    })?;
+    Some(n)
+}
+
+/// Tokens of `text` estimated without a tokenizer (see [`estimate_tokens`]).
+pub fn estimate_text(text: &str) -> usize {
+    text.len().div_ceil(ESTIMATE_BYTES_PER_TOKEN)
+}
+
+/// Most block hashes a [`PrefixCache`] keeps (8 bytes each): 16 MiB.
+pub const PREFIX_CACHE_HASHES: usize = 2 << 20;
+
+/// The block state after the first messages of chat prompts, so that a prefix is tokenized
+/// once, not once per request: the next turn of a conversation repeats the previous request's
+/// messages (kept: the state after its last message), and many conversations open with the
+/// same system prompt (kept: the state after the first message). Keyed by the exact role and
+/// text of the messages (not [`crate::sessions`]' whitespace-tolerant hash), so a hit gives
+/// exactly the hashes tokenizing would. Bounded by the hashes it holds; the oldest entries go
+/// first.
+#[derive(Debug)]
+pub struct PrefixCache {
+    inner: Mutex<CacheInner>,
+    max_hashes: usize,
+    hits: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct CacheInner {
+    map: HashMap<u64, Arc<Blocks>>,
+    order: VecDeque<u64>,
+    hashes: usize,
+}
+
+impl PrefixCache {
+    /// A cache holding at most `max_hashes` block hashes.
+    pub fn new(max_hashes: usize) -> Self {
+        PrefixCache {
+            inner: Mutex::new(CacheInner::default()),
+            max_hashes,
+            hits: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Prompts that started from a cached prefix.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Relaxed)
+    }
+
+    fn get(&self, key: u64) -> Option<Arc<Blocks>> {
+        self.lock().map.get(&key).cloned()
+    }
+
+    fn put(&self, key: u64, b: &Blocks) {
+        let cost = b.out.len() + 1;
+        if cost > self.max_hashes {
+            return;
+        }
+        let mut c = self.lock();
+        if c.map.contains_key(&key) {
+            return;
+        }
+        c.map.insert(key, Arc::new(b.clone()));
+        c.order.push_back(key);
+        c.hashes += cost;
+        while c.hashes > self.max_hashes {
+            let Some(old) = c.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = c.map.remove(&old) {
+                c.hashes -= gone.out.len() + 1;
             }
         }
-    } else {
-        let prompt = req.get("prompt")?;
-        let first = match prompt {
-            Value::Array(a) if a.first().is_some_and(|v| v.is_string() || v.is_array()) => {
-                a.first()?
+    }
+}
+
+/// The exact key of a chat prompt's messages up to `m`, chained from `parent`'s: every piece
+/// [`walk_message`] feeds the tokenizer, with its kind. None for a message without a string
+/// role (not cached).
+fn message_key(parent: u64, m: &Value) -> Option<u64> {
+    m.get("role").and_then(Value::as_str)?;
+    let mut h = fnv(parent, &[3]);
+    walk_message(m, &mut |piece| {
+        match piece {
+            Piece::Role(r) => h = fnv(fnv(h, &[4]), r.as_bytes()),
+            Piece::Text(t) => {
+                h = fnv(
+                    fnv(fnv(h, &[5]), &(t.len() as u64).to_le_bytes()),
+                    t.as_bytes(),
+                )
             }
-            other => other,
-        };
-        match first {
-            Value::String(s) => b.text(tok, s)?,
-            Value::Array(ids) => {
-                for id in ids {
-                    b.token(id.as_u64()?);
-                }
-            }
-            _ => return None,
+            Piece::Ids(_) => {}
+        }
+        Some(())
+    })?;
+    Some(h)
+}
+
+/// [`prompt_blocks`], starting a chat prompt from the longest prefix of its messages found in
+/// `cache` and leaving its own states there (after its first and its last message). The
+/// result is exactly [`prompt_blocks`]'.
+pub fn prompt_blocks_cached(
+    req: &Map<String, Value>,
+    block_size: u32,
+    tok: &Tokenizer,
+    cache: &PrefixCache,
+) -> Option<PromptBlocks> {
+    let Some(messages) = req.get("messages").and_then(Value::as_array) else {
+        return prompt_blocks(req, block_size, tok);
+    };
+    let mut keys = Vec::with_capacity(messages.len());
+    let mut h = fnv(FNV_OFFSET, &block_size.to_le_bytes());
+    for m in messages {
+        let Some(k) = message_key(h, m) else { break };
+        keys.push(k);
+        h = k;
+    }
+    let cached = keys
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, k)| cache.get(*k).map(|b| (i + 1, b)));
+    let (start, mut b) = match cached {
+        Some((n, b)) => {
+            cache.hits.fetch_add(1, Relaxed);
+            (n, Blocks::clone(&b))
+        }
+        None => (0, Blocks::new(block_size as usize)),
+    };
+    for (i, m) in messages.iter().enumerate().skip(start) {
+        walk_message(m, &mut |piece| feed(&mut b, tok, piece))?;
+        if i < keys.len() && (i == 0 || i + 1 == messages.len()) {
+            cache.put(keys[i], &b);
         }
     }
     Some(PromptBlocks {
@@ -175,6 +392,57 @@ mod tests {
             hashes(serde_json::json!({"prompt": [1, 2, 3, 4]}), 2).len(),
             2
         );
+    }
+
+    /// A conversation's turns through the prefix cache give exactly the uncached blocks;
+    /// from the second turn on each starts from the previous turn's state (a hit), and a
+    /// second conversation with the same system prompt starts from its state. Messages that
+    /// differ only in whitespace (equal for session linking) are not taken for each other.
+    #[test]
+    fn cached_chat_prefixes_give_exactly_the_uncached_blocks() {
+        let tok = Tokenizer::load("cl100k_base").unwrap();
+        let cache = PrefixCache::new(PREFIX_CACHE_HASHES);
+        let system =
+            serde_json::json!({"role": "system", "content": "You are terse. Answer in one line."});
+        let mut msgs = vec![system.clone()];
+        for turn in 0..6 {
+            msgs.push(serde_json::json!({"role": "user", "content": format!("Question {turn}: why is the sky blue at noon?")}));
+            let req = serde_json::json!({ "messages": msgs });
+            let req = req.as_object().unwrap();
+            let want = prompt_blocks(req, 4, &tok).unwrap();
+            assert_eq!(
+                prompt_blocks_cached(req, 4, &tok, &cache),
+                Some(want),
+                "turn {turn}"
+            );
+            assert_eq!(cache.hits(), turn, "turn {turn}");
+            msgs.push(serde_json::json!({"role": "assistant", "content": [{"type": "text", "text": format!("Rayleigh scattering ({turn}).")}]}));
+        }
+        let other =
+            serde_json::json!({"messages": [system, {"role": "user", "content": "Hello there"}]});
+        let other = other.as_object().unwrap();
+        let hits = cache.hits();
+        assert_eq!(
+            prompt_blocks_cached(other, 4, &tok, &cache),
+            prompt_blocks(other, 4, &tok)
+        );
+        assert_eq!(cache.hits(), hits + 1, "the shared system prompt");
+        let spaced = serde_json::json!({"messages": [
+            {"role": "system", "content": "You are terse. Answer in one line.  "},
+            {"role": "user", "content": "Hello there"},
+        ]});
+        let spaced = spaced.as_object().unwrap();
+        assert_eq!(
+            prompt_blocks_cached(spaced, 4, &tok, &cache),
+            prompt_blocks(spaced, 4, &tok)
+        );
+        // A cache too small for any state keeps nothing and still gives the same blocks.
+        let tiny = PrefixCache::new(1);
+        assert_eq!(
+            prompt_blocks_cached(other, 4, &tok, &tiny),
+            prompt_blocks(other, 4, &tok)
+        );
+        assert_eq!(tiny.lock().map.len(), 0);
     }
 
     /// With a real tokenizer (cl100k_base): two prompts sharing a prefix share the hashes of

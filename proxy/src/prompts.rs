@@ -12,17 +12,27 @@
 //! The runners are the proxy's own threads (`capture-prompts`), at a lower CPU priority than
 //! the serving threads ([`crate::serving::background`]): in a burst the request paths get the
 //! CPU first and the tokenizing follows. A runner idle for [`IDLE_EXIT`] exits.
+//!
+//! When the tokenizing cannot keep up, it is shed, never the row: a job that waited longer
+//! than the shed budget (`ProxyConfig::recorder_shed_after`) before a runner took it is not
+//! tokenized; the writer thread gets the chat chain and an estimate of the prompt's tokens
+//! instead ([`PromptInfo::shed`]), so the queue drains at parsing speed and the recorder's lag
+//! stays bounded. Jobs that need no tokens at all (no prefix hashes kept) are only parsed.
+//! A chat prompt starts from the longest prefix of its messages already tokenized
+//! ([`PrefixCache`]): the next turn of a conversation tokenizes only its new messages.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
 use tokenize::Tokenizer;
 
-use crate::prefix::{prompt_blocks, PromptBlocks};
+use crate::prefix::{
+    estimate_tokens, prompt_blocks_cached, PrefixCache, PromptBlocks, PREFIX_CACHE_HASHES,
+};
 use crate::sessions::chat_chain;
 
 /// What the writer thread gets of a request's prompt, computed off the request path.
@@ -32,6 +42,20 @@ pub(crate) struct PromptInfo {
     pub(crate) blocks: Option<PromptBlocks>,
     /// The chat chain for session linking ([`chat_chain`]; None for non-chat requests).
     pub(crate) chain: Option<Vec<u64>>,
+    /// Set when the prompt was not tokenized: the job waited past the shed budget
+    /// (`estimate` is the prompt's tokens by [`estimate_tokens`]), or it was queued with
+    /// no tokenizing wanted.
+    pub(crate) shed: Option<Shed>,
+}
+
+/// A prompt left untokenized, and its estimated token count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shed {
+    /// The prompt's tokens by [`estimate_tokens`] (None when the body has no prompt).
+    pub(crate) estimate: Option<usize>,
+    /// The body, for the writer to tokenize when it needs the count after all (queued
+    /// without tokenizing and the upstream reported no usage); None when the job was shed.
+    pub(crate) body: Option<Bytes>,
 }
 
 /// The result of tokenizing a row's prompt, computed off the request path.
@@ -44,7 +68,13 @@ const BACKLOG_PER_RUNNER: usize = 4;
 /// How long a parked runner waits for work before its thread exits.
 const IDLE_EXIT: Duration = Duration::from_secs(10);
 
-type Job = (Bytes, SyncSender<PromptInfo>);
+/// One body to read: when it was queued and whether to tokenize it.
+struct Job {
+    body: Bytes,
+    tx: SyncSender<PromptInfo>,
+    queued_at: Instant,
+    tokenize: bool,
+}
 
 #[derive(Default)]
 struct State {
@@ -64,6 +94,10 @@ pub(crate) struct PromptQueue {
     state: Mutex<State>,
     wake: Condvar,
     max_runners: usize,
+    /// A job waiting longer than this is not tokenized.
+    shed_after: Duration,
+    /// Chat prefixes already tokenized.
+    cache: PrefixCache,
 }
 
 impl std::fmt::Debug for PromptQueue {
@@ -75,19 +109,35 @@ impl std::fmt::Debug for PromptQueue {
     }
 }
 
-/// What one body's prompt gives: parsed here, tokenized, and its chat chain.
-fn info(body: &[u8], block_size: u32, tok: &Tokenizer) -> PromptInfo {
-    match serde_json::from_slice::<Value>(body) {
+/// What one body's prompt gives: parsed here, tokenized (unless `shed`), and its chat chain.
+fn info(
+    job: &Job,
+    tokenize: bool,
+    block_size: u32,
+    tok: &Tokenizer,
+    cache: &PrefixCache,
+) -> PromptInfo {
+    match serde_json::from_slice::<Value>(&job.body) {
         Ok(Value::Object(obj)) => PromptInfo {
-            blocks: prompt_blocks(&obj, block_size, tok),
+            blocks: tokenize
+                .then(|| prompt_blocks_cached(&obj, block_size, tok, cache))
+                .flatten(),
             chain: chat_chain(&obj),
+            shed: (!tokenize).then(|| Shed {
+                estimate: estimate_tokens(&obj),
+                body: (!job.tokenize).then(|| job.body.clone()),
+            }),
         },
         _ => PromptInfo::default(),
     }
 }
 
 impl PromptQueue {
-    pub(crate) fn new(tokenizer: Arc<Tokenizer>, block_size: u32) -> Arc<PromptQueue> {
+    pub(crate) fn new(
+        tokenizer: Arc<Tokenizer>,
+        block_size: u32,
+        shed_after: Duration,
+    ) -> Arc<PromptQueue> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Arc::new(PromptQueue {
             tokenizer,
@@ -95,6 +145,8 @@ impl PromptQueue {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
             max_runners: cores.max(1),
+            shed_after,
+            cache: PrefixCache::new(PREFIX_CACHE_HASHES),
         })
     }
 
@@ -102,12 +154,27 @@ impl PromptQueue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues the tokenizing (and the chat chain) of one request body; the writer thread
-    /// receives the result.
-    pub(crate) fn submit(self: &Arc<Self>, body: Bytes) -> PendingPrompt {
+    /// Queues the reading of one request body (its chat chain, and its tokenizing when
+    /// `tokenize`); the writer thread receives the result.
+    pub(crate) fn submit(self: &Arc<Self>, body: Bytes, tokenize: bool) -> PendingPrompt {
+        self.submit_at(body, tokenize, Instant::now())
+    }
+
+    /// [`PromptQueue::submit`] for a job queued at `queued_at`.
+    fn submit_at(
+        self: &Arc<Self>,
+        body: Bytes,
+        tokenize: bool,
+        queued_at: Instant,
+    ) -> PendingPrompt {
         let (tx, rx) = sync_channel(1);
         let mut st = self.lock();
-        st.jobs.push_back((body, tx));
+        st.jobs.push_back(Job {
+            body,
+            tx,
+            queued_at,
+            tokenize,
+        });
         let wanted = st.running == 0
             || (st.running < self.max_runners && st.jobs.len() > st.running * BACKLOG_PER_RUNNER);
         if !wanted {
@@ -143,11 +210,24 @@ impl PromptQueue {
                 Vec::new()
             };
             drop(st);
-            for (body, tx) in jobs {
-                let _ = tx.send(info(&body, self.block_size, &self.tokenizer));
+            for job in jobs {
+                self.work(job);
             }
         }
         rx
+    }
+
+    /// Does one job: tokenized when wanted and it did not wait past the shed budget.
+    fn work(&self, job: Job) {
+        let tokenize = job.tokenize && job.queued_at.elapsed() <= self.shed_after;
+        let info = info(
+            &job,
+            tokenize,
+            self.block_size,
+            &self.tokenizer,
+            &self.cache,
+        );
+        let _ = job.tx.send(info);
     }
 
     /// A runner thread: woken (counted in `running` by its waker), lets a batch gather, works
@@ -160,8 +240,8 @@ impl PromptQueue {
             }
             loop {
                 let job = self.lock().jobs.pop_front();
-                let Some((body, tx)) = job else { break };
-                let _ = tx.send(info(&body, self.block_size, &self.tokenizer));
+                let Some(job) = job else { break };
+                self.work(job);
             }
             let mut st = self.lock();
             // A job queued after the last pop may have seen this runner still running and
@@ -195,6 +275,8 @@ impl PromptQueue {
 mod tests {
     use super::*;
 
+    const SHED: Duration = Duration::from_secs(3600);
+
     fn body(prompt: &str) -> Bytes {
         Bytes::from(serde_json::json!({"model": "m", "prompt": prompt}).to_string())
     }
@@ -206,12 +288,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_job_gets_its_own_result() {
-        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2);
+        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2, SHED);
         let mut pending = Vec::new();
         for round in 0..20 {
             for n in 1..=50usize {
                 let prompt = vec!["w"; n].join(" ");
-                pending.push((n, q.submit(body(&prompt))));
+                pending.push((n, q.submit(body(&prompt), true)));
             }
             if round % 5 == 0 {
                 // Let the runners finish and park, so later jobs must wake them.
@@ -244,9 +326,9 @@ mod tests {
     /// background priority.
     #[test]
     fn parked_runners_are_woken_not_respawned() {
-        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2);
+        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2, SHED);
         for round in 0..5 {
-            let rx = q.submit(body("a b c"));
+            let rx = q.submit(body("a b c"), true);
             let got = rx.recv_timeout(Duration::from_secs(10)).expect("tokenized");
             assert_eq!(got.blocks.expect("a prompt").tokens, 3, "round {round}");
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -281,11 +363,49 @@ mod tests {
         }
     }
 
+    /// A job that waited past the shed budget is not tokenized: the writer gets the chat
+    /// chain and an estimate instead; a fresh one is tokenized; one queued without tokenizing
+    /// comes back with its body for the writer.
+    #[test]
+    fn a_job_past_the_shed_budget_is_parsed_not_tokenized() {
+        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2, Duration::from_secs(1));
+        let chat = Bytes::from(
+            serde_json::json!({"model": "m", "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "one two three four five six seven"},
+            ]})
+            .to_string(),
+        );
+        let wait = |rx: PendingPrompt| rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let fresh = wait(q.submit(chat.clone(), true));
+        let blocks = fresh.blocks.clone().expect("tokenized");
+        assert_eq!((blocks.tokens, fresh.shed.clone()), (9, None));
+
+        let old = Instant::now()
+            .checked_sub(Duration::from_secs(2))
+            .expect("an instant 2 s ago");
+        let shed = wait(q.submit_at(chat.clone(), true, old));
+        assert_eq!(shed.blocks, None, "not tokenized");
+        assert_eq!(shed.chain, fresh.chain, "the session chain is still read");
+        assert_eq!(
+            shed.shed,
+            Some(Shed {
+                estimate: Some("be brief".len().div_ceil(4) + 33usize.div_ceil(4)),
+                body: None,
+            })
+        );
+
+        let untokenized = wait(q.submit(chat.clone(), false));
+        assert_eq!(untokenized.blocks, None);
+        assert_eq!(untokenized.chain, fresh.chain);
+        assert_eq!(untokenized.shed.and_then(|s| s.body), Some(chat));
+    }
+
     #[test]
     fn a_body_without_a_prompt_gives_none() {
-        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 16);
+        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 16, SHED);
         for b in [&br#"{"model":"m"}"#[..], b"not json", b"[1]"] {
-            let rx = q.submit(Bytes::from_static(b));
+            let rx = q.submit(Bytes::from_static(b), true);
             assert_eq!(
                 rx.recv_timeout(Duration::from_secs(10)).unwrap(),
                 PromptInfo::default()

@@ -205,11 +205,13 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
     let keep_hashes = cfg.record_bodies != RecordBodies::None;
+    let shed_after = cfg.recorder_shed_after;
     let tok = cfg.tokenizer.clone();
-    let (sink, writer, recovered) =
-        tokio::task::spawn_blocking(move || sink::start(wcfg, capacity, keep_hashes, tok, m2))
-            .await
-            .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
+    let (sink, writer, recovered) = tokio::task::spawn_blocking(move || {
+        sink::start(wcfg, capacity, keep_hashes, shed_after, tok, m2)
+    })
+    .await
+    .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
     let _ = out;
 
     let mut local_authorities = vec![addr.to_string(), forward.authority().to_string()];
@@ -217,7 +219,11 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         local_authorities.push(format!("localhost:{}", addr.port()));
     }
     let start_us = wire::clock::epoch_us();
-    let prompts = PromptQueue::new(cfg.tokenizer.clone(), cfg.block_size);
+    let prompts = PromptQueue::new(
+        cfg.tokenizer.clone(),
+        cfg.block_size,
+        cfg.recorder_shed_after,
+    );
     let recorder = Arc::new(Recorder {
         metrics: metrics.clone(),
         sink,

@@ -11,10 +11,19 @@
 //! [`LOG_EVERY`], and once when writes succeed again.
 //!
 //! A row arrives with the tokenization of its prompt still running on a prompt runner
-//! ([`PendingPrompt`]); the writer thread waits for it (bounded) and fills in
+//! ([`PendingPrompt`]); the writer thread waits for it (within the shed budget) and fills in
 //! `prefix_hashes`, and `prompt_tokens` (source `tokenizer`) when the upstream reported none.
 //! When the upstream sent no usage, it also counts the generated text with the tokenizer
 //! (`output_tokens`, source `tokenizer`), off the request path.
+//!
+//! This thread never falls behind for tokenizing: a row queued longer than the shed budget
+//! gets estimates (source `estimate`) instead of counts, a prompt the runners shed comes
+//! without hashes (`prefix_hashes` null, `prompt_tokens` from usage or estimated), a prompt
+//! not ready when the row's budget is spent is not waited for (no hashes, no chat chain,
+//! `prompt_tokens` from usage or null), and
+//! each shed piece of work is counted (`recorder_shed_total{work}`). Every queued row's
+//! queueing time is kept in [`crate::metrics::RecorderQueue`], whose oldest is the lag on
+//! /metrics (`recorder_lag_seconds`).
 //!
 //! Rows reach this thread in the order their requests finished, so it also links chat turns
 //! into sessions ([`crate::sessions::Linker`]): a turn's parent finished before the turn was
@@ -33,6 +42,7 @@ use trace_format::{Outcome, TokenSource, TraceRecord, TraceWriter, WriterConfig}
 
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
+use crate::prefix::{estimate_text, prompt_tokens};
 use crate::prompts::PendingPrompt;
 use crate::sessions::{Linker, DEFAULT_MAX_KEYS};
 
@@ -43,8 +53,9 @@ const DRAIN_EVERY: Duration = Duration::from_millis(50);
 /// Shortest time between two log lines about the trace directory.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Longest wait of the writer thread for one prompt's tokenization.
-const PROMPT_WAIT: Duration = Duration::from_secs(10);
+/// Shortest wait of the writer thread for one prompt's tokenization (a row queued past the
+/// shed budget still gets this long; a starved runner cannot stall the writer beyond it).
+const PROMPT_WAIT_MIN: Duration = Duration::from_millis(1);
 
 /// The generated text of a response that carried no usage, for the tokenizer to count.
 #[derive(Debug)]
@@ -70,6 +81,8 @@ struct Queued {
     output: Option<OutputText>,
     /// The hash of the answer's text, for session linking.
     answer: Option<u64>,
+    /// When it was queued for this thread.
+    queued_at: Instant,
 }
 
 enum Msg {
@@ -77,43 +90,100 @@ enum Msg {
     Close,
 }
 
-/// The row with what its prompt's tokenization gave, linked into its session.
-fn resolve(
-    q: Queued,
+/// What the writer thread needs to finish a row.
+struct Resolver<'a> {
     keep_hashes: bool,
-    tokenizer: &Tokenizer,
-    linker: &mut Linker,
-) -> TraceRecord {
-    let Queued {
-        mut rec,
-        prompt,
-        output,
-        answer,
-    } = q;
-    if rec.output_tokens.is_none() {
-        if let Some(n) = output
-            .and_then(OutputText::text)
-            .filter(|t| !t.is_empty())
-            .and_then(|t| tokenizer.count(&t).ok())
-        {
-            rec.output_tokens = Some(n as i64);
-            rec.output_tokens_source = Some(TokenSource::Tokenizer);
+    tokenizer: &'a Tokenizer,
+    /// A row queued longer than this gets estimates instead of token counts.
+    shed_after: Duration,
+    metrics: &'a Metrics,
+    linker: Linker,
+}
+
+impl Resolver<'_> {
+    /// The row with what its prompt's tokenization gave (or its estimates, when the work was
+    /// shed), linked into its session.
+    fn resolve(&mut self, q: Queued) -> TraceRecord {
+        let Queued {
+            mut rec,
+            prompt,
+            output,
+            answer,
+            queued_at,
+        } = q;
+        let behind = queued_at.elapsed() > self.shed_after;
+        let shed = &self.metrics.shed;
+        if rec.output_tokens.is_none() {
+            if let Some(t) = output.and_then(OutputText::text).filter(|t| !t.is_empty()) {
+                let counted = (!behind).then(|| self.tokenizer.count(&t).ok()).flatten();
+                let (n, source) = match counted {
+                    Some(n) => (n, TokenSource::Tokenizer),
+                    None => {
+                        shed.output_tokens.fetch_add(1, Relaxed);
+                        (estimate_text(&t), TokenSource::Estimate)
+                    }
+                };
+                rec.output_tokens = Some(n as i64);
+                rec.output_tokens_source = Some(source);
+            }
         }
+        // The prompt is waited for until the row's shed budget is spent: a runner starved of
+        // CPU costs the row its hashes (and counts), never the writer its pace.
+        let wait = self
+            .shed_after
+            .saturating_sub(queued_at.elapsed())
+            .max(PROMPT_WAIT_MIN);
+        let mut late = false;
+        let info = prompt
+            .and_then(|rx| {
+                rx.recv_timeout(wait)
+                    .map_err(|e| late = matches!(e, mpsc::RecvTimeoutError::Timeout))
+                    .ok()
+            })
+            .unwrap_or_default();
+        if late {
+            if self.keep_hashes {
+                shed.prefix_hashes.fetch_add(1, Relaxed);
+            }
+            if rec.prompt_tokens.is_none() {
+                shed.prompt_tokens.fetch_add(1, Relaxed);
+            }
+        }
+        if let Some(p) = info.blocks {
+            if self.keep_hashes {
+                rec.prefix_hashes = Some(p.hashes);
+            }
+            if rec.prompt_tokens.is_none() {
+                rec.prompt_tokens = Some(p.tokens as i64);
+                rec.prompt_tokens_source = Some(TokenSource::Tokenizer);
+            }
+        }
+        if let Some(s) = info.shed {
+            // Queued untokenized (no hashes kept): counted here only when the upstream
+            // reported no usage and this thread keeps up.
+            let counted = s
+                .body
+                .as_ref()
+                .filter(|_| rec.prompt_tokens.is_none() && !behind)
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+                .and_then(|v| prompt_tokens(v.as_object()?, self.tokenizer));
+            if self.keep_hashes && s.body.is_none() && s.estimate.is_some() {
+                shed.prefix_hashes.fetch_add(1, Relaxed);
+            }
+            if rec.prompt_tokens.is_none() {
+                if let Some(n) = counted {
+                    rec.prompt_tokens = Some(n as i64);
+                    rec.prompt_tokens_source = Some(TokenSource::Tokenizer);
+                } else if let Some(n) = s.estimate {
+                    shed.prompt_tokens.fetch_add(1, Relaxed);
+                    rec.prompt_tokens = Some(n as i64);
+                    rec.prompt_tokens_source = Some(TokenSource::Estimate);
+                }
+            }
+        }
+        link(&mut rec, info.chain.as_deref(), answer, &mut self.linker);
+        rec
     }
-    let info = prompt
-        .and_then(|rx| rx.recv_timeout(PROMPT_WAIT).ok())
-        .unwrap_or_default();
-    if let Some(p) = info.blocks {
-        if keep_hashes {
-            rec.prefix_hashes = Some(p.hashes);
-        }
-        if rec.prompt_tokens.is_none() {
-            rec.prompt_tokens = Some(p.tokens as i64);
-            rec.prompt_tokens_source = Some(TokenSource::Tokenizer);
-        }
-    }
-    link(&mut rec, info.chain.as_deref(), answer, linker);
-    rec
 }
 
 /// Links a chat row into its session (rows without a chat chain keep their header session,
@@ -159,6 +229,7 @@ pub(crate) fn start(
     cfg: WriterConfig,
     capacity: usize,
     keep_hashes: bool,
+    shed_after: Duration,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
 ) -> Result<(Sink, WriterThread, RecoveryReport)> {
@@ -170,7 +241,14 @@ pub(crate) fn start(
         .name("llmreplay-writer".into())
         .spawn(move || {
             crate::serving::background();
-            run(writer, rx, tick, keep_hashes, &tokenizer, &m)
+            let resolver = Resolver {
+                keep_hashes,
+                tokenizer: &tokenizer,
+                shed_after,
+                metrics: &m,
+                linker: Linker::new(DEFAULT_MAX_KEYS),
+            };
+            run(writer, rx, tick, resolver, &m)
         })?;
     Ok((
         Sink {
@@ -186,19 +264,18 @@ fn run(
     mut writer: TraceWriter,
     rx: Receiver<Msg>,
     tick: Duration,
-    keep_hashes: bool,
-    tokenizer: &Tokenizer,
+    mut resolver: Resolver<'_>,
     metrics: &Metrics,
 ) -> CloseReport {
     let tick = tick.max(Duration::from_millis(1));
     let mut last_tick = Instant::now();
     let mut mirror = Mirror::default();
     let mut log = ErrorLog::default();
-    let mut linker = Linker::new(DEFAULT_MAX_KEYS);
     // A record is either written or counted by the writer (`stats`), so the result of an
     // append needs no handling here.
     let mut append = |writer: &mut TraceWriter, q: Box<Queued>| {
-        let _ = writer.append(resolve(*q, keep_hashes, tokenizer, &mut linker));
+        let _ = writer.append(resolver.resolve(*q));
+        metrics.recorder_queue.pop();
     };
     loop {
         mirror.sync(writer.stats(), metrics);
@@ -350,25 +427,30 @@ impl Sink {
         output: Option<OutputText>,
         answer: Option<u64>,
     ) {
-        match self.tx.try_send(Msg::Record(Box::new(Queued {
+        let queued_at = Instant::now();
+        let msg = Msg::Record(Box::new(Queued {
             rec,
             prompt,
             output,
             answer,
-        }))) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.metrics.records_dropped.fetch_add(1, Relaxed);
-                let n = self
-                    .metrics
-                    .records_dropped_queue_full
-                    .fetch_add(1, Relaxed)
-                    + 1;
-                if n.is_power_of_two() || n % 1000 == 0 {
-                    eprintln!(
-                        "llmreplay capture: trace writer queue full, {n} records dropped so far"
-                    );
-                }
+            queued_at,
+        }));
+        // Full or disconnected (closing): the row is dropped and counted.
+        let queued = self.metrics.recorder_queue.push_with(queued_at, || {
+            !matches!(
+                self.tx.try_send(msg),
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
+            )
+        });
+        if !queued {
+            self.metrics.records_dropped.fetch_add(1, Relaxed);
+            let n = self
+                .metrics
+                .records_dropped_queue_full
+                .fetch_add(1, Relaxed)
+                + 1;
+            if n.is_power_of_two() || n % 1000 == 0 {
+                eprintln!("llmreplay capture: trace writer queue full, {n} records dropped so far");
             }
         }
     }
@@ -453,6 +535,83 @@ mod tests {
         named.session_id = Some("H".into());
         link(&mut named, Some(&t1), answer, &mut l);
         assert_eq!(named.session_id.as_deref(), Some("H"));
+    }
+
+    /// A row whose prompt is still tokenizing counts in the recorder's queue (its lag) until
+    /// the writer has it; then it is written with what the runner gave, and the queue is
+    /// empty again.
+    #[test]
+    fn a_row_waiting_for_its_prompt_counts_in_the_lag() {
+        use crate::prefix::PromptBlocks;
+        use crate::prompts::PromptInfo;
+        let dir = tempfile::tempdir().unwrap();
+        let meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "test");
+        let mut cfg = WriterConfig::new(dir.path(), "t", meta);
+        cfg.flush_interval = Duration::from_millis(20);
+        let m = Arc::new(Metrics::default());
+        let tok = Arc::new(Tokenizer::words());
+        let (sink, writer, _) =
+            start(cfg, 16, true, Duration::from_secs(3600), tok, m.clone()).unwrap();
+        let (tx, rx) = mpsc::sync_channel(1);
+        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None);
+        assert_eq!(m.recorder_queue.len(), 1);
+        let later = Instant::now() + Duration::from_secs(5);
+        assert!(m.recorder_queue.lag(later) >= Duration::from_secs(5));
+        tx.send(PromptInfo {
+            blocks: Some(PromptBlocks {
+                hashes: vec![7, 8],
+                tokens: 33,
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !m.recorder_queue.is_empty() {
+            assert!(Instant::now() < deadline, "the row was never written");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(m.recorder_queue.lag(later), Duration::ZERO);
+        writer.close().unwrap();
+        let rows = trace_format::read_traces(&[dir.path().to_str().unwrap()])
+            .unwrap()
+            .records;
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].prefix_hashes, Some(vec![7, 8]));
+        assert_eq!(rows[0].prompt_tokens, Some(33));
+        assert_eq!(m.shed.prefix_hashes.load(Relaxed), 0);
+    }
+
+    /// A prompt a starved runner never delivers does not hold the writer up past the row's
+    /// shed budget: the row is written without hashes or a prompt count, and the shed work
+    /// is counted. (Before, the writer waited 10 s per such prompt and counted nothing.)
+    #[test]
+    fn a_prompt_not_ready_within_the_budget_is_not_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "test");
+        let mut cfg = WriterConfig::new(dir.path(), "t", meta);
+        cfg.flush_interval = Duration::from_millis(20);
+        let m = Arc::new(Metrics::default());
+        let tok = Arc::new(Tokenizer::words());
+        let budget = Duration::from_millis(20);
+        let (sink, writer, _) = start(cfg, 16, true, budget, tok, m.clone()).unwrap();
+        let (tx, rx) = mpsc::sync_channel::<crate::prompts::PromptInfo>(1);
+        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while m.shed.prefix_hashes.load(Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "the writer is still waiting");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(m.shed.prompt_tokens.load(Relaxed), 1);
+        writer.close().unwrap();
+        drop(tx);
+        let rows = trace_format::read_traces(&[dir.path().to_str().unwrap()])
+            .unwrap()
+            .records;
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].prefix_hashes.as_ref(), rows[0].prompt_tokens),
+            (None, None)
+        );
     }
 
     /// A disk failing on every tick (every 25 ms) for a minute: the first error at once,

@@ -28,8 +28,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use trace_format::stats::percentile;
 use trace_format::cause::Cause;
+use trace_format::stats::percentile;
 use trace_format::{Outcome, TraceRecord};
 
 use replay::metrics::{itl_gaps_ms, tpot_ms, ttft_ms};

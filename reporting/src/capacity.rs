@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use serde_json::{json, Value};
 use trace_format::stats::percentile_label;
 
 use crate::result_doc::ResultDoc;
@@ -109,7 +108,6 @@ pub fn load_text(axis: Axis, level: f64, offered_rps: Option<f64>) -> String {
     }
 }
 
-pub use crate::plan::{plan, CapacityPlan, LoadSource, PlanInputs, HOURS_PER_MONTH};
 pub use replay::pct::fmt_num;
 
 /// Mean and spread of one figure over the repeated runs of a level.
@@ -738,18 +736,11 @@ pub fn slos_of(result: &ResultDoc) -> Vec<Slo> {
     out
 }
 
-/// JSON of an answer (for the sweep file and reports).
-pub fn answer_json(a: &CapacityAnswer, plan: Option<&CapacityPlan>) -> Value {
-    let mut v = json!(a);
-    if let (Some(p), Some(o)) = (plan, v.as_object_mut()) {
-        o.insert("plan".into(), json!(p));
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::{plan, LoadSource};
+    use serde_json::json;
 
     /// A synthetic level: throughput, goodput, p50/p95 TTFT and TPOT.
     fn lvl(level: f64, thr: f64, good: f64, ttft: (f64, f64), tpot: (f64, f64)) -> LevelPoint {

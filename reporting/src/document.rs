@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use serde_json::Value;
 use trace_format::stats::percentile_label;
 
-use crate::capacity::PlanInputs;
-use crate::capacity::{self, fmt_num, CapacityAnswer, CapacityPlan};
+use crate::capacity::{self, fmt_num, CapacityAnswer};
+use crate::plan::{self, CapacityPlan, PlanInputs};
 use crate::result_doc::{ClassDoc, Extension, SummaryDoc};
 use crate::results::{self, ArrivalProfile, ResultFile, RunSamples, Samples, Series};
 use crate::sweep_doc::PlanInputsDoc;
@@ -381,11 +381,11 @@ pub fn trace_rate_role(d: &ReportData) -> String {
     let peak = d
         .plans
         .iter()
-        .any(|p| p.target_source == capacity::LoadSource::TracePeak);
+        .any(|p| p.target_source == plan::LoadSource::TracePeak);
     let qps = d
         .plans
         .iter()
-        .find(|p| p.target_source == capacity::LoadSource::TargetQps)
+        .find(|p| p.target_source == plan::LoadSource::TargetQps)
         .map(|p| p.target_qps);
     match (peak, qps) {
         (true, _) => "its peak is the load the capacity plan is sized for".into(),
@@ -535,8 +535,8 @@ pub fn markdown(d: &ReportData) -> String {
                 p.per_replica_rps,
                 p.target_qps,
                 match p.target_source {
-                    capacity::LoadSource::TargetQps => "--target-qps",
-                    capacity::LoadSource::TracePeak => "capture's peak (1 s buckets)",
+                    plan::LoadSource::TargetQps => "--target-qps",
+                    plan::LoadSource::TracePeak => "capture's peak (1 s buckets)",
                 },
                 p.replicas_for_load,
                 p.redundancy,
@@ -544,7 +544,7 @@ pub fn markdown(d: &ReportData) -> String {
                 p.utilization * 100.0,
                 p.monthly_cost.map_or("–".into(), |m| format!(
                     "{m:.0} ({} h/month)",
-                    capacity::HOURS_PER_MONTH
+                    plan::HOURS_PER_MONTH
                 ))
             );
         }

@@ -529,8 +529,8 @@ pub fn render(d: &ReportData) -> String {
                     format!("{:.2}", p.per_replica_rps),
                     format!("{:.2}", p.target_qps),
                     match p.target_source {
-                        capacity::LoadSource::TargetQps => "--target-qps".into(),
-                        capacity::LoadSource::TracePeak => "capture's peak (1 s buckets)".into(),
+                        crate::plan::LoadSource::TargetQps => "--target-qps".into(),
+                        crate::plan::LoadSource::TracePeak => "capture's peak (1 s buckets)".into(),
                     },
                     p.replicas_for_load.to_string(),
                     format!("x{}", p.redundancy),

@@ -1,9 +1,10 @@
 //! The capacity plan: replicas and cost to carry a target load within the SLO, from a
-//! capacity answer ([`CapacityAnswer::capacity_rps`]). Re-exported by [`crate::capacity`].
+//! capacity answer ([`CapacityAnswer::capacity_rps`]). Its own module, used by `sweep`, `results` and the reports.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use serde_json::{json, Value};
 
 use crate::capacity::CapacityAnswer;
 
@@ -113,4 +114,13 @@ impl Default for PlanInputs {
             cost_per_hour: None,
         }
     }
+}
+
+/// JSON of an answer (for the sweep file and reports).
+pub fn answer_json(a: &CapacityAnswer, plan: Option<&CapacityPlan>) -> Value {
+    let mut v = json!(a);
+    if let (Some(p), Some(o)) = (plan, v.as_object_mut()) {
+        o.insert("plan".into(), json!(p));
+    }
+    v
 }

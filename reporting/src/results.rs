@@ -12,9 +12,8 @@ use serde_json::Value;
 use trace_format::quantiles::Quantiles;
 use trace_format::{Outcome, TraceRecord, TraceStream};
 
-use crate::capacity::{
-    self, Axis, CapacityAnswer, CapacityPlan, LevelPoint, LoadSource, PlanInputs,
-};
+use crate::capacity::{self, Axis, CapacityAnswer, LevelPoint};
+use crate::plan::{CapacityPlan, LoadSource, PlanInputs};
 use crate::result_doc::ResultDoc;
 pub use crate::sweep_doc::ArrivalProfile;
 use crate::sweep_doc::{SweepFile, SweepSummary};
@@ -367,7 +366,7 @@ pub fn plan_for(
         Some(q) => (q, LoadSource::TargetQps),
         None => (arrivals.peak_per_s, LoadSource::TracePeak),
     };
-    capacity::plan(a, qps, src, p.redundancy, p.cost_per_hour)
+    crate::plan::plan(a, qps, src, p.redundancy, p.cost_per_hour)
 }
 
 /// Per-request latencies of one run, ms, in bounded memory: each a [`Quantiles`] sample,

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 
 use trace_format::TraceRecord;
 
-pub use crate::capacity::PlanInputs;
 use crate::capacity::{self, Axis};
+pub use crate::plan::PlanInputs;
 use crate::report::{result_doc, ResultInputs, TraceIdentity};
 use crate::result_doc::{ResultDoc, SweepMark};
 use crate::results;
@@ -352,7 +352,7 @@ pub fn sweep_doc(d: &SweepDoc) -> SweepFile {
             s.name.clone(),
             SweepTarget {
                 levels: serde_json::json!(s.points),
-                capacity: capacity::answer_json(&a, p.as_ref()),
+                capacity: crate::plan::answer_json(&a, p.as_ref()),
             },
         );
     }

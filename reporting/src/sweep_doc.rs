@@ -117,6 +117,6 @@ pub struct PlanInputsDoc {
 pub struct SweepTarget {
     /// Its levels (`capacity::LevelPoint`).
     pub levels: Value,
-    /// Its capacity answer (`capacity::answer_json`).
+    /// Its capacity answer (`plan::answer_json`).
     pub capacity: Value,
 }

@@ -25,8 +25,9 @@ pub struct Coverage {
 
 impl Coverage {
     /// The completed requests (of `completed`) that `metric` (`ttft`, `tpot`, `itl` or
-    /// `e2el`) leaves out, by reason: (requests, why), those with none left out. The counts
-    /// add up to `completed` − the requests covered.
+    /// `e2el`) leaves out, by reason: (requests, why; `{}` in it stands for the metric's
+    /// name), those with none left out. The counts add up to `completed` − the requests
+    /// covered.
     pub fn left_out(&self, metric: &str, completed: usize) -> Vec<(usize, &'static str)> {
         let streamed = completed.saturating_sub(self.not_streamed);
         let mut v = Vec::new();
@@ -52,7 +53,7 @@ impl Coverage {
             }
         };
         let explained: usize = v.iter().map(|(n, _)| n).sum();
-        v.insert(0, (self.not_streamed, "not streamed: it does not apply"));
+        v.insert(0, (self.not_streamed, "not streamed: {} does not apply"));
         v.push((
             streamed.saturating_sub(covered).saturating_sub(explained),
             rest,
@@ -81,7 +82,7 @@ mod tests {
         assert_eq!(
             c.left_out("tpot", 37),
             vec![
-                (6, "not streamed: it does not apply"),
+                (6, "not streamed: {} does not apply"),
                 (
                     2,
                     "with a single output token: no time per token after the first"
@@ -91,13 +92,13 @@ mod tests {
         assert_eq!(
             c.left_out("itl", 37),
             vec![
-                (6, "not streamed: it does not apply"),
+                (6, "not streamed: {} does not apply"),
                 (3, "streamed in a single chunk: no gap between chunks"),
             ]
         );
         assert_eq!(
             c.left_out("ttft", 37),
-            vec![(6, "not streamed: it does not apply")]
+            vec![(6, "not streamed: {} does not apply")]
         );
         assert_eq!(c.left_out("e2el", 37), vec![]);
         for m in ["ttft", "tpot", "itl", "e2el"] {

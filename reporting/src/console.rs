@@ -195,7 +195,7 @@ pub fn console_report(i: &ResultInputs) -> String {
         let why: Vec<String> = c
             .left_out(pm.key(), m.completed)
             .iter()
-            .map(|(n, why)| format!("{n} {why}"))
+            .map(|(n, why)| format!("{n} {}", why.replace("{}", name)))
             .collect();
         if !why.is_empty() {
             txt.push_str(&format!(" ({})", why.join("; ")));

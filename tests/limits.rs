@@ -341,7 +341,8 @@ fn a_body_at_one_byte_per_200ms_gets_408_and_in_flight_returns_to_0() {
     // opened, but not one byte of a request may have reached the upstream.
     while let Ok((mut c, _)) = upstream.accept() {
         c.set_nonblocking(false).unwrap();
-        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         let mut buf = [0u8; 64];
         let n = c.read(&mut buf).unwrap_or(0);
         assert_eq!(

@@ -5,11 +5,11 @@ mod support;
 use support::capture::CaptureProc;
 use support::env::{free_addr, tmpdir};
 use support::http1::Http1Client;
+use support::sim::SimProc;
 
-use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use trace_format::{FileMeta, Producer, TraceRecord};
 
@@ -75,49 +75,16 @@ fn two_files_with_no_request_in_common_are_refused() {
     );
 }
 
-/// `llmreplay sim` on a free port; killed on drop.
-struct SimProc(std::process::Child, SocketAddr);
-
-impl SimProc {
-    fn start() -> SimProc {
-        let addr = free_addr();
-        let child = bin()
-            .args(["sim", "--listen", &addr.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn llmreplay sim");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "the sim did not start on {addr}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        SimProc(child, addr)
-    }
-}
-
-impl Drop for SimProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The A/A a user runs first: traffic captured in front of the sim with capture's defaults
 /// (`--record-bodies hashes`), replayed against the same sim, then `fidelity
 /// --fail-on-drift`. It exited 5. The replay sent the same load on the same schedule to the
 /// same server: it must pass.
 #[test]
 fn fail_on_drift_passes_an_aa_against_the_same_sim() {
-    let sim = SimProc::start();
+    let sim = SimProc::start(env!("CARGO_BIN_EXE_llmreplay"), &[]);
     let out = tmpdir("fidelity-aa-capture");
     let listen = free_addr();
-    let mut cap = CaptureProc::spawn(
-        listen,
-        &format!("http://{}", sim.1),
-        &out,
-        &["--flush-interval", "50ms"],
-    );
+    let mut cap = CaptureProc::spawn(listen, &sim.url(), &out, &["--flush-interval", "50ms"]);
     cap.wait_for("listening on");
     let mut client = Http1Client::new(listen);
     for i in 0..16u32 {
@@ -154,7 +121,7 @@ fn fail_on_drift_passes_an_aa_against_the_same_sim() {
     let o = bin()
         .arg("replay")
         .arg(&out)
-        .args(["--target", &format!("sim=http://{}", sim.1), "-q"])
+        .args(["--target", &format!("sim={}", sim.url()), "-q"])
         .arg("--results")
         .arg(&results)
         .arg("--save-result")

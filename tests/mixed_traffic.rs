@@ -22,10 +22,11 @@
 
 mod support;
 use support::env::{free_addr, tmpdir};
+use support::sim::{cancel_after_chunks, SimProc};
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -1246,86 +1247,6 @@ const SIM_ITL_MS: f64 = 8.0;
 /// accuracy (bench/ measures that against a ground-truth server).
 const TOLERANCE_MS: f64 = 25.0;
 
-/// Starts `llmreplay sim` with the fixed timing on a free port; killed on drop.
-struct SimProc(std::process::Child, SocketAddr);
-
-impl SimProc {
-    fn start() -> SimProc {
-        let addr = free_addr();
-        let child = Command::new(bin())
-            .args(["sim", "--listen", &addr.to_string(), "--fixed-timing"])
-            .arg(format!("{SIM_TTFT_MS},{SIM_ITL_MS}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn llmreplay sim");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "the sim did not start on {addr}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        SimProc(child, addr)
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.1)
-    }
-
-    /// `vllm:generation_tokens_total` from the sim's /metrics: what it generated.
-    fn generated_tokens(&self) -> f64 {
-        let mut s = TcpStream::connect(self.1).expect("connect to the sim");
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
-            self.1
-        )
-        .unwrap();
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        text.lines()
-            .find(|l| l.starts_with("vllm:generation_tokens_total"))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(f64::NAN)
-    }
-}
-
-impl Drop for SimProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Sends a streamed completion through `addr`, reads `chunks` content events and closes the
-/// connection (a user who stops the generation).
-fn cancel_after_chunks(addr: SocketAddr, id: &str, chunks: usize) -> std::io::Result<()> {
-    let body = format!(
-        r#"{{"model":"m","prompt":"{id} w w w w","max_tokens":200,"ignore_eos":true,"stream":true}}"#
-    );
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nx-id: {id}\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
-    while String::from_utf8_lossy(&seen)
-        .matches("\"text\":\"")
-        .count()
-        < chunks
-    {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        seen.extend_from_slice(&buf[..n]);
-    }
-    Ok(())
-}
-
 /// The loop a user runs: mixed traffic (chat and completions, streamed and not, a stream
 /// without usage, a cancellation after 6 chunks, an upstream error) captured in front of
 /// the sim (`--no-inject-usage`, so the stream that asked for no usage gets none and capture counts
@@ -1336,7 +1257,7 @@ fn cancel_after_chunks(addr: SocketAddr, id: &str, chunks: usize) -> std::io::Re
 /// chunks, and the sim generated exactly the tokens the rows say.
 #[test]
 fn capture_then_replay_against_the_sim_agree_with_what_the_sim_did() {
-    let sim = SimProc::start();
+    let sim = SimProc::fixed(&bin(), SIM_TTFT_MS, SIM_ITL_MS);
     let out = tmpdir("loop-capture");
     let listen = free_addr();
     let mut cap = CaptureProc::spawn_bin(

@@ -19,9 +19,8 @@
 
 mod support;
 use support::env::{free_addr, tmpdir};
+use support::sim::{cancel_after_chunks, SimProc};
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -40,68 +39,6 @@ const SLO: &str = "ttft:250";
 const SERVED: usize = 26;
 const CANCELLED: usize = 2;
 const REFUSED: usize = 2;
-
-/// `llmreplay sim --fixed-timing TTFT,ITL` on a free port; killed on drop.
-struct SimProc(std::process::Child, SocketAddr);
-
-impl SimProc {
-    fn start(ttft_ms: u32, itl_ms: u32) -> SimProc {
-        let addr = free_addr();
-        let child = Command::new(bin())
-            .args(["sim", "--listen", &addr.to_string(), "--fixed-timing"])
-            .arg(format!("{ttft_ms},{itl_ms}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn llmreplay sim");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "the sim did not start on {addr}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        SimProc(child, addr)
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.1)
-    }
-}
-
-impl Drop for SimProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Sends a streamed completion through `addr`, reads `chunks` content events and closes the
-/// connection (a user who stops the generation).
-fn cancel_after_chunks(addr: SocketAddr, id: &str, chunks: usize) -> std::io::Result<()> {
-    let body = format!(
-        r#"{{"model":"m","prompt":"{id} w w w w","max_tokens":200,"ignore_eos":true,"stream":true}}"#
-    );
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nx-id: {id}\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
-    while String::from_utf8_lossy(&seen)
-        .matches("\"text\":\"")
-        .count()
-        < chunks
-    {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        seen.extend_from_slice(&buf[..n]);
-    }
-    Ok(())
-}
 
 /// Captures the mixed traffic in front of `sim` with `--record-bodies record`; returns the
 /// capture's directory.
@@ -275,8 +212,8 @@ fn causes(doc: &Value) -> (u64, u64, u64, u64) {
 
 #[test]
 fn an_a_a_replay_of_mixed_traffic_passes_and_a_3x_slower_sim_fails_naming_the_slo() {
-    let fast = SimProc::start(100, 8);
-    let slow = SimProc::start(300, 24);
+    let fast = SimProc::fixed(&bin(), 100, 8);
+    let slow = SimProc::fixed(&bin(), 300, 24);
     let trace = capture_mixed(&fast, "verdict-capture-full", "full");
     let dir = tmpdir("verdict-replay");
 
@@ -386,7 +323,7 @@ fn an_a_a_replay_of_mixed_traffic_passes_and_a_3x_slower_sim_fails_naming_the_sl
 /// apart, never a server failure; the cancellations stay the client's.
 #[test]
 fn without_bodies_the_captured_4xx_are_the_replays_change_not_the_servers() {
-    let sim = SimProc::start(100, 8);
+    let sim = SimProc::fixed(&bin(), 100, 8);
     let trace = capture_mixed(&sim, "verdict-capture-hashes", "hashes");
     let dir = tmpdir("verdict-replay-hashes");
     let (a, doc, _) = replay(&dir, &trace, "hashes", &sim);

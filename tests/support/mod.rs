@@ -5,3 +5,4 @@ pub mod env;
 pub mod fault_upstream;
 pub mod http1;
 pub mod misbehaving;
+pub mod sim;

@@ -53,7 +53,7 @@ pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let doc: reporting::ResultDoc = serde_json::from_str(&text)
+            let doc: results::ResultDoc = serde_json::from_str(&text)
                 .with_context(|| format!("{}: not a replay result document", p.display()))?;
             let ext = doc.llmreplay.with_context(|| {
                 format!(

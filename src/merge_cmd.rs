@@ -1,7 +1,7 @@
 //! `llmreplay merge`: the flags, and the wiring that streams the shards' `--results` and
 //! writes the merged Parquet file (as the rows stream, through the one-file writer of
 //! `replay --results`) and JSON result. The merge itself (checks, metrics over all rows, the
-//! shards' settings) is `reporting::merge`.
+//! shards' settings) is `results::merge`.
 
 use std::path::PathBuf;
 
@@ -36,11 +36,11 @@ pub struct MergeArgs {
 pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
     let mut inputs = Vec::with_capacity(a.inputs.len());
     for input in &a.inputs {
-        if !reporting::sink::needs_recovery(input) {
+        if !results::sink::needs_recovery(input) {
             inputs.push(input.clone());
             continue;
         }
-        let (file, rows) = reporting::sink::recover(std::path::Path::new(input))
+        let (file, rows) = results::sink::recover(std::path::Path::new(input))
             .with_context(|| format!("recovering {input}"))?;
         eprintln!(
             "recovered {rows} rows of a replay that did not finish into {} (marked partial)",
@@ -49,15 +49,15 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
         inputs.push(file.display().to_string());
     }
     // Two passes over the inputs in arrival order (checks, then rows and metrics): memory
-    // does not grow with the rows (`reporting::merge`).
+    // does not grow with the rows (`results::merge`).
     let stream = store::open_stream(&inputs).context("reading the shard results")?;
-    let checked = reporting::merge::check(&stream, command)?;
-    let (pq, js) = reporting::merge::output_paths(&a.output);
-    let mut sink = reporting::sink::ResultsSink::create(&pq, checked.meta().clone())?;
-    let merged = reporting::merge::merge(
+    let checked = results::merge::check(&stream, command)?;
+    let (pq, js) = results::merge::output_paths(&a.output);
+    let mut sink = results::sink::ResultsSink::create(&pq, checked.meta().clone())?;
+    let merged = results::merge::merge(
         &stream,
         checked,
-        &reporting::merge::MergeOptions {
+        &results::merge::MergeOptions {
             goodput: a.goodput,
             percentile_metrics: a.percentile_metrics,
             metric_percentiles: a.metric_percentiles,

@@ -281,7 +281,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
 /// `--metadata` keys go into the result next to its own keys: one of those would overwrite
 /// a measured value.
 fn metadata_keys_are_free(metadata: &[(String, String)]) -> Result<()> {
-    if let Some((k, _)) = metadata.iter().find(|(k, _)| reporting::is_result_key(k)) {
+    if let Some((k, _)) = metadata.iter().find(|(k, _)| results::is_result_key(k)) {
         bail!("--metadata {k}=...: {k:?} is a key of the result itself; choose another name");
     }
     Ok(())
@@ -408,7 +408,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
     // The trace's content hash is known once the run has read it (the stream hashes its rows
     // as they go by; a run that stopped early reads the rest of the ids then): nothing reads
     // the whole trace before the first request.
-    let mut identity = reporting::report::TraceIdentity {
+    let mut identity = results::build::TraceIdentity {
         files: stream
             .files()
             .iter()
@@ -423,8 +423,8 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         .results
         .as_deref()
         .map(|p| {
-            let meta = reporting::outputs::results_meta(&cfg, &identity, &command);
-            reporting::sink::ResultsSink::create(p, meta)
+            let meta = results::outputs::results_meta(&cfg, &identity, &command);
+            results::sink::ResultsSink::create(p, meta)
         })
         .transpose()?;
     let stop = replay::Stop::new();
@@ -487,12 +487,12 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
     }
     // A run most of whose requests failed measured a broken target, not a slow one: say so
     // in the exit status, after everything was written.
-    if let Some(why) = reporting::outputs::too_many_failed(&runs, a.max_failed) {
+    if let Some(why) = results::outputs::too_many_failed(&runs, a.max_failed) {
         eprintln!("error: {why}");
         std::process::exit(EXIT_FAILED_REQUESTS);
     }
     if a.fail_on_slo {
-        if let Some(why) = reporting::outputs::failed_verdicts(&cfg, &runs) {
+        if let Some(why) = results::outputs::failed_verdicts(&cfg, &runs) {
             eprintln!("error: {why}");
             std::process::exit(EXIT_SLO_FAIL);
         }

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use replay::config::{Arrivals, PercentileMetric, ReplayConfig, SloMetric, Target};
 use reporting::capacity::Axis;
-use reporting::results::{self, ResultFile};
+use reporting::series::{self, ResultFile};
 use reporting::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
 use trace_format::Trace;
 
@@ -162,15 +162,26 @@ pub fn run_sweep(
             format!(", {:?} cooldown between levels", cfg.cooldown)
         }
     );
-    let runs = sweep::run_sweep(
-        cfg,
-        spec,
-        &opts,
-        &trace.records,
-        block_size,
-        progress,
-        &mut |lr| println!("{}", sweep::run_line(lr, spec, &opts)),
-    )?;
+    // The levels are run here, one `replay::replay` each; the plan (reporting) only says
+    // which comes next, so no library calls back up into the binary or across to the engine.
+    let mut plan = sweep::SweepPlan::new(cfg, spec, &opts)?;
+    while let Some(step) = plan.next_step()? {
+        if !step.cooldown.is_zero() {
+            std::thread::sleep(step.cooldown);
+        }
+        let runs = replay::replay(
+            &step.cfg,
+            &trace.records,
+            block_size,
+            progress,
+            &mut replay::sink::NoSink,
+            &replay::Stop::new(),
+        )?;
+        for lr in plan.record(step, runs) {
+            println!("{}", sweep::run_line(lr, spec, &opts));
+        }
+    }
+    let runs = plan.finish();
     // The levels run, refined ones included.
     let spec = &sweep::levels_run(spec, &runs);
     let o = sweep::outcome(
@@ -261,7 +272,7 @@ fn read_files(paths: &[PathBuf]) -> Result<Vec<ResultFile>> {
 /// Runs `compare`; returns whether a regression was found.
 pub fn run_compare(a: CompareArgs) -> Result<bool> {
     let files = read_files(&a.files)?;
-    let series = results::series_of_files(&files, a.slo_percentile);
+    let series = series::series_of_files(&files, a.slo_percentile);
     if series.len() < 2 {
         bail!("nothing to compare: the files hold one configuration only");
     }
@@ -342,11 +353,11 @@ pub struct ReportArgs {
 pub fn run_report(a: ReportArgs) -> Result<()> {
     let files = read_files(&a.files)?;
     // Both streamed: memory bounded by the runs and the trace's seconds, not its rows.
-    let mut samples = results::RunSamples::only(
+    let mut samples = series::RunSamples::only(
         files
             .iter()
             .flat_map(|f| f.results())
-            .filter_map(results::run_key),
+            .filter_map(series::run_key),
     );
     if !a.results.is_empty() {
         let stream = store::open_stream(&a.results).context("reading --results")?;
@@ -356,7 +367,7 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
         None
     } else {
         let stream = store::open_stream(&a.trace).context("reading --trace")?;
-        Some(results::arrival_profile_of(&stream).context("reading --trace")?)
+        Some(series::arrival_profile_of(&stream).context("reading --trace")?)
     };
     let data = reporting::document::build(
         &files,

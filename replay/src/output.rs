@@ -52,7 +52,8 @@ impl TargetInfo {
 }
 
 /// The client's own resource use during the run.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ClientLoad {
     /// CPU seconds of the client's worker threads.
     pub cpu_seconds: f64,

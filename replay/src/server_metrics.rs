@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::client::Client;
 
@@ -23,7 +23,8 @@ pub const GAUGES: &[&str] = &[
 ];
 
 /// Mean and peak of one gauge over a run.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct GaugeStats {
     /// Samples taken.
     pub samples: usize,
@@ -233,7 +234,8 @@ impl Histogram {
 }
 
 /// What the server's histogram saw during a run, ms.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HistogramSummary {
     /// Observations during the run.
     pub count: f64,

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use trace_format::stats::percentile;
 use trace_format::{Outcome, TraceRecord};
 
@@ -171,7 +171,8 @@ pub fn passes_replayed(records: &[TraceRecord]) -> usize {
 }
 
 /// p50/p95/p99 of one metric in one slice (None when no request had a value).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SlicePercentiles {
     /// Median.
     pub p50: f64,
@@ -196,7 +197,8 @@ fn pcts(mut v: Vec<f64>) -> Option<SlicePercentiles> {
 /// The metrics of one time slice of a run. Requests belong to the slice their send (t0)
 /// falls in; `completed_per_s` counts completions by their end time instead, so it is the
 /// rate the server actually finished work at during the slice.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Slice {
     /// Slice start, seconds from the run's start.
     pub start_s: f64,
@@ -335,38 +337,6 @@ pub fn trend(points: &[(f64, f64)]) -> Option<Trend> {
     })
 }
 
-/// The `slices` object of a result: width, every slice, and the drift of p95 TTFT, p95 TPOT
-/// and the completion rate over the run.
-pub fn slices_json(s: &[Slice], width: Duration) -> serde_json::Value {
-    let mid = |x: &Slice| (x.start_s + x.end_s) / 2.0;
-    // A last slice shorter than half the width is left out of the trends.
-    let w = width.as_secs_f64();
-    let series = |f: &dyn Fn(&Slice) -> Option<f64>| -> Vec<(f64, f64)> {
-        s.iter()
-            .filter(|x| x.end_s - x.start_s >= w / 2.0)
-            .filter_map(|x| Some((mid(x), f(x)?)))
-            .collect()
-    };
-    let t = |v: Option<Trend>| {
-        v.map_or(serde_json::Value::Null, |t| {
-            let mut j = serde_json::json!(t);
-            if !t.ratio.is_finite() {
-                j["ratio"] = serde_json::Value::Null;
-            }
-            j
-        })
-    };
-    serde_json::json!({
-        "slice_s": width.as_secs_f64(),
-        "slices": s,
-        "drift": {
-            "p95_ttft_ms": t(trend(&series(&|x| x.ttft_ms.map(|p| p.p95)))),
-            "p95_tpot_ms": t(trend(&series(&|x| x.tpot_ms.map(|p| p.p95)))),
-            "completed_per_s": t(trend(&series(&|x| (x.requests > 0).then_some(x.completed_per_s)))),
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,13 +453,6 @@ mod tests {
         assert!((s[2].completed_per_s - 0.1).abs() < 1e-9);
         assert!((s[2].output_tokens_per_s - 0.6).abs() < 1e-9);
         assert_eq!(s[0].sent_per_s, 0.2);
-        let j = slices_json(&s, Duration::from_secs(10));
-        assert_eq!(j["slice_s"], 10.0);
-        assert_eq!(j["slices"].as_array().unwrap().len(), 3);
-        // p95 TTFT 290 → 500 over the run: a rising trend.
-        let d = &j["drift"]["p95_ttft_ms"];
-        assert_eq!(d["slices"], 2);
-        assert!(d["slope_per_hour"].as_f64().unwrap() > 0.0, "{d}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use trace_format::stats::percentile_label;
 
 use crate::capacity::{fmt_num, CapacityAnswer};
-use crate::results::Series;
+use crate::series::Series;
 use replay::config::SloMetric;
 use replay::error::ReplayError;
 
@@ -165,8 +165,8 @@ mod tests {
         let r = json!({"request_throughput": 2.0, "num_prompts": 10, "failed": 0, "p95_ttft_ms": 100.0, "p95_tpot_ms": 20.0,
             "max_concurrency": 4,
             "llmreplay": {"target": {"name": "sim a"}, "goodput_slos": {"ttft": 500.0, "tpot": 40.0}}});
-        let r = crate::result_doc::ResultDoc::from_value(&r).unwrap();
-        let s = crate::results::series_of(&[r], None, 95.0);
+        let r = results::doc::ResultDoc::from_value(&r).unwrap();
+        let s = crate::series::series_of(&[r], None, 95.0);
         let a: Vec<_> = s.iter().map(|x| x.answer()).collect();
         let y = rules_yaml(&s, &a).unwrap();
         assert!(y.contains("le=\"0.5\""), "{y}");

@@ -2,7 +2,7 @@
 //! side by side, the difference of each from the first (the baseline), SLO pass/fail per
 //! configuration, and whether each difference exceeds run-to-run noise.
 //!
-//! It reads the JSON result files ([`ResultFile::read`](crate::results::ResultFile::read)),
+//! It reads the JSON result files ([`ResultFile::read`](crate::series::ResultFile::read)),
 //! whole: their summaries do not grow with the rows of the runs, but a result saved with
 //! `--save-detailed` holds vLLM's per-request arrays (about 150 bytes a request), which are
 //! read with it and not used here.
@@ -18,7 +18,7 @@ use serde::Serialize;
 use trace_format::stats::percentile_label;
 
 use crate::capacity::{self, fmt_num, Axis, LevelPoint, Stat};
-use crate::results::Series;
+use crate::series::Series;
 
 /// Without repeats, differences smaller than this fraction of the baseline are "within noise".
 pub const NOISE_FRACTION_WITHOUT_REPEATS: f64 = 0.10;
@@ -102,7 +102,7 @@ pub struct Table {
     pub names: Vec<String>,
     /// Rows.
     pub rows: Vec<Row>,
-    /// SLO verdict per configuration ([`crate::verdict::judge`]): Some(true) pass,
+    /// SLO verdict per configuration ([`results::verdict::judge`]): Some(true) pass,
     /// Some(false) fail, None without SLOs; with why it failed.
     pub slo: Vec<(Option<bool>, Vec<String>)>,
     /// Requests per cause of their outcome per configuration (None when its results do not
@@ -171,7 +171,7 @@ fn table_at(level: Option<f64>, series: &[&Series], points: &[Option<&LevelPoint
         .zip(points)
         .map(|(s, p)| match p {
             Some(p) if !s.slos.is_empty() => {
-                let v = crate::verdict::judge(p, &s.slos, s.slo_percentile);
+                let v = results::verdict::judge(p, &s.slos, s.slo_percentile);
                 let bad = if v.pass { Vec::new() } else { vec![v.reason] };
                 (Some(v.pass), bad)
             }
@@ -223,10 +223,10 @@ fn same_level(a: f64, b: f64) -> bool {
 }
 
 /// The load settings of a single result, as read.
-fn load_text(r: &crate::result_doc::ResultDoc) -> String {
+fn load_text(r: &results::doc::ResultDoc) -> String {
     let mut parts = Vec::new();
     for a in [Axis::RequestRate, Axis::MaxConcurrency, Axis::Speedup] {
-        if let Some(v) = crate::results::axis_value(r, a) {
+        if let Some(v) = crate::series::axis_value(r, a) {
             parts.push(format!("{}={}", a.key(), fmt_num(v)));
         }
     }
@@ -296,7 +296,7 @@ fn align(series: &[Series]) -> Alignment {
         } else {
             s.runs
                 .first()
-                .and_then(|r| crate::results::axis_value(&r.1, axis))
+                .and_then(|r| crate::series::axis_value(&r.1, axis))
                 .map(|l| vec![l])
         };
         match levels {
@@ -557,7 +557,7 @@ mod tests {
                 }
                 Axis::Speedup => serde_json::json!({"llmreplay": {"trace": {"speedup": l}}}),
             };
-            crate::result_doc::ResultDoc::from_value(&v).unwrap()
+            results::doc::ResultDoc::from_value(&v).unwrap()
         };
         Series {
             name: name.into(),

@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 
 use trace_format::stats::{percentile_label, Summary};
 
-use crate::report::{prompt_note, run_verdict, slo_pass, verdict, ResultInputs};
 use replay::config::{Arrivals, ReplayConfig};
 use replay::metrics::Metrics;
 use replay::run::RunOutput;
+use results::build::{prompt_note, run_verdict, slo_pass, verdict, ResultInputs};
 
 /// The definitions table printed above every result: the console block of `docs/metrics.md`
 /// (one source for the console, the report and the repository's documentation).
@@ -27,30 +27,43 @@ fn section(out: &mut String, title: &str) {
 
 /// The console report of one run.
 pub fn console_report(i: &ResultInputs) -> String {
-    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
     let mut out = String::new();
-    match crate::report::interrupted_doc(run, m) {
+    run_header(&mut out, i);
+    totals(&mut out, i);
+    latencies(&mut out, i.cfg, i.metrics);
+    by_class(&mut out, i.metrics);
+    per_token(&mut out, i.metrics);
+    let v = client(&mut out, i);
+    endings(&mut out, i, &v);
+    let _ = writeln!(out, "{}", "=".repeat(50));
+    out
+}
+
+/// What ran: a stopped run says so first, then the command, target, trace and load.
+fn run_header(out: &mut String, i: &ResultInputs) {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
+    match results::build::interrupted_doc(run, m) {
         // A stopped run says so before anything else: its figures cover what ran.
         Some(p) => {
             let _ = writeln!(out, "{:=^50}", " Serving Benchmark Result: PARTIAL ");
-            line(&mut out, "PARTIAL:", p.summary());
+            line(out, "PARTIAL:", p.summary());
         }
         None => {
             let _ = writeln!(out, "{:=^50}", " Serving Benchmark Result ");
         }
     }
-    line(&mut out, "Command:", i.command);
+    line(out, "Command:", i.command);
     line(
-        &mut out,
+        out,
         "Target:",
         format!("{} ({})", run.target.name, run.target.url),
     );
-    line(&mut out, "Model:", &run.model);
+    line(out, "Model:", &run.model);
     if let Some(v) = run.target_info.version_text() {
-        line(&mut out, "Target version:", v);
+        line(out, "Target version:", v);
     }
     line(
-        &mut out,
+        out,
         "Trace:",
         format!(
             "{} ({} rows, hash {}), {} selected",
@@ -62,7 +75,7 @@ pub fn console_report(i: &ResultInputs) -> String {
     );
     if let Some((id, why)) = run.skipped.first() {
         line(
-            &mut out,
+            out,
             "Skipped rows:",
             format!(
                 "{} could not become a request (first: {id}: {why})",
@@ -71,14 +84,12 @@ pub fn console_report(i: &ResultInputs) -> String {
         );
     }
     match cfg.arrivals {
-        Arrivals::Recorded { speedup } => line(
-            &mut out,
-            "Arrivals:",
-            format!("recorded, speedup {speedup}"),
-        ),
+        Arrivals::Recorded { speedup } => {
+            line(out, "Arrivals:", format!("recorded, speedup {speedup}"))
+        }
         Arrivals::Rate { rate, burstiness } => {
             line(
-                &mut out,
+                out,
                 "Traffic request rate:",
                 if rate.is_infinite() {
                     "inf".into()
@@ -86,32 +97,37 @@ pub fn console_report(i: &ResultInputs) -> String {
                     format!("{rate}")
                 },
             );
-            line(&mut out, "Burstiness factor:", burstiness);
+            line(out, "Burstiness factor:", burstiness);
         }
     }
-    line(&mut out, "Synthesized prompts:", prompt_note(cfg, run));
+    line(out, "Synthesized prompts:", prompt_note(cfg, run));
     line(
-        &mut out,
+        out,
         "Maximum request concurrency:",
         cfg.max_concurrency.map_or("none".into(), |c| c.to_string()),
     );
-    line(&mut out, "Successful requests:", m.completed);
-    line(&mut out, "Failed requests:", m.failed);
+}
+
+/// Requests, tokens, throughput, offered and steady-state load.
+fn totals(out: &mut String, i: &ResultInputs) {
+    let m = i.metrics;
+    line(out, "Successful requests:", m.completed);
+    line(out, "Failed requests:", m.failed);
     line(
-        &mut out,
+        out,
         "Outcomes by cause:",
-        crate::verdict::causes_text(&m.causes),
+        results::verdict::causes_text(&m.causes),
     );
     line(
-        &mut out,
+        out,
         "Benchmark duration (s):",
         format!("{:.2}", m.duration_s),
     );
-    line(&mut out, "Total input tokens:", m.total_input_tokens);
-    line(&mut out, "Total generated tokens:", m.total_output_tokens);
+    line(out, "Total input tokens:", m.total_input_tokens);
+    line(out, "Total generated tokens:", m.total_output_tokens);
     if m.output_token_sources.keys().any(|k| k != "usage") {
         line(
-            &mut out,
+            out,
             "Output tokens counted from:",
             m.output_token_sources
                 .iter()
@@ -129,53 +145,49 @@ pub fn console_report(i: &ResultInputs) -> String {
         );
     }
     line(
-        &mut out,
+        out,
         "Request throughput (req/s):",
         format!("{:.2}", m.request_throughput),
     );
     if let Some(g) = m.request_goodput {
-        line(&mut out, "Request goodput (req/s):", format!("{g:.2}"));
+        line(out, "Request goodput (req/s):", format!("{g:.2}"));
         line(
-            &mut out,
+            out,
             "SLO attainment:",
             // Of the requests the server was asked to serve (the `Outcomes by cause:` line).
             format!("{:.1}%", m.slo_attainment.unwrap_or(0.0) * 100.0),
         );
     }
     line(
-        &mut out,
+        out,
         "Output token throughput (tok/s):",
         format!("{:.2}", m.output_throughput),
     );
     line(
-        &mut out,
+        out,
         "Total Token throughput (tok/s):",
         format!("{:.2}", m.total_token_throughput),
     );
-    line(
-        &mut out,
-        "Max concurrent requests:",
-        m.max_concurrent_requests,
-    );
+    line(out, "Max concurrent requests:", m.max_concurrent_requests);
     if let Some(off) = m.served.offered_rps {
-        line(
-            &mut out,
-            "Offered request rate (req/s):",
-            format!("{off:.2}"),
-        );
+        line(out, "Offered request rate (req/s):", format!("{off:.2}"));
     }
     match (&m.served.steady, &m.served.steady_missing) {
         (Some(st), _) => line(
-            &mut out,
+            out,
             "Steady-state throughput (req/s):",
             format!(
                 "{:.2} ({} requests that ended from {:.1} s to {:.1} s: ramp-up and drain left out)",
                 st.request_throughput, st.completed, st.start_s, st.end_s
             ),
         ),
-        (None, Some(why)) => line(&mut out, "Steady-state throughput (req/s):", format!("- ({why})")),
+        (None, Some(why)) => line(out, "Steady-state throughput (req/s):", format!("- ({why})")),
         _ => {}
     }
+}
+
+/// Each percentile metric, with the requests it covers and why the rest are left out.
+fn latencies(out: &mut String, cfg: &ReplayConfig, m: &Metrics) {
     for pm in &cfg.percentile_metrics {
         let (title, name, s) = match pm.key() {
             "ttft" => ("Time to First Token", "TTFT", &m.ttft),
@@ -183,7 +195,7 @@ pub fn console_report(i: &ResultInputs) -> String {
             "itl" => ("Inter-token Latency", "ITL", &m.itl),
             _ => ("End-to-end Latency", "E2EL", &m.e2el),
         };
-        section(&mut out, title);
+        section(out, title);
         let c = &m.coverage;
         let covered = match pm.key() {
             "ttft" => c.ttft,
@@ -200,35 +212,31 @@ pub fn console_report(i: &ResultInputs) -> String {
         if !why.is_empty() {
             txt.push_str(&format!(" ({})", why.join("; ")));
         }
-        line(&mut out, &format!("Requests in {name}:"), txt);
+        line(out, &format!("Requests in {name}:"), txt);
         if covered == 0 {
             continue;
         }
+        line(out, &format!("Mean {name} (ms):"), format!("{:.2}", s.mean));
         line(
-            &mut out,
-            &format!("Mean {name} (ms):"),
-            format!("{:.2}", s.mean),
-        );
-        line(
-            &mut out,
+            out,
             &format!("Median {name} (ms):"),
             format!("{:.2}", s.median),
         );
-        line(
-            &mut out,
-            &format!("Std {name} (ms):"),
-            format!("{:.2}", s.std),
-        );
+        line(out, &format!("Std {name} (ms):"), format!("{:.2}", s.std));
         for (p, v) in &s.percentiles {
             line(
-                &mut out,
+                out,
                 &format!("P{} {name} (ms):", percentile_label(*p)),
                 format!("{v:.2}"),
             );
         }
     }
+}
+
+/// Latency per class of request, when the run mixed classes.
+fn by_class(out: &mut String, m: &Metrics) {
     if !m.by_class.is_empty() {
-        section(&mut out, "Latency by class (median / P99 ms)");
+        section(out, "Latency by class (median / P99 ms)");
         let cell = |s: Option<&Summary>| match s {
             Some(s) if s.count > 0 => {
                 format!("{:.1} / {:.1}", s.median, s.get(99.0).unwrap_or(s.max))
@@ -284,25 +292,31 @@ pub fn console_report(i: &ResultInputs) -> String {
             "(n/a: TTFT, TPOT and ITL do not apply to requests that are not streamed)"
         );
     }
+}
+
+/// Per-token ITL (chunk gap / tokens), when measured.
+fn per_token(out: &mut String, m: &Metrics) {
     if let Some(pt) = &m.itl_per_token {
-        section(&mut out, "Per-token ITL (chunk gap / tokens)");
-        line(
-            &mut out,
-            "Mean per-token ITL (ms):",
-            format!("{:.2}", pt.mean),
-        );
+        section(out, "Per-token ITL (chunk gap / tokens)");
+        line(out, "Mean per-token ITL (ms):", format!("{:.2}", pt.mean));
         for (p, v) in &pt.percentiles {
             line(
-                &mut out,
+                out,
                 &format!("P{} per-token ITL (ms):", percentile_label(*p)),
                 format!("{v:.2}"),
             );
         }
     }
-    section(&mut out, "Client");
+}
+
+/// The client: dispatch lag, queue, connections, CPU; the server figures beside it. Returns
+/// the dispatch-lag verdict.
+fn client(out: &mut String, i: &ResultInputs) -> results::doc::Verdict {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
+    section(out, "Client");
     let v = verdict(m, run);
     line(
-        &mut out,
+        out,
         "Dispatch lag p50/p99/max (ms):",
         format!(
             "{:.3} / {:.3} / {:.3}",
@@ -312,7 +326,7 @@ pub fn console_report(i: &ResultInputs) -> String {
     // Shown with a concurrency cap, and whenever requests queued behind a burst.
     if cfg.max_concurrency.is_some() || m.queue.max > 0.0 {
         line(
-            &mut out,
+            out,
             "Client queue time p50/p99 (ms):",
             format!(
                 "{:.2} / {:.2}",
@@ -334,10 +348,10 @@ pub fn console_report(i: &ResultInputs) -> String {
             p.found_closed, p.expired
         ));
     }
-    line(&mut out, "Connections pre / new / reused:", conns);
+    line(out, "Connections pre / new / reused:", conns);
     if let Some(c) = &run.client_load {
         line(
-            &mut out,
+            out,
             "Client CPU:",
             format!(
                 "{:.2} s on {} threads ({:.0}%)",
@@ -353,7 +367,7 @@ pub fn console_report(i: &ResultInputs) -> String {
         .filter(|t| t.count > 0.0)
     {
         line(
-            &mut out,
+            out,
             "TTFT mean client / server (ms):",
             format!(
                 "{:.2} / {:.2} (gap {:.2}; the server's vllm:time_to_first_token_seconds over the run)",
@@ -369,20 +383,26 @@ pub fn console_report(i: &ResultInputs) -> String {
         .filter(|q| q.count > 0.0)
     {
         line(
-            &mut out,
+            out,
             "Server queue time mean / p95 (ms):",
             format!("{:.2} / {}", q.mean, q.p95_text()),
         );
     }
     for (name, g) in &run.server_gauges {
         line(
-            &mut out,
+            out,
             &format!("Server {name} mean/max:"),
             format!("{:.2} / {:.2}", g.mean, g.max),
         );
     }
+    v
+}
+
+/// Outcomes, frequent errors, the usage warning, the dispatch-lag and run verdicts.
+fn endings(out: &mut String, i: &ResultInputs, v: &results::doc::Verdict) {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
     line(
-        &mut out,
+        out,
         "Outcomes:",
         m.outcomes
             .iter()
@@ -408,10 +428,8 @@ pub fn console_report(i: &ResultInputs) -> String {
     let _ = writeln!(
         out,
         "{}",
-        crate::verdict::line(&run.target.name, &run_verdict(cfg, m))
+        results::verdict::line(&run.target.name, &run_verdict(cfg, m))
     );
-    let _ = writeln!(out, "{}", "=".repeat(50));
-    out
 }
 
 /// The side-by-side table that ends a multi-target run.
@@ -514,19 +532,19 @@ mod tests {
             &replay::server_metrics::histograms(before),
             &replay::server_metrics::histograms(after),
         );
-        let mut run = crate::report::empty_run(replay::config::Target {
+        let mut run = results::build::empty_run(replay::config::Target {
             name: "t".into(),
             url: "http://127.0.0.1:1".into(),
         });
         run.server_histograms = d;
         let cfg = replay::ReplayConfig::new(Vec::new());
         let m = replay::metrics::compute(&[], 0, &[], &[50.0, 99.0]);
-        let trace = crate::report::TraceIdentity {
+        let trace = results::build::TraceIdentity {
             files: Vec::new(),
             rows: 0,
             content_hash: String::new(),
         };
-        let text = crate::console::console_report(&crate::report::ResultInputs {
+        let text = crate::console::console_report(&results::build::ResultInputs {
             cfg: &cfg,
             run: &run,
             metrics: &m,

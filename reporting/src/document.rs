@@ -6,14 +6,13 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
 use trace_format::stats::percentile_label;
 
 use crate::capacity::{self, fmt_num, CapacityAnswer};
 use crate::plan::{self, CapacityPlan, PlanInputs};
-use crate::result_doc::{ClassDoc, Extension, SummaryDoc};
-use crate::results::{self, ArrivalProfile, ResultFile, RunSamples, Samples, Series};
-use crate::sweep_doc::PlanInputsDoc;
+use crate::series::{self, ArrivalProfile, ResultFile, RunSamples, Samples, Series};
+use results::doc::{ClassDoc, Extension, ServerHistogramsDoc, SlicesDoc, SummaryDoc, TrendDoc};
+use results::sweep_doc::PlanInputsDoc;
 
 /// The metric definitions table, Markdown: the report block of `docs/metrics.md`.
 pub fn definitions_md() -> &'static str {
@@ -45,12 +44,12 @@ pub struct ReportData {
     pub notes: Vec<String>,
     /// The command that made the report.
     pub command: String,
-    /// Server-side figures beside the client's: (series, level, `llmreplay.server_histograms`
-    /// json, the shapes `replay::server_metrics` writes).
-    pub server: Vec<(String, f64, Value)>,
+    /// Server-side figures beside the client's: (series, level,
+    /// `llmreplay.server_histograms`).
+    pub server: Vec<(String, f64, ServerHistogramsDoc)>,
     /// Per-time-slice metrics of the runs that have them (`replay --slice`):
-    /// (series, level, `llmreplay.slices` json).
-    pub slices: Vec<(String, f64, Value)>,
+    /// (series, level, `llmreplay.slices`).
+    pub slices: Vec<(String, f64, SlicesDoc)>,
     /// Latency per class of request of the runs that mix classes: (series, level,
     /// `llmreplay.by_class`).
     pub classes: Vec<(String, f64, Vec<ClassDoc>)>,
@@ -97,7 +96,7 @@ pub fn partial_lines(d: &ReportData) -> Vec<String> {
 
 /// Gathers a report from result files.
 pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
-    let series = results::series_of_files(files, o.slo_percentile);
+    let series = series::series_of_files(files, o.slo_percentile);
     let answers: Vec<CapacityAnswer> = series.iter().map(Series::answer).collect();
     let arrivals = o.arrivals.clone().or_else(|| {
         files.iter().find_map(|f| {
@@ -128,8 +127,7 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
     } else {
         let empty = ArrivalProfile::default();
         for a in &answers {
-            if let Some(p) = results::plan_for(a, arrivals.as_ref().unwrap_or(&empty), plan_inputs)
-            {
+            if let Some(p) = series::plan_for(a, arrivals.as_ref().unwrap_or(&empty), plan_inputs) {
                 plans.push(p);
             }
         }
@@ -154,10 +152,10 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
             {
                 let _ = l;
                 let ours = r.llmreplay.as_ref();
-                let detailed = results::samples_of_result(r);
+                let detailed = series::samples_of_result(r);
                 let got = detailed
                     .as_ref()
-                    .or_else(|| by_run.get(&results::run_key(r)?));
+                    .or_else(|| by_run.get(&series::run_key(r)?));
                 if let Some(g) = got {
                     any = true;
                     merged.merge(g);
@@ -168,14 +166,9 @@ pub fn build(files: &[ResultFile], o: &BuildOptions) -> ReportData {
                 }
                 verdicts.push((s.name.clone(), p.level, ours.clone()));
                 if let Some(sv) = &ours.server_histograms {
-                    let sv = Value::Object(sv.clone().into_iter().collect());
-                    server.push((s.name.clone(), p.level, sv));
+                    server.push((s.name.clone(), p.level, sv.clone()));
                 }
-                if let Some(sl) = ours
-                    .slices
-                    .as_ref()
-                    .filter(|v| v.get("slices").and_then(Value::as_array).is_some())
-                {
+                if let Some(sl) = &ours.slices {
                     slices.push((s.name.clone(), p.level, sl.clone()));
                 }
             }
@@ -275,19 +268,13 @@ pub fn verdict_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
     let mut rows = Vec::new();
     for (name, level, v) in &d.verdicts {
         let f = |x: Option<f64>, dp: usize| x.map_or("–".into(), |x| format!("{x:.dp$}"));
-        let u = |k: &str| {
-            v.metric_requests
-                .get(k)
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-        };
         let overload = v.served.overload.as_ref();
         let saturated = v
             .client
             .verdict
             .as_ref()
             .is_some_and(|x| x.client_saturated);
-        let not_streamed = u("not_streamed");
+        let not_streamed = v.metric_requests.not_streamed;
         if overload.is_none() && !saturated && not_streamed == 0 {
             continue;
         }
@@ -312,8 +299,7 @@ pub fn verdict_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
             f(v.served.steady.as_ref().map(|s| s.request_throughput), 2),
             format!(
                 "{} of {} ({not_streamed} not streamed)",
-                u("ttft"),
-                u("e2el")
+                v.metric_requests.ttft, v.metric_requests.e2el
             ),
             verdict.join("; "),
         ]);
@@ -341,37 +327,39 @@ pub fn drift_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
         .slices
         .iter()
         .map(|(name, level, v)| {
-            let t = |k: &str, f: &str| {
-                v.pointer(&format!("/drift/{k}/{f}"))
-                    .and_then(Value::as_f64)
+            let d = &v.drift;
+            let fl = |t: Option<TrendDoc>| {
+                t.map_or("–".into(), |t| format!("{:.1} → {:.1}", t.first, t.last))
             };
-            let fl = |k: &str| match (t(k, "first"), t(k, "last")) {
-                (Some(a), Some(b)) => format!("{a:.1} → {b:.1}"),
-                _ => "–".into(),
+            let slope = |t: Option<TrendDoc>| {
+                t.map_or("–".into(), |t| format!("{:+.1}", t.slope_per_hour))
             };
-            let slope =
-                |k: &str| t(k, "slope_per_hour").map_or("–".into(), |x| format!("{x:+.1}"));
             vec![
                 name.clone(),
                 fmt_num(*level),
-                format!(
-                    "{} × {} s",
-                    v.get("slices")
-                        .and_then(Value::as_array)
-                        .map_or(0, Vec::len),
-                    v.get("slice_s")
-                        .and_then(Value::as_f64)
-                        .map_or("?".into(), fmt_num)
-                ),
-                fl("p95_ttft_ms"),
-                slope("p95_ttft_ms"),
-                fl("p95_tpot_ms"),
-                slope("p95_tpot_ms"),
-                fl("completed_per_s"),
+                format!("{} × {} s", v.slices.len(), fmt_num(v.slice_s)),
+                fl(d.p95_ttft_ms),
+                slope(d.p95_ttft_ms),
+                fl(d.p95_tpot_ms),
+                slope(d.p95_tpot_ms),
+                fl(d.completed_per_s),
             ]
         })
         .collect();
     (head, rows)
+}
+
+/// The server-side view of one run: client TTFT mean, server TTFT mean, their gap, server
+/// queue time mean (ms, one decimal; `–` when not measured).
+pub fn server_cells(v: &ServerHistogramsDoc) -> [String; 4] {
+    let mean = |k: &str| v.histograms.get(k).map(|h| h.mean);
+    [
+        v.client_ttft_mean_ms,
+        mean("ttft_ms"),
+        v.ttft_gap_ms,
+        mean("queue_time_ms"),
+    ]
+    .map(|x| x.map_or("–".into(), |x| format!("{x:.1}")))
 }
 
 /// What the captured trace's arrival rate is to the plan: the load it is sized for (no
@@ -524,39 +512,7 @@ pub fn markdown(d: &ReportData) -> String {
     if let Some(a) = d.answers.first() {
         let _ = writeln!(o, "\n_{}_\n", capacity::rules_text(a.slo_percentile));
     }
-    let _ = writeln!(o, "## Capacity plan\n");
-    if !d.plans.is_empty() {
-        let _ = writeln!(o, "| configuration | per replica within SLO (req/s) | target load (req/s) | source | replicas for the load | redundancy | replicas | utilisation at target | monthly cost |\n|---|---|---|---|---|---|---|---|---|");
-        for p in &d.plans {
-            let _ = writeln!(
-                o,
-                "| {} | {:.2} | {:.2} | {} | {} | x{} | **{}** | {:.0}% | {} |",
-                md_escape(&p.name),
-                p.per_replica_rps,
-                p.target_qps,
-                match p.target_source {
-                    plan::LoadSource::TargetQps => "--target-qps",
-                    plan::LoadSource::TracePeak => "capture's peak (1 s buckets)",
-                },
-                p.replicas_for_load,
-                p.redundancy,
-                p.replicas,
-                p.utilization * 100.0,
-                p.monthly_cost.map_or("–".into(), |m| format!(
-                    "{m:.0} ({} h/month)",
-                    plan::HOURS_PER_MONTH
-                ))
-            );
-        }
-        let _ = writeln!(o, "\nRedundancy R: R independent failure domains, each able to carry the whole target load alone (2 = survives losing one zone).\n");
-        for p in &d.plans {
-            let _ = writeln!(o, "- {}", p.sentence);
-        }
-        o.push('\n');
-    }
-    if let Some(n) = &d.plan_note {
-        let _ = writeln!(o, "{n}\n");
-    }
+    plan_md(&mut o, d);
     let _ = writeln!(o, "## Definitions\n\n{}", definitions_md());
     let _ = writeln!(o, "## How it was measured\n");
     let _ = writeln!(o, "Exact commands:\n\n```sh");
@@ -614,20 +570,12 @@ pub fn markdown(d: &ReportData) -> String {
         let _ = writeln!(o, "A client TTFT far above the server's, growing with load, means the client (not the server) is saturated.\n");
         let _ = writeln!(o, "| configuration | level | client TTFT mean ms | server TTFT mean ms | gap ms | server queue time mean ms |\n|---|---|---|---|---|---|");
         for (n, l, v) in &d.server {
-            let g = |k: &str| {
-                v.pointer(k)
-                    .and_then(Value::as_f64)
-                    .map_or("–".into(), |x| format!("{x:.1}"))
-            };
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} |",
                 md_escape(n),
                 fmt_num(*l),
-                g("/client_ttft_mean_ms"),
-                g("/ttft_ms/mean"),
-                g("/ttft_gap_ms"),
-                g("/queue_time_ms/mean")
+                server_cells(v).join(" | ")
             );
         }
         o.push('\n');
@@ -674,6 +622,43 @@ pub fn markdown(d: &ReportData) -> String {
     o
 }
 
+/// The capacity plan: replicas and cost per configuration, and its note.
+fn plan_md(o: &mut String, d: &ReportData) {
+    let _ = writeln!(o, "## Capacity plan\n");
+    if !d.plans.is_empty() {
+        let _ = writeln!(o, "| configuration | per replica within SLO (req/s) | target load (req/s) | source | replicas for the load | redundancy | replicas | utilisation at target | monthly cost |\n|---|---|---|---|---|---|---|---|---|");
+        for p in &d.plans {
+            let _ = writeln!(
+                o,
+                "| {} | {:.2} | {:.2} | {} | {} | x{} | **{}** | {:.0}% | {} |",
+                md_escape(&p.name),
+                p.per_replica_rps,
+                p.target_qps,
+                match p.target_source {
+                    plan::LoadSource::TargetQps => "--target-qps",
+                    plan::LoadSource::TracePeak => "capture's peak (1 s buckets)",
+                },
+                p.replicas_for_load,
+                p.redundancy,
+                p.replicas,
+                p.utilization * 100.0,
+                p.monthly_cost.map_or("–".into(), |m| format!(
+                    "{m:.0} ({} h/month)",
+                    plan::HOURS_PER_MONTH
+                ))
+            );
+        }
+        let _ = writeln!(o, "\nRedundancy R: R independent failure domains, each able to carry the whole target load alone (2 = survives losing one zone).\n");
+        for p in &d.plans {
+            let _ = writeln!(o, "- {}", p.sentence);
+        }
+        o.push('\n');
+    }
+    if let Some(n) = &d.plan_note {
+        let _ = writeln!(o, "{n}\n");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -685,13 +670,13 @@ mod tests {
     fn a_plot_past_the_exact_cap_says_it_is_estimated() {
         // Without its `--save-detailed` arrays: the plots come from the rows.
         let text = std::fs::read("../samples/sim-replay-300.json").unwrap();
-        let mut doc: Value = serde_json::from_slice(&text).unwrap();
+        let mut doc: serde_json::Value = serde_json::from_slice(&text).unwrap();
         for k in ["ttfts", "itls", "input_lens", "output_lens", "errors"] {
             doc.as_object_mut().unwrap().remove(k);
         }
         let text = serde_json::to_vec(&doc).unwrap();
         let file = ResultFile::parse("sim-replay-300.json", &text).unwrap();
-        let key = results::run_key(file.results()[0]).unwrap();
+        let key = series::run_key(file.results()[0]).unwrap();
         let report = |rows: usize| {
             let mut samples = RunSamples::only([key.clone()]);
             let mut r = TraceRecord::new("x", 0, "/v1/completions");

@@ -10,6 +10,8 @@ use trace_format::stats::percentile_label;
 use crate::capacity::{self, fmt_num};
 use crate::document::{level_rows, levels_why, ReportData};
 use crate::svg::{esc, Chart, Line, Rule, PALETTE};
+use replay::soak::Slice;
+use results::doc::SlicesDoc;
 
 /// The report's style sheet (also used by `llmreplay fidelity --html`).
 pub const CSS: &str = "body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1320px;color:#222;padding:0 16px}\
@@ -25,123 +27,179 @@ fn color(i: usize) -> String {
 
 /// The plots of a report, as (caption, svg).
 pub fn plots(d: &ReportData) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = arrival_plot(d).into_iter().collect();
+    if d.series.is_empty() {
+        return out;
+    }
+    let multi_level = d.series.iter().any(|s| s.points.len() > 1);
+    if multi_level {
+        let log_x = d.series.iter().all(|s| {
+            let lv: Vec<f64> = s
+                .points
+                .iter()
+                .map(|p| p.level)
+                .filter(|l| l.is_finite())
+                .collect();
+            lv.len() > 2
+                && lv.iter().all(|l| *l > 0.0)
+                && lv.last().copied().unwrap_or(1.0) / lv[0] >= 8.0
+        });
+        out.extend(load_plots(d, log_x));
+    }
+    out.extend(timeline_plots(d));
+    out.extend(distribution_plots(d, multi_level));
+    out
+}
+
+/// The captured trace's arrival rate over time, when the report has the trace.
+fn arrival_plot(d: &ReportData) -> Option<(String, String)> {
+    let a = d.arrivals.as_ref()?;
+    let c = Chart {
+        title: "Captured trace: arrival rate over time".into(),
+        x_label: "time since first arrival (s)".into(),
+        y_label: "requests / s".into(),
+        lines: vec![Line {
+            name: format!("arrivals per {} s", fmt_num(a.bucket_s)),
+            points: a
+                .counts
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (i as f64 * a.bucket_s, f64::from(*c) / a.bucket_s))
+                .collect(),
+            color: color(0),
+            dashed: false,
+            markers: a.counts.len() < 30,
+        }],
+        hrules: vec![Rule {
+            at: a.mean_per_s,
+            label: format!("mean {:.2}/s", a.mean_per_s),
+            color: "#666".into(),
+        }],
+        y_from_zero: true,
+        ..Default::default()
+    };
+    Some((
+        format!(
+            "The captured trace's arrival rate ({})",
+            crate::document::trace_rate_role(d)
+        ),
+        c.render(),
+    ))
+}
+
+/// Latency (p50, the SLO percentile, p99), goodput and throughput against load, over the
+/// levels of every series.
+fn load_plots(d: &ReportData, log_x: bool) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    // Arrival rate of the trace.
-    if let Some(a) = &d.arrivals {
-        let c = Chart {
-            title: "Captured trace: arrival rate over time".into(),
-            x_label: "time since first arrival (s)".into(),
-            y_label: "requests / s".into(),
-            lines: vec![Line {
-                name: format!("arrivals per {} s", fmt_num(a.bucket_s)),
-                points: a
-                    .counts
+    let first = &d.series[0];
+    let axis = first.axis;
+    let pct = first.slo_percentile;
+    for (metric, name) in [("ttft", "TTFT"), ("tpot", "TPOT")] {
+        let mut lines = Vec::new();
+        for (i, s) in d.series.iter().enumerate() {
+            for (p, dashed) in [(50.0, true), (pct, false), (99.0, false)] {
+                if p == 99.0 && pct == 99.0 {
+                    continue;
+                }
+                let key = if p == 50.0 {
+                    format!("median_{metric}_ms")
+                } else {
+                    capacity::pct_key(p, metric)
+                };
+                let pts: Vec<(f64, f64)> = s
+                    .points
                     .iter()
-                    .enumerate()
-                    .map(|(i, c)| (i as f64 * a.bucket_s, f64::from(*c) / a.bucket_s))
-                    .collect(),
-                color: color(0),
-                dashed: false,
-                markers: a.counts.len() < 30,
-            }],
-            hrules: vec![Rule {
-                at: a.mean_per_s,
-                label: format!("mean {:.2}/s", a.mean_per_s),
-                color: "#666".into(),
-            }],
-            y_from_zero: true,
+                    .filter_map(|lp| Some((lp.level, lp.mean(&key)?)))
+                    .collect();
+                if pts.is_empty() {
+                    continue;
+                }
+                lines.push(Line {
+                    name: format!("{} p{}", s.name, percentile_label(p)),
+                    points: pts,
+                    color: if p == 99.0 && pct != 99.0 {
+                        color(i + 4)
+                    } else {
+                        color(i)
+                    },
+                    dashed,
+                    markers: true,
+                });
+            }
+        }
+        let hrules = first
+            .slos
+            .iter()
+            .filter(|s| s.metric.key() == metric)
+            .map(|s| Rule {
+                at: s.limit_ms,
+                label: format!("SLO p{} {} ms", percentile_label(pct), fmt_num(s.limit_ms)),
+                color: "#b00020".into(),
+            })
+            .collect();
+        let c = Chart {
+            title: format!(
+                "{name} against load (p50 dashed, p{} and p99 solid)",
+                percentile_label(pct)
+            ),
+            x_label: axis.short().into(),
+            y_label: format!("{name} (ms)"),
+            lines,
+            hrules,
+            vrules: knee_rules(d),
+            log_x,
+            log_y: true,
             ..Default::default()
         };
         out.push((
-            format!(
-                "The captured trace's arrival rate ({})",
-                crate::document::trace_rate_role(d)
-            ),
+            format!("{name} against load, with the SLO line and the knee marked"),
             c.render(),
         ));
     }
-    let Some(first) = d.series.first() else {
-        return out;
-    };
-    let multi_level = d.series.iter().any(|s| s.points.len() > 1);
-    let axis = first.axis;
-    let log_x = d.series.iter().all(|s| {
-        let lv: Vec<f64> = s
-            .points
-            .iter()
-            .map(|p| p.level)
-            .filter(|l| l.is_finite())
-            .collect();
-        lv.len() > 2
-            && lv.iter().all(|l| *l > 0.0)
-            && lv.last().copied().unwrap_or(1.0) / lv[0] >= 8.0
-    });
-    if multi_level {
-        let pct = first.slo_percentile;
-        for (metric, name) in [("ttft", "TTFT"), ("tpot", "TPOT")] {
-            let mut lines = Vec::new();
-            for (i, s) in d.series.iter().enumerate() {
-                for (p, dashed) in [(50.0, true), (pct, false), (99.0, false)] {
-                    if p == 99.0 && pct == 99.0 {
-                        continue;
-                    }
-                    let key = if p == 50.0 {
-                        format!("median_{metric}_ms")
-                    } else {
-                        capacity::pct_key(p, metric)
-                    };
-                    let pts: Vec<(f64, f64)> = s
-                        .points
-                        .iter()
-                        .filter_map(|lp| Some((lp.level, lp.mean(&key)?)))
-                        .collect();
-                    if pts.is_empty() {
-                        continue;
-                    }
-                    lines.push(Line {
-                        name: format!("{} p{}", s.name, percentile_label(p)),
-                        points: pts,
-                        color: if p == 99.0 && pct != 99.0 {
-                            color(i + 4)
-                        } else {
-                            color(i)
-                        },
-                        dashed,
-                        markers: true,
-                    });
-                }
-            }
-            let hrules = first
-                .slos
+    // Goodput against throughput.
+    let mut lines: Vec<Line> = d
+        .series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Line {
+            name: s.name.clone(),
+            points: s
+                .points
                 .iter()
-                .filter(|s| s.metric.key() == metric)
-                .map(|s| Rule {
-                    at: s.limit_ms,
-                    label: format!("SLO p{} {} ms", percentile_label(pct), fmt_num(s.limit_ms)),
-                    color: "#b00020".into(),
-                })
-                .collect();
-            let c = Chart {
-                title: format!(
-                    "{name} against load (p50 dashed, p{} and p99 solid)",
-                    percentile_label(pct)
-                ),
-                x_label: axis.short().into(),
-                y_label: format!("{name} (ms)"),
-                lines,
-                hrules,
-                vrules: knee_rules(d),
-                log_x,
-                log_y: true,
-                ..Default::default()
-            };
-            out.push((
-                format!("{name} against load, with the SLO line and the knee marked"),
-                c.render(),
-            ));
-        }
-        // Goodput against throughput.
-        let mut lines: Vec<Line> = d
+                .filter_map(|p| Some((p.mean("request_throughput")?, p.mean("request_goodput")?)))
+                .collect(),
+            color: color(i),
+            dashed: false,
+            markers: true,
+        })
+        .collect();
+    let maxt = d
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().filter_map(|p| p.mean("request_throughput")))
+        .fold(0.0, f64::max);
+    lines.push(Line {
+        name: "goodput = throughput".into(),
+        points: vec![(0.0, 0.0), (maxt, maxt)],
+        color: "#999".into(),
+        dashed: true,
+        markers: false,
+    });
+    let c = Chart {
+        title: "Goodput against request throughput".into(),
+        x_label: "request throughput (req/s)".into(),
+        y_label: "goodput (req/s within SLO)".into(),
+        lines,
+        y_from_zero: true,
+        ..Default::default()
+    };
+    out.push(("Goodput against throughput: where the curve leaves the diagonal, requests still finish but too slowly".into(), c.render()));
+    // Throughput against load.
+    let c = Chart {
+        title: "Request throughput against load".into(),
+        x_label: axis.short().into(),
+        y_label: "req/s".into(),
+        lines: d
             .series
             .iter()
             .enumerate()
@@ -150,74 +208,33 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
                 points: s
                     .points
                     .iter()
-                    .filter_map(|p| {
-                        Some((p.mean("request_throughput")?, p.mean("request_goodput")?))
-                    })
+                    .filter_map(|p| Some((p.level, p.mean("request_throughput")?)))
                     .collect(),
                 color: color(i),
                 dashed: false,
                 markers: true,
             })
-            .collect();
-        let maxt = d
-            .series
-            .iter()
-            .flat_map(|s| s.points.iter().filter_map(|p| p.mean("request_throughput")))
-            .fold(0.0, f64::max);
-        lines.push(Line {
-            name: "goodput = throughput".into(),
-            points: vec![(0.0, 0.0), (maxt, maxt)],
-            color: "#999".into(),
-            dashed: true,
-            markers: false,
-        });
-        let c = Chart {
-            title: "Goodput against request throughput".into(),
-            x_label: "request throughput (req/s)".into(),
-            y_label: "goodput (req/s within SLO)".into(),
-            lines,
-            y_from_zero: true,
-            ..Default::default()
-        };
-        out.push(("Goodput against throughput: where the curve leaves the diagonal, requests still finish but too slowly".into(), c.render()));
-        // Throughput against load.
-        let c = Chart {
-            title: "Request throughput against load".into(),
-            x_label: axis.short().into(),
-            y_label: "req/s".into(),
-            lines: d
-                .series
-                .iter()
-                .enumerate()
-                .map(|(i, s)| Line {
-                    name: s.name.clone(),
-                    points: s
-                        .points
-                        .iter()
-                        .filter_map(|p| Some((p.level, p.mean("request_throughput")?)))
-                        .collect(),
-                    color: color(i),
-                    dashed: false,
-                    markers: true,
-                })
-                .collect(),
-            vrules: knee_rules(d),
-            log_x,
-            y_from_zero: true,
-            ..Default::default()
-        };
-        out.push(("Request throughput against load".into(), c.render()));
-    }
-    out.extend(timeline_plots(d));
-    // Distributions per target.
+            .collect(),
+        vrules: knee_rules(d),
+        log_x,
+        y_from_zero: true,
+        ..Default::default()
+    };
+    out.push(("Request throughput against load".into(), c.render()));
+    out
+}
+
+/// The CDF of TTFT, TPOT and ITL per series, at most six levels each (spread over the range).
+fn distribution_plots(d: &ReportData, multi_level: bool) -> Vec<(String, String)> {
+    let mut out = Vec::new();
     for s in &d.series {
-        let levels: Vec<&(String, f64, crate::results::Samples)> =
+        let levels: Vec<&(String, f64, crate::series::Samples)> =
             d.samples.iter().filter(|(n, _, _)| *n == s.name).collect();
         if levels.is_empty() {
             continue;
         }
         // At most 6 levels, spread over the range.
-        let pick: Vec<&&(String, f64, crate::results::Samples)> = if levels.len() <= 6 {
+        let pick: Vec<&&(String, f64, crate::series::Samples)> = if levels.len() <= 6 {
             levels.iter().collect()
         } else {
             (0..6)
@@ -299,30 +316,22 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
 fn timeline_plots(d: &ReportData) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for s in &d.series {
-        let runs: Vec<&(String, f64, serde_json::Value)> =
+        let runs: Vec<&(String, f64, SlicesDoc)> =
             d.slices.iter().filter(|(n, _, _)| *n == s.name).collect();
         if runs.is_empty() {
             continue;
         }
-        let pick: Vec<&&(String, f64, serde_json::Value)> = if runs.len() <= 4 {
+        let pick: Vec<&&(String, f64, SlicesDoc)> = if runs.len() <= 4 {
             runs.iter().collect()
         } else {
             (0..4).map(|i| &runs[i * (runs.len() - 1) / 3]).collect()
         };
         let many = pick.len() > 1;
-        let series_of = |v: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> Option<f64>| {
-            v.get("slices")
-                .and_then(serde_json::Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| {
-                            let mid =
-                                (x.get("start_s")?.as_f64()? + x.get("end_s")?.as_f64()?) / 2.0;
-                            Some((mid, f(x)?))
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default()
+        let series_of = |v: &SlicesDoc, f: &dyn Fn(&Slice) -> Option<f64>| {
+            v.slices
+                .iter()
+                .filter_map(|x| Some(((x.start_s + x.end_s) / 2.0, f(x)?)))
+                .collect::<Vec<_>>()
         };
         let name = |l: f64, what: &str| {
             if many {
@@ -331,20 +340,18 @@ fn timeline_plots(d: &ReportData) -> Vec<(String, String)> {
                 what.to_string()
             }
         };
-        let width = pick
-            .first()
-            .and_then(|(_, _, v)| v.get("slice_s")?.as_f64())
-            .unwrap_or(0.0);
+        let width = pick.first().map_or(0.0, |(_, _, v)| v.slice_s);
         let mut lat = Vec::new();
         let mut thr = Vec::new();
         for (i, (_, l, v)) in pick.iter().enumerate() {
-            let ptr = |p: &'static str| move |x: &serde_json::Value| x.pointer(p)?.as_f64();
-            for (p, what, dashed, c) in [
-                ("/ttft_ms/p95", "TTFT p95", false, i),
-                ("/ttft_ms/p50", "TTFT p50", true, i),
-                ("/tpot_ms/p95", "TPOT p95", false, i + 4),
-            ] {
-                let pts = series_of(v, &ptr(p));
+            type Pick = fn(&Slice) -> Option<f64>;
+            let lines: [(Pick, &str, bool, usize); 3] = [
+                (|x| Some(x.ttft_ms?.p95), "TTFT p95", false, i),
+                (|x| Some(x.ttft_ms?.p50), "TTFT p50", true, i),
+                (|x| Some(x.tpot_ms?.p95), "TPOT p95", false, i + 4),
+            ];
+            for (p, what, dashed, c) in lines {
+                let pts = series_of(v, &p);
                 if !pts.is_empty() {
                     lat.push(Line {
                         name: name(*l, what),
@@ -357,14 +364,12 @@ fn timeline_plots(d: &ReportData) -> Vec<(String, String)> {
             }
             thr.push(Line {
                 name: name(*l, "completed/s"),
-                points: series_of(v, &ptr("/completed_per_s")),
+                points: series_of(v, &|x| Some(x.completed_per_s)),
                 color: color(i),
                 dashed: false,
                 markers: false,
             });
-            let good = series_of(v, &|x| {
-                Some(x.get("slo_attainment")?.as_f64()? * x.get("sent_per_s")?.as_f64()?)
-            });
+            let good = series_of(v, &|x| Some(x.slo_attainment? * x.sent_per_s));
             if !good.is_empty() {
                 thr.push(Line {
                     name: name(*l, "sent/s within SLO"),
@@ -504,6 +509,61 @@ pub fn render(d: &ReportData) -> String {
             esc(&capacity::rules_text(a.slo_percentile))
         );
     }
+    plan_section(&mut o, d);
+    o.push_str("<h2>Plots</h2><div class=\"plots\">");
+    for (cap, svg) in plots(d) {
+        let _ = write!(
+            o,
+            "<figure>{svg}<figcaption class=\"note\">{}</figcaption></figure>",
+            esc(&cap)
+        );
+    }
+    o.push_str("</div><h2>Definitions</h2>");
+    md_table(&mut o, crate::document::definitions_md());
+    measured_section(&mut o, d);
+    o.push_str("</ul><h2>Results per level</h2>");
+    for s in &d.series {
+        let _ = write!(o, "<h3>{}</h3>", esc(&s.name));
+        let (h, r) = level_rows(s);
+        table(&mut o, &h, &r);
+    }
+    let (h, r) = crate::document::verdict_rows(d);
+    if !r.is_empty() {
+        o.push_str("<h2>Verdicts</h2><p class=\"note\">Runs whose target did not serve the offered load, whose client could not keep up, or that hold requests not streamed (TTFT, TPOT and ITL cover streamed requests only).</p>");
+        table(&mut o, &h, &r);
+    }
+    let (h, r) = crate::document::class_rows(d);
+    if !r.is_empty() {
+        o.push_str("<h2>Latency by class of request</h2><p class=\"note\">n/a: TTFT, TPOT and ITL do not apply to requests that are not streamed.</p>");
+        table(&mut o, &h, &r);
+    }
+    server_section(&mut o, d);
+    if !d.slices.is_empty() {
+        o.push_str("<h2>Drift over the run</h2>");
+        let (head, rows) = crate::document::drift_rows(d);
+        table(&mut o, &head, &rows);
+    }
+    if let Some(c) = &d.comparison {
+        let _ = write!(o, "<h2>Comparison</h2><pre>{}</pre>", esc(c));
+    }
+    o.push_str("<h2>Source files</h2><ul>");
+    for f in &d.files {
+        let _ = write!(o, "<li><code>{}</code></li>", esc(f));
+    }
+    o.push_str("</ul>");
+    if !d.command.is_empty() {
+        let _ = write!(
+            o,
+            "<p class=\"note\">Report written by <code>{}</code></p>",
+            esc(&d.command)
+        );
+    }
+    o.push_str("</body></html>\n");
+    o
+}
+
+/// The capacity plan: replicas and cost per configuration, and its note.
+fn plan_section(o: &mut String, d: &ReportData) {
     o.push_str("<h2>Capacity plan</h2>");
     if !d.plans.is_empty() {
         let head: Vec<String> = [
@@ -540,7 +600,7 @@ pub fn render(d: &ReportData) -> String {
                 ]
             })
             .collect();
-        table(&mut o, &head, &rows);
+        table(o, &head, &rows);
         o.push_str("<p class=\"note\">Redundancy R: R independent failure domains, each able to carry the whole target load alone. Monthly cost: replicas × cost per hour × 730 h.</p>");
         for p in &d.plans {
             let _ = write!(o, "<p>{}</p>", esc(&p.sentence));
@@ -549,16 +609,10 @@ pub fn render(d: &ReportData) -> String {
     if let Some(n) = &d.plan_note {
         let _ = write!(o, "<p class=\"note\">{}</p>", esc(n));
     }
-    o.push_str("<h2>Plots</h2><div class=\"plots\">");
-    for (cap, svg) in plots(d) {
-        let _ = write!(
-            o,
-            "<figure>{svg}<figcaption class=\"note\">{}</figcaption></figure>",
-            esc(&cap)
-        );
-    }
-    o.push_str("</div><h2>Definitions</h2>");
-    md_table(&mut o, crate::document::definitions_md());
+}
+
+/// How it was measured: the exact commands, why these levels and SLOs, the notes.
+fn measured_section(o: &mut String, d: &ReportData) {
     o.push_str("<h2>How it was measured</h2><p>Exact commands:</p><pre>");
     for s in &d.series {
         for c in &s.commands {
@@ -591,22 +645,10 @@ pub fn render(d: &ReportData) -> String {
     for n in &d.notes {
         let _ = write!(o, "<li>{}</li>", esc(n));
     }
-    o.push_str("</ul><h2>Results per level</h2>");
-    for s in &d.series {
-        let _ = write!(o, "<h3>{}</h3>", esc(&s.name));
-        let (h, r) = level_rows(s);
-        table(&mut o, &h, &r);
-    }
-    let (h, r) = crate::document::verdict_rows(d);
-    if !r.is_empty() {
-        o.push_str("<h2>Verdicts</h2><p class=\"note\">Runs whose target did not serve the offered load, whose client could not keep up, or that hold requests not streamed (TTFT, TPOT and ITL cover streamed requests only).</p>");
-        table(&mut o, &h, &r);
-    }
-    let (h, r) = crate::document::class_rows(d);
-    if !r.is_empty() {
-        o.push_str("<h2>Latency by class of request</h2><p class=\"note\">n/a: TTFT, TPOT and ITL do not apply to requests that are not streamed.</p>");
-        table(&mut o, &h, &r);
-    }
+}
+
+/// The server's own histograms beside the client's TTFT, when scraped.
+fn server_section(o: &mut String, d: &ReportData) {
     if !d.server.is_empty() {
         o.push_str("<h2>Server-side view</h2><p class=\"note\">The server's own TTFT and queue-time histograms (scraped before and after each run) beside the client's TTFT: a gap that widens with load means the client, not the server, is saturated.</p>");
         let head: Vec<String> = [
@@ -624,43 +666,11 @@ pub fn render(d: &ReportData) -> String {
             .server
             .iter()
             .map(|(n, l, v)| {
-                let g = |k: &str| {
-                    v.pointer(k)
-                        .and_then(serde_json::Value::as_f64)
-                        .map_or("–".into(), |x| format!("{x:.1}"))
-                };
-                vec![
-                    n.clone(),
-                    fmt_num(*l),
-                    g("/client_ttft_mean_ms"),
-                    g("/ttft_ms/mean"),
-                    g("/ttft_gap_ms"),
-                    g("/queue_time_ms/mean"),
-                ]
+                let mut row = vec![n.clone(), fmt_num(*l)];
+                row.extend(crate::document::server_cells(v));
+                row
             })
             .collect();
-        table(&mut o, &head, &rows);
+        table(o, &head, &rows);
     }
-    if !d.slices.is_empty() {
-        o.push_str("<h2>Drift over the run</h2>");
-        let (head, rows) = crate::document::drift_rows(d);
-        table(&mut o, &head, &rows);
-    }
-    if let Some(c) = &d.comparison {
-        let _ = write!(o, "<h2>Comparison</h2><pre>{}</pre>", esc(c));
-    }
-    o.push_str("<h2>Source files</h2><ul>");
-    for f in &d.files {
-        let _ = write!(o, "<li><code>{}</code></li>", esc(f));
-    }
-    o.push_str("</ul>");
-    if !d.command.is_empty() {
-        let _ = write!(
-            o,
-            "<p class=\"note\">Report written by <code>{}</code></p>",
-            esc(&d.command)
-        );
-    }
-    o.push_str("</body></html>\n");
-    o
 }

@@ -172,17 +172,16 @@ impl Chart {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let pts = self.lines.iter().flat_map(|l| l.points.iter());
-        let finite = |v: &f64, log: bool| v.is_finite() && (!log || *v > 0.0);
         let xs: Vec<f64> = pts
             .clone()
             .map(|p| p.0)
             .chain(self.vrules.iter().map(|r| r.at))
-            .filter(|v| finite(v, self.log_x))
+            .filter(|v| finite(*v, self.log_x))
             .collect();
         let ys: Vec<f64> = pts
             .map(|p| p.1)
             .chain(self.hrules.iter().map(|r| r.at))
-            .filter(|v| finite(v, self.log_y))
+            .filter(|v| finite(*v, self.log_y))
             .collect();
         let _ = write!(
             out,
@@ -205,6 +204,17 @@ impl Chart {
             );
             return out;
         }
+        let (sx, sy) = self.scales(&xs, &ys);
+        self.axes(&mut out, &sx, &sy);
+        self.rules(&mut out, &sx, &sy);
+        self.polylines(&mut out, &sx, &sy);
+        self.legend(&mut out);
+        out.push_str("</svg>");
+        out
+    }
+
+    /// The scales of the plotted values `xs` and `ys` (padded; from zero when asked).
+    fn scales(&self, xs: &[f64], ys: &[f64]) -> (Scale, Scale) {
         let (mut x0, mut x1) = (
             xs.iter().copied().fold(f64::INFINITY, f64::min),
             xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
@@ -227,9 +237,14 @@ impl Chart {
             x0 -= 1.0;
             x1 += 1.0;
         }
-        let sx = Scale::new(x0, x1, self.log_x, ML, W - MR);
-        let sy = Scale::new(y0, y1, self.log_y, H - MB, MT);
-        // Grid and ticks.
+        (
+            Scale::new(x0, x1, self.log_x, ML, W - MR),
+            Scale::new(y0, y1, self.log_y, H - MB, MT),
+        )
+    }
+
+    /// Grid, ticks, the plot's frame and the axis labels.
+    fn axes(&self, out: &mut String, sx: &Scale, sy: &Scale) {
         for t in sx.ticks() {
             let x = sx.px(t);
             let _ = write!(
@@ -273,9 +288,12 @@ impl Chart {
             (MT + H - MB) / 2.0,
             esc(&self.y_label)
         );
-        // Rules.
+    }
+
+    /// The horizontal and vertical rules (SLO lines, knees), labelled.
+    fn rules(&self, out: &mut String, sx: &Scale, sy: &Scale) {
         for r in &self.hrules {
-            if !finite(&r.at, self.log_y) {
+            if !finite(r.at, self.log_y) {
                 continue;
             }
             let y = sy.px(r.at);
@@ -291,7 +309,7 @@ impl Chart {
             );
         }
         for (i, r) in self.vrules.iter().enumerate() {
-            if !finite(&r.at, self.log_x) {
+            if !finite(r.at, self.log_x) {
                 continue;
             }
             let x = sx.px(r.at);
@@ -312,12 +330,15 @@ impl Chart {
                 c = esc(&r.color)
             );
         }
-        // Lines.
+    }
+
+    /// Each line, with its markers.
+    fn polylines(&self, out: &mut String, sx: &Scale, sy: &Scale) {
         for l in &self.lines {
             let p: Vec<String> = l
                 .points
                 .iter()
-                .filter(|(x, y)| finite(x, self.log_x) && finite(y, self.log_y))
+                .filter(|(x, y)| finite(*x, self.log_x) && finite(*y, self.log_y))
                 .map(|(x, y)| format!("{:.1},{:.1}", sx.px(*x), sy.px(*y)))
                 .collect();
             if p.is_empty() {
@@ -341,7 +362,10 @@ impl Chart {
                 }
             }
         }
-        // Legend, below the x label.
+    }
+
+    /// The legend, below the x label.
+    fn legend(&self, out: &mut String) {
         let mut lx = ML;
         let mut ly = H - MB + 50.0;
         for l in &self.lines {
@@ -365,9 +389,12 @@ impl Chart {
             );
             lx += wdt;
         }
-        out.push_str("</svg>");
-        out
     }
+}
+
+/// Whether `v` can be drawn on a linear axis, or a log one (`log`: positive too).
+fn finite(v: f64, log: bool) -> bool {
+    v.is_finite() && (!log || v > 0.0)
 }
 
 /// The empirical CDF of `values` as (value, fraction ≤ value), thinned to ≤ `max_points`.

@@ -16,20 +16,18 @@ use std::time::Duration;
 
 use std::collections::BTreeMap;
 
-use trace_format::TraceRecord;
-
 use crate::capacity::{self, Axis};
 pub use crate::plan::PlanInputs;
-use crate::report::{result_doc, ResultInputs, TraceIdentity};
-use crate::result_doc::{ResultDoc, SweepMark};
-use crate::results;
-use crate::sweep_doc::{
-    ArrivalProfile, PlanInputsDoc, SweepFile, SweepSummary, SweepTarget, SweepTrace,
-};
-use replay::config::{Arrivals, ReplayConfig, Target, ValidatedConfig};
+use crate::series;
+use replay::config::{Arrivals, ReplayConfig, ValidatedConfig};
 use replay::error::ReplayError;
 use replay::metrics::Metrics;
-use replay::run::{Progress, RunOutput};
+use replay::run::RunOutput;
+use results::build::{result_doc, ResultInputs, TraceIdentity};
+use results::doc::{ResultDoc, SweepMark};
+use results::sweep_doc::{
+    ArrivalProfile, PlanInputsDoc, SweepFile, SweepSummary, SweepTarget, SweepTrace,
+};
 
 /// What to sweep and over which levels.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,68 +171,122 @@ fn config_at(
     cfg.validate()
 }
 
-/// Runs every level (`num_runs` times each) against every target, then up to `opts.refine`
-/// levels more from [`refine_level`]; `on_run` sees each run as it finishes (for a live
-/// table). The levels run are [`levels_run`] of the result.
-pub fn run_sweep(
-    base: &ValidatedConfig,
-    spec: &SweepSpec,
-    opts: &SweepOptions,
-    records: &[TraceRecord],
-    block_size: Option<usize>,
-    progress: &dyn Fn(&Target, Progress),
-    on_run: &mut dyn FnMut(&LevelRun),
-) -> Result<Vec<LevelRun>, ReplayError> {
-    if opts.num_runs == 0 {
-        return Err(ReplayError::Config("--num-runs must be at least 1".into()));
+/// Which run a sweep makes next: every level (`num_runs` times each), then up to
+/// `opts.refine` levels more from [`refine_level`]. The caller runs each [`LevelStep`]
+/// (`replay::replay` with its configuration, against every target) and hands the runs back
+/// ([`SweepPlan::record`]); the plan never calls the engine. The levels run are
+/// [`levels_run`] of [`SweepPlan::finish`].
+pub struct SweepPlan<'a> {
+    base: &'a ValidatedConfig,
+    axis: Axis,
+    opts: &'a SweepOptions,
+    /// The levels to run: the given ones, then each refining one as it is chosen.
+    levels: Vec<f64>,
+    /// Levels at most: the given ones and `opts.refine` more.
+    max_levels: usize,
+    /// The next level index and repeat.
+    next: (usize, usize),
+    runs: Vec<LevelRun>,
+}
+
+/// One run of one level: its place in the sweep and the configuration it runs with.
+#[derive(Debug, Clone)]
+pub struct LevelStep {
+    /// Index of the level (the given levels first, refining ones after).
+    pub level_index: usize,
+    /// The level.
+    pub level: f64,
+    /// Repeat number, from 0.
+    pub run: usize,
+    /// The configuration (the level set, a prompt salt of its own).
+    pub cfg: ValidatedConfig,
+    /// Wait this long before the run (`--cooldown`; zero before the first).
+    pub cooldown: Duration,
+}
+
+impl<'a> SweepPlan<'a> {
+    /// The plan of `spec` over `base`; an error when `opts` cannot run.
+    pub fn new(
+        base: &'a ValidatedConfig,
+        spec: &SweepSpec,
+        opts: &'a SweepOptions,
+    ) -> Result<SweepPlan<'a>, ReplayError> {
+        if opts.num_runs == 0 {
+            return Err(ReplayError::Config("--num-runs must be at least 1".into()));
+        }
+        if !(opts.slo_percentile > 0.0 && opts.slo_percentile <= 100.0) {
+            return Err(ReplayError::Config(format!(
+                "--slo-percentile {}: must be in (0, 100]",
+                opts.slo_percentile
+            )));
+        }
+        Ok(SweepPlan {
+            base,
+            axis: spec.axis,
+            opts,
+            levels: spec.levels.clone(),
+            max_levels: spec.levels.len() + opts.refine,
+            next: (0, 0),
+            runs: Vec::new(),
+        })
     }
-    if !(opts.slo_percentile > 0.0 && opts.slo_percentile <= 100.0) {
-        return Err(ReplayError::Config(format!(
-            "--slo-percentile {}: must be in (0, 100]",
-            opts.slo_percentile
-        )));
-    }
-    let mut out = Vec::new();
-    let mut levels = spec.levels.clone();
-    let mut li = 0;
-    loop {
-        while li < levels.len() {
-            for run in 0..opts.num_runs {
-                if (li > 0 || run > 0) && !base.cooldown.is_zero() {
-                    std::thread::sleep(base.cooldown);
-                }
-                let cfg = config_at(base, spec.axis, levels[li], opts, li, run)?;
-                for (output, metrics) in replay::replay(
-                    &cfg,
-                    &records,
-                    block_size,
-                    progress,
-                    &mut replay::sink::NoSink,
-                    &replay::Stop::new(),
-                )? {
-                    let lr = LevelRun {
-                        level_index: li,
-                        level: levels[li],
-                        run,
-                        cfg: cfg.clone(),
-                        output,
-                        metrics,
-                    };
-                    on_run(&lr);
-                    out.push(lr);
-                }
+
+    /// The next run, or None when the sweep is done: the given levels in order, each
+    /// `num_runs` times, then a refining level while the capacity bracket is wider than
+    /// [`REFINE_GAP`] and `opts.refine` allows.
+    pub fn next_step(&mut self) -> Result<Option<LevelStep>, ReplayError> {
+        let (li, run) = self.next;
+        if li >= self.levels.len() {
+            if self.levels.len() >= self.max_levels {
+                return Ok(None);
             }
-            li += 1;
+            match refine_level(&self.runs, self.axis, self.opts.slo_percentile) {
+                Some(l) if !self.levels.iter().any(|x| x.to_bits() == l.to_bits()) => {
+                    self.levels.push(l)
+                }
+                _ => return Ok(None),
+            }
         }
-        if levels.len() >= spec.levels.len() + opts.refine {
-            break;
-        }
-        match refine_level(&out, spec.axis, opts.slo_percentile) {
-            Some(l) if !levels.iter().any(|x| x.to_bits() == l.to_bits()) => levels.push(l),
-            _ => break,
-        }
+        self.next = if run + 1 < self.opts.num_runs {
+            (li, run + 1)
+        } else {
+            (li + 1, 0)
+        };
+        let level = self.levels[li];
+        Ok(Some(LevelStep {
+            level_index: li,
+            level,
+            run,
+            cfg: config_at(self.base, self.axis, level, self.opts, li, run)?,
+            cooldown: if li > 0 || run > 0 {
+                self.base.cooldown
+            } else {
+                Duration::ZERO
+            },
+        }))
     }
-    Ok(out)
+
+    /// Records the runs of `step` (one per target, as `replay::replay` returns them); the
+    /// level runs they made, for a live table.
+    pub fn record(&mut self, step: LevelStep, runs: Vec<(RunOutput, Metrics)>) -> &[LevelRun] {
+        let from = self.runs.len();
+        for (output, metrics) in runs {
+            self.runs.push(LevelRun {
+                level_index: step.level_index,
+                level: step.level,
+                run: step.run,
+                cfg: step.cfg.clone(),
+                output,
+                metrics,
+            });
+        }
+        &self.runs[from..]
+    }
+
+    /// Every level run, in the order they ran.
+    pub fn finish(self) -> Vec<LevelRun> {
+        self.runs
+    }
 }
 
 /// The next level a refining sweep runs, judged on the same capacity answer as the report:
@@ -256,7 +308,7 @@ pub fn refine_level(runs: &[LevelRun], axis: Axis, slo_percentile: f64) -> Optio
         .iter()
         .map(|lr| level_result(lr, &spec, &identity, "", false))
         .collect();
-    results::series_of(&docs, Some(axis), slo_percentile)
+    series::series_of(&docs, Some(axis), slo_percentile)
         .iter()
         .filter_map(|s| {
             let a = s.answer();
@@ -343,11 +395,11 @@ pub struct SweepDoc<'a> {
 
 /// The sweep's document: `llmreplay_sweep` (summary, capacity answers, plans) and `results`.
 pub fn sweep_doc(d: &SweepDoc) -> SweepFile {
-    let series = results::series_of(&d.results, Some(d.spec.axis), d.opts.slo_percentile);
+    let series = series::series_of(&d.results, Some(d.spec.axis), d.opts.slo_percentile);
     let mut targets = BTreeMap::new();
     for s in &series {
         let a = capacity::answer(&s.name, s.axis, &s.points, &s.slos, s.slo_percentile);
-        let p = results::plan_for(&a, d.arrivals, d.plan);
+        let p = series::plan_for(&a, d.arrivals, d.plan);
         targets.insert(
             s.name.clone(),
             SweepTarget {
@@ -394,7 +446,7 @@ pub fn sweep_doc(d: &SweepDoc) -> SweepFile {
 pub fn run_line(lr: &LevelRun, spec: &SweepSpec, opts: &SweepOptions) -> String {
     let m = &lr.metrics;
     let pl = trace_format::stats::percentile_label(opts.slo_percentile);
-    let v = crate::report::verdict(m, &lr.output);
+    let v = results::build::verdict(m, &lr.output);
     format!(
         "  {} run {}/{} {}: {}{:.2} req/s served{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}",
         spec.axis.level_label(lr.level),
@@ -424,7 +476,7 @@ pub struct SweepOutcome {
     /// The sweep's JSON document.
     pub doc: SweepFile,
     /// One series per configuration.
-    pub series: Vec<results::Series>,
+    pub series: Vec<series::Series>,
     /// The trace's arrival rate.
     pub arrivals: ArrivalProfile,
     /// The trace's identity.
@@ -451,12 +503,12 @@ pub fn outcome(
     trace: &trace_format::Trace,
     w: SweepWriteUp,
 ) -> SweepOutcome {
-    let identity = crate::report::trace_identity(trace);
+    let identity = results::build::trace_identity(trace);
     let results: Vec<ResultDoc> = runs
         .iter()
         .map(|lr| level_result(lr, spec, &identity, w.command, w.detailed))
         .collect();
-    let arrivals = results::arrival_profile(&trace.records);
+    let arrivals = series::arrival_profile(&trace.records);
     let doc = sweep_doc(&SweepDoc {
         spec,
         opts,
@@ -467,7 +519,7 @@ pub fn outcome(
         command: w.command,
         plan: w.plan,
     });
-    let series = results::series_of(&doc.results, Some(spec.axis), opts.slo_percentile);
+    let series = series::series_of(&doc.results, Some(spec.axis), opts.slo_percentile);
     SweepOutcome {
         runs,
         doc,
@@ -496,7 +548,7 @@ pub fn summary_text(
     for s in &o.series {
         let ans = s.answer();
         let _ = writeln!(out, "  {}", ans.sentence);
-        if let Some(p) = results::plan_for(&ans, &o.arrivals, plan) {
+        if let Some(p) = series::plan_for(&ans, &o.arrivals, plan) {
             let _ = writeln!(out, "  Plan: {}", p.sentence);
         }
     }
@@ -518,7 +570,7 @@ pub fn results_meta(o: &SweepOutcome, spec: &SweepSpec, command: &str) -> trace_
 }
 
 /// The console table of a sweep: one row per level and target (means; ± spread with repeats).
-pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
+pub fn console_table(spec: &SweepSpec, series: &[series::Series]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     for s in series {
@@ -580,6 +632,60 @@ pub fn console_table(spec: &SweepSpec, series: &[results::Series]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use replay::config::Target;
+
+    /// The plan steps through every level `num_runs` times in order, each with a salt of its
+    /// own and the cooldown before all but the first, and stops (no refinement asked) after
+    /// the last; it never runs anything itself.
+    #[test]
+    fn a_plan_steps_through_levels_and_repeats_in_order() {
+        let mut base = ReplayConfig::new(vec![Target {
+            name: "t".into(),
+            url: "http://127.0.0.1:1".into(),
+        }]);
+        base.cooldown = Duration::from_millis(5);
+        let base = base.validate().unwrap();
+        let spec: SweepSpec = "max-concurrency=2,8".parse().unwrap();
+        let opts = SweepOptions {
+            num_runs: 2,
+            level_duration: None,
+            slo_percentile: 95.0,
+            refine: 3,
+        };
+        let mut plan = SweepPlan::new(&base, &spec, &opts).unwrap();
+        let mut seen = Vec::new();
+        while let Some(step) = plan.next_step().unwrap() {
+            assert_eq!(step.cfg.max_concurrency, Some(step.level as usize));
+            seen.push((
+                step.level_index,
+                step.level,
+                step.run,
+                step.cooldown,
+                step.cfg.request.prompt_salt,
+            ));
+            plan.record(step, Vec::new());
+        }
+        let cool = Duration::from_millis(5);
+        let places: Vec<_> = seen.iter().map(|s| (s.0, s.1, s.2, s.3)).collect();
+        assert_eq!(
+            places,
+            vec![
+                (0, 2.0, 0, Duration::ZERO),
+                (0, 2.0, 1, cool),
+                (1, 8.0, 0, cool),
+                (1, 8.0, 1, cool)
+            ]
+        );
+        let mut salts: Vec<u64> = seen.iter().map(|s| s.4).collect();
+        salts.dedup();
+        assert_eq!(salts.len(), 4, "a prompt salt per level run");
+        assert!(plan.finish().is_empty());
+        let bad = SweepOptions {
+            num_runs: 0,
+            ..opts
+        };
+        assert!(SweepPlan::new(&base, &spec, &bad).is_err());
+    }
 
     /// The same good% read 12% on the console and 13% elsewhere: Rust's `{:.0}` rounds a
     /// half to even (12.5 → 12), people and every other tool round it up. One rule, one
@@ -605,7 +711,7 @@ mod tests {
         let knee = capacity::knee(&points, Axis::RequestRate, true).unwrap();
         let reason = knee.reasons.join("; ");
         assert!(reason.contains("goodput fell to 13% of"), "{reason}");
-        let series = results::Series {
+        let series = series::Series {
             name: "t".into(),
             axis: Axis::RequestRate,
             slos: vec!["ttft:500".parse().unwrap()],

@@ -11,9 +11,33 @@ use replay::config::{Arrivals, EndpointKind, Target};
 use replay::ReplayConfig;
 use reporting::capacity::Axis;
 use reporting::compare::{self, Verdict};
-use reporting::results::{self, ResultFile};
+use reporting::series::{self, ResultFile};
 use reporting::sweep::{self, PlanInputs, SweepOptions, SweepSpec};
 use trace_format::TraceRecord;
+
+/// Runs every step of a sweep's plan, as the binary does (`src/report_cmd.rs`).
+fn run_sweep(
+    cfg: &ReplayConfig,
+    spec: &SweepSpec,
+    opts: &SweepOptions,
+    records: &[TraceRecord],
+) -> Vec<sweep::LevelRun> {
+    let cfg = cfg.validate().unwrap();
+    let mut plan = sweep::SweepPlan::new(&cfg, spec, opts).unwrap();
+    while let Some(step) = plan.next_step().expect("a level's configuration") {
+        let runs = replay::replay(
+            &step.cfg,
+            &records,
+            None,
+            &|_, _| {},
+            &mut replay::sink::NoSink,
+            &replay::Stop::new(),
+        )
+        .expect("sweep runs");
+        plan.record(step, runs);
+    }
+    plan.finish()
+}
 
 struct Sim {
     rt: tokio::runtime::Runtime,
@@ -99,18 +123,9 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         refine: 0,
     };
     let records = trace(40);
-    let runs = sweep::run_sweep(
-        &cfg.validate().unwrap(),
-        &spec,
-        &opts,
-        &records,
-        None,
-        &|_, _| {},
-        &mut |_| {},
-    )
-    .expect("sweep runs");
+    let runs = run_sweep(&cfg, &spec, &opts, &records);
     assert_eq!(runs.len(), 4);
-    let identity = reporting::report::trace_identity(&trace_format::Trace {
+    let identity = results::build::trace_identity(&trace_format::Trace {
         records: records.clone(),
         files: vec![],
     });
@@ -126,7 +141,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
             )
         })
         .collect();
-    let arrivals = results::arrival_profile(&records);
+    let arrivals = series::arrival_profile(&records);
     let doc = sweep::sweep_doc(&sweep::SweepDoc {
         spec: &spec,
         opts: &opts,
@@ -141,7 +156,7 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
             cost_per_hour: Some(3.0),
         },
     });
-    let series = results::series_of(&doc.results, Some(Axis::RequestRate), 95.0);
+    let series = series::series_of(&doc.results, Some(Axis::RequestRate), 95.0);
     println!("{}", sweep::console_table(&spec, &series));
     let a = series[0].answer();
     println!("{}", a.sentence);
@@ -252,7 +267,7 @@ fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noi
     };
     cfg.selection.max_requests = Some(10);
     let records = trace(10);
-    let identity = reporting::report::trace_identity(&trace_format::Trace {
+    let identity = results::build::trace_identity(&trace_format::Trace {
         records: records.clone(),
         files: vec![],
     });
@@ -268,7 +283,7 @@ fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noi
     let results: Vec<_> = runs
         .iter()
         .map(|(run, m)| {
-            reporting::report::result_doc(&reporting::report::ResultInputs {
+            results::build::result_doc(&results::build::ResultInputs {
                 cfg: &cfg,
                 run,
                 metrics: m,
@@ -278,7 +293,7 @@ fn compare_flags_an_injected_regression_and_calls_an_unchanged_config_within_noi
             })
         })
         .collect();
-    let series = results::series_of(&results, None, 95.0);
+    let series = series::series_of(&results, None, 95.0);
     let tables = compare::compare(&series);
     let text = compare::render(&series, &tables);
     println!("{text}");
@@ -353,23 +368,14 @@ fn a_refined_sweep_finds_a_known_capacity_within_five_percent_never_above() {
         stream_ratio: 0.0,
     })
     .unwrap();
-    let runs = sweep::run_sweep(
-        &cfg.validate().unwrap(),
-        &spec,
-        &opts,
-        &records,
-        None,
-        &|_, _| {},
-        &mut |_| {},
-    )
-    .expect("sweep runs");
+    let runs = run_sweep(&cfg, &spec, &opts, &records);
     let ran = sweep::levels_run(&spec, &runs);
     assert!(
         ran.levels.len() > spec.levels.len(),
         "the sweep refined: {:?}",
         ran.levels
     );
-    let identity = reporting::report::trace_identity(&trace_format::Trace {
+    let identity = results::build::trace_identity(&trace_format::Trace {
         records: records.clone(),
         files: vec![],
     });
@@ -377,7 +383,7 @@ fn a_refined_sweep_finds_a_known_capacity_within_five_percent_never_above() {
         .iter()
         .map(|r| sweep::level_result(r, &ran, &identity, "test", false))
         .collect();
-    let series = results::series_of(&results, Some(Axis::RequestRate), 50.0);
+    let series = series::series_of(&results, Some(Axis::RequestRate), 50.0);
     println!("{}", sweep::console_table(&ran, &series));
     let a = series[0].answer();
     println!("{}", a.sentence);

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use replay::config::Target;
 use replay::{Interrupted, ReplayConfig, RowSink};
-use reporting::report::{ResultInputs, TraceIdentity};
-use reporting::sink::{recover, ResultsSink, KILLED};
+use results::build::{ResultInputs, TraceIdentity};
+use results::sink::{recover, ResultsSink, KILLED};
 use trace_format::TraceRecord;
 
 const T0: i64 = 1_767_323_045_000_000;
@@ -65,7 +65,7 @@ fn cfg() -> replay::ValidatedConfig {
 }
 
 fn open(path: &std::path::Path) -> ResultsSink {
-    let meta = reporting::outputs::results_meta(&cfg(), &identity(), "llmreplay replay t.parquet");
+    let meta = results::outputs::results_meta(&cfg(), &identity(), "llmreplay replay t.parquet");
     ResultsSink::create(path, meta).unwrap()
 }
 
@@ -78,7 +78,7 @@ fn run_of(rows: &[TraceRecord], interrupted: Option<Interrupted>) -> replay::Run
         trace_span: Duration::from_millis(990),
         records: rows.to_vec(),
         interrupted,
-        ..reporting::report::empty_run(target())
+        ..results::build::empty_run(target())
     }
 }
 
@@ -116,7 +116,7 @@ fn rows_are_journalled_as_they_finish_and_the_file_is_finished_at_the_end() {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{n} rows journalled");
-        std::thread::sleep(reporting::sink::FLUSH_EVERY);
+        std::thread::sleep(results::sink::FLUSH_EVERY);
     }
     assert!(!path.exists(), "the file appears only complete");
     let mut run = run_of(&rows, sigterm());
@@ -163,17 +163,17 @@ fn a_killed_runs_journal_is_recovered_once_and_merges_as_partial() {
     drop(sink); // an error path: the journal is kept, as after a kill
     let journal = d.join("run.journal");
     assert!(journal.exists() && !path.exists());
-    let meta = reporting::outputs::results_meta(&cfg(), &identity(), "again");
+    let meta = results::outputs::results_meta(&cfg(), &identity(), "again");
     let err = ResultsSink::create(&path, meta).err().unwrap();
     let text = format!("{err} {}", std::error::Error::source(&err).unwrap());
     assert!(text.contains("llmreplay merge"), "{text}");
-    assert!(reporting::sink::needs_recovery(path.to_str().unwrap()));
-    assert!(reporting::sink::needs_recovery(journal.to_str().unwrap()));
+    assert!(results::sink::needs_recovery(path.to_str().unwrap()));
+    assert!(results::sink::needs_recovery(journal.to_str().unwrap()));
 
     let (file, n) = recover(&path).unwrap();
     assert_eq!((file.clone(), n), (path.clone(), 25));
     assert!(!journal.exists());
-    assert!(!reporting::sink::needs_recovery(path.to_str().unwrap()));
+    assert!(!results::sink::needs_recovery(path.to_str().unwrap()));
     assert!(recover(&path).is_err(), "recovered once");
     let t = trace_format::read_traces(&[path.to_str().unwrap()]).unwrap();
     assert_eq!(t.records, rows);
@@ -183,12 +183,12 @@ fn a_killed_runs_journal_is_recovered_once_and_merges_as_partial() {
     assert_eq!(meta.extra["label"], "partial");
 
     let stream = trace_format::TraceStream::open(&[path.to_str().unwrap()]).unwrap();
-    let checked = reporting::merge::check(&stream, "llmreplay merge run.journal -o out").unwrap();
+    let checked = results::merge::check(&stream, "llmreplay merge run.journal -o out").unwrap();
     let mut merged_rows = Vec::new();
-    let m = reporting::merge::merge(
+    let m = results::merge::merge(
         &stream,
         checked,
-        &reporting::merge::MergeOptions {
+        &results::merge::MergeOptions {
             goodput: vec![],
             percentile_metrics: vec![],
             metric_percentiles: vec![50.0, 99.0],
@@ -243,7 +243,7 @@ fn a_stopped_run_says_partial_in_json_console_and_report() {
     let m = replay::metrics::compute(&rows, T0, &[], &[50.0, 99.0]);
     let id = identity();
     let run = run_of(&rows, sigterm());
-    let doc = reporting::report::result_doc(&inputs(&cfg, &run, &m, &id));
+    let doc = results::build::result_doc(&inputs(&cfg, &run, &m, &id));
     let v = doc.to_value();
     let i = &v["llmreplay"]["interrupted"];
     assert_eq!(i["reason"], "SIGTERM");
@@ -257,7 +257,7 @@ fn a_stopped_run_says_partial_in_json_console_and_report() {
         (i["cancelled"].as_u64(), i["finished"].as_u64()),
         (Some(1), Some(30))
     );
-    let back = reporting::ResultDoc::from_value(&v).unwrap();
+    let back = results::ResultDoc::from_value(&v).unwrap();
     assert_eq!(back.to_value(), v);
 
     let console = reporting::console::console_report(&inputs(&cfg, &run, &m, &id));
@@ -268,7 +268,7 @@ fn a_stopped_run_says_partial_in_json_console_and_report() {
         "{console}"
     );
 
-    let file = reporting::results::ResultFile::parse("partial.json", &doc.to_bytes()).unwrap();
+    let file = reporting::series::ResultFile::parse("partial.json", &doc.to_bytes()).unwrap();
     let data = reporting::document::build(&[file], &Default::default());
     let lines = reporting::document::partial_lines(&data);
     assert_eq!(lines.len(), 1, "{lines:?}");
@@ -282,7 +282,7 @@ fn a_stopped_run_says_partial_in_json_console_and_report() {
 
     // Complete: no key, no marker.
     let done = run_of(&rows, None);
-    let v = reporting::report::result_doc(&inputs(&cfg, &done, &m, &id)).to_value();
+    let v = results::build::result_doc(&inputs(&cfg, &done, &m, &id)).to_value();
     assert!(v["llmreplay"].get("interrupted").is_none(), "{v:#}");
     let console = reporting::console::console_report(&inputs(&cfg, &done, &m, &id));
     assert!(!console.contains("PARTIAL"));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use replay::config::{EndpointKind, Target};
 use replay::config::{Loops, Soak};
 use replay::ReplayConfig;
-use reporting::results::ResultFile;
+use reporting::series::ResultFile;
 
 fn trace(n: usize, rate: f64) -> Vec<trace_format::TraceRecord> {
     replay::synth::synth(&replay::synth::SynthSpec {
@@ -81,11 +81,11 @@ fn a_looped_sliced_run_against_the_sim_reports_every_slice_and_draws_the_timelin
     };
     assert!(sent("").iter().max() < sent("1").iter().min());
     assert!(sent("1").iter().max() < sent("2").iter().min());
-    let identity = reporting::report::trace_identity(&trace_format::Trace {
+    let identity = results::build::trace_identity(&trace_format::Trace {
         records: records.clone(),
         files: vec![],
     });
-    let j = reporting::report::result_json(&reporting::report::ResultInputs {
+    let j = results::build::result_json(&results::build::ResultInputs {
         cfg: &cfg,
         run,
         metrics: m,

@@ -19,7 +19,7 @@ SYNTH_PARQUET = SAMPLES / "synth-300.parquet"
 RESULT_JSON = SAMPLES / "sim-replay-300.json"
 REPLAY_INSPECT_JSON = SAMPLES / "sim-replay-300.inspect.json"
 SYNTH_INSPECT_JSON = SAMPLES / "synth-300.inspect.json"
-RESULT_SCHEMA = ROOT / "reporting" / "result.schema.json"
+RESULT_SCHEMA = ROOT / "results" / "result.schema.json"
 
 # The documented columns of trace schema v1 (trace-format/src/schema.rs).
 DOCUMENTED_COLUMNS = [

@@ -1,4 +1,4 @@
-"""reporting/result.schema.json against the committed sample and against fresh output of the
+"""results/result.schema.json against the committed sample and against fresh output of the
 binary built from this tree."""
 
 import copy

@@ -101,7 +101,7 @@ pub struct ReplayRun {
 
 impl ReplayRun {
     /// From a result document's `llmreplay.trace` (`skipped_examples` are `id: why`).
-    pub fn from_trace_doc(t: &crate::result_doc::TraceDoc) -> ReplayRun {
+    pub fn from_trace_doc(t: &results::doc::TraceDoc) -> ReplayRun {
         ReplayRun {
             rows: t.rows,
             selected_rows: t.selected_rows,

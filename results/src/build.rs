@@ -1,21 +1,20 @@
 //! What a run's JSON result is made of: the dispatch-lag verdict, the trace's identity, the
 //! prompt note, and the [`ResultDoc`] of one run (vLLM's key names, ours under `llmreplay`).
-//! The console report and the side-by-side table are in [`crate::console`].
-
-use std::collections::BTreeMap;
+//! The console report and the side-by-side table are `reporting::console`'s.
 
 use serde_json::Value;
 use trace_format::stats::percentile_label;
 
-use crate::result_doc::{
-    ClassDoc, ClientDoc, ConnectionsDoc, Extension, Extras, InterruptedDoc, RequestRate, ResultDoc,
-    RunSettings, SoakDoc, SummaryDoc, TargetDoc, TopError, TraceDoc, VllmFields,
+use crate::doc::{
+    ClassDoc, ClientDoc, ConnectionsDoc, DriftDoc, Extension, Extras, InterruptedDoc, RequestRate,
+    ResultDoc, RunSettings, ServerHistogramsDoc, SlicesDoc, SoakDoc, SummaryDoc, TargetDoc,
+    TopError, TraceDoc, TrendDoc, VllmFields,
 };
 use replay::config::{Arrivals, ReplayConfig};
 use replay::metrics::Metrics;
 use replay::run::RunOutput;
 
-pub use crate::result_doc::{is_result_key, Verdict};
+pub use crate::doc::{is_result_key, Verdict};
 
 /// Client CPU utilisation above which it is said to be saturated.
 pub const CPU_LIMIT: f64 = 0.9;
@@ -218,8 +217,17 @@ pub fn run_settings(cfg: &ReplayConfig) -> RunSettings {
 
 /// The JSON result: vLLM's key names for what vLLM reports, ours under `llmreplay`.
 pub fn result_doc(i: &ResultInputs) -> ResultDoc {
-    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
-    let settings = run_settings(cfg);
+    let settings = run_settings(i.cfg);
+    ResultDoc {
+        vllm: vllm_fields(i, &settings),
+        llmreplay: Some(extension(i, &settings)),
+        extras: extras(i.cfg, i.metrics),
+    }
+}
+
+/// The latency keys of every `--percentile-metrics` metric (`mean_ttft_ms`, `p99_ttft_ms`,
+/// …) and `--metadata`.
+fn extras(cfg: &ReplayConfig, m: &Metrics) -> Extras {
     let mut extras = Extras::default();
     for (k, v) in &cfg.metadata {
         extras.metadata.insert(k.clone(), Value::String(v.clone()));
@@ -240,9 +248,14 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
             l.insert(format!("p{}_{key}_ms", percentile_label(*p)), *v);
         }
     }
+    extras
+}
+
+/// vLLM's keys: the run's totals and rates, and with `--save-detailed` its per-request arrays.
+fn vllm_fields(i: &ResultInputs, settings: &RunSettings) -> VllmFields {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
     let recs = &run.records;
-    let ok = |r: &trace_format::TraceRecord| r.outcome == trace_format::Outcome::Ok;
-    let vllm = VllmFields {
+    let mut v = VllmFields {
         date: chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string(),
         backend: if run.endpoints.keys().any(|e| e.contains("chat"))
             || recs.iter().any(|r| r.endpoint.contains("chat"))
@@ -269,72 +282,138 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
         output_throughput: m.output_throughput,
         total_token_throughput: m.total_token_throughput,
         max_concurrent_requests: m.max_concurrent_requests as u64,
-        input_lens: i
-            .detailed
-            .then(|| recs.iter().map(|r| r.prompt_tokens.unwrap_or(0)).collect()),
-        output_lens: i.detailed.then(|| {
-            recs.iter()
-                .map(|r| {
-                    if ok(r) {
-                        r.output_tokens.unwrap_or(0)
-                    } else {
-                        0
-                    }
-                })
-                .collect()
-        }),
-        ttfts: i.detailed.then(|| {
-            recs.iter()
-                .map(|r| {
-                    if ok(r) {
-                        replay::metrics::ttft_ms(r).unwrap_or(0.0) / 1e3
-                    } else {
-                        0.0
-                    }
-                })
-                .collect()
-        }),
-        itls: i.detailed.then(|| {
-            recs.iter()
-                .map(|r| {
-                    if ok(r) {
-                        r.chunk_times_us
-                            .windows(2)
-                            .map(|w| (w[1] - w[0]) as f64 / 1e6)
-                            .collect()
-                    } else {
-                        Vec::new()
-                    }
-                })
-                .collect()
-        }),
-        errors: i.detailed.then(|| {
-            recs.iter()
-                .map(|r| r.error.clone().unwrap_or_default())
-                .collect()
-        }),
-        generated_texts: None,
+        ..Default::default()
     };
-    let server_histograms = (!run.server_histograms.is_empty()).then(|| {
-        let mut h: BTreeMap<String, Value> = run
-            .server_histograms
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::json!(v)))
-            .collect();
-        h.insert("client_ttft_mean_ms".into(), serde_json::json!(m.ttft.mean));
-        if let Some(t) = run
+    if i.detailed {
+        add_detailed(&mut v, recs);
+    }
+    v
+}
+
+/// `--save-detailed`: vLLM's per-request arrays (zeros and empty gaps for failed requests).
+fn add_detailed(v: &mut VllmFields, recs: &[trace_format::TraceRecord]) {
+    let ok = |r: &trace_format::TraceRecord| r.outcome == trace_format::Outcome::Ok;
+    v.input_lens = Some(recs.iter().map(|r| r.prompt_tokens.unwrap_or(0)).collect());
+    v.output_lens = Some(
+        recs.iter()
+            .map(|r| {
+                if ok(r) {
+                    r.output_tokens.unwrap_or(0)
+                } else {
+                    0
+                }
+            })
+            .collect(),
+    );
+    v.ttfts = Some(
+        recs.iter()
+            .map(|r| {
+                if ok(r) {
+                    replay::metrics::ttft_ms(r).unwrap_or(0.0) / 1e3
+                } else {
+                    0.0
+                }
+            })
+            .collect(),
+    );
+    v.itls = Some(
+        recs.iter()
+            .map(|r| {
+                if ok(r) {
+                    r.chunk_times_us
+                        .windows(2)
+                        .map(|w| (w[1] - w[0]) as f64 / 1e6)
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect(),
+    );
+    v.errors = Some(
+        recs.iter()
+            .map(|r| r.error.clone().unwrap_or_default())
+            .collect(),
+    );
+}
+
+/// `llmreplay.server_histograms`: the server's histograms with the client's TTFT beside them
+/// (None without `--server-metrics`).
+fn server_histograms_doc(run: &RunOutput, m: &Metrics) -> Option<ServerHistogramsDoc> {
+    if run.server_histograms.is_empty() {
+        return None;
+    }
+    Some(ServerHistogramsDoc {
+        client_ttft_mean_ms: Some(m.ttft.mean),
+        ttft_gap_ms: run
             .server_histograms
             .get("ttft_ms")
             .filter(|t| t.count > 0.0)
-        {
-            h.insert(
-                "ttft_gap_ms".into(),
-                serde_json::json!(m.ttft.mean - t.mean),
-            );
-        }
-        h
-    });
-    let ours = Extension {
+            .map(|t| m.ttft.mean - t.mean),
+        histograms: run.server_histograms.clone(),
+    })
+}
+
+/// `llmreplay.slices` of a run cut into `width` slices: every slice, and the drift of p95
+/// TTFT, p95 TPOT and the completion rate over the run ([`replay::soak::trend`]). A last
+/// slice shorter than half the width is left out of the trends.
+pub fn slices_doc(s: &[replay::soak::Slice], width: std::time::Duration) -> SlicesDoc {
+    use replay::soak::{trend, Slice};
+    let w = width.as_secs_f64();
+    let mid = |x: &Slice| (x.start_s + x.end_s) / 2.0;
+    let drift = |f: &dyn Fn(&Slice) -> Option<f64>| {
+        let points: Vec<(f64, f64)> = s
+            .iter()
+            .filter(|x| x.end_s - x.start_s >= w / 2.0)
+            .filter_map(|x| Some((mid(x), f(x)?)))
+            .collect();
+        trend(&points).map(TrendDoc::from)
+    };
+    SlicesDoc {
+        slice_s: w,
+        slices: s.to_vec(),
+        drift: DriftDoc {
+            p95_ttft_ms: drift(&|x| x.ttft_ms.map(|p| p.p95)),
+            p95_tpot_ms: drift(&|x| x.tpot_ms.map(|p| p.p95)),
+            completed_per_s: drift(&|x| (x.requests > 0).then_some(x.completed_per_s)),
+        },
+    }
+}
+
+/// `llmreplay.trace`: what was replayed, and how.
+fn trace_doc(i: &ResultInputs, settings: &RunSettings) -> TraceDoc {
+    let run = i.run;
+    TraceDoc {
+        files: i.trace.files.clone(),
+        rows: i.trace.rows as u64,
+        content_hash: i.trace.content_hash.clone(),
+        selected_rows: run.plan_len as u64,
+        span_s: run.trace_span.as_secs_f64(),
+        skipped_rows: run.skipped.len() as u64,
+        skipped_examples: run
+            .skipped
+            .iter()
+            .take(5)
+            .map(|(id, why)| format!("{id}: {why}"))
+            .collect(),
+        arrivals: settings.arrivals.clone(),
+        speedup: settings.speedup,
+        start_offset_s: settings.start_offset_s,
+        window_s: settings.window_s,
+        sample_ratio: settings.sample_ratio,
+        max_requests: settings.max_requests,
+        session_mode: settings.session_mode.clone(),
+        seed: settings.seed,
+        prompt_salt: settings.prompt_salt,
+        synthesized_prompts: prompt_note(i.cfg, run),
+        recorded_bodies_replayed: run.bodies_replayed as u64,
+    }
+}
+
+/// `llmreplay`: everything vLLM's keys do not say.
+fn extension(i: &ResultInputs, settings: &RunSettings) -> Extension {
+    let (cfg, run, m) = (i.cfg, i.run, i.metrics);
+    Extension {
         tool_version: env!("CARGO_PKG_VERSION").into(),
         command: i.command.into(),
         run_id: run.run_id.clone(),
@@ -346,31 +425,7 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
             models: run.target_info.models.clone(),
             version: run.target_info.version.clone(),
         },
-        trace: TraceDoc {
-            files: i.trace.files.clone(),
-            rows: i.trace.rows as u64,
-            content_hash: i.trace.content_hash.clone(),
-            selected_rows: run.plan_len as u64,
-            span_s: run.trace_span.as_secs_f64(),
-            skipped_rows: run.skipped.len() as u64,
-            skipped_examples: run
-                .skipped
-                .iter()
-                .take(5)
-                .map(|(id, why)| format!("{id}: {why}"))
-                .collect(),
-            arrivals: settings.arrivals.clone(),
-            speedup: settings.speedup,
-            start_offset_s: settings.start_offset_s,
-            window_s: settings.window_s,
-            sample_ratio: settings.sample_ratio,
-            max_requests: settings.max_requests,
-            session_mode: settings.session_mode.clone(),
-            seed: settings.seed,
-            prompt_salt: settings.prompt_salt,
-            synthesized_prompts: prompt_note(cfg, run),
-            recorded_bodies_replayed: run.bodies_replayed as u64,
-        },
+        trace: trace_doc(i, settings),
         goodput_slos: cfg
             .goodput
             .iter()
@@ -391,11 +446,11 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
             connect_ms: SummaryDoc::of(&m.connect),
         },
         client: ClientDoc {
-            load: run.client_load.as_ref().map(|l| serde_json::json!(l)),
+            load: run.client_load.clone(),
             verdict: Some(verdict(m, run)),
         },
         e2el_ms: SummaryDoc::of(&m.e2el),
-        metric_requests: serde_json::json!(m.coverage),
+        metric_requests: m.coverage.into(),
         served: m.served.clone(),
         by_class: (!m.by_class.is_empty()).then(|| {
             m.by_class
@@ -434,25 +489,19 @@ pub fn result_doc(i: &ResultInputs) -> ResultDoc {
             .map(|(k, v)| (k.clone(), *v as u64))
             .collect(),
         warmups: run.warmups as u64,
-        server_gauges: (!run.server_gauges.is_empty())
-            .then(|| serde_json::json!(run.server_gauges)),
-        server_histograms,
+        server_gauges: (!run.server_gauges.is_empty()).then(|| run.server_gauges.clone()),
+        server_histograms: server_histograms_doc(run, m),
         soak: cfg.soak.loops.map(|l| SoakDoc {
             loops: l.to_string(),
             passes: run.passes.max(replay::soak::passes_replayed(&run.records)) as u64,
         }),
         slices: cfg.soak.slice.map(|w| {
             let s = replay::soak::slices(&run.records, run.started_at_us, w, &cfg.goodput);
-            replay::soak::slices_json(&s, w)
+            slices_doc(&s, w)
         }),
         sweep: None,
         merge: None,
         interrupted: interrupted_doc(run, m),
-    };
-    ResultDoc {
-        vllm,
-        llmreplay: Some(ours),
-        extras,
     }
 }
 
@@ -518,6 +567,46 @@ pub fn slo_pass(cfg: &ReplayConfig, m: &Metrics) -> Option<bool> {
 mod tests {
     use super::*;
     use trace_format::TraceRecord;
+
+    /// `llmreplay.slices`: every slice kept, the trends over the full-width ones only, a
+    /// trend from 0 without a ratio (written null), a series with fewer than two values
+    /// without a trend.
+    #[test]
+    fn slices_doc_keeps_every_slice_and_trends_the_full_ones() {
+        use replay::soak::{Slice, SlicePercentiles};
+        let p95 = |v: f64| {
+            Some(SlicePercentiles {
+                p50: v / 2.0,
+                p95: v,
+                p99: v,
+            })
+        };
+        let slice = |i: usize, len: f64, ttft: f64, done: f64| Slice {
+            start_s: i as f64 * 10.0,
+            end_s: i as f64 * 10.0 + len,
+            requests: 2,
+            completed_per_s: done,
+            ttft_ms: p95(ttft),
+            ..Default::default()
+        };
+        let s = vec![
+            slice(0, 10.0, 290.0, 0.0),
+            slice(1, 10.0, 500.0, 0.2),
+            slice(2, 4.0, 9000.0, 0.3), // under half the width: no trend point
+        ];
+        let d = slices_doc(&s, std::time::Duration::from_secs(10));
+        assert_eq!((d.slice_s, d.slices.len()), (10.0, 3));
+        let t = d.drift.p95_ttft_ms.unwrap();
+        assert_eq!((t.slices, t.first, t.last), (2, 290.0, 500.0));
+        assert!(t.slope_per_hour > 0.0 && t.ratio.is_some());
+        let c = d.drift.completed_per_s.unwrap();
+        assert_eq!((c.first, c.ratio), (0.0, None));
+        assert_eq!(d.drift.p95_tpot_ms, None);
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["drift"]["completed_per_s"]["ratio"], Value::Null);
+        assert_eq!(v["drift"]["p95_tpot_ms"], Value::Null);
+        assert_eq!(v["slices"][2]["tpot_ms"], Value::Null);
+    }
 
     fn run_with_lags(lags_us: &[i64]) -> Metrics {
         let recs: Vec<TraceRecord> = lags_us

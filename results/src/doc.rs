@@ -18,7 +18,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use trace_format::stats::{percentile_label, Summary};
 
+use replay::output::ClientLoad;
 use replay::served::Served;
+use replay::server_metrics::GaugeStats;
+
+pub use crate::figures::{DriftDoc, MetricRequests, ServerHistogramsDoc, SlicesDoc, TrendDoc};
 
 /// A `Summary` as the result writes it: count, mean, median, std, min, max, and `pNN` for each
 /// asked percentile.
@@ -282,7 +286,8 @@ pub struct TargetDoc {
     pub url: String,
     /// Model ids from `/v1/models`.
     pub models: Vec<String>,
-    /// The body of `/version`, when offered.
+    /// The body of `/version`, when offered: the server's own JSON, whatever its shape
+    /// (vLLM's `{"version": "0.11.0"}`, a string, another server's object), kept as sent.
     pub version: Option<Value>,
 }
 
@@ -350,8 +355,8 @@ pub struct ConnectionsDoc {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ClientDoc {
-    /// The client's CPU use (`replay::run::ClientLoad`), or null.
-    pub load: Option<Value>,
+    /// The client's CPU use, or null.
+    pub load: Option<ClientLoad>,
     /// Whether the client kept up.
     pub verdict: Option<Verdict>,
 }
@@ -503,8 +508,8 @@ pub struct Extension {
     pub client: ClientDoc,
     /// E2EL of every completed request.
     pub e2el_ms: SummaryDoc,
-    /// Requests behind each metric (`replay::metrics::Coverage`).
-    pub metric_requests: Value,
+    /// Requests behind each metric.
+    pub metric_requests: MetricRequests,
     /// What the run served against what it offered.
     pub served: Served,
     /// Per (endpoint, stream) class, when the run mixed classes.
@@ -523,16 +528,16 @@ pub struct Extension {
     pub warmups: u64,
     /// The server's scheduler gauges (`--server-metrics`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_gauges: Option<Value>,
+    pub server_gauges: Option<BTreeMap<String, GaugeStats>>,
     /// The server's histograms over the run, with the client's TTFT beside them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_histograms: Option<BTreeMap<String, Value>>,
+    pub server_histograms: Option<ServerHistogramsDoc>,
     /// `--loop`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub soak: Option<SoakDoc>,
-    /// `--slice`: per-slice metrics and drift (`replay::soak::slices_json`).
+    /// `--slice`: per-slice metrics and drift.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub slices: Option<Value>,
+    pub slices: Option<SlicesDoc>,
     /// The level run's place in a sweep.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepMark>,
@@ -608,7 +613,7 @@ pub struct Verdict {
     pub lag_p99_ms: f64,
     /// Dispatch lag max, ms.
     pub lag_max_ms: f64,
-    /// Lateness that could not move the reported numbers, ms (see `crate::report::lag_too_high`).
+    /// Lateness that could not move the reported numbers, ms (see `crate::build::lag_too_high`).
     pub lag_allowance_ms: f64,
     /// Client worker CPU utilisation (0–1), when measured.
     pub client_cpu_utilization: Option<f64>,

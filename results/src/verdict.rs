@@ -1,6 +1,6 @@
 //! A run's verdict: PASS or FAIL, and why. One function ([`judge`]) over one rule
-//! ([`capacity::check_level`]: the SLO percentile of every `--goodput` metric within its
-//! limit, and server-caused failures within [`capacity::MAX_ERROR_FRACTION`] of the requests
+//! ([`level::check_level`]: the SLO percentile of every `--goodput` metric within its
+//! limit, and server-caused failures within [`level::MAX_ERROR_FRACTION`] of the requests
 //! the server was asked to serve), so the console's `VERDICT` line, the JSON result
 //! (`llmreplay.verdict`, `slo_pass`), a sweep's levels, `compare` and `report` say the same
 //! thing. Which outcomes count against the server is `trace_format::cause`'s; the ones it
@@ -13,13 +13,14 @@ use replay::metrics::Metrics;
 use trace_format::stats::{percentile_label, Summary};
 use trace_format::CauseCounts;
 
-use crate::capacity::{self, fmt_num, LevelPoint, Stat};
-pub use crate::result_doc::RunVerdict;
+pub use crate::doc::RunVerdict;
+use crate::level::{self, LevelPoint, Stat};
+use replay::pct::fmt_num;
 
 /// Judges one level (one run, or the runs of one sweep level) against `slos` at percentile
 /// `pct`. Without SLOs, the error budget alone decides.
 pub fn judge(p: &LevelPoint, slos: &[Slo], pct: f64) -> RunVerdict {
-    let (checks, mut pass) = capacity::check_level(p, slos, pct);
+    let (checks, mut pass) = level::check_level(p, slos, pct);
     let pl = percentile_label(pct);
     let mut failing = Vec::new();
     let mut passing = Vec::new();
@@ -42,7 +43,7 @@ pub fn judge(p: &LevelPoint, slos: &[Slo], pct: f64) -> RunVerdict {
             )),
         }
     }
-    let budget = capacity::MAX_ERROR_FRACTION;
+    let budget = level::MAX_ERROR_FRACTION;
     let c = &p.causes;
     let counts = if c.total() > 0 {
         format!(
@@ -96,7 +97,7 @@ pub fn judge_metrics(m: &Metrics, slos: &[Slo], pct: f64) -> RunVerdict {
     judge(&point_of(m, pct), slos, pct)
 }
 
-/// The level of one run, with the figures [`capacity::check_level`] reads.
+/// The level of one run, with the figures [`level::check_level`] reads.
 fn point_of(m: &Metrics, pct: f64) -> LevelPoint {
     let mut values = BTreeMap::new();
     for (key, s) in [
@@ -106,7 +107,7 @@ fn point_of(m: &Metrics, pct: f64) -> LevelPoint {
         ("e2el", &m.e2el),
     ] {
         if let Some(v) = value_at(s, pct) {
-            values.insert(capacity::pct_key(pct, key), Stat::one(v));
+            values.insert(level::pct_key(pct, key), Stat::one(v));
         }
     }
     LevelPoint {
@@ -240,7 +241,7 @@ mod tests {
                 v["llmreplay"]["outcome_causes"] =
                     serde_json::json!({"served": 92, "server": 0, "client": 8, "replay": 0});
             }
-            crate::result_doc::ResultDoc::from_value(&v).unwrap()
+            crate::doc::ResultDoc::from_value(&v).unwrap()
         };
         let ours = doc(true);
         let p = LevelPoint::from_results(1.0, &[&ours]);

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::result_doc::ResultDoc;
+use crate::doc::ResultDoc;
 
 /// The arrival rate of a trace over 1-second buckets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -14,11 +14,11 @@ use trace_format::{Outcome, TraceRecord, TraceStream};
 
 use crate::capacity::{self, Axis, CapacityAnswer, LevelPoint};
 use crate::plan::{CapacityPlan, LoadSource, PlanInputs};
-use crate::result_doc::ResultDoc;
-pub use crate::sweep_doc::ArrivalProfile;
-use crate::sweep_doc::{SweepFile, SweepSummary};
 use replay::config::Slo;
 use replay::error::ReplayError;
+use results::doc::ResultDoc;
+pub use results::sweep_doc::ArrivalProfile;
+use results::sweep_doc::{SweepFile, SweepSummary};
 
 /// A result file as read: one result, or a sweep.
 #[derive(Debug, Clone)]

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use trace_format::{FileMeta, Producer, TraceFile, TraceRecord, TraceStream};
 
-use crate::report::RowsHash;
-use crate::result_doc::{InterruptedDoc, MergeDoc, ResultDoc, RunSettings, ShardRun};
+use crate::build::RowsHash;
+use crate::doc::{InterruptedDoc, MergeDoc, ResultDoc, RunSettings, ShardRun};
 use replay::config::{PercentileMetric, ReplayConfig, Slo, Target};
 use replay::error::ReplayError;
 use replay::metrics::MetricsBuilder;
@@ -581,7 +581,70 @@ pub fn merge(
     let mut retained = all.retained() + per_run.iter().map(|b| b.retained()).sum::<usize>();
     retained += c.rows.repeat_keys_held();
     let metrics = all.finish();
-    let shards: Vec<ShardRun> = order
+    let shards = shard_runs(&order, per_run);
+    let worst_lag_too_high = shards.iter().any(|s| s.lag_too_high);
+    let (cfg, run) = merged_run(&c, o, n, &metrics);
+    let files: Vec<String> = stream
+        .files()
+        .iter()
+        .map(|f| f.path.display().to_string())
+        .collect();
+    let identity = crate::build::TraceIdentity {
+        files,
+        rows: n,
+        content_hash: c
+            .common
+            .get("trace_content_hash")
+            .cloned()
+            .unwrap_or_else(|| c.rows.hash.hex()),
+    };
+    let mut doc = crate::build::result_doc(&crate::build::ResultInputs {
+        cfg: &cfg,
+        run: &run,
+        metrics: &metrics,
+        trace: &identity,
+        command: &c.command,
+        detailed: false,
+    });
+    let mut notes = c.notes;
+    if let Some(note) = apply_settings(&c.settings, &mut doc) {
+        notes.push(note);
+    }
+    if let Some(ours) = doc.llmreplay.as_mut() {
+        ours.merge = Some(MergeDoc {
+            inputs: identity.files.clone(),
+            shards: stream
+                .files()
+                .iter()
+                .map(|f| f.meta.extra.get("shard").cloned())
+                .collect(),
+            runs: shards,
+            worst_shard_lag_too_high: worst_lag_too_high,
+        });
+        if let Some(i) = &c.interrupted {
+            notes.push(format!(
+                "{}: the merged figures cover the rows that finished",
+                i.summary()
+            ));
+        }
+        ours.interrupted = c.interrupted;
+    }
+    Ok(Merged {
+        rows: n,
+        doc,
+        meta: c.meta,
+        notes,
+        runs: c.rows.runs.len(),
+        p99_ttft_ms: metrics.ttft.get(99.0),
+        worst_lag_too_high,
+        peak_held_rows,
+        retained,
+    })
+}
+
+/// Each shard run with its own dispatch-lag judgement, by run id (the result's order).
+fn shard_runs(order: &[(&String, &RunRows)], per_run: Vec<MetricsBuilder>) -> Vec<ShardRun> {
+    let mut shards: Vec<ShardRun> = order
         .iter()
         .zip(per_run)
         .map(|((run_id, run), b)| {
@@ -591,15 +654,23 @@ pub fn merge(
                 rows: run.rows as u64,
                 started_at_us: Some(run.start_us),
                 dispatch_lag_p99_ms: m.dispatch_lag.get(99.0),
-                lag_too_high: crate::report::lag_too_high(&m),
+                lag_too_high: crate::build::lag_too_high(&m),
             }
         })
         .collect();
-    // The result's own order of shard runs: by run id.
-    let mut shards = shards;
     shards.sort_by(|a, b| a.run_id.cmp(&b.run_id));
-    let worst_lag_too_high = shards.iter().any(|s| s.lag_too_high);
+    shards
+}
 
+/// The configuration and the run the merged result is built from: the inputs' target,
+/// models, version and label, `o`'s metric options, the `n` rows' span and endpoints.
+fn merged_run(
+    c: &Checked,
+    o: &MergeOptions,
+    n: usize,
+    metrics: &replay::Metrics,
+) -> (ReplayConfig, replay::RunOutput) {
+    let start_us = c.rows.start_us.unwrap_or(0);
     let models: Vec<String> = c
         .common
         .get(&format!("target.{}.models", c.target))
@@ -635,91 +706,44 @@ pub fn merge(
         trace_span: Duration::from_micros(c.rows.last_offset_us.unwrap_or(0).max(0) as u64),
         wall: Duration::from_secs_f64(metrics.duration_s),
         endpoints: c.rows.endpoints.clone(),
-        ..crate::report::empty_run(cfg.targets[0].clone())
+        ..crate::build::empty_run(cfg.targets[0].clone())
     };
-    let files: Vec<String> = stream
-        .files()
+    (cfg, run)
+}
+
+/// Writes into `doc` the settings the shards ran with, when every input says and they agree
+/// (the prompt salt aside: each process draws its own unless given one; the merged result
+/// keeps one only when they share it); else the note that says they are not in it.
+fn apply_settings(settings: &[Option<RunSettings>], doc: &mut ResultDoc) -> Option<String> {
+    let Some(Some(first)) = settings.first() else {
+        return None;
+    };
+    let unsalted = |s: &RunSettings| RunSettings {
+        prompt_salt: 0,
+        ..s.clone()
+    };
+    if settings
         .iter()
-        .map(|f| f.path.display().to_string())
-        .collect();
-    let identity = crate::report::TraceIdentity {
-        files,
-        rows: n,
-        content_hash: c
-            .common
-            .get("trace_content_hash")
-            .cloned()
-            .unwrap_or_else(|| c.rows.hash.hex()),
-    };
-    let mut doc = crate::report::result_doc(&crate::report::ResultInputs {
-        cfg: &cfg,
-        run: &run,
-        metrics: &metrics,
-        trace: &identity,
-        command: &c.command,
-        detailed: false,
-    });
-    let mut notes = c.notes;
-    // The settings the shards ran with, when every input says and they agree (the prompt
-    // salt aside: each process draws its own unless given one; the merged result keeps one
-    // only when they share it).
-    if let Some(Some(first)) = c.settings.first() {
-        let unsalted = |s: &RunSettings| RunSettings {
-            prompt_salt: 0,
-            ..s.clone()
-        };
-        if c.settings
+        .all(|s| s.as_ref().is_some_and(|s| unsalted(s) == unsalted(first)))
+    {
+        let mut agreed = first.clone();
+        if settings
             .iter()
-            .all(|s| s.as_ref().is_some_and(|s| unsalted(s) == unsalted(first)))
+            .flatten()
+            .any(|s| s.prompt_salt != first.prompt_salt)
         {
-            let mut agreed = first.clone();
-            if c.settings
-                .iter()
-                .flatten()
-                .any(|s| s.prompt_salt != first.prompt_salt)
-            {
-                agreed.prompt_salt = doc.ours().trace.prompt_salt;
-            }
-            agreed.apply(&mut doc);
-        } else {
-            notes.push(
-                "the shards ran with different settings (or some do not record them): \
-                 request_rate, max_concurrency and the trace selection are not in the merged \
-                 result"
-                    .into(),
-            );
+            agreed.prompt_salt = doc.ours().trace.prompt_salt;
         }
+        agreed.apply(doc);
+        None
+    } else {
+        Some(
+            "the shards ran with different settings (or some do not record them): \
+             request_rate, max_concurrency and the trace selection are not in the merged \
+             result"
+                .into(),
+        )
     }
-    if let Some(ours) = doc.llmreplay.as_mut() {
-        ours.merge = Some(MergeDoc {
-            inputs: identity.files.clone(),
-            shards: stream
-                .files()
-                .iter()
-                .map(|f| f.meta.extra.get("shard").cloned())
-                .collect(),
-            runs: shards,
-            worst_shard_lag_too_high: worst_lag_too_high,
-        });
-        if let Some(i) = &c.interrupted {
-            notes.push(format!(
-                "{}: the merged figures cover the rows that finished",
-                i.summary()
-            ));
-        }
-        ours.interrupted = c.interrupted;
-    }
-    Ok(Merged {
-        rows: n,
-        doc,
-        meta: c.meta,
-        notes,
-        runs,
-        p99_ttft_ms: metrics.ttft.get(99.0),
-        worst_lag_too_high,
-        peak_held_rows,
-        retained,
-    })
 }
 
 /// A merge of inputs some of which are partial (an interrupted run, a killed one recovered
@@ -1023,7 +1047,7 @@ mod tests {
             assert_eq!(run.rows, own.len() as u64);
             assert_eq!(run.started_at_us, s);
             assert_eq!(run.dispatch_lag_p99_ms, lag.dispatch_lag.get(99.0));
-            assert_eq!(run.lag_too_high, crate::report::lag_too_high(&lag));
+            assert_eq!(run.lag_too_high, crate::build::lag_too_high(&lag));
             assert_eq!(run.lag_too_high, k == 2, "shard {k}");
         }
         assert!(m.worst_lag_too_high && merged.worst_shard_lag_too_high);
@@ -1047,7 +1071,7 @@ mod tests {
         let whole = trace_format::read_traces(&bare).unwrap();
         assert_eq!(
             b.doc.ours().trace.content_hash,
-            crate::report::trace_identity(&whole).content_hash
+            crate::build::trace_identity(&whole).content_hash
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -1,4 +1,4 @@
-//! `reporting/result.schema.json` against the committed sample and against documents written by
+//! `results/result.schema.json` against the committed sample and against documents written by
 //! this tree (a replay with `--save-detailed`-style arrays, a mixed-class run, a sweep's level
 //! results), in `cargo test` (tests/python/test_result_schema.py checks the same with
 //! Python's `jsonschema`).
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use replay::config::{EndpointKind, Target};
 use replay::ReplayConfig;
-use reporting::result_doc::ResultDoc;
+use results::doc::ResultDoc;
 use serde_json::Value;
 
 const ANNOTATIONS: &[&str] = &["$schema", "$id", "$defs", "title", "description", "format"];
@@ -221,7 +221,7 @@ fn a_partial_result_validates() {
     let mut v: Value =
         serde_json::from_slice(&std::fs::read("../samples/sim-replay-300.json").unwrap()).unwrap();
     for i in [
-        reporting::result_doc::InterruptedDoc {
+        results::doc::InterruptedDoc {
             reason: "SIGTERM".into(),
             schedule_reached_s: 3.0,
             schedule_span_s: Some(10.0),
@@ -230,8 +230,8 @@ fn a_partial_result_validates() {
             cancelled: Some(2),
             finished: 88,
         },
-        reporting::result_doc::InterruptedDoc {
-            reason: reporting::sink::KILLED.into(),
+        results::doc::InterruptedDoc {
+            reason: results::sink::KILLED.into(),
             schedule_reached_s: 3.0,
             finished: 88,
             ..Default::default()
@@ -298,7 +298,7 @@ fn records(n: usize, stream_ratio: f64, endpoint: EndpointKind) -> Vec<trace_for
 }
 
 fn fresh(cfg: &ReplayConfig, recs: &[trace_format::TraceRecord], detailed: bool) -> Vec<Value> {
-    let identity = reporting::report::trace_identity(&trace_format::Trace {
+    let identity = results::build::trace_identity(&trace_format::Trace {
         records: recs.to_vec(),
         files: vec![],
     });
@@ -313,7 +313,7 @@ fn fresh(cfg: &ReplayConfig, recs: &[trace_format::TraceRecord], detailed: bool)
     .unwrap()
     .iter()
     .map(|(run, m)| {
-        let doc = reporting::report::result_doc(&reporting::report::ResultInputs {
+        let doc = results::build::result_doc(&results::build::ResultInputs {
             cfg,
             run,
             metrics: m,
@@ -355,34 +355,67 @@ fn fresh_replay_and_sweep_results_validate() {
         assert!(v["llmreplay"]["by_class"].is_array());
         assert_eq!(v["team"], "golden");
     }
-    // A sweep's level results.
-    let spec: reporting::sweep::SweepSpec = "max-concurrency=1,4".parse().unwrap();
-    let opts = reporting::sweep::SweepOptions {
-        num_runs: 1,
-        level_duration: None,
-        slo_percentile: 95.0,
-        refine: 0,
-    };
+    // A sweep's level results: each level a fresh run, marked with its place in the sweep
+    // (what `reporting::sweep::level_result` adds to the run's document).
     let recs = records(12, 1.0, EndpointKind::Completions);
-    let runs = reporting::sweep::run_sweep(
-        &cfg.validate().unwrap(),
-        &spec,
-        &opts,
-        &recs,
-        None,
-        &|_, _| {},
-        &mut |_| {},
-    )
-    .unwrap();
-    let identity = reporting::report::trace_identity(&trace_format::Trace {
-        records: recs.clone(),
-        files: vec![],
-    });
-    for lr in &runs {
-        let d = reporting::sweep::level_result(lr, &spec, &identity, "llmreplay replay t", false);
-        let v = d.to_value();
-        assert_eq!(errors(&v), Vec::<String>::new(), "{v:#}");
-        assert!(v["llmreplay"]["sweep"].is_object());
+    for (i, level) in [1u64, 4].into_iter().enumerate() {
+        cfg.max_concurrency = Some(level as usize);
+        for mut v in fresh(&cfg, &recs, false) {
+            v["llmreplay"]["sweep"] = serde_json::to_value(results::doc::SweepMark {
+                axis: "max-concurrency".into(),
+                level: level as f64,
+                level_index: i as u64,
+                run: 0,
+            })
+            .unwrap();
+            assert_eq!(errors(&v), Vec::<String>::new(), "{v:#}");
+            assert!(ResultDoc::from_value(&v).unwrap().ours().sweep.is_some());
+        }
     }
     rt.block_on(h.shutdown());
+}
+
+/// A result with every field the engine's typed values fill (`--slice`'s slices and drift,
+/// the server's gauges and histograms beside the client's TTFT, the client's load, the
+/// requests behind each metric), as main wrote it before these fields were typed
+/// (`replay --slice 1s --goodput ttft:50` against the in-process sim): it validates, and the
+/// typed document writes the same bytes, nulls included.
+#[test]
+fn a_sliced_result_reads_back_byte_identical() {
+    let mut v: Value =
+        serde_json::from_slice(&std::fs::read("tests/data/sliced-result.json").unwrap()).unwrap();
+    let same = |v: &Value| {
+        assert_eq!(errors(v), Vec::<String>::new());
+        let doc = ResultDoc::from_value(v).unwrap();
+        assert_eq!(doc.to_value(), *v);
+        assert_eq!(doc.to_bytes(), serde_json::to_vec_pretty(v).unwrap());
+        doc
+    };
+    let doc = same(&v);
+    let ours = doc.ours();
+    let sl = ours.slices.as_ref().unwrap();
+    assert_eq!(
+        (sl.slice_s, sl.slices.len()),
+        (
+            1.0,
+            v["llmreplay"]["slices"]["slices"].as_array().unwrap().len()
+        )
+    );
+    assert_eq!(sl.drift.p95_ttft_ms.unwrap().slices, 3);
+    let h = ours.server_histograms.as_ref().unwrap();
+    assert!(h.histograms.contains_key("ttft_ms") && h.ttft_gap_ms.is_some());
+    assert_eq!(ours.client.load.as_ref().unwrap().worker_threads, 2);
+    assert_eq!(ours.metric_requests.single_token, Some(0));
+    // What a run writes as null: an empty slice's percentiles, a trend of fewer than two
+    // slices, a trend from 0 (no ratio); and an older result without `single_token`.
+    v["llmreplay"]["slices"]["slices"][0]["ttft_ms"] = Value::Null;
+    v["llmreplay"]["slices"]["slices"][0]["slo_attainment"] = Value::Null;
+    v["llmreplay"]["slices"]["drift"]["p95_tpot_ms"] = Value::Null;
+    v["llmreplay"]["slices"]["drift"]["completed_per_s"]["ratio"] = Value::Null;
+    v["llmreplay"]["metric_requests"]
+        .as_object_mut()
+        .unwrap()
+        .remove("single_token");
+    let doc = same(&v);
+    assert_eq!(doc.ours().metric_requests.single_token, None);
 }

@@ -1,11 +1,11 @@
-//! What `replay --results` costs written as rows finish ([`reporting::sink::ResultsSink`])
+//! What `replay --results` costs written as rows finish ([`results::sink::ResultsSink`])
 //! against holding every row and writing the file at the end (`store::write_trace`, what a
 //! replay did before): the time a row costs the thread that hands it over, the wall time to a
 //! finished file, and the process's peak RSS. Run each mode in its own process:
 //!
 //! ```sh
-//! cargo run --release -p reporting --example results_sink -- sink 1000000
-//! cargo run --release -p reporting --example results_sink -- memory 1000000
+//! cargo run --release -p results --example results_sink -- sink 1000000
+//! cargo run --release -p results --example results_sink -- memory 1000000
 //! ```
 
 use std::time::Instant;
@@ -62,7 +62,7 @@ fn main() {
     let mut handing = std::time::Duration::ZERO;
     match mode.as_str() {
         "sink" => {
-            let mut sink = reporting::sink::ResultsSink::create(&path, meta).expect("sink");
+            let mut sink = results::sink::ResultsSink::create(&path, meta).expect("sink");
             for i in 0..n {
                 let r = row(i);
                 let t = Instant::now();

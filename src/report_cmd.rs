@@ -1,6 +1,7 @@
 //! Flags and wiring of the capacity work: `replay --sweep` (and `--num-runs`), `compare`, and
-//! `report`. The logic lives in the replay crate (`sweep`, `capacity`, `compare`, `document`,
-//! `html`, `alerts`); this file parses, validates and prints.
+//! `report`. The logic lives in the reporting crate (`sweep`, `capacity`, `compare`, `document`,
+//! `html`, `alerts`); this file parses, validates, runs a sweep's levels (`replay::replay`,
+//! one per step of `reporting::sweep::SweepPlan`) and prints.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -5,7 +5,8 @@
 //! - [`doc`]: the JSON result document (one serde type: the key contract of
 //!   `--save-result`, sweeps and `merge`; `result.schema.json` beside this crate).
 //!   [`sweep_doc`]: the sweep document. [`figures`]: the engine's typed figures in it
-//!   (metric coverage, server histograms, slices and drift).
+//!   (metric coverage, server histograms, slices and drift). [`settings`]: the settings a
+//!   run was made with (what `merge` reads back from `--results` files).
 //! - [`build`]: a run's document built from its configuration, run and metrics (the typed
 //!   values the engine returns), the trace's identity, the dispatch-lag verdict.
 //! - [`level`] and [`verdict`]: the rule a level or a run is judged by, and a run's PASS or
@@ -21,6 +22,7 @@ pub mod figures;
 pub mod level;
 pub mod merge;
 pub mod outputs;
+pub mod settings;
 pub mod sink;
 pub mod sweep_doc;
 pub mod verdict;

@@ -8,8 +8,9 @@
 //! Written through [`ResultDoc::to_value`]: serde_json's map keeps keys sorted, so the file's
 //! key order does not depend on field order here. Read with [`ResultDoc::from_value`]: every
 //! field has a default, so vLLM's own result files and older llmreplay results read too.
-//! `reporting/result.schema.json` describes the same document; `reporting/tests/result_schema.rs` checks
-//! freshly written ones against it. The sweep document is in [`crate::sweep_doc`].
+//! `results/result.schema.json` describes the same document; `results/tests/result_schema.rs`
+//! checks freshly written ones against it. The sweep document is in [`crate::sweep_doc`]; the
+//! engine's typed figures in it are [`crate::figures`]'.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;

@@ -183,9 +183,7 @@ impl Row<'_> {
     fn arrival(&self) -> Result<i64> {
         match self.get(0)? {
             Some((_, Cell::Time(us))) => Ok(us),
-            Some((_, Cell::Num(s))) if (0.0..9.0e12).contains(&s) => {
-                Ok((s * 1e6).round() as i64)
-            }
+            Some((_, Cell::Num(s))) if (0.0..9.0e12).contains(&s) => Ok((s * 1e6).round() as i64),
             Some((n, v)) => Err(self.bad(format!(
                 "{n} {v:?} is not a timestamp or a non-negative number of seconds"
             ))),

@@ -41,13 +41,13 @@ pub(crate) fn link(records: &mut [TraceRecord], chains: &[Chain]) {
                 let p = &records[p];
                 (
                     p.request_id.clone(),
-                    p.e2el_us.map(|d| p.arrival_time_us + d),
+                    p.e2el_us.map(|d| p.arrival_time_us.saturating_add(d)),
                 )
             };
             let r = &mut records[i];
             r.parent_request_id = Some(id);
             if r.think_time_us.is_none() {
-                r.think_time_us = end.map(|e| (r.arrival_time_us - e).max(0));
+                r.think_time_us = end.map(|e| r.arrival_time_us.saturating_sub(e).max(0));
             }
         }
         last.insert(key, i);
@@ -105,5 +105,12 @@ mod tests {
         rs[1].think_time_us = Some(77);
         link(&mut rs, &[chain("A", None), chain("A", None)]);
         assert_eq!(rs[1].think_time_us, Some(77));
+        // Ends past the end of time saturate instead of wrapping into a huge think time.
+        let mut rs = vec![
+            rec("a", i64::MAX - 5, Some(i64::MAX)),
+            rec("b", i64::MAX - 1, None),
+        ];
+        link(&mut rs, &[chain("A", None), chain("A", None)]);
+        assert_eq!(rs[1].think_time_us, Some(0));
     }
 }

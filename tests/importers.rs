@@ -328,3 +328,55 @@ fn bad_agent_traces_name_the_file_and_line() {
         assert!(help.contains(unmapped), "{unmapped}: {help}");
     }
 }
+
+/// The Dynamo and WEKA samples replay against the in-process sim with their sessions closed
+/// (each turn after the candidate's answer plus the recorded think time), every request
+/// served; the Baseten sample exports to Mooncake JSONL and imports back row for row.
+#[test]
+fn agent_samples_replay_in_closed_sessions_and_baseten_exports() {
+    let dir = tmpdir("importers-replay");
+    for name in ["dynamo-agent.jsonl", "weka-agent.jsonl"] {
+        let t = dir.join(format!("{name}.parquet"));
+        let (recs, _) = import(&sample(name), &t);
+        let result = dir.join(format!("{name}.json"));
+        ok(&run(&[
+            "replay",
+            t.to_str().unwrap(),
+            "--session-mode",
+            "closed",
+            "--speedup",
+            "50",
+            "--save-result",
+            result.to_str().unwrap(),
+            "-q",
+            "--timeout",
+            "60s",
+        ]));
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+        assert_eq!(v["completed"].as_u64(), Some(recs.len() as u64), "{name}");
+        let prompts: i64 = recs.iter().map(|r| r.prompt_tokens.unwrap()).sum();
+        assert_eq!(v["total_input_tokens"].as_i64(), Some(prompts), "{name}");
+    }
+    let t = dir.join("baseten.parquet");
+    let (recs, err) = import(&sample("baseten-40.parquet"), &t);
+    assert!(err.contains("columns not mapped: region"), "{err}");
+    let jsonl = dir.join("baseten.jsonl");
+    ok(&run(&[
+        "export",
+        t.to_str().unwrap(),
+        "-o",
+        jsonl.to_str().unwrap(),
+    ]));
+    let (again, _) = import(&jsonl, &dir.join("baseten-again.parquet"));
+    let tokens = |rs: &[TraceRecord]| {
+        let first = rs.iter().map(|r| r.arrival_time_us).min().unwrap();
+        let mut v: Vec<_> = rs
+            .iter()
+            .map(|r| (r.arrival_time_us - first, r.prompt_tokens, r.output_tokens))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(tokens(&again), tokens(&recs));
+}

@@ -217,8 +217,14 @@ impl Row<'_> {
     }
 }
 
-/// Reads a Baseten Parquet trace, a record batch at a time.
+/// Reads a Baseten Parquet trace, a record batch at a time. Damaged pages (on which the
+/// `parquet` crate's decoders panic) are an error naming the file, by the same guard the
+/// trace reader decodes under ([`trace_format::reader::guarded`]).
 pub fn import(path: &Path, id_prefix: &str) -> Result<BasetenImport> {
+    trace_format::reader::guarded(path, || read(path, id_prefix))
+}
+
+fn read(path: &Path, id_prefix: &str) -> Result<BasetenImport> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let not_parquet = |e: parquet::errors::ParquetError| Error::NotATrace {
         path: path.to_path_buf(),
@@ -378,6 +384,51 @@ pub(crate) mod tests {
         assert_eq!(r[2].request_id, "b:3");
         assert_eq!(r[1].session_id.as_deref(), Some("s2"));
         assert_eq!(r[0].model.as_deref(), Some("llama"));
+    }
+
+    /// Damaged pages panic inside the `parquet` crate's decoders (as trace files did): every
+    /// byte of a Baseten file flipped in turn gives records or an error naming the file,
+    /// never a panic.
+    #[test]
+    fn damaged_pages_are_errors_naming_the_file_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.parquet");
+        let rows: Vec<_> = (0..50)
+            .map(|i| {
+                (
+                    i * 1000,
+                    i + 1,
+                    i % 7,
+                    Some(i as f64),
+                    10.0 + i as f64,
+                    i % 5 == 0,
+                    "s",
+                )
+            })
+            .collect();
+        write_sample(&good, &rows);
+        let bytes = std::fs::read(&good).unwrap();
+        let p = dir.path().join("damaged.parquet");
+        let mut panics = Vec::new();
+        for at in (4..bytes.len() - 8).step_by(2) {
+            for flip in [0xFFu8, 0x01] {
+                let mut b = bytes.clone();
+                b[at] ^= flip;
+                std::fs::write(&p, &b).unwrap();
+                let got = std::panic::catch_unwind(|| import(&p, "b"));
+                match got {
+                    Err(_) => panics.push((at, flip)),
+                    Ok(Err(e)) => assert!(e.to_string().contains("damaged.parquet"), "{e}"),
+                    Ok(Ok(_)) => {}
+                }
+            }
+        }
+        assert!(
+            panics.is_empty(),
+            "{} panics, first at {:?}",
+            panics.len(),
+            panics.first()
+        );
     }
 
     #[test]

@@ -25,9 +25,10 @@ pub(crate) enum Command {
     /// full disk, see the summary); 130 on a second signal during the drain; 1 when it could
     /// not start. Nothing left in --out keeps it from starting.
     Capture(crate::capture_cmd::CaptureArgs),
-    /// Convert public traces (Azure, BurstGPT, Mooncake, Qwen Bailian, ShareGPT) into a trace.
+    /// Convert public traces (Azure, BurstGPT, Mooncake, Qwen Bailian, ShareGPT, Dynamo agent, Baseten, WEKA, Copilot coding agent) into a trace.
+    #[command(after_long_help = crate::import_cmd::IMPORT_HELP)]
     Import(crate::import_cmd::ImportArgs),
-    /// Write a trace as Mooncake JSONL (NVIDIA AIPerf, SGLang bench_serving).
+    /// Write a trace as Mooncake JSONL (NVIDIA AIPerf, SGLang bench_serving) or AIPerf's sessions.
     Export(crate::import_cmd::ExportArgs),
     /// Run a simulated OpenAI-compatible engine (no GPU).
     Sim(crate::sim_cmd::SimArgs),

@@ -1,6 +1,6 @@
 //! `llmreplay import` (public trace formats → our Parquet trace) and `llmreplay export` (our
-//! trace → Mooncake JSONL for NVIDIA AIPerf and SGLang's bench_serving): flags and wiring; the
-//! work is in the `import` crate.
+//! trace → Mooncake JSONL for NVIDIA AIPerf and SGLang's bench_serving, or AIPerf's sessions):
+//! flags and wiring; the work is in the `import` crate.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +12,43 @@ use tokenize::Tokenizer;
 
 use crate::flags::parse_rate;
 
+/// What each import format maps and what it cannot (printed by `llmreplay import --help`).
+pub const IMPORT_HELP: &str = "\
+Formats (what becomes which column; what has no column and is not mapped):
+  azure     Azure LLM inference 2023/2024 CSV: TIMESTAMP, ContextTokens, GeneratedTokens.
+  burstgpt  BurstGPT CSV: Timestamp, Request/Response tokens (0 = failed), v3 Session ID.
+            Not mapped: Model, Log Type (the endpoint is chat for conversation logs).
+  mooncake  Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token
+            blocks); AIPerf's session_id and delay (ms after the previous turn) link sessions.
+            Not mapped: text_input, messages.
+  qwen      Qwen Bailian JSONL (usage, coder and thinking traces): chat_id/parent_chat_id
+            (sessions and parents), timestamp (s), input_length, output_length, hash_ids
+            (16-token blocks). Not mapped: type, turn.
+  sharegpt  ShareGPT JSON: the first human->gpt exchange, counted by --tokenizer; arrivals drawn.
+  dynamo    NVIDIA Dynamo agent trace JSONL (dynamo.agent.trace.v1): request_end events are
+            requests (session_id, trajectory_id chained turn after turn, parent_trajectory_id for
+            subagents; request_received_ms, ttft_ms, total_time_ms, input/output_tokens, model,
+            replay.input_sequence_hashes with their trace_block_size). Tool spans (tool_start,
+            tool_end, tool_error) are not requests: their time is in the next turn's think time.
+            Not mapped: cached_tokens, session_type_id, trajectory_final, request_id,
+            x_request_id, prefill_wait_time_ms, prefill_time_ms, avg_itl_ms, kv_hit_rate,
+            kv_transfer_estimated_latency_ms, queue_depth, worker, finish_reason_metadata, the
+            tool spans' fields. A dropped stream is not marked, so none imports as cancelled.
+  baseten   Baseten Parquet (no published column list was found; columns assumed): timestamp,
+            input_tokens, output_tokens, ttft_ms, duration_ms, cancelled (replayed as a cancel
+            at duration_ms), model, session_id. Not mapped: any other column (listed on import).
+  weka      WEKA agent-trace JSONL, a session per line (no published description was found;
+            fields from the dataset viewer): id (session), block_size, hash_id_scope, requests
+            [t (s from the session start), in, out, hash_ids, api_time (s), think_time (s)].
+            Sessions all start at 0; local hash ids are made session-unique.
+            Not mapped: models, type.
+  copilot   GitHub Copilot coding-agent JSONL or .jsonl.gz (AzurePublicDataset 2026), a session
+            per line: every LLM call (timestamp, duration_ms, model, tokens.prompt,
+            tokens.completion; result UserCancel = cancelled at duration_ms) chained in its session.
+            Not mapped: tokens.cached, tokens.cached_pct, tokens.total, message_metadata,
+            initiator_type, message_id, turn_id, status_code, date, tool_batches (their time is
+            in the think time).";
+
 /// `llmreplay import`.
 #[derive(Args, Debug)]
 pub struct ImportArgs {
@@ -21,7 +58,7 @@ pub struct ImportArgs {
     /// Output trace file (Parquet).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Source format: azure, burstgpt, mooncake, qwen, sharegpt, or auto (detected from the content).
+    /// Source format: azure, baseten, burstgpt, copilot, dynamo, mooncake, qwen, sharegpt, weka, or auto (detected from the content).
     #[arg(long, default_value = "auto")]
     pub format: Format,
     /// Tokenizer that counts ShareGPT text: cl100k_base, o200k_base, words, or a tokenizer.json path.
@@ -49,6 +86,8 @@ pub struct ImportArgs {
 pub enum ExportFormat {
     /// Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`.
     Mooncake,
+    /// AIPerf's `mooncake_trace` with sessions: Mooncake's fields plus `session_id` and `delay`.
+    Aiperf,
 }
 
 impl std::str::FromStr for ExportFormat {
@@ -56,7 +95,10 @@ impl std::str::FromStr for ExportFormat {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "mooncake" => Ok(ExportFormat::Mooncake),
-            _ => Err(format!("unknown export format {s:?} (expected mooncake)")),
+            "aiperf" => Ok(ExportFormat::Aiperf),
+            _ => Err(format!(
+                "unknown export format {s:?} (expected mooncake or aiperf)"
+            )),
         }
     }
 }
@@ -70,7 +112,7 @@ pub struct ExportArgs {
     /// Output file.
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Output format (mooncake: what AIPerf's --custom-dataset-type mooncake_trace and SGLang's bench_serving read).
+    /// Output format: mooncake (what AIPerf's --custom-dataset-type mooncake_trace and SGLang's bench_serving read), or aiperf (the same with AIPerf's session_id and delay, ms after the previous turn, so agent sessions move both ways).
     #[arg(long, default_value = "mooncake")]
     pub format: ExportFormat,
 }
@@ -155,6 +197,9 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
     }
     for s in &imported.sources {
         eprintln!("{s}");
+        for note in &s.notes {
+            eprintln!("  note: {note}");
+        }
         for why in s.skipped.iter().take(5) {
             eprintln!("  skipped: {why}");
         }
@@ -195,31 +240,42 @@ fn skipped_note(e: &import::MooncakeExport, rows: usize) -> String {
 /// Runs `llmreplay export`: rows are read in arrival order and written as read.
 pub fn run_export(a: ExportArgs) -> Result<()> {
     let stream = store::open_stream(&a.traces).context("reading the trace")?;
-    match a.format {
-        ExportFormat::Mooncake => {
-            let sizes: std::collections::BTreeSet<u32> = stream
-                .files()
-                .iter()
-                .filter_map(|f| f.meta.block_size)
-                .collect();
-            if sizes.len() > 1 {
-                bail!(
+    let (flavor, name) = match a.format {
+        ExportFormat::Mooncake => (import::Flavor::Mooncake, "mooncake JSONL"),
+        ExportFormat::Aiperf => (
+            import::Flavor::AiperfSessions,
+            "AIPerf mooncake_trace JSONL",
+        ),
+    };
+    let sizes: std::collections::BTreeSet<u32> = stream
+        .files()
+        .iter()
+        .filter_map(|f| f.meta.block_size)
+        .collect();
+    if sizes.len() > 1 {
+        bail!(
                     "the trace files have prefix hashes of different block sizes ({sizes:?}); export them separately"
                 );
-            }
-            let e = import::export_mooncake_stream(stream.records(), &a.output)
-                .with_context(|| format!("exporting to {}", a.output.display()))?;
-            eprintln!(
-                "{} requests written to {} (mooncake JSONL)",
-                e.written,
-                a.output.display()
-            );
-            if e.skipped_rows() > 0 {
-                eprintln!("{}", skipped_note(&e, stream.rows()));
-            }
-            let with_hashes = e.with_hashes;
-            if with_hashes > 0 {
-                match sizes.iter().next() {
+    }
+    let e = import::export_stream(stream.records(), &a.output, flavor)
+        .with_context(|| format!("exporting to {}", a.output.display()))?;
+    eprintln!(
+        "{} requests written to {} ({name})",
+        e.written,
+        a.output.display()
+    );
+    if flavor == import::Flavor::AiperfSessions {
+        eprintln!(
+            "{} of them in sessions (session_id, delay = think time)",
+            e.with_sessions
+        );
+    }
+    if e.skipped_rows() > 0 {
+        eprintln!("{}", skipped_note(&e, stream.rows()));
+    }
+    let with_hashes = e.with_hashes;
+    if with_hashes > 0 {
+        match sizes.iter().next() {
                     Some(512) => {}
                     Some(b) => eprintln!(
                         "note: hash_ids name {b}-token blocks; Mooncake consumers assume 512 unless told (set their block size to {b})"
@@ -228,15 +284,13 @@ pub fn run_export(a: ExportArgs) -> Result<()> {
                         "note: the trace does not record its prefix-hash block size; tell the consumer yours"
                     ),
                 }
-            }
-            if with_hashes < e.written {
-                eprintln!(
-                    "note: {} of {} requests have no hash_ids (no prefix information)",
-                    e.written - with_hashes,
-                    e.written
-                );
-            }
-        }
+    }
+    if with_hashes < e.written {
+        eprintln!(
+            "note: {} of {} requests have no hash_ids (no prefix information)",
+            e.written - with_hashes,
+            e.written
+        );
     }
     Ok(())
 }

@@ -3,10 +3,14 @@
 //! | format | file | time | lengths | prefix structure |
 //! |---|---|---|---|---|
 //! | [`azure`] | Azure LLM inference 2023/2024 CSV | `TIMESTAMP` absolute, UTC | `ContextTokens`, `GeneratedTokens` | none |
+//! | [`baseten`] | Baseten Parquet | arrival timestamp, TTFT, duration, cancel flag | `input_tokens`, `output_tokens` | none |
+//! | [`copilot`] | GitHub Copilot coding-agent JSONL (2026) | ISO `timestamp`, `duration_ms` | `tokens.prompt`, `tokens.completion` | sessions of LLM calls, `UserCancel` |
+//! | [`dynamo`] | NVIDIA Dynamo `dynamo.agent.trace.v1` JSONL | `request_received_ms`, `ttft_ms`, `total_time_ms` | `input_tokens`, `output_tokens` | sessions, trajectories, parents; sequence hashes |
 //! | [`burstgpt`] | BurstGPT CSV | `Timestamp` s from day start | `Request tokens`, `Response tokens` (0 = failed) | v3 `Session ID` |
-//! | [`mooncake`] | Mooncake JSONL | `timestamp` ms from trace start | `input_length`, `output_length` | `hash_ids`, 512-token blocks |
+//! | [`mooncake`] | Mooncake JSONL (and AIPerf's `mooncake_trace`) | `timestamp` ms from trace start | `input_length`, `output_length` | `hash_ids`, 512-token blocks; AIPerf's `session_id`, `delay` |
 //! | [`qwen`] | Qwen Bailian JSONL | `timestamp` s (float) | `input_length`, `output_length` | `hash_ids`, 16-token blocks; `chat_id`/`parent_chat_id` |
 //! | [`sharegpt`] | ShareGPT JSON | none: gamma arrivals | text, counted by a tokenizer | none |
+//! | [`weka`] | WEKA agent-trace JSONL | `t` s from session start, `api_time` | `in`, `out` | sessions; `hash_ids`, 64-token blocks |
 //!
 //! Every row of the source becomes one row of the trace, so row counts and token sums equal
 //! the source's; a row that cannot be read is an error naming the file and its 1-based line
@@ -28,11 +32,16 @@
 #![deny(missing_docs)]
 
 pub mod azure;
+pub mod baseten;
 pub mod burstgpt;
+pub mod copilot;
+pub mod dynamo;
+mod link;
 pub mod mooncake;
 pub mod qwen;
 mod rows;
 pub mod sharegpt;
+pub mod weka;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -47,7 +56,8 @@ use trace_format::{Error, FileMeta, Outcome, Producer, Result, TraceRecord};
 use crate::rows::split_csv_line;
 
 pub use mooncake::{
-    export_mooncake, export_mooncake_lines, export_mooncake_stream, MooncakeExport, SKIPPED_KEPT,
+    export_mooncake, export_mooncake_lines, export_mooncake_stream, export_stream, Flavor,
+    MooncakeExport, SKIPPED_KEPT,
 };
 
 /// A source format.
@@ -63,6 +73,14 @@ pub enum Format {
     Qwen,
     /// ShareGPT JSON.
     ShareGpt,
+    /// NVIDIA Dynamo agent trace JSONL (`dynamo.agent.trace.v1`).
+    Dynamo,
+    /// Baseten Parquet traces.
+    Baseten,
+    /// WEKA agent-trace JSONL.
+    Weka,
+    /// GitHub Copilot coding-agent JSONL (AzurePublicDataset 2026).
+    Copilot,
     /// Detect from the content ([`detect`]).
     Auto,
 }
@@ -76,11 +94,16 @@ impl Format {
             Format::Mooncake => "mooncake",
             Format::Qwen => "qwen",
             Format::ShareGpt => "sharegpt",
+            Format::Dynamo => "dynamo",
+            Format::Baseten => "baseten",
+            Format::Weka => "weka",
+            Format::Copilot => "copilot",
             Format::Auto => "auto",
         }
     }
 
-    /// Block size of the source's hash ids, in tokens.
+    /// Block size of the source's hash ids, in tokens, when the format fixes it (Dynamo and
+    /// WEKA files say theirs: [`SourceStats::block_size`]).
     pub fn block_size(self) -> Option<u32> {
         match self {
             Format::Mooncake => Some(mooncake::BLOCK_SIZE),
@@ -89,6 +112,10 @@ impl Format {
         }
     }
 }
+
+/// The import formats, as the command line names them.
+pub const FORMATS: &str =
+    "azure, baseten, burstgpt, copilot, dynamo, mooncake, qwen, sharegpt, weka";
 
 impl fmt::Display for Format {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -105,9 +132,14 @@ impl FromStr for Format {
             "mooncake" => Ok(Format::Mooncake),
             "qwen" | "bailian" => Ok(Format::Qwen),
             "sharegpt" => Ok(Format::ShareGpt),
+            "dynamo" => Ok(Format::Dynamo),
+            "baseten" => Ok(Format::Baseten),
+            "weka" => Ok(Format::Weka),
+            "copilot" => Ok(Format::Copilot),
             "auto" => Ok(Format::Auto),
             _ => Err(format!(
-                "unknown import format {s:?} (expected azure, burstgpt, mooncake, qwen, sharegpt or auto)"
+                "unknown import format {s:?} (expected {} or auto)",
+                FORMATS
             )),
         }
     }
@@ -158,12 +190,19 @@ pub struct SourceStats {
     pub output_tokens: i64,
     /// Rows imported as failures (BurstGPT: 0 response tokens).
     pub failures: usize,
+    /// Rows imported as cancelled by their client (Baseten, Copilot), replayed as cancels.
+    pub cancelled: usize,
     /// Earliest arrival, µs since the epoch.
     pub first_arrival_us: Option<i64>,
     /// Latest arrival, µs since the epoch.
     pub last_arrival_us: Option<i64>,
     /// Source entries that hold no request, with why (ShareGPT only).
     pub skipped: Vec<String>,
+    /// Block size of the rows' `prefix_hashes`, in tokens (the format's, or the file's own).
+    pub block_size: Option<u32>,
+    /// What the source held that did not become rows or columns (tool spans, unread
+    /// columns), one line each.
+    pub notes: Vec<String>,
 }
 
 impl SourceStats {
@@ -175,9 +214,12 @@ impl SourceStats {
             prompt_tokens: 0,
             output_tokens: 0,
             failures: 0,
+            cancelled: 0,
             first_arrival_us: None,
             last_arrival_us: None,
             skipped: Vec::new(),
+            block_size: format.block_size(),
+            notes: Vec::new(),
         }
     }
 
@@ -193,7 +235,10 @@ impl SourceStats {
         self.rows = records.len();
         self.prompt_tokens = records.iter().filter_map(|r| r.prompt_tokens).sum();
         self.output_tokens = records.iter().filter_map(|r| r.output_tokens).sum();
-        self.failures = records.iter().filter(|r| r.outcome != Outcome::Ok).count();
+        let by_client = |r: &&TraceRecord| r.outcome == Outcome::ClientCancelled;
+        self.cancelled = records.iter().filter(by_client).count();
+        self.failures =
+            records.iter().filter(|r| r.outcome != Outcome::Ok).count() - self.cancelled;
         self.first_arrival_us = records.iter().map(|r| r.arrival_time_us).min();
         self.last_arrival_us = records.iter().map(|r| r.arrival_time_us).max();
     }
@@ -213,6 +258,9 @@ impl fmt::Display for SourceStats {
         )?;
         if self.failures > 0 {
             write!(f, ", {} failed", self.failures)?;
+        }
+        if self.cancelled > 0 {
+            write!(f, ", {} cancelled by the client", self.cancelled)?;
         }
         if !self.skipped.is_empty() {
             write!(
@@ -241,9 +289,18 @@ pub struct Imported {
 /// or `Request tokens` (BurstGPT); a JSON line with `chat_id` (Qwen) or `hash_ids` /
 /// `input_length` (Mooncake); a JSON array (ShareGPT).
 pub fn detect(path: &Path) -> Result<Format> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut magic = Vec::new();
+    std::fs::File::open(path)
+        .map_err(|e| Error::io(path, e))?
+        .take(4)
+        .read_to_end(&mut magic)
+        .map_err(|e| Error::io(path, e))?;
+    if magic == b"PAR1" {
+        return Ok(Format::Baseten);
+    }
     let mut head = Vec::new();
-    file.take(64 * 1024)
+    rows::open_text(path)?
+        .take(64 * 1024)
         .read_to_end(&mut head)
         .map_err(|e| Error::io(path, e))?;
     let text = String::from_utf8_lossy(&head);
@@ -251,17 +308,32 @@ pub fn detect(path: &Path) -> Result<Format> {
     let first_line = text.lines().next().unwrap_or("");
     let unknown = |why: &str| {
         Error::Invalid(format!(
-        "{}: cannot detect the format ({why}); give --format azure|burstgpt|mooncake|qwen|sharegpt",
-        path.display()
-    ))
+            "{}: cannot detect the format ({why}); give --format ({FORMATS})",
+            path.display()
+        ))
     };
     if text.starts_with('[') {
         return Ok(Format::ShareGpt);
     }
     if first_line.starts_with('{') {
-        let v: serde_json::Value = serde_json::from_str(first_line)
-            .map_err(|_| unknown("the first line is not a JSON object"))?;
-        return if v.get("chat_id").is_some() {
+        if first_line.contains(dynamo::SCHEMA) {
+            return Ok(Format::Dynamo);
+        }
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(first_line) else {
+            // A session per line can outgrow the head read: known keys decide.
+            return if first_line.contains("\"llm_calls\"") {
+                Ok(Format::Copilot)
+            } else if first_line.contains("\"requests\"") && first_line.contains("\"block_size\"") {
+                Ok(Format::Weka)
+            } else {
+                Err(unknown("the first line is not a JSON object"))
+            };
+        };
+        return if v.get("turns").is_some() && v.get("session_id").is_some() {
+            Ok(Format::Copilot)
+        } else if v.get("requests").is_some() && v.get("block_size").is_some() {
+            Ok(Format::Weka)
+        } else if v.get("chat_id").is_some() {
             Ok(Format::Qwen)
         } else if v.get("input_length").is_some() || v.get("hash_ids").is_some() {
             Ok(Format::Mooncake)
@@ -298,14 +370,40 @@ pub fn import_file(
         Format::Auto => detect(path)?,
         f => f,
     };
+    let mut stats = SourceStats::new(path, format);
     let mut records = match format {
         Format::Azure => azure::import(path, id_prefix)?,
         Format::BurstGpt => burstgpt::import(path, id_prefix)?,
         Format::Mooncake => mooncake::import(path, id_prefix)?,
         Format::Qwen => qwen::import(path, id_prefix)?,
+        Format::Copilot => copilot::import(path, id_prefix)?,
+        Format::Dynamo => {
+            let d = dynamo::import(path, id_prefix)?;
+            stats.block_size = d.block_size;
+            if d.tool_events > 0 {
+                stats.notes.push(format!(
+                    "{} tool events (tool spans) are not requests: their time is in the think time of the request after them",
+                    d.tool_events
+                ));
+            }
+            d.records
+        }
+        Format::Weka => {
+            let (records, block) = weka::import(path, id_prefix)?;
+            stats.block_size = block;
+            records
+        }
+        Format::Baseten => {
+            let b = baseten::import(path, id_prefix)?;
+            if !b.unmapped.is_empty() {
+                stats
+                    .notes
+                    .push(format!("columns not mapped: {}", b.unmapped.join(", ")));
+            }
+            b.records
+        }
         Format::ShareGpt => {
             let (records, skipped) = sharegpt::import(path, id_prefix, opts)?;
-            let mut stats = SourceStats::new(path, format);
             stats.account(&records);
             stats.skipped = skipped;
             return Ok((with_model(records, opts), stats));
@@ -313,7 +411,6 @@ pub fn import_file(
         Format::Auto => unreachable!("resolved above"),
     };
     records = with_model(records, opts);
-    let mut stats = SourceStats::new(path, format);
     stats.account(&records);
     Ok((records, stats))
 }
@@ -396,7 +493,7 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
             None => import_file(path, opts, &prefix)?,
         };
         if rows.iter().any(|r| r.prefix_hashes.is_some()) {
-            if let Some(b) = stats.format.block_size() {
+            if let Some(b) = stats.block_size {
                 match &block_size {
                     Some((prev, prev_path)) if *prev != b => {
                         return Err(Error::Invalid(format!(
@@ -471,12 +568,24 @@ mod tests {
             ("c.jsonl", "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n", Format::Mooncake),
             ("d.jsonl", "{\"chat_id\": 1, \"parent_chat_id\": -1, \"timestamp\": 0.5}\n", Format::Qwen),
             ("e.json", "  [{\"id\": \"x\", \"conversations\": []}]", Format::ShareGpt),
+            ("f.jsonl", "{\"schema\": \"dynamo.agent.trace.v1\", \"event_type\": \"tool_end\"}\n", Format::Dynamo),
+            ("g.jsonl", "{\"session_id\": \"s\", \"date\": \"2026-06-01\", \"turns\": []}\n", Format::Copilot),
+            ("h.jsonl", "{\"id\": \"a\", \"block_size\": 64, \"hash_id_scope\": \"local\", \"requests\": []}\n", Format::Weka),
+            ("i.parquet", "PAR1", Format::Baseten),
         ];
         for (name, content, want) in cases {
             let p = dir.path().join(name);
             std::fs::write(&p, content).unwrap();
             assert_eq!(detect(&p).unwrap(), want, "{name}");
         }
+        // A session per line longer than the head read is still recognised by its keys.
+        let long = format!(
+            "{{\"session_id\": \"s\", \"turns\": [{{\"llm_calls\": [{}]}}]}}\n",
+            vec!["{\"duration_ms\": 1.0}"; 8000].join(", ")
+        );
+        let p = dir.path().join("long.jsonl");
+        std::fs::write(&p, long).unwrap();
+        assert_eq!(detect(&p).unwrap(), Format::Copilot);
         let p = dir.path().join("x.txt");
         std::fs::write(&p, "hello,world\n").unwrap();
         assert!(detect(&p).unwrap_err().to_string().contains("--format"));

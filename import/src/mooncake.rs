@@ -15,23 +15,38 @@ use serde_json::Value;
 
 use trace_format::{Error, Result, TraceRecord};
 
-use crate::rows::jsonl_records;
+use crate::link::{link, Chain};
+use crate::rows::{jsonl_records, Fields};
 
 /// Tokens per hash id.
 pub const BLOCK_SIZE: u32 = 512;
 /// Endpoint of imported rows.
 pub const ENDPOINT: &str = "/v1/completions";
 
-/// Reads a Mooncake JSONL trace.
+/// Reads a Mooncake JSONL trace. AIPerf's `mooncake_trace` fields `session_id` and `delay`
+/// (ms to wait after the previous turn of the session) are read when present: the session's
+/// rows chain in arrival order, each continuing the one before, with `delay` as the think
+/// time.
 pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
-    jsonl_records(path, |row| {
+    let mut chains = Vec::new();
+    let mut records = jsonl_records(path, |row| {
         let ts = row.timestamp()?;
         let arrival = ms_to_us(ts).ok_or_else(|| {
             row.at
                 .bad(format!("timestamp {ts} is not a non-negative number of ms"))
         })?;
-        row.record(id_prefix, arrival, ENDPOINT)
-    })
+        let mut r = row.record(id_prefix, arrival, ENDPOINT)?;
+        let f = Fields::of(row);
+        r.session_id = f.opt_str("session_id")?;
+        r.think_time_us = f.opt_duration_us("delay", 1e3)?;
+        chains.push(Chain {
+            key: r.session_id.clone(),
+            spawned_from: None,
+        });
+        Ok(r)
+    })?;
+    link(&mut records, &chains);
+    Ok(records)
 }
 
 /// A JSON number of milliseconds as µs (integers exactly; floats to the nearest µs).
@@ -43,9 +58,35 @@ fn ms_to_us(v: &Value) -> Option<i64> {
     (x.is_finite() && x >= 0.0).then(|| (x * 1000.0).round() as i64)
 }
 
+/// Which JSON lines an export writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Flavor {
+    /// Mooncake's own fields: `timestamp`, `input_length`, `output_length`, `hash_ids`.
+    #[default]
+    Mooncake,
+    /// NVIDIA AIPerf's `mooncake_trace` with its multi-turn fields: a row with a session
+    /// also carries `session_id`, and a row with a think time `delay` (ms to wait after the
+    /// previous turn of its session ends). `timestamp` stays on every row, so arrival offsets
+    /// survive; AIPerf's sessions are linear, so a subagent's turns become turns of its
+    /// session.
+    AiperfSessions,
+}
+
+/// Milliseconds of `us` (not negative) as JSON: an integer when whole, else a float to the µs.
+fn ms_text(us: i64) -> String {
+    if us % 1000 == 0 {
+        (us / 1000).to_string()
+    } else {
+        let frac = format!("{:03}", us % 1000);
+        format!("{}.{}", us / 1000, frac.trim_end_matches('0'))
+    }
+}
+
 /// What an export wrote and what it left out.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MooncakeExport {
+    /// Which fields the lines carry.
+    pub flavor: Flavor,
     /// The JSON lines, sorted by arrival ([`export_mooncake_lines`] only: a file export
     /// writes them as it goes and keeps none).
     pub lines: Vec<String>,
@@ -53,6 +94,8 @@ pub struct MooncakeExport {
     pub written: usize,
     /// Of those, lines with `hash_ids`.
     pub with_hashes: usize,
+    /// Of those, lines with a `session_id` ([`Flavor::AiperfSessions`]).
+    pub with_sessions: usize,
     /// (request id, why) of the first [`SKIPPED_KEPT`] rows left out: no `prompt_tokens` or
     /// no `output_tokens`.
     pub skipped: Vec<(String, String)>,
@@ -95,16 +138,21 @@ impl MooncakeExport {
         };
         // Timestamps from the first exported row, so the file starts at 0.
         let first = *first.get_or_insert(r.arrival_time_us);
-        let us = r.arrival_time_us - first;
-        let ts = if us % 1000 == 0 {
-            (us / 1000).to_string()
-        } else {
-            let frac = format!("{:03}", us % 1000);
-            format!("{}.{}", us / 1000, frac.trim_end_matches('0'))
-        };
-        let mut line = format!(
-            "{{\"timestamp\": {ts}, \"input_length\": {input}, \"output_length\": {output}"
-        );
+        let ts = ms_text(r.arrival_time_us - first);
+        let mut line = format!("{{\"timestamp\": {ts}");
+        if self.flavor == Flavor::AiperfSessions {
+            if let Some(s) = &r.session_id {
+                let s = serde_json::to_string(s).expect("a string serializes");
+                line.push_str(&format!(", \"session_id\": {s}"));
+                self.with_sessions += 1;
+            }
+            if let Some(d) = r.think_time_us.filter(|_| r.session_id.is_some()) {
+                line.push_str(&format!(", \"delay\": {}", ms_text(d)));
+            }
+        }
+        line.push_str(&format!(
+            ", \"input_length\": {input}, \"output_length\": {output}"
+        ));
         if let Some(h) = &r.prefix_hashes {
             line.push_str(", \"hash_ids\": [");
             for (i, id) in h.iter().enumerate() {
@@ -172,10 +220,22 @@ pub fn export_mooncake_stream(
     records: impl Iterator<Item = Result<TraceRecord>>,
     path: &Path,
 ) -> Result<MooncakeExport> {
+    export_stream(records, path, Flavor::Mooncake)
+}
+
+/// [`export_mooncake_stream`] in the given [`Flavor`].
+pub fn export_stream(
+    records: impl Iterator<Item = Result<TraceRecord>>,
+    path: &Path,
+    flavor: Flavor,
+) -> Result<MooncakeExport> {
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    let mut out = MooncakeExport::default();
+    let mut out = MooncakeExport {
+        flavor,
+        ..MooncakeExport::default()
+    };
     let write = || -> Result<()> {
         let io = |e| Error::io(path, e);
         let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
@@ -271,6 +331,41 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("output_tokens"));
+    }
+
+    /// AIPerf's multi-turn `mooncake_trace` (`session_id`, `delay`) imports as sessions of
+    /// linked turns, and the `aiperf` flavour writes them back: the same lines.
+    #[test]
+    fn aiperf_sessions_import_and_export_both_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("a.jsonl");
+        let lines = "{\"timestamp\": 0, \"session_id\": \"s1\", \"input_length\": 100, \"output_length\": 10, \"hash_ids\": [1, 2]}\n\
+             {\"timestamp\": 5, \"input_length\": 7, \"output_length\": 1}\n\
+             {\"timestamp\": 2500.5, \"session_id\": \"s1\", \"delay\": 1200.25, \"input_length\": 300, \"output_length\": 20}\n\
+             {\"timestamp\": 4000, \"session_id\": \"s\\\"2\", \"input_length\": 50, \"output_length\": 5}\n";
+        std::fs::write(&src, lines).unwrap();
+        let r = import(&src, "a").unwrap();
+        assert_eq!(r[2].session_id.as_deref(), Some("s1"));
+        assert_eq!(r[2].parent_request_id.as_deref(), Some("a:1"));
+        assert_eq!(r[2].think_time_us, Some(1_200_250));
+        assert_eq!(
+            (
+                r[1].session_id.as_deref(),
+                r[1].parent_request_id.as_deref()
+            ),
+            (None, None)
+        );
+        assert_eq!(r[3].session_id.as_deref(), Some("s\"2"));
+        let out = dir.path().join("b.jsonl");
+        let e = export_stream(r.into_iter().map(Ok), &out, Flavor::AiperfSessions).unwrap();
+        assert_eq!((e.written, e.with_sessions), (4, 3));
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), lines);
+        // The plain Mooncake flavour leaves the session fields out, as before.
+        let r = import(&src, "a").unwrap();
+        let plain = export_mooncake_lines(&r).unwrap().lines;
+        assert!(plain
+            .iter()
+            .all(|l| !l.contains("session_id") && !l.contains("delay")));
     }
 
     /// One row without `prompt_tokens` (a cancelled capture with no readable prompt) failed

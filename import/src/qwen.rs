@@ -5,9 +5,18 @@
 //! Each line is one request, id `<prefix>:<line>`. `chat_id`/`parent_chat_id` link the turns
 //! of a conversation: a turn whose parent is absent, negative or not in the file starts a
 //! session, and every later turn joins its parent's session, whose id is the first turn's
-//! `chat_id`. Hash ids name 16-token blocks (block size 16 in the metadata). Each row already
+//! `chat_id`; a turn's `parent_request_id` is its parent's row (no think time: the traces
+//! record no durations). Hash ids name 16-token blocks (block size 16 in the metadata). Each row already
 //! carries its turn's whole context in `input_length`/`hash_ids`. The model stays empty (the
 //! traces do not name one); `type` and `turn` are not mapped. Rows become chat requests.
+//!
+//! The newer coder and thinking traces (`qwen_coder_blksz_16.jsonl`,
+//! `qwen_thinking_blksz_16.jsonl`) have the same fields, with more values of `type` (`api`,
+//! `thinking`, `coder`) and long outputs; they import as they are (checked against their field
+//! list: `type` is not read, so no value of it is refused). Their FAQ's two quirks need nothing
+//! here: `<think>` tokens stripped before the next turn only make a turn's context shorter than
+//! its parent's prompt plus answer, and a last block whose hash changed only ends a shared
+//! prefix one block early.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -75,8 +84,21 @@ pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
             root_of[i] = parents[cur].0.clone();
         }
     }
-    for (r, s) in out.iter_mut().zip(root_of) {
+    // Parents: the row of `parent_chat_id`, when it is in the file (no think time: the
+    // traces record no durations, so the parent's end is unknown).
+    let parent_row: Vec<Option<usize>> = parents
+        .iter()
+        .enumerate()
+        .map(|(i, (_, p))| {
+            p.as_deref()
+                .and_then(|p| index.get(p).copied())
+                .filter(|&j| j != i)
+        })
+        .collect();
+    let ids: Vec<String> = out.iter().map(|r| r.request_id.clone()).collect();
+    for ((r, s), p) in out.iter_mut().zip(root_of).zip(parent_row) {
         r.session_id = s;
+        r.parent_request_id = p.map(|j| ids[j].clone());
     }
     Ok(out)
 }
@@ -115,5 +137,31 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("q.jsonl:1: chat_id"));
+    }
+
+    /// The coder and thinking traces' rows (types `api`, `thinking`, `coder`, long outputs, a
+    /// thinking turn whose context is shorter than its parent's prompt and answer) import
+    /// with their sessions.
+    #[test]
+    fn coder_and_thinking_rows_import_with_their_sessions() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("qwen_thinking_blksz_16.jsonl");
+        std::fs::write(
+            &p,
+            "{\"chat_id\": 1, \"parent_chat_id\": -1, \"timestamp\": 0.0, \"input_length\": 48, \"output_length\": 6000, \"type\": \"thinking\", \"turn\": 1, \"hash_ids\": [1, 2, 3]}\n\
+             {\"chat_id\": 2, \"parent_chat_id\": 1, \"timestamp\": 95.5, \"input_length\": 80, \"output_length\": 4000, \"type\": \"thinking\", \"turn\": 2, \"hash_ids\": [1, 2, 4, 5, 6]}\n\
+             {\"chat_id\": 3, \"parent_chat_id\": -1, \"timestamp\": 96.0, \"input_length\": 20000, \"output_length\": 300, \"type\": \"coder\", \"turn\": 1, \"hash_ids\": [7]}\n\
+             {\"chat_id\": 4, \"parent_chat_id\": -1, \"timestamp\": 96.25, \"input_length\": 16, \"output_length\": 1, \"type\": \"api\", \"turn\": 1, \"hash_ids\": [8]}\n",
+        )
+        .unwrap();
+        let r = import(&p, "q").unwrap();
+        let s: Vec<_> = r.iter().map(|r| r.session_id.as_deref().unwrap()).collect();
+        assert_eq!(s, vec!["1", "1", "3", "4"]);
+        // The parent link is kept, not only the session.
+        let p: Vec<_> = r.iter().map(|r| r.parent_request_id.as_deref()).collect();
+        assert_eq!(p, vec![None, Some("q:1"), None, None]);
+        assert!(r.iter().all(|r| r.think_time_us.is_none()));
+        assert_eq!(r[0].output_tokens, Some(6000));
+        assert_eq!(r[3].arrival_time_us, 96_250_000);
     }
 }

@@ -6,6 +6,7 @@
 //! counts, `stream = true`). A row that cannot be read is [`Error::BadRow`] naming the file
 //! and its line ([`At::bad`]); nothing is skipped silently.
 
+use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
@@ -56,14 +57,30 @@ pub(crate) fn bad(path: &Path, line: usize, message: impl Into<String>) -> Error
     }
 }
 
+/// `path` for reading as text: a gzip file (named `*.gz`, as the Copilot coding-agent shards
+/// are published) is decompressed as it is read.
+pub(crate) fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let gz = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gz"));
+    Ok(if gz {
+        Box::new(BufReader::with_capacity(
+            1 << 20,
+            flate2::read::MultiGzDecoder::new(BufReader::new(file)),
+        ))
+    } else {
+        Box::new(BufReader::with_capacity(1 << 20, file))
+    })
+}
+
 /// Calls `f(line_no, line)` for every non-blank line of `path` (1-based numbers; a UTF-8
 /// BOM and a trailing `\r` are removed).
 pub(crate) fn for_each_line(
     path: &Path,
     mut f: impl FnMut(usize, &str) -> Result<()>,
 ) -> Result<()> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut reader = open_text(path)?;
     let mut buf = String::new();
     let mut line_no = 0;
     loop {
@@ -317,6 +334,19 @@ pub(crate) fn jsonl_records(
     path: &Path,
     mut record: impl FnMut(&JsonRow<'_>) -> Result<TraceRecord>,
 ) -> Result<Vec<TraceRecord>> {
+    jsonl_rows(path, |row, out| {
+        out.push(record(row)?);
+        Ok(())
+    })
+}
+
+/// Reads a JSON-lines file whose lines may hold any number of requests (a session of an
+/// agent trace per line, or events that are not requests): `rows` pushes the records of
+/// each line's JSON object.
+pub(crate) fn jsonl_rows(
+    path: &Path,
+    mut rows: impl FnMut(&JsonRow<'_>, &mut Vec<TraceRecord>) -> Result<()>,
+) -> Result<Vec<TraceRecord>> {
     let mut out = Vec::new();
     for_each_line(path, |line_no, line| {
         let at = At {
@@ -325,10 +355,150 @@ pub(crate) fn jsonl_records(
         };
         let v: Value = serde_json::from_str(line).map_err(|e| at.bad(format!("not JSON: {e}")))?;
         let obj = v.as_object().ok_or_else(|| at.bad("not a JSON object"))?;
-        out.push(record(&JsonRow { at, obj })?);
-        Ok(())
+        rows(&JsonRow { at, obj }, &mut out)
     })?;
     Ok(out)
+}
+
+/// Typed reads of the fields of one JSON object of a row, each error naming the row and the
+/// field (`what` is the object's path in the row, e.g. `request` or `requests[3]`).
+pub(crate) struct Fields<'a> {
+    /// Where the row is.
+    pub(crate) at: At<'a>,
+    /// The object's path in the row, for errors (empty for the line's own object).
+    pub(crate) what: String,
+    /// The object.
+    pub(crate) obj: &'a Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of the line's own object.
+    pub(crate) fn of(row: &JsonRow<'a>) -> Fields<'a> {
+        Fields {
+            at: row.at,
+            what: String::new(),
+            obj: row.obj,
+        }
+    }
+
+    fn name(&self, field: &str) -> String {
+        if self.what.is_empty() {
+            field.to_string()
+        } else {
+            format!("{}.{field}", self.what)
+        }
+    }
+
+    /// The error for `field`: `<what>.<field> <why>`.
+    pub(crate) fn bad(&self, field: &str, why: impl fmt::Display) -> Error {
+        self.at.bad(format!("{} {why}", self.name(field)))
+    }
+
+    /// The value of `field`; null counts as absent.
+    pub(crate) fn get(&self, field: &str) -> Option<&'a Value> {
+        self.obj.get(field).filter(|v| !v.is_null())
+    }
+
+    /// The object in `field` (required).
+    pub(crate) fn object(&self, field: &str) -> Result<Fields<'a>> {
+        match self.get(field) {
+            Some(Value::Object(obj)) => Ok(Fields {
+                at: self.at,
+                what: self.name(field),
+                obj,
+            }),
+            None => Err(self.bad(field, "missing")),
+            Some(v) => Err(self.bad(field, format!("{v} is not an object"))),
+        }
+    }
+
+    /// The array in `field` (required).
+    pub(crate) fn array(&self, field: &str) -> Result<&'a Vec<Value>> {
+        match self.get(field) {
+            Some(Value::Array(a)) => Ok(a),
+            None => Err(self.bad(field, "missing")),
+            Some(v) => Err(self.bad(field, format!("{v} is not an array"))),
+        }
+    }
+
+    /// Element `i` of an array read from `field`, as an object.
+    pub(crate) fn element(&self, field: &str, i: usize, v: &'a Value) -> Result<Fields<'a>> {
+        let what = format!("{}[{i}]", self.name(field));
+        match v {
+            Value::Object(obj) => Ok(Fields {
+                at: self.at,
+                what,
+                obj,
+            }),
+            v => Err(self.at.bad(format!("{what} {v} is not an object"))),
+        }
+    }
+
+    /// A string field (a number is taken as its decimal text); absent is None.
+    pub(crate) fn opt_str(&self, field: &str) -> Result<Option<String>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) if s.is_empty() => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(v) => Err(self.bad(field, format!("{v} is not a string"))),
+        }
+    }
+
+    /// A required string field.
+    pub(crate) fn str(&self, field: &str) -> Result<String> {
+        self.opt_str(field)?
+            .ok_or_else(|| self.bad(field, "missing"))
+    }
+
+    /// A non-negative integer field (`12.0` is accepted); absent is None.
+    pub(crate) fn opt_count(&self, field: &str) -> Result<Option<i64>> {
+        let Some(v) = self.get(field) else {
+            return Ok(None);
+        };
+        let n = v.as_i64().or_else(|| {
+            v.as_f64()
+                .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < 9.0e15)
+                .map(|x| x as i64)
+        });
+        n.filter(|n| *n >= 0)
+            .map(Some)
+            .ok_or_else(|| self.bad(field, format!("{v} is not a non-negative integer")))
+    }
+
+    /// A required non-negative integer field.
+    pub(crate) fn count(&self, field: &str) -> Result<i64> {
+        self.opt_count(field)?
+            .ok_or_else(|| self.bad(field, "missing"))
+    }
+
+    /// A non-negative number of `unit_us` µs (1000 for ms, 1e6 for s) as µs, to the nearest
+    /// µs; absent is None.
+    pub(crate) fn opt_duration_us(&self, field: &str, unit_us: f64) -> Result<Option<i64>> {
+        let Some(v) = self.get(field) else {
+            return Ok(None);
+        };
+        v.as_f64()
+            .filter(|x| x.is_finite() && *x >= 0.0 && x * unit_us < 9.0e18)
+            .map(|x| Some((x * unit_us).round() as i64))
+            .ok_or_else(|| self.bad(field, format!("{v} is not a non-negative number")))
+    }
+
+    /// An array of non-negative integers (block hash ids); absent is None.
+    pub(crate) fn opt_hashes(&self, field: &str) -> Result<Option<Vec<u64>>> {
+        if self.get(field).is_none() {
+            return Ok(None);
+        }
+        self.array(field)?
+            .iter()
+            .map(|h| {
+                h.as_u64().ok_or_else(|| {
+                    self.bad(field, format!("hash id {h} is not a non-negative integer"))
+                })
+            })
+            .collect::<Result<Vec<u64>>>()
+            .map(Some)
+    }
 }
 
 // ---- values ----

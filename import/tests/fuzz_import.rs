@@ -34,7 +34,7 @@ fn tmp() -> PathBuf {
 }
 
 /// Small valid inputs of each import format, the seeds the mutations start from.
-const SEEDS: [(Format, &str, &str); 5] = [
+const SEEDS: [(Format, &str, &str); 8] = [
     (
         Format::Azure,
         "a.csv",
@@ -59,6 +59,23 @@ const SEEDS: [(Format, &str, &str); 5] = [
         Format::ShareGpt,
         "s.json",
         r#"[{"id": "a", "conversations": [{"from": "human", "value": "hello world"}, {"from": "gpt", "value": "hi there"}]}, {"id": "c", "conversations": [{"from": "human", "value": "one two"}, {"from": "gpt", "value": "five"}]}]"#,
+    ),
+    (
+        Format::Dynamo,
+        "d.jsonl",
+        "{\"schema\": \"dynamo.agent.trace.v1\", \"event_type\": \"request_end\", \"event_time_unix_ms\": 1000900, \"event_source\": \"dynamo\", \"agent_context\": {\"session_type_id\": \"c\", \"session_id\": \"s\", \"trajectory_id\": \"m\"}, \"request\": {\"request_id\": \"r\", \"model\": \"m\", \"input_tokens\": 100, \"output_tokens\": 10, \"request_received_ms\": 1000000, \"ttft_ms\": 12.5, \"total_time_ms\": 900.0, \"replay\": {\"trace_block_size\": 64, \"input_length\": 100, \"input_sequence_hashes\": [1, 2]}}}\n{\"schema\": \"dynamo.agent.trace.v1\", \"event_type\": \"tool_end\", \"event_time_unix_ms\": 1001000, \"event_source\": \"harness\", \"agent_context\": {\"session_type_id\": \"c\", \"session_id\": \"s\", \"trajectory_id\": \"m\"}, \"tool\": {\"tool_call_id\": \"t\", \"tool_class\": \"bash\", \"duration_ms\": 5.0}}\n{\"schema\": \"dynamo.agent.trace.v1\", \"event_type\": \"request_end\", \"event_time_unix_ms\": 1002100, \"event_source\": \"dynamo\", \"agent_context\": {\"session_type_id\": \"c\", \"session_id\": \"s\", \"trajectory_id\": \"sub\", \"parent_trajectory_id\": \"m\"}, \"request\": {\"request_id\": \"r2\", \"model\": \"m\", \"input_tokens\": 120, \"output_tokens\": 5, \"request_received_ms\": 1002000, \"total_time_ms\": 100.0}}\n",
+    ),
+    (
+        Format::Copilot,
+        "c.jsonl",
+        r#"{"session_id": "s1", "date": "2026-06-01", "turns": [{"turn_id": "t1", "llm_calls": [{"message_id": "m1", "timestamp": "2026-06-01T10:00:00.000Z", "duration_ms": 1500.0, "model": "Model A", "result": "Success", "tokens": {"total": 1100, "prompt": 1000, "completion": 100, "cached": 0}}, {"message_id": "m2", "timestamp": "2026-06-01T10:00:04.000Z", "duration_ms": 800.5, "model": "Model A", "result": "UserCancel", "tokens": {"total": 1250, "prompt": 1200, "completion": 50, "cached": 1000}}], "tool_batches": [{"timestamp": "2026-06-01T10:00:01.600Z", "duration_ms": 2000.0, "function_calls": [{"name": "bash", "status": 1, "duration_ms": 1900.0}]}]}]}
+"#,
+    ),
+    (
+        Format::Weka,
+        "w.jsonl",
+        r#"{"id": "a1", "models": ["m"], "block_size": 64, "hash_id_scope": "local", "requests": [{"t": 0.0, "model": "m", "in": 418, "out": 20, "hash_ids": [0, 1, 2, 3, 4, 5, 6], "api_time": 2.303}, {"t": 5.5, "model": "m", "in": 500, "out": 30, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7], "api_time": 1.0, "think_time": 3.0}]}
+"#,
     ),
 ];
 

@@ -23,6 +23,7 @@ mod pages;
 
 pub use columns::batch_to_records;
 pub(crate) use columns::{arrivals, convert, ids_and_arrivals};
+pub use file::guarded;
 use file::{Columns, OpenFile, Source};
 
 /// One file of a [`Trace`].

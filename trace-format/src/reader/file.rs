@@ -86,8 +86,10 @@ impl ChunkReader for Chunks {
 
 /// Runs one step of decoding `path` under the panic guard: a panic inside the `parquet`
 /// crate's decoders becomes [`Error::Format`] naming the file (see
-/// [`read_parquet`](super::read_parquet) for why that is sound).
-pub(crate) fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
+/// [`read_parquet`](super::read_parquet) for why that is sound). Public for the other readers
+/// of Parquet the project has (the Baseten importer), so that every Parquet decode is guarded
+/// the one way; `f` must own what it decodes, as it does here.
+pub fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
     guard::install_quiet_hook();
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guard::quietly(f)));
     match decoded {

@@ -7,7 +7,7 @@
 //! Every test takes `SERIAL`: they measure time and memory of child processes on a machine
 //! with two cores.
 
-mod support;
+use crate::support;
 use support::env::{free_addr, serial, tmpdir};
 
 use std::io::{Read, Write};

@@ -8,7 +8,7 @@
 //! - `kill -9`: the `--results` journal holds every request that finished (but the last
 //!   flush interval's), and `merge` recovers each once into a result marked partial.
 
-mod support;
+use crate::support;
 use support::env::tmpdir;
 
 use std::collections::BTreeSet;

@@ -1,6 +1,6 @@
 //! What every end-to-end test needs around the binary: a fresh directory, a free loopback
-//! port, and a lock that runs the timing-sensitive tests of one file one at a time.
-#![allow(dead_code)]
+//! port, and a lock that runs the timing-sensitive tests one at a time (all modules' tests run
+//! in one process).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

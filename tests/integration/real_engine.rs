@@ -24,7 +24,7 @@
 
 #![allow(clippy::await_holding_lock)] // SERIAL serialises whole tests on purpose
 
-mod support;
+use crate::support;
 use support::env::{free_addr, serial, tmpdir};
 
 use std::collections::HashMap;
@@ -624,7 +624,10 @@ fn replay_across_gaps_longer_than_the_servers_keep_alive() {
     trace_format::write_trace_file(
         &trace,
         &rows,
-        &trace_format::FileMeta::new(trace_format::Producer::Import, "tests/real_engine.rs"),
+        &trace_format::FileMeta::new(
+            trace_format::Producer::Import,
+            "tests/integration/real_engine.rs",
+        ),
     )
     .unwrap();
     let run = |name: &str, extra: &[&str]| {

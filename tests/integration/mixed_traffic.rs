@@ -20,7 +20,7 @@
 //! `LLMREPLAY_BIN=/path/to/llmreplay` runs the same tests against another build (to show an
 //! older one fails them); by default they use this workspace's binary.
 
-mod support;
+use crate::support;
 use support::env::{free_addr, tmpdir};
 use support::sim::{cancel_after_chunks, SimProc};
 
@@ -80,7 +80,7 @@ fn write_trace(path: &Path, reqs: &[Req]) {
     trace_format::write_trace_file(
         path,
         &records,
-        &FileMeta::new(Producer::Import, "tests/mixed_traffic.rs"),
+        &FileMeta::new(Producer::Import, "tests/integration/mixed_traffic.rs"),
     )
     .expect("write the trace");
 }
@@ -990,7 +990,10 @@ fn cancelled_requests_are_cancelled_again_at_their_recorded_point() {
     trace_format::write_trace_file(
         &trace,
         &[by_chunks, by_time, done],
-        &trace_format::FileMeta::new(trace_format::Producer::Import, "tests/mixed_traffic.rs"),
+        &trace_format::FileMeta::new(
+            trace_format::Producer::Import,
+            "tests/integration/mixed_traffic.rs",
+        ),
     )
     .unwrap();
     let (results, json) = (dir.join("out.parquet"), dir.join("out.json"));

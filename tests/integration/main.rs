@@ -16,6 +16,9 @@
 //! Do not add `tests/NAME.rs` at the top: every file there is a test binary of its own, linked
 //! on its own (~200 MB each).
 //!
+//! `tests/real_engine.rs` is a test binary of its own (its first lines say why): Cargo runs
+//! test binaries one after another, so nothing else runs beside it.
+//!
 //! # Sharing one process
 //!
 //! The modules' tests run in one process, in parallel (the default `--test-threads`, one per
@@ -45,7 +48,6 @@ mod limits;
 mod mixed_traffic;
 mod outputs;
 mod polish;
-mod real_engine;
 mod recorder;
 mod secrets;
 mod sessions;

@@ -29,9 +29,10 @@
 //! - every path comes from `support::env::{tmpdir, fresh_path}` (unique to the process and
 //!   call) and every port from `support::env::free_addr` or a `bind` to port 0, never a
 //!   fixed one;
-//! - a test whose assertions involve time on a 2-core machine takes `support::env::serial()`,
-//!   one lock for the whole binary: such tests run one at a time, whichever module they are
-//!   in.
+//! - a test whose assertions involve time on a 2-core machine takes `support::env::serial()`
+//!   on its first line and then runs alone, as it did when each file was a binary of its own:
+//!   it waits for the tests running to end, and every other test waits for it in its first
+//!   `tmpdir`, `fresh_path` or `free_addr` (a shared hold, kept to the test's end).
 
 mod support;
 

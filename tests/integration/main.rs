@@ -26,9 +26,9 @@
 //! - nothing here changes process-wide state: no `std::env::set_var`, no signal handler, no
 //!   `setrlimit` on this process (a child's limits are set in its `pre_exec`), no
 //!   `set_current_dir`; pass values to what runs explicitly (arguments, a child's `env`);
-//! - every path comes from `support::env::{tmpdir, fresh_path}` (unique to the process and
-//!   call) and every port from `support::env::free_addr` or a `bind` to port 0, never a
-//!   fixed one;
+//! - every path is unique to the process and the call (`support::env::{tmpdir, fresh_path}`)
+//!   and every port comes from `support::env::free_addr` or a `bind` to port 0, never a fixed
+//!   one;
 //! - a test whose assertions involve time on a 2-core machine takes `support::env::serial()`
 //!   on its first line and then runs alone, as it did when each file was a binary of its own:
 //!   it waits for the tests running to end, and every other test waits for it in its first

@@ -302,7 +302,7 @@ burst_bench() {
 # prints the server-side arrival differences and, with LLMREPLAY_STRICT_TIMING=1, asserts
 # p99 <= 2 ms.
 shards() {
-  LLMREPLAY_STRICT_TIMING=1 cargo test --release --test shard four_shards_with_one_start -- --nocapture \
+  LLMREPLAY_STRICT_TIMING=1 cargo test --release --test integration shard::four_shards_with_one_start -- --nocapture \
     > "$OUT/shards.txt" 2>&1 || { cat "$OUT/shards.txt" >&2; echo "shards: FAILED" >&2; }
   echo "shards: done"
 }

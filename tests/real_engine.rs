@@ -2,6 +2,13 @@
 //! CPU (`scripts/real-engine`), with the real `llmreplay capture` and `llmreplay replay`
 //! binaries in front of it.
 //!
+//! A test binary of its own, not a module of `tests/integration/`: its A/A runs must read
+//! "reproduces the capture" with latencies within the engine's own run-to-run noise, and its
+//! TTFTs are compared to a client's within 10 ms, all measured on the CPU the engine runs on.
+//! Cargo runs test binaries one after another, so nothing else loads that CPU here; as a
+//! module, the other tests would run beside it in the same process (it uses the same
+//! `support`, `tests/integration/support/`).
+//!
 //! Gated by `LLMREPLAY_REAL_ENGINE`:
 //! - unset (or `0`): every test prints a loud SKIP line and passes (also under CI: the switch
 //!   is set by `scripts/test` once `scripts/real-engine setup` succeeded, and a failed setup
@@ -24,6 +31,8 @@
 
 #![allow(clippy::await_holding_lock)] // SERIAL serialises whole tests on purpose
 
+#[allow(dead_code)] // the helpers of every test module; this binary uses a few
+#[path = "integration/support/mod.rs"]
 mod support;
 use support::env::{free_addr, serial, tmpdir};
 

@@ -500,7 +500,8 @@ mod tests {
 
     /// The figure, on the linker alone: 200 interleaved conversations of 2–10 turns,
     /// some sharing a system prompt, some with identical first turns (answered identically, as
-    /// a deterministic model would). `tests/sessions.rs` sends the same shape through capture.
+    /// a deterministic model would). `tests/integration/sessions.rs` sends the same shape
+    /// through capture.
     #[test]
     fn synthetic_multi_turn_workload_links_at_least_98_percent() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);

@@ -116,7 +116,7 @@ def free_port() -> int:
     Taken below the kernel's ephemeral range, never from it: a port `bind(0)` hands out and
     the test releases goes back to the pool outgoing connections draw their local ports
     from, so another client could hold it by the time the process binds (the Rust tests'
-    `free_addr` in tests/support/env.rs, for the same reason).
+    `free_addr` in tests/integration/support/env.rs, for the same reason).
     """
     first = 10_000
     try:

@@ -12,7 +12,7 @@
 //! background before their own work), so the whole binary takes about as long as the longest
 //! scenario.
 
-mod support;
+use crate::support;
 use support::env::{free_addr, tmpdir};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -69,7 +69,7 @@ fn write_trace(path: &Path) -> Vec<String> {
     trace_format::write_trace_file(
         path,
         &records,
-        &FileMeta::new(Producer::Import, "tests/keepalive.rs"),
+        &FileMeta::new(Producer::Import, "tests/integration/keepalive.rs"),
     )
     .expect("write the trace");
     records.into_iter().map(|r| r.request_id).collect()

@@ -1,7 +1,6 @@
 //! `llmreplay sim` as a child process on a free loopback port, and a client that cancels a
 //! stream part-way: what the end-to-end tests of capture, replay, verdicts and fidelity share.
 // Each test binary uses its own part of the support modules.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

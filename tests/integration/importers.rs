@@ -4,7 +4,7 @@
 //! exported to AIPerf's sessions and imported back (same sessions, parents, arrival offsets
 //! and token counts); and bad input gives an error naming the file and line, never a panic.
 
-mod support;
+use crate::support;
 use support::env::tmpdir;
 use support::sim::SimProc;
 

@@ -2,7 +2,7 @@
 //! an upstream that is down, and what a new user trips on (errors, help, README). Real
 //! processes, real sockets on loopback.
 
-mod support;
+use crate::support;
 use support::capture::CaptureProc;
 use support::env::{free_addr, serial, tmpdir};
 

@@ -3,7 +3,7 @@
 //! loopback that answers 401 and echoes the key it was sent (as some gateways do), with
 //! `--record-bodies full` and a request body carrying an `api_key` field.
 
-mod support;
+use crate::support;
 use support::env::{free_addr, tmpdir};
 
 use std::io::{BufRead, BufReader, Read, Write};

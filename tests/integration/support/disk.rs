@@ -1,7 +1,5 @@
 //! A small tmpfs to make a really full disk, and plain blocking HTTP for the disk tests.
 
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

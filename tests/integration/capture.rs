@@ -7,7 +7,7 @@
 
 #![allow(clippy::await_holding_lock)] // SERIAL serialises whole tests on purpose
 
-mod support;
+use crate::support;
 use support::env::{fresh_path, serial};
 
 use support::capture::CaptureProc;

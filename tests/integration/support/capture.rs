@@ -1,7 +1,5 @@
 //! `llmreplay capture` run as a child process, for the end-to-end tests.
 
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};

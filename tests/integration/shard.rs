@@ -3,7 +3,7 @@
 //! absolute start against one ground-truth server, which sees the arrival shape of a single
 //! process replaying the whole trace.
 
-mod support;
+use crate::support;
 use support::env::{serial, tmpdir};
 
 use std::path::{Path, PathBuf};

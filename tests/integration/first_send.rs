@@ -3,7 +3,7 @@
 //! rows, or read at the end when the run stopped early. The real binary against its
 //! in-process sim: the result names the whole trace, whatever part of it ran.
 
-mod support;
+use crate::support;
 use support::env::tmpdir;
 
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! End-to-end tests of the `llmreplay` binary: real processes, real sockets on loopback.
 
-mod support;
+use crate::support;
 use support::env::{free_addr, serial, tmpdir};
 
 use std::io::{Read, Write};

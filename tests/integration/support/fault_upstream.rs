@@ -1,4 +1,4 @@
-//! A loopback upstream for the fault and attack suite (`tests/capture_faults.rs`) that counts
+//! A loopback upstream for the fault and attack suite (`capture_faults.rs`) that counts
 //! every request it receives and misbehaves on demand.
 //!
 //! It reads raw TCP: one reader thread per connection parses every request out of the byte
@@ -14,7 +14,6 @@
 //! ~100 ms (a stall ends then too), and writes to a peer that does not read give up after 5 s.
 //!
 //! The raw client that drives it ([`super::http1::raw_exchange`]) is in `http1.rs`.
-#![allow(dead_code)]
 
 use std::io::{self, Read, Write};
 
@@ -62,14 +61,12 @@ pub struct Received {
     /// `<unparsable>` for bytes that are not a request.
     pub method: String,
     pub target: String,
-    pub version: String,
     /// Header fields in order: name lowercased, value as sent (lossy UTF-8, obs-fold lines
     /// kept with their CRLF).
     pub headers: Vec<(String, String)>,
     /// The raw head (or the unparsable bytes).
     pub head: Vec<u8>,
     pub body: Vec<u8>,
-    pub at: Instant,
 }
 
 impl Received {
@@ -318,11 +315,9 @@ fn parse_request(buf: &[u8], conn: usize, index: usize) -> Parsed {
             index,
             method,
             target,
-            version,
             headers,
             head: head.to_vec(),
             body,
-            at: Instant::now(),
         }),
         body_start + used,
     )
@@ -412,11 +407,9 @@ fn log_unparsable(log: &Log, conn: usize, index: usize, bytes: Vec<u8>) {
         index,
         method: "<unparsable>".into(),
         target: String::new(),
-        version: String::new(),
         headers: Vec::new(),
         head: bytes,
         body: Vec::new(),
-        at: Instant::now(),
     });
 }
 

@@ -5,7 +5,7 @@
 //! `LLMREPLAY_CAPTURE_BIN` runs these tests against another build (e.g. an older one, to
 //! see them fail).
 
-mod support;
+use crate::support;
 use support::env::free_addr;
 
 use std::net::SocketAddr;

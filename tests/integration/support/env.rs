@@ -1,18 +1,19 @@
 //! What every end-to-end test needs around the binary: a fresh directory, a free loopback
-//! port, and a lock that runs the timing-sensitive tests of one file one at a time.
-#![allow(dead_code)]
+//! port, and [`serial`], which runs a timing-sensitive test alone although every module's
+//! tests run in one process.
 
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 static DIRS: AtomicUsize = AtomicUsize::new(0);
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// A path under the temp dir, unique to this process and call, with nothing at it (removed if
 /// a previous run left it): for a directory the tool itself must create.
 pub fn fresh_path(name: &str) -> PathBuf {
+    share();
     let d = std::env::temp_dir().join(format!(
         "llmreplay-test-{}-{}-{name}",
         std::process::id(),
@@ -41,6 +42,7 @@ static PORTS: AtomicUsize = AtomicUsize::new(0);
 /// handed out by the kernel; each call tries the next one (from an offset by process id, so
 /// two test processes rarely meet) until one binds.
 pub fn free_addr() -> SocketAddr {
+    share();
     const FIRST: usize = 10_000;
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -59,8 +61,53 @@ pub fn free_addr() -> SocketAddr {
     panic!("no free loopback port in {FIRST}..{low}");
 }
 
-/// Tests that start processes which measure time hold this: one test's CPU burst stays out of
-/// another's timing on a 2-core machine (a poisoned lock is still a lock).
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// Held exclusively by a test in [`serial`], shared by every other test from its first
+/// [`fresh_path`], [`tmpdir`] or [`free_addr`] (that is, before it starts anything) to its end.
+static ALONE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// This test thread's shared hold of [`ALONE`], dropped when the thread ends: libtest runs
+    /// each test on a thread of its own, named after the test (`module::name`).
+    static SHARED: RefCell<Option<RwLockReadGuard<'static, ()>>> = const { RefCell::new(None) };
+    /// This thread holds [`ALONE`] exclusively.
+    static EXCLUSIVE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Takes this test's shared hold of [`ALONE`] unless it has one (or the exclusive one): it waits
+/// while a [`serial`] test runs. Only on a test's own thread (named `module::name`): a thread the
+/// test started (a server, a tokio worker) holds nothing, so it never waits for a serial test
+/// that is waiting for it.
+fn share() {
+    let test_thread = std::thread::current()
+        .name()
+        .is_some_and(|n| n.contains("::"));
+    if !test_thread || EXCLUSIVE.get() {
+        return;
+    }
+    SHARED.with(|h| {
+        h.borrow_mut()
+            .get_or_insert_with(|| ALONE.read().unwrap_or_else(|e| e.into_inner()));
+    });
+}
+
+/// A test that measures time (or starts processes that do) holds this from its first line: it
+/// runs alone, on a 2-core machine, as when each file was a test binary of its own. It waits
+/// for the tests running to end, and the others wait for it before they start anything (see
+/// [`share`]; a test that uses none of this module's helpers may still run beside it).
+pub fn serial() -> Serial {
+    SHARED.with(|h| h.borrow_mut().take());
+    let guard = ALONE.write().unwrap_or_else(|e| e.into_inner());
+    EXCLUSIVE.set(true);
+    Serial { _alone: guard }
+}
+
+/// The exclusive hold of [`serial`].
+pub struct Serial {
+    _alone: RwLockWriteGuard<'static, ()>,
+}
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        EXCLUSIVE.set(false);
+    }
 }

@@ -3,7 +3,6 @@
 //! proxy — [`raw_exchange`] (one request on a fresh connection, the reply read to EOF and
 //! parsed leniently, so a test sees exactly what a client got, including a 200 whose body
 //! was cut) and [`Http1Client`] (a blocking keep-alive client that never resends).
-#![allow(dead_code)]
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

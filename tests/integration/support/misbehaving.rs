@@ -7,15 +7,14 @@
 //! after every streamed response while advertising keep-alive (llama.cpp's server).
 //!
 //! Blocking std I/O, one thread per connection. Every request it has read completely is
-//! logged (path, `x-request-id`, connection number, index on the connection, time, and what
-//! the server did with it), and so are the connection's ends, so a test can tell a request
+//! logged (method, `x-request-id`, connection number, index on the connection, body, and
+//! what the server did with it), and so are the connection's ends, so a test can tell a request
 //! the server never saw from one it saw twice. Dropping the server stops it: the acceptor and
 //! every connection thread notice within 100 ms (a thread blocked writing to a peer that does
 //! not read gives up after 5 s).
 //!
 //! The keep-alive client that drives a proxy in front of it ([`super::http1::Http1Client`])
 //! is in `http1.rs`.
-#![allow(dead_code)]
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -152,15 +151,12 @@ pub struct Served {
     /// Index of the request on its connection, 0-based.
     pub index: usize,
     pub method: String,
-    pub path: String,
     /// The `x-request-id` header, if any.
     pub request_id: Option<String>,
     /// The `x-forwarded-for` and `x-forwarded-proto` headers, if any.
     pub forwarded_for: Option<String>,
     pub forwarded_proto: Option<String>,
     pub body: String,
-    /// When the request had been read completely.
-    pub at: Instant,
     /// Read and then dropped: the connection was closed without a byte of response.
     pub dropped: bool,
     /// The whole response was written.
@@ -193,8 +189,6 @@ pub enum ConnEnd {
 
 #[derive(Debug, Clone)]
 pub struct ConnEvent {
-    pub conn: usize,
-    pub at: Instant,
     pub what: ConnEnd,
 }
 
@@ -205,18 +199,13 @@ struct Logs {
 }
 
 impl Logs {
-    fn event(&self, conn: usize, what: ConnEnd) {
-        self.events.lock().unwrap().push(ConnEvent {
-            conn,
-            at: Instant::now(),
-            what,
-        });
+    fn event(&self, what: ConnEnd) {
+        self.events.lock().unwrap().push(ConnEvent { what });
     }
 }
 
 pub struct MisbehavingServer {
     pub addr: SocketAddr,
-    pub behaviour: Behaviour,
     logs: Arc<Logs>,
     stop: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
@@ -231,18 +220,18 @@ impl MisbehavingServer {
         let logs = Arc::new(Logs::default());
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (l2, s2, c2, b2) = (logs.clone(), stop.clone(), conns.clone(), behaviour.clone());
+        let (l2, s2, c2, b2) = (logs.clone(), stop.clone(), conns.clone(), behaviour);
         let acceptor = std::thread::spawn(move || {
             let next = AtomicUsize::new(0);
             while !s2.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((sock, _)) => {
                         let n = next.fetch_add(1, Ordering::Relaxed);
-                        l2.event(n, ConnEnd::Accepted);
+                        l2.event(ConnEnd::Accepted);
                         let (l3, s3, b3) = (l2.clone(), s2.clone(), b2.clone());
                         let h = std::thread::spawn(move || {
                             let what = serve_conn(sock, n, &b3, &l3, &s3);
-                            l3.event(n, what);
+                            l3.event(what);
                         });
                         c2.lock().unwrap().push(h);
                     }
@@ -252,7 +241,6 @@ impl MisbehavingServer {
         });
         MisbehavingServer {
             addr,
-            behaviour,
             logs,
             stop,
             acceptor: Some(acceptor),
@@ -457,7 +445,7 @@ fn serve_conn(
     loop {
         match wait_for_request(&mut r, b.idle_timeout, since, stop) {
             Wait::Data => {}
-            Wait::Late => logs.event(conn, ConnEnd::LateRequestServed),
+            Wait::Late => logs.event(ConnEnd::LateRequestServed),
             Wait::Eof => return ConnEnd::PeerClosed,
             Wait::Idle => return ConnEnd::IdleClosed,
             Wait::Stop => return ConnEnd::Stopped,
@@ -473,12 +461,10 @@ fn serve_conn(
                 conn,
                 index,
                 method: req.method.clone(),
-                path: req.path.clone(),
                 request_id: req.request_id.clone(),
                 forwarded_for: req.forwarded_for.clone(),
                 forwarded_proto: req.forwarded_proto.clone(),
                 body: String::from_utf8_lossy(&req.body).into_owned(),
-                at: Instant::now(),
                 dropped,
                 answered: false,
             });

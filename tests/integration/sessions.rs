@@ -17,7 +17,7 @@
 //!
 //! Loopback only. The figure is printed (`session linking through capture: …`).
 
-mod support;
+use crate::support;
 use support::env::{free_addr, tmpdir};
 
 use std::collections::HashMap;

@@ -20,7 +20,7 @@
 //! Each test runs its own capture and upstream, so they run in parallel; the whole file takes
 //! a few seconds.
 
-mod support;
+use crate::support;
 use support::env::{free_addr, tmpdir};
 
 use std::net::SocketAddr;

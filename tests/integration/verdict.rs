@@ -17,7 +17,7 @@
 //! TTFT is 100 ms (PASS: 150 ms of room for a loaded machine's scheduling noise) or 300 ms
 //! (FAIL: the sim never answers sooner than its timing).
 
-mod support;
+use crate::support;
 use support::env::{free_addr, tmpdir};
 use support::sim::{cancel_after_chunks, SimProc};
 

@@ -36,7 +36,7 @@ pub use post::Endpoint;
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// The endpoint or a header is not usable.
-    #[error("--otlp-endpoint: {0}")]
+    #[error("{0}")]
     Config(String),
     /// The exporter's thread could not be started.
     #[error("starting the OTLP exporter: {0}")]

@@ -24,7 +24,7 @@ pub struct Endpoint {
 impl Endpoint {
     /// Parses `url`. Only `http://` is supported (send to a local collector for TLS).
     pub fn parse(url: &str) -> Result<Endpoint, TelemetryError> {
-        let bad = |why: &str| TelemetryError::Config(format!("{url:?}: {why}"));
+        let bad = |why: &str| TelemetryError::Config(format!("--otlp-endpoint {url:?}: {why}"));
         let rest = match url.split_once("://") {
             Some(("http", r)) => r,
             Some(("https", _)) => {

@@ -184,15 +184,21 @@ fn no_traceparent_sends_none_and_records_none() {
     });
     let results = dir.join("results.parquet");
     replay(&trace, &up.url(), &results, &["--no-traceparent"]);
-    let got = up.received();
+    // Generation requests (replay also GETs /v1/models and the like, without one).
+    let posts = || -> Vec<_> {
+        up.received()
+            .into_iter()
+            .filter(|r| r.method == "POST")
+            .collect()
+    };
+    let got = posts();
     assert_eq!(got.len(), 3);
     assert!(got.iter().all(|r| r.header("traceparent").is_none()));
     assert!(rows(&results).iter().all(|r| r.trace_id.is_none()));
     // By default every request carries the row's context.
     let results = dir.join("results2.parquet");
     replay(&trace, &up.url(), &results, &[]);
-    let sent: Vec<String> = up
-        .received()
+    let sent: Vec<String> = posts()
         .iter()
         .skip(3)
         .map(|r| r.header("traceparent").unwrap().to_string())

@@ -167,7 +167,11 @@ impl Exporter {
     /// Queues a finished row for export, never waiting: when the queue is full the row is
     /// dropped and counted. `whose`: whether its span id is ours; `server`: where it went.
     pub fn send(&self, rec: &TraceRecord, whose: SpanId, server: Option<&Arc<Server>>) {
-        let msg = Msg::Row(Box::new(rec.clone()), whose, server.cloned());
+        // The queue holds rows without their body and prefix hashes (no span carries them):
+        // its memory stays bounded by the row count, whatever the prompts' size.
+        let mut row = rec.clone();
+        (row.body, row.prefix_hashes) = (None, None);
+        let msg = Msg::Row(Box::new(row), whose, server.cloned());
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(msg) {
             self.stats.spans_dropped.fetch_add(1, Relaxed);
         }

@@ -184,6 +184,9 @@ pub struct CaptureArgs {
     /// shutdown; `bench/phases.py FILE` summarises them.
     #[arg(long, hide = true, value_name = "FILE")]
     phase_log: Option<PathBuf>,
+    /// Trace context and OTLP export.
+    #[command(flatten)]
+    otel: crate::otel::OtelArgs,
 }
 
 impl CaptureArgs {
@@ -307,6 +310,8 @@ impl CaptureArgs {
         c.file_prefix = self.file_prefix;
         c.session_header = self.session_header;
         c.phase_log = self.phase_log;
+        c.traceparent = !self.otel.no_traceparent;
+        c.otlp = self.otel.config(telemetry::Role::Capture)?;
         c.threads = self
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -8,6 +8,7 @@ mod fidelity_cmd;
 mod flags;
 mod import_cmd;
 mod merge_cmd;
+mod otel;
 mod replay_cmd;
 mod report_cmd;
 mod sim_cmd;

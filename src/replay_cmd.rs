@@ -215,6 +215,9 @@ pub(crate) struct ReplayArgs {
     /// heading, as they do nothing with a --target (given with one, they are refused).
     #[command(flatten, next_help_heading = "In-process sim (only without --target)")]
     pub(crate) sim: SimOpts,
+    /// Trace context and OTLP export.
+    #[command(flatten)]
+    otel: crate::otel::OtelArgs,
 }
 
 fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
@@ -251,6 +254,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
             connect_timeout: a.connect_timeout,
             pool_idle_timeout: a.pool_idle_timeout,
             tokenizer: None,
+            traceparent: !a.otel.no_traceparent,
         },
         preconnect: !a.no_preconnect,
         num_warmups: a.num_warmups,
@@ -386,6 +390,9 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         if a.fail_on_slo {
             bail!("--fail-on-slo judges one run per target; a sweep's answer is its capacity (use llmreplay compare --fail-on-regression, or one replay per level)");
         }
+        if a.otel.otlp_endpoint.is_some() {
+            bail!("--otlp-endpoint exports one run's requests; it cannot be combined with a sweep or repeats (export one replay per level)");
+        }
         // Every level replays the same rows: they are read once, into memory.
         let trace = store::read_traces(&a.traces).context("reading the trace")?;
         let r = crate::report_cmd::run_sweep(
@@ -427,24 +434,35 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
             results::sink::ResultsSink::create(p, meta)
         })
         .transpose()?;
+    let mut otlp = a
+        .otel
+        .config(telemetry::Role::Replay)?
+        .map(crate::otel::OtlpRows::start)
+        .transpose()?;
     let stop = replay::Stop::new();
     stop_on_signals(&stop, a.drain_timeout)?;
     let ran = {
-        let mut no_rows = replay::sink::NoSink;
-        let sink: &mut dyn replay::RowSink = match results.as_mut() {
-            Some(s) => s,
-            None => &mut no_rows,
-        };
+        // Rows go to every output: --results, the OTLP exporter.
+        let mut sinks = replay::sink::Fanout::new();
+        if let Some(s) = results.as_mut() {
+            sinks.push(s);
+        }
+        if let Some(o) = otlp.as_mut() {
+            sinks.push(o);
+        }
         replay::replay(
             &cfg,
             &stream,
             block_size,
             &progress_bar(cfg.progress),
-            sink,
+            &mut sinks,
             &stop,
         )
     };
     drop(sim_guard);
+    if let Some(o) = otlp {
+        eprintln!("{}", o.close());
+    }
     let ran = ran.map_err(anyhow::Error::from).and_then(|runs| {
         identity.content_hash = stream.content_hash().context("reading the trace")?;
         if let Some(s) = results.as_mut() {

@@ -180,6 +180,13 @@ pub struct ProxyConfig {
     /// Heap each serving thread faults in when it starts, for the next connection burst
     /// (see `proxy/src/heap.rs`); 0: none.
     pub warm_heap: usize,
+    /// Start a W3C trace for a generation request whose client sent no valid `traceparent`
+    /// (one is added upstream, its ids recorded); false with `--no-traceparent`. A client's
+    /// valid `traceparent` is always forwarded unchanged and its ids recorded.
+    pub traceparent: bool,
+    /// Export each recorded row as an OTLP span, and the capture's metrics
+    /// (`--otlp-endpoint`); `None`: nothing is exported.
+    pub otlp: Option<telemetry::OtlpConfig>,
 }
 
 impl ProxyConfig {
@@ -221,6 +228,8 @@ impl ProxyConfig {
             phase_log: None,
             threads: 1,
             warm_heap: crate::heap::WARM_BYTES,
+            traceparent: true,
+            otlp: None,
         }
     }
 }

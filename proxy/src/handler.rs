@@ -129,6 +129,36 @@ fn sampled(n: u64, rate: f64) -> bool {
     (z as f64 / u64::MAX as f64) < rate
 }
 
+/// The request's W3C trace context, recorded in `rec` (`trace_id`, `span_id`): the client's
+/// valid `traceparent`, left unchanged; else, when `start` (capture's id prefix) is given, a
+/// new one derived from it and the request id, put in `headers` in place of an invalid one
+/// (so the upstream's spans join the row). Returns whether capture started the trace.
+fn trace_context(
+    headers: &mut http::HeaderMap,
+    start: Option<&str>,
+    rec: &mut TraceRecord,
+) -> bool {
+    use trace_format::tracectx::{TraceContext, TRACEPARENT};
+    let mut sent = headers.get_all(TRACEPARENT).iter();
+    // Two traceparent headers are as invalid as a malformed one.
+    let client = match (sent.next(), sent.next()) {
+        (Some(v), None) => v.to_str().ok().and_then(TraceContext::parse),
+        _ => None,
+    };
+    if let Some(c) = client {
+        c.fill(rec);
+        return false;
+    }
+    let Some(scope) = start else { return false };
+    let ctx = TraceContext::derive(scope, &rec.request_id);
+    if let Ok(v) = HeaderValue::from_str(&ctx.to_string()) {
+        headers.insert(TRACEPARENT, v);
+        ctx.fill(rec);
+        return true;
+    }
+    false
+}
+
 /// Answers `req`, whose head was read at `t0` (`arrival`: the same instant in µs since the
 /// epoch) on a connection accepted at `accepted` when it is the connection's first request.
 pub(crate) async fn handle(
@@ -223,7 +253,7 @@ pub(crate) struct ReadGeneration {
 /// to a body that was too slow, too large, cut short or malformed, its row finished).
 pub(crate) async fn read_generation<B>(
     shared: &Arc<Shared>,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: B,
     (t0, accepted): (Instant, Option<Instant>),
     arrival: i64,
@@ -249,6 +279,11 @@ where
         sampled(n, shared.cfg.sample_rate),
     );
     recording.phases.accepted = accepted;
+    recording.trace_started = trace_context(
+        &mut parts.headers,
+        shared.cfg.traceparent.then_some(shared.id_prefix.as_str()),
+        &mut recording.rec,
+    );
     let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
     let body = match Limited::new(body, shared.cfg.max_request_body)
         .collect()
@@ -395,5 +430,57 @@ pub(crate) async fn forward_generation(
             recording.finish(outcome, Some(msg.clone()), Instant::now());
             error_response(status, "upstream_error", &msg)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLIENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn headers(tp: &[&str]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for v in tp {
+            h.append("traceparent", HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    /// A client's valid context is left as it is and recorded; none, an invalid one or two
+    /// are replaced by one capture starts (recorded); with no start (`--no-traceparent`)
+    /// nothing is added or changed.
+    #[test]
+    fn a_clients_context_is_kept_else_capture_starts_one() {
+        let mut h = headers(&[CLIENT]);
+        let mut rec = TraceRecord::new("p-1", 0, "/v1/completions");
+        assert!(!trace_context(&mut h, Some("p"), &mut rec));
+        assert_eq!(h.get("traceparent").unwrap(), CLIENT);
+        assert_eq!(
+            (rec.trace_id.as_deref(), rec.span_id.as_deref()),
+            (
+                Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+                Some("00f067aa0ba902b7")
+            )
+        );
+        for sent in [&[][..], &["00-bad-01"], &[CLIENT, CLIENT]] {
+            let mut h = headers(sent);
+            let mut rec = TraceRecord::new("p-2", 0, "/v1/completions");
+            assert!(trace_context(&mut h, Some("p"), &mut rec), "{sent:?}");
+            let all: Vec<_> = h.get_all("traceparent").iter().collect();
+            assert_eq!(all.len(), 1, "{sent:?}");
+            let c = trace_format::tracectx::TraceContext::parse(all[0].to_str().unwrap()).unwrap();
+            assert_eq!(c, trace_format::tracectx::TraceContext::derive("p", "p-2"));
+            assert_eq!(rec.trace_id, Some(c.trace_hex()));
+            assert_eq!(rec.span_id, Some(c.span_hex()));
+        }
+        let mut h = headers(&["00-bad-01"]);
+        let mut rec = TraceRecord::new("p-3", 0, "/v1/completions");
+        assert!(!trace_context(&mut h, None, &mut rec));
+        assert_eq!(h.get("traceparent").unwrap(), "00-bad-01");
+        assert_eq!(rec.trace_id, None);
+        let mut h = headers(&[CLIENT]);
+        assert!(!trace_context(&mut h, None, &mut rec));
+        assert_eq!(rec.span_id.as_deref(), Some("00f067aa0ba902b7"));
     }
 }

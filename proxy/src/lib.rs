@@ -30,6 +30,7 @@ pub mod jsonscan;
 mod limits;
 pub mod metrics;
 pub mod observe;
+mod otlp;
 mod phases;
 pub mod prefix;
 mod prompts;

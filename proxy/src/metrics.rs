@@ -210,6 +210,8 @@ pub struct Metrics {
     pub otel_input_tokens: Histogram,
     /// OTel `gen_ai.client.token.usage`, output.
     pub otel_output_tokens: Histogram,
+    /// The OTLP exporter's counters, when `--otlp-endpoint` is given (shown then only).
+    pub otlp: std::sync::OnceLock<std::sync::Arc<telemetry::ExportStats>>,
 }
 
 impl Default for Metrics {
@@ -245,6 +247,7 @@ impl Default for Metrics {
             otel_duration: Histogram::new(OTEL_DURATION_BUCKETS),
             otel_input_tokens: Histogram::new(OTEL_TOKEN_BUCKETS),
             otel_output_tokens: Histogram::new(OTEL_TOKEN_BUCKETS),
+            otlp: std::sync::OnceLock::new(),
         }
     }
 }
@@ -371,6 +374,23 @@ impl Metrics {
                 "# HELP {p}_{name} {help}\n# TYPE {p}_{name} gauge\n{p}_{name} {}",
                 v.load(Relaxed)
             );
+        }
+        if let Some(o) = self.otlp.get() {
+            let _ = writeln!(
+                s,
+                "# HELP {p}_otlp_spans_total Recorded rows sent to --otlp-endpoint as spans, by result (dropped: the exporter's queue was full; failed: lost in a failed export).\n# TYPE {p}_otlp_spans_total counter"
+            );
+            for (result, v) in [
+                ("exported", &o.spans_exported),
+                ("dropped", &o.spans_dropped),
+                ("failed", &o.spans_failed),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "{p}_otlp_spans_total{{result=\"{result}\"}} {}",
+                    v.load(Relaxed)
+                );
+            }
         }
         let up = self.upstream_up.load(Relaxed);
         if up >= 0 {

@@ -70,6 +70,9 @@ pub(crate) struct Recording {
     output: Option<OutputText>,
     /// The answer's [`TextHash`], for session linking.
     answer: Option<u64>,
+    /// Capture started the request's trace (the client sent no valid `traceparent`): the
+    /// row's `span_id` is capture's own span, not the client's.
+    pub(crate) trace_started: bool,
     sampled: bool,
     done: bool,
 }
@@ -91,6 +94,7 @@ impl Recording {
             prompt: None,
             output: None,
             answer: None,
+            trace_started: false,
             sampled,
             done: false,
         }
@@ -156,9 +160,13 @@ impl Recording {
         }
         if self.sampled {
             let rec = std::mem::replace(r, TraceRecord::new(String::new(), 0, String::new()));
-            self.recorder
-                .sink
-                .send(rec, self.prompt.take(), self.output.take(), self.answer);
+            self.recorder.sink.send(
+                rec,
+                self.prompt.take(),
+                self.output.take(),
+                self.answer,
+                self.trace_started,
+            );
         }
         if m.in_flight.fetch_sub(1, Relaxed) == 1 {
             self.recorder.idle.notify_waiters();

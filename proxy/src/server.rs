@@ -207,8 +207,17 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let keep_hashes = cfg.record_bodies != RecordBodies::None;
     let shed_after = cfg.recorder_shed_after;
     let tok = cfg.tokenizer.clone();
+    // Further outputs of the recorder, beside the trace files.
+    let mut taps: Vec<Box<dyn sink::Tap>> = Vec::new();
+    if let Some(o) = &cfg.otlp {
+        taps.push(Box::new(crate::otlp::OtlpTap::start(
+            o.clone(),
+            &cfg.upstream,
+            &metrics,
+        )?));
+    }
     let (sink, writer, recovered) = tokio::task::spawn_blocking(move || {
-        sink::start(wcfg, capacity, keep_hashes, shed_after, tok, m2)
+        sink::start(wcfg, capacity, keep_hashes, shed_after, tok, m2, taps)
     })
     .await
     .map_err(|e| ProxyError::WriterThread(e.to_string()))??;

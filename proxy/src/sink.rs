@@ -25,6 +25,11 @@
 //! queueing time is kept in [`crate::metrics::RecorderQueue`], whose oldest is the lag on
 //! /metrics (`recorder_lag_seconds`).
 //!
+//! Every finished row also goes to the recorder's taps ([`Tap`]: any number of further
+//! outputs, e.g. the OTLP exporter), as the trace writer gets it. A tap must not wait: it
+//! takes rows through its own bounded queue, so a slow exporter never slows this thread
+//! (which would fill the queue above and cost rows in the trace).
+//!
 //! Rows reach this thread in the order their requests finished, so it also links chat turns
 //! into sessions ([`crate::sessions::Linker`]): a turn's parent finished before the turn was
 //! sent, and is always linked first. The row gets `session_id` (the header's, else the
@@ -75,8 +80,23 @@ impl OutputText {
     }
 }
 
+/// A further output of the recorder: every row written (or dropped by the writer), in the
+/// order written, on the writer thread. It must return at once (queue the row, or drop it
+/// and count); it is closed after the trace files.
+pub(crate) trait Tap: Send {
+    /// One finished row; `trace_started`: capture started its trace (its `span_id` is
+    /// capture's own), else any ids are the client's.
+    fn row(&mut self, rec: &TraceRecord, trace_started: bool);
+    /// The recorder is closing: no row follows. Returns a line for the log, if any.
+    fn close(self: Box<Self>) -> Option<String> {
+        None
+    }
+}
+
 struct Queued {
     rec: TraceRecord,
+    /// Capture started the request's trace.
+    trace_started: bool,
     prompt: Option<PendingPrompt>,
     output: Option<OutputText>,
     /// The hash of the answer's text, for session linking.
@@ -110,6 +130,7 @@ impl Resolver<'_> {
             output,
             answer,
             queued_at,
+            trace_started: _,
         } = q;
         let behind = queued_at.elapsed() > self.shed_after;
         let shed = &self.metrics.shed;
@@ -232,6 +253,7 @@ pub(crate) fn start(
     shed_after: Duration,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
+    taps: Vec<Box<dyn Tap>>,
 ) -> Result<(Sink, WriterThread, RecoveryReport)> {
     let tick = cfg.flush_interval / 2;
     let (writer, report) = TraceWriter::open(cfg)?;
@@ -248,7 +270,7 @@ pub(crate) fn start(
                 metrics: &m,
                 linker: Linker::new(DEFAULT_MAX_KEYS),
             };
-            run(writer, rx, tick, resolver, &m)
+            run(writer, rx, tick, resolver, &m, taps)
         })?;
     Ok((
         Sink {
@@ -266,6 +288,7 @@ fn run(
     tick: Duration,
     mut resolver: Resolver<'_>,
     metrics: &Metrics,
+    mut taps: Vec<Box<dyn Tap>>,
 ) -> CloseReport {
     let tick = tick.max(Duration::from_millis(1));
     let mut last_tick = Instant::now();
@@ -273,8 +296,13 @@ fn run(
     let mut log = ErrorLog::default();
     // A record is either written or counted by the writer (`stats`), so the result of an
     // append needs no handling here.
-    let mut append = |writer: &mut TraceWriter, q: Box<Queued>| {
-        let _ = writer.append(resolver.resolve(*q));
+    let mut append = |writer: &mut TraceWriter, taps: &mut Vec<Box<dyn Tap>>, q: Box<Queued>| {
+        let started = q.trace_started;
+        let rec = resolver.resolve(*q);
+        for t in taps.iter_mut() {
+            t.row(&rec, started);
+        }
+        let _ = writer.append(rec);
         metrics.recorder_queue.pop();
     };
     loop {
@@ -292,17 +320,18 @@ fn run(
         std::thread::park_timeout(until_tick.min(DRAIN_EVERY));
         loop {
             match rx.try_recv() {
-                Ok(Msg::Record(q)) => append(&mut writer, q),
+                Ok(Msg::Record(q)) => append(&mut writer, &mut taps, q),
                 Ok(Msg::Close) | Err(TryRecvError::Disconnected) => {
                     // Anything still queued was sent before Close: keep it.
                     while let Ok(Msg::Record(q)) = rx.try_recv() {
-                        append(&mut writer, q);
+                        append(&mut writer, &mut taps, q);
                     }
                     let mut notices = writer.take_notices();
                     let report = writer.finish();
                     mirror.sync(&report.stats, metrics);
                     notices.extend(report.notices.iter().cloned());
                     notices.extend(report_notices(&report));
+                    notices.extend(taps.drain(..).filter_map(|t| t.close()));
                     for n in notices {
                         eprintln!("llmreplay capture: {n}");
                     }
@@ -426,10 +455,12 @@ impl Sink {
         prompt: Option<PendingPrompt>,
         output: Option<OutputText>,
         answer: Option<u64>,
+        trace_started: bool,
     ) {
         let queued_at = Instant::now();
         let msg = Msg::Record(Box::new(Queued {
             rec,
+            trace_started,
             prompt,
             output,
             answer,
@@ -550,10 +581,18 @@ mod tests {
         cfg.flush_interval = Duration::from_millis(20);
         let m = Arc::new(Metrics::default());
         let tok = Arc::new(Tokenizer::words());
-        let (sink, writer, _) =
-            start(cfg, 16, true, Duration::from_secs(3600), tok, m.clone()).unwrap();
+        let (sink, writer, _) = start(
+            cfg,
+            16,
+            true,
+            Duration::from_secs(3600),
+            tok,
+            m.clone(),
+            Vec::new(),
+        )
+        .unwrap();
         let (tx, rx) = mpsc::sync_channel(1);
-        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None);
+        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None, false);
         assert_eq!(m.recorder_queue.len(), 1);
         let later = Instant::now() + Duration::from_secs(5);
         assert!(m.recorder_queue.lag(later) >= Duration::from_secs(5));
@@ -593,9 +632,9 @@ mod tests {
         let m = Arc::new(Metrics::default());
         let tok = Arc::new(Tokenizer::words());
         let budget = Duration::from_millis(20);
-        let (sink, writer, _) = start(cfg, 16, true, budget, tok, m.clone()).unwrap();
+        let (sink, writer, _) = start(cfg, 16, true, budget, tok, m.clone(), Vec::new()).unwrap();
         let (tx, rx) = mpsc::sync_channel::<crate::prompts::PromptInfo>(1);
-        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None);
+        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None, false);
         let deadline = Instant::now() + Duration::from_secs(60);
         while m.shed.prefix_hashes.load(Relaxed) == 0 {
             assert!(Instant::now() < deadline, "the writer is still waiting");

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use trace_format::tracectx::{self, TraceContext};
 use trace_format::Outcome;
 use wire::sse::{response_usage, SseParser, StreamEvent};
 use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
@@ -119,6 +120,9 @@ pub struct Client {
     timeout: Duration,
     /// Keep the generated text of responses without usage (a tokenizer will count it).
     want_text: bool,
+    /// Requests carry a `traceparent` ([`RequestOptions::traceparent`], and no `--header`
+    /// of that name).
+    traceparent: bool,
 }
 
 impl Client {
@@ -149,6 +153,8 @@ impl Client {
             lines.retain(|(n, _)| n != name.as_str());
             lines.push((name.as_str().to_string(), v.clone()));
         }
+        let traceparent =
+            opts.traceparent && !lines.iter().any(|(n, _)| n == tracectx::TRACEPARENT);
         let mut map = Vec::new();
         for (k, v) in &lines {
             map.extend_from_slice(k.as_bytes());
@@ -182,6 +188,7 @@ impl Client {
             headers: map,
             timeout,
             want_text: opts.tokenizer.is_some(),
+            traceparent,
         }))
     }
 
@@ -197,9 +204,21 @@ impl Client {
         self.pool.stats()
     }
 
-    /// The request bytes: request line, the shared header lines, `x-request-id`, the
-    /// length and the body, in one buffer (one write).
-    fn request(&self, method: &str, path: &str, body: &[u8], request_id: Option<&str>) -> Vec<u8> {
+    /// Whether requests carry a `traceparent` (the context [`Client::execute`] is given).
+    pub fn sends_traceparent(&self) -> bool {
+        self.traceparent
+    }
+
+    /// The request bytes: request line, the shared header lines, `x-request-id`,
+    /// `traceparent`, the length and the body, in one buffer (one write).
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        request_id: Option<&str>,
+        trace: Option<&TraceContext>,
+    ) -> Vec<u8> {
         let mut r = Vec::with_capacity(256 + self.headers.len() + body.len());
         r.extend_from_slice(method.as_bytes());
         r.push(b' ');
@@ -215,6 +234,9 @@ impl Client {
             r.extend_from_slice(id.as_bytes());
             r.extend_from_slice(b"\r\n");
         }
+        if let Some(t) = trace.filter(|_| self.traceparent) {
+            r.extend_from_slice(format!("{}: {t}\r\n", tracectx::TRACEPARENT).as_bytes());
+        }
         if method != "GET" || !body.is_empty() {
             r.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
         }
@@ -227,7 +249,7 @@ impl Client {
     /// `/metrics`).
     pub async fn get(&self, path: &str) -> Result<(u16, Bytes), String> {
         let fut = async {
-            let req = self.request("GET", path, &[], None);
+            let req = self.request("GET", path, &[], None, None);
             let Sent { mut conn, .. } = self
                 .pool
                 .send(&req, Duration::from_secs(10))
@@ -256,8 +278,13 @@ impl Client {
     /// Sends one request and reads its response to the end, recording every chunk's time.
     /// `request_id` goes out as `x-request-id` (vLLM takes it as its own request id), so
     /// server-side logs join the results.
-    pub async fn execute(&self, req: &BuiltRequest, request_id: Option<&str>) -> Exchange {
-        let bytes = self.request("POST", &req.endpoint, &req.body, request_id);
+    pub async fn execute(
+        &self,
+        req: &BuiltRequest,
+        request_id: Option<&str>,
+        trace: Option<&TraceContext>,
+    ) -> Exchange {
+        let bytes = self.request("POST", &req.endpoint, &req.body, request_id, trace);
         // t0 is taken in the task that writes the request, right before the write, after
         // any connecting; the request timeout runs from it.
         let Sent {
@@ -660,5 +687,31 @@ mod tests {
         let e = parse_url("http://[::1]:9").unwrap();
         assert_eq!(e.host, "::1");
         assert!(parse_url("ftp://x").is_err());
+    }
+
+    /// Requests carry the context they are given as a `traceparent`, unless traceparents are
+    /// off (`--no-traceparent`) or a `--header traceparent` is sent instead.
+    #[tokio::test]
+    async fn requests_carry_their_traceparent_unless_told_not_to() {
+        let ctx = TraceContext::derive("run", "r1");
+        let want = format!("traceparent: {ctx}\r\n");
+        let head = |opts: &RequestOptions| {
+            let c = Client::new("http://127.0.0.1:9", opts, Duration::from_secs(1)).unwrap();
+            let r = c.request("POST", "/v1/completions", b"{}", Some("r1"), Some(&ctx));
+            (c.sends_traceparent(), String::from_utf8(r).unwrap())
+        };
+        let mut opts = crate::config::ReplayConfig::new(vec![]).request;
+        let (on, text) = head(&opts);
+        assert!(on && text.contains(&want), "{text}");
+        assert_eq!(text.matches("traceparent").count(), 1);
+        opts.traceparent = false;
+        let (on, text) = head(&opts);
+        assert!(!on && !text.contains("traceparent"), "{text}");
+        opts.traceparent = true;
+        opts.headers = vec![("traceparent".into(), "00-mine".into())];
+        let (on, text) = head(&opts);
+        assert!(!on, "a --header traceparent is sent instead");
+        assert_eq!(text.matches("traceparent").count(), 1, "{text}");
+        assert!(text.contains("traceparent: 00-mine\r\n"));
     }
 }

@@ -461,6 +461,9 @@ pub struct RequestOptions {
     /// the target's own keep-alive timeout (uvicorn's is 5 s), so the pool never writes to a
     /// connection in the instant the server closes it.
     pub pool_idle_timeout: Duration,
+    /// Send a W3C `traceparent` with every request (its ids go to the row's `trace_id` and
+    /// `span_id`); false with `--no-traceparent`, or when a `--header traceparent` is given.
+    pub traceparent: bool,
 }
 
 /// Everything a replay run needs, as given; [`ReplayConfig::validate`] checks it and gives
@@ -574,6 +577,7 @@ impl ReplayConfig {
                 ca_cert: None,
                 connect_timeout: Duration::from_secs(10),
                 pool_idle_timeout: Duration::from_secs(4),
+                traceparent: true,
             },
             preconnect: true,
             num_warmups: 0,

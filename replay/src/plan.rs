@@ -400,6 +400,7 @@ mod tests {
             ca_cert: None,
             connect_timeout: Duration::from_secs(10),
             pool_idle_timeout: Duration::from_secs(4),
+            traceparent: true,
         }
     }
 

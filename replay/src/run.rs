@@ -302,7 +302,7 @@ fn run_fed(
             .map_err(ReplayError::Config)?;
         rt.block_on(async {
             for _ in 0..cfg.num_warmups {
-                client.execute(&req, None).await;
+                client.execute(&req, None, None).await;
             }
         });
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch, Semaphore};
+use trace_format::tracectx::TraceContext;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 
 use crate::client::Client;
@@ -70,6 +71,8 @@ struct RowGuard {
     gid: u64,
     request_id: String,
     endpoint: String,
+    /// The trace context the request was sent with.
+    trace: Option<TraceContext>,
     chained: bool,
     done: bool,
 }
@@ -90,6 +93,9 @@ impl Drop for RowGuard {
                 std::mem::take(&mut self.endpoint),
             );
             rec.outcome = Outcome::ClientCancelled;
+            if let Some(t) = &self.trace {
+                t.fill(&mut rec);
+            }
             let stopping = self.shared.stop.level() > 0;
             rec.error = Some(if stopping {
                 "cancelled: the run was stopped and the request was still in flight".into()
@@ -114,12 +120,19 @@ impl Drop for RowGuard {
 /// Sends `fed`, released by the pacer at `scheduled` in burst `gid`, and reports its row.
 pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, scheduled: Instant) {
     let item = &fed.item;
+    // The request's trace context: derived from the run id and the request id, so a row's
+    // ids can be recomputed from the row and differ from run to run.
+    let trace = sh
+        .client
+        .sends_traceparent()
+        .then(|| TraceContext::derive(&sh.run_id, &item.request_id));
     let mut guard = RowGuard {
         shared: sh.clone(),
         seq: item.seq,
         gid,
         request_id: item.request_id.clone(),
         endpoint: item.req.endpoint.clone(),
+        trace,
         chained: item.chained,
         done: false,
     };
@@ -160,7 +173,7 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
     let mut abort = sh.abort.subscribe();
     let ex = tokio::select! {
-        ex = sh.client.execute(&item.req, Some(&item.request_id)) => ex,
+        ex = sh.client.execute(&item.req, Some(&item.request_id), trace.as_ref()) => ex,
         _ = abort.wait_for(|a| *a) => {
             sh.in_flight.fetch_sub(1, Ordering::Relaxed);
             return; // the guard records it cancelled
@@ -238,6 +251,9 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
     rec.target = Some(sh.target.clone());
     rec.run_id = Some(sh.run_id.clone());
     item.req.captured.fill(&mut rec);
+    if let Some(t) = &trace {
+        t.fill(&mut rec);
+    }
     guard.done = true;
     let _ = sh.results.send(RunMsg::Row {
         seq: item.seq,

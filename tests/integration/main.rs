@@ -48,6 +48,7 @@ mod interrupt;
 mod keepalive;
 mod limits;
 mod mixed_traffic;
+mod otel;
 mod outputs;
 mod polish;
 mod recorder;

@@ -50,6 +50,7 @@ DOCUMENTED_COLUMNS = [
 # Columns added by a minor version: present in files of that version or later.
 COLUMNS_SINCE = {
     (1, 1): ["parent_request_id", "think_time_us"],
+    (1, 3): ["trace_id", "span_id"],
 }
 
 

@@ -87,6 +87,8 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let mut captured_status = Int32Builder::with_capacity(n);
     let mut captured_outcome = StringBuilder::with_capacity(n, n * 8);
     let mut synthesized_body = BooleanBuilder::with_capacity(n);
+    let mut trace_id = str_builder(|r| r.trace_id.as_deref());
+    let mut span_id = str_builder(|r| r.span_id.as_deref());
 
     for r in records {
         request_id.append_value(&r.request_id);
@@ -136,6 +138,8 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         captured_status.append_option(r.captured_status.map(i32::from));
         captured_outcome.append_option(r.captured_outcome.map(|o| o.as_str()));
         synthesized_body.append_option(r.synthesized_body);
+        trace_id.append_option(r.trace_id.as_deref());
+        span_id.append_option(r.span_id.as_deref());
     }
 
     // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
@@ -174,6 +178,8 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         Arc::new(captured_status.finish()),
         Arc::new(captured_outcome.finish()),
         Arc::new(synthesized_body.finish()),
+        Arc::new(trace_id.finish()),
+        Arc::new(span_id.finish()),
     ];
     RecordBatch::try_new(Arc::new(schema::schema()), columns)
         .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))

@@ -28,6 +28,7 @@ pub mod stats;
 pub mod stream;
 #[cfg(test)]
 mod test_records;
+pub mod tracectx;
 pub mod writer;
 
 pub use cause::{Cause, CauseCounts};

@@ -2,7 +2,9 @@
 //!
 //! Versions: `1.0`; `1.1` added `parent_request_id` and `think_time_us` (sessions linked at
 //! capture); `1.2` added `captured_status`, `captured_outcome` and `synthesized_body` (what a
-//! replayed row's captured row was, for the outcome taxonomy in [`crate::cause`]). A minor version only adds nullable columns, so every `1.x` file reads: a column
+//! replayed row's captured row was, for the outcome taxonomy in [`crate::cause`]); `1.3` added
+//! `trace_id` and `span_id` (the W3C trace context the upstream received, [`crate::tracectx`]).
+//! A minor version only adds nullable columns, so every `1.x` file reads: a column
 //! the file lacks reads as null.
 //!
 //! Captures, imports, synthetic traces and replay results all use this schema, so the same
@@ -20,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// The schema version written into every file (`llmreplay.schema_version`).
 ///
 /// Readers accept any `1.x`; a different major version is an error.
-pub const SCHEMA_VERSION: &str = "1.2";
+pub const SCHEMA_VERSION: &str = "1.3";
 /// The major version this build reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 
@@ -100,6 +102,14 @@ pub mod col {
     /// Replay: whether the request body was synthesized because the captured row had none
     /// (bool, null when unknown; since 1.2).
     pub const SYNTHESIZED_BODY: &str = "synthesized_body";
+    /// The W3C trace id the upstream received with the request in its `traceparent` header,
+    /// 32 lowercase hex digits (utf8, null when none was sent; since 1.3). A server's own
+    /// spans for the request (vLLM's `--otlp-traces-endpoint`) carry the same trace id.
+    pub const TRACE_ID: &str = "trace_id";
+    /// The parent id of that `traceparent`, 16 lowercase hex digits: the span the server's
+    /// span is a child of (replay: its own client span; capture: the client's span, or the
+    /// one capture started) (utf8, null when none was sent; since 1.3).
+    pub const SPAN_ID: &str = "span_id";
 }
 
 /// Key-value metadata keys written into every file.
@@ -289,6 +299,12 @@ pub struct TraceRecord {
     /// Replay: whether the body sent was synthesized (the captured row had none; since 1.2).
     #[serde(default)]
     pub synthesized_body: Option<bool>,
+    /// The W3C trace id sent upstream in `traceparent`, 32 hex digits (since 1.3).
+    #[serde(default)]
+    pub trace_id: Option<String>,
+    /// The parent id of that `traceparent`, 16 hex digits (since 1.3).
+    #[serde(default)]
+    pub span_id: Option<String>,
 }
 
 impl TraceRecord {
@@ -333,6 +349,8 @@ impl TraceRecord {
             captured_status: None,
             captured_outcome: None,
             synthesized_body: None,
+            trace_id: None,
+            span_id: None,
         }
     }
 
@@ -348,6 +366,8 @@ impl TraceRecord {
             + self.chunk_times_us.len() * 8
             + self.chunk_tokens.as_ref().map_or(0, |v| v.len() * 4)
             + self.prefix_hashes.as_ref().map_or(0, |v| v.len() * 8)
+            + self.trace_id.as_ref().map_or(0, String::len)
+            + self.span_id.as_ref().map_or(0, String::len)
     }
 }
 
@@ -394,6 +414,8 @@ pub fn schema() -> Schema {
         Field::new(CAPTURED_STATUS, DataType::Int32, true),
         Field::new(CAPTURED_OUTCOME, DataType::Utf8, true),
         Field::new(SYNTHESIZED_BODY, DataType::Boolean, true),
+        Field::new(TRACE_ID, DataType::Utf8, true),
+        Field::new(SPAN_ID, DataType::Utf8, true),
     ])
 }
 
@@ -435,6 +457,8 @@ mod tests {
             col::CAPTURED_STATUS,
             col::CAPTURED_OUTCOME,
             col::SYNTHESIZED_BODY,
+            col::TRACE_ID,
+            col::SPAN_ID,
         ] {
             let idx = batch.schema().index_of(name).unwrap();
             batch.remove_column(idx);
@@ -464,6 +488,7 @@ mod tests {
             want.captured_outcome,
             want.synthesized_body,
         ) = (None, None, None);
+        (want.trace_id, want.span_id) = (None, None);
         assert_eq!(t.records[0], want);
         assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
 
@@ -486,6 +511,8 @@ mod tests {
         o.remove("captured_status");
         o.remove("captured_outcome");
         o.remove("synthesized_body");
+        o.remove("trace_id");
+        o.remove("span_id");
         let r: TraceRecord = serde_json::from_value(line).unwrap();
         assert_eq!((r.parent_request_id, r.think_time_us), (None, None));
         assert_eq!(
@@ -525,6 +552,8 @@ mod tests {
             "captured_status",
             "captured_outcome",
             "synthesized_body",
+            "trace_id",
+            "span_id",
         ] {
             assert!(s.field_with_name(name).is_ok(), "missing column {name}");
         }

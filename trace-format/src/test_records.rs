@@ -40,6 +40,8 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
         captured_status: Some(400),
         captured_outcome: Some(Outcome::ClientCancelled),
         synthesized_body: Some(false),
+        trace_id: Some(format!("{:032x}", 0x4bf9_2f35_77b3_4da6_u128 + i as u128)),
+        span_id: Some(format!("{:016x}", 0x00f0_67aa_0ba9_02b7_u64 + i as u64)),
     }
 }
 

@@ -90,6 +90,8 @@ pub(crate) fn convert(
     let captured_status = cx.ints(col::CAPTURED_STATUS)?;
     let captured_outcome = cx.strs(col::CAPTURED_OUTCOME)?;
     let synthesized_body = cx.bools(col::SYNTHESIZED_BODY)?;
+    let trace_id = cx.strs(col::TRACE_ID)?;
+    let span_id = cx.strs(col::SPAN_ID)?;
 
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
@@ -169,6 +171,8 @@ pub(crate) fn convert(
                 })
                 .transpose()?,
             synthesized_body: bool_at(synthesized_body, i),
+            trace_id: s(&trace_id),
+            span_id: s(&span_id),
         };
         out.push(rec);
     }

@@ -566,6 +566,80 @@ async fn read_response(
 mod tests {
     use super::*;
 
+    /// Serves one scripted response to one request on 127.0.0.1, then stops.
+    fn one_response(response: Vec<u8>) -> (String, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The request: its head, then content-length bytes.
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "the request ended early");
+                req.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&req);
+                if let Some(head_end) = text.find("\r\n\r\n") {
+                    let len = text[..head_end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                    if req.len() >= head_end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            s.write_all(&response).unwrap();
+        });
+        (url, server)
+    }
+
+    /// A stream whose last usage event has no `completion_tokens`: the count stands at the
+    /// last output chunk's cumulative count, as capture records it (before the shared
+    /// verdict, replay left it empty).
+    #[test]
+    fn a_last_usage_without_completion_tokens_keeps_the_chunks_count() {
+        const BODY: &str =
+            "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":{\"completion_tokens\":1}}\n\n\
+data: {\"choices\":[{\"text\":\"b\"}],\"usage\":{\"completion_tokens\":2}}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{BODY}",
+            BODY.len()
+        )
+        .into_bytes();
+        let (url, server) = one_response(response);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ex = rt.block_on(async {
+            let opts = crate::config::ReplayConfig::new(Vec::new()).request;
+            let client = Client::new(&url, &opts, Duration::from_secs(10)).unwrap();
+            let req = BuiltRequest {
+                endpoint: "/v1/completions".into(),
+                stream: true,
+                body: Bytes::from_static(b"{}"),
+                max_tokens: None,
+                cancel: None,
+                captured: crate::request::Captured {
+                    status: None,
+                    outcome: Outcome::Ok,
+                    synthesized_body: false,
+                },
+            };
+            client.execute(&req, None).await
+        });
+        server.join().unwrap();
+        assert_eq!(ex.outcome, Outcome::Ok, "{:?}", ex.error);
+        assert_eq!(ex.chunk_times_us.len(), 2);
+        assert_eq!((ex.prompt_tokens, ex.completion_tokens), (Some(3), Some(2)));
+        assert_eq!(ex.chunk_tokens, Some(vec![1, 1]));
+        assert_eq!(ex.output_text, None);
+    }
+
     #[test]
     fn urls_parse() {
         let e = parse_url("http://127.0.0.1:8000").unwrap();

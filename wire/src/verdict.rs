@@ -16,18 +16,21 @@
 
 use crate::sse::{error_message, response_usage, StreamEvent, Usage};
 
-/// What became of a request: the trace's outcomes, variant for variant.
+/// What became of a request: the trace's outcomes, variant for variant (trace-format's
+/// `Outcome` converts from it and a test there holds the two together); here, what the
+/// verdict gives each for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
-    /// A complete 2xx response.
+    /// A 2xx whose body ended as it should.
     Ok,
-    /// The server answered with a non-2xx status.
+    /// Any other status.
     HttpError,
-    /// Connection refused or reset, a truncated or malformed response.
+    /// [`End::Broken`]; an error event or no `[DONE]` in a stream; by
+    /// [`Rules::strict_body`], a 2xx that is not what was asked for.
     UpstreamError,
-    /// The client went away (or cancelled as recorded) before the response ended.
+    /// [`End::Cancelled`].
     ClientCancelled,
-    /// No complete answer within the timeout.
+    /// [`End::TimedOut`].
     Timeout,
 }
 

@@ -347,29 +347,7 @@ fn run_fed(
     )
     .map_err(|e| ReplayError::Runtime(format!("pacer thread: {e}")))?;
 
-    let mut lp = Loop {
-        cfg,
-        sh: &shared,
-        sink,
-        metrics: MetricsBuilder::new(started_at_us, &cfg.goodput, &cfg.metric_percentiles),
-        bursts: Bursts::default(),
-        kept: Vec::new(),
-        endpoints: Default::default(),
-        passes: 0,
-        successors: Some(successor_tx),
-        waiting: HashMap::new(),
-        ended: HashMap::new(),
-        total: prefix.total,
-        pacer_end: None,
-        finished: 0,
-        done: 0,
-        failed: 0,
-        unsent: 0,
-        cancelled: 0,
-        // A stop requested before the clock started: nothing is sent.
-        stopped_at: (stop.level() > 0).then(Instant::now),
-        error: None,
-    };
+    let mut lp = Loop::new(cfg, &shared, sink, successor_tx, prefix.total);
     let wall0 = Instant::now();
     let mut rx = lp.drive(rt, rx, progress, feed);
     let mut pr = lp.progress(feed);
@@ -589,7 +567,41 @@ struct Loop<'a> {
     error: Option<ReplayError>,
 }
 
-impl Loop<'_> {
+impl<'a> Loop<'a> {
+    /// The loop of a run whose clock starts at `sh.start`; `total`: the requests of the
+    /// schedule, when the feed has fed them all already.
+    fn new(
+        cfg: &'a ValidatedConfig,
+        sh: &'a Arc<Shared>,
+        sink: &'a mut dyn RowSink,
+        successors: Sender<Vec<ToPacer>>,
+        total: Option<u64>,
+    ) -> Self {
+        Loop {
+            cfg,
+            sh,
+            sink,
+            metrics: MetricsBuilder::new(sh.started_at_us, &cfg.goodput, &cfg.metric_percentiles),
+            bursts: Bursts::default(),
+            kept: Vec::new(),
+            endpoints: Default::default(),
+            passes: 0,
+            successors: Some(successors),
+            waiting: HashMap::new(),
+            ended: HashMap::new(),
+            total,
+            pacer_end: None,
+            finished: 0,
+            done: 0,
+            failed: 0,
+            unsent: 0,
+            cancelled: 0,
+            // A stop requested before the clock started: nothing is sent.
+            stopped_at: (sh.stop.level() > 0).then(Instant::now),
+            error: None,
+        }
+    }
+
     /// Takes the rows as they finish until the run is over, watching the stop: a first stop
     /// drains for the drain timeout, then (or at once for a second stop) in-flight requests
     /// are aborted. Hands back the channel, for what is still on its way.

@@ -282,6 +282,87 @@ impl Metrics {
                 self.requests(*o)
             );
         }
+        self.render_counters(&mut s, p);
+        self.render_otlp(&mut s, p);
+        let up = self.upstream_up.load(Relaxed);
+        if up >= 0 {
+            let _ = writeln!(
+                s,
+                "# HELP {p}_upstream_up 1 while the last check reached the upstream (a TCP connection to its host and port), else 0.\n# TYPE {p}_upstream_up gauge\n{p}_upstream_up {up}"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP {p}_client_timeouts_total Client connections closed by a client-side timeout, by phase.\n# TYPE {p}_client_timeouts_total counter"
+        );
+        for (phase, v) in [
+            ("first_byte", &self.client_first_byte_timeouts),
+            ("header", &self.client_header_timeouts),
+            ("keepalive", &self.client_keepalive_timeouts),
+        ] {
+            let _ = writeln!(
+                s,
+                "{p}_client_timeouts_total{{phase=\"{phase}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP {p}_recorder_lag_seconds Age of the oldest record queued for the trace writer (its prompt may still be tokenizing).\n# TYPE {p}_recorder_lag_seconds gauge\n{p}_recorder_lag_seconds {:.6}",
+            self.recorder_queue.lag(Instant::now()).as_secs_f64()
+        );
+        let _ = writeln!(
+            s,
+            "# HELP {p}_recorder_queued_records Records queued for the trace writer.\n# TYPE {p}_recorder_queued_records gauge\n{p}_recorder_queued_records {}",
+            self.recorder_queue.len()
+        );
+        let _ = writeln!(
+            s,
+            "# HELP {p}_recorder_shed_total Recording work left undone to keep up, by kind (the row is written without it).\n# TYPE {p}_recorder_shed_total counter"
+        );
+        for (work, v) in [
+            ("prefix_hashes", &self.shed.prefix_hashes),
+            ("prompt_tokens", &self.shed.prompt_tokens),
+            ("output_tokens", &self.shed.output_tokens),
+        ] {
+            let _ = writeln!(
+                s,
+                "{p}_recorder_shed_total{{work=\"{work}\"}} {}",
+                v.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP {p}_requests_in_flight Recorded requests in flight.\n# TYPE {p}_requests_in_flight gauge\n{p}_requests_in_flight {}",
+            self.in_flight.load(Relaxed)
+        );
+        self.render_histograms(&mut s, p);
+        s
+    }
+
+    /// The OTLP exporter's span counts, while exporting (`--otlp-endpoint`).
+    fn render_otlp(&self, s: &mut String, p: &str) {
+        if let Some(o) = self.otlp.get() {
+            let _ = writeln!(
+                s,
+                "# HELP {p}_otlp_spans_total Recorded rows sent to --otlp-endpoint as spans, by result (dropped: the exporter's queue was full; failed: lost in a failed export).\n# TYPE {p}_otlp_spans_total counter"
+            );
+            for (result, v) in [
+                ("exported", &o.spans_exported),
+                ("dropped", &o.spans_dropped),
+                ("failed", &o.spans_failed),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "{p}_otlp_spans_total{{result=\"{result}\"}} {}",
+                    v.load(Relaxed)
+                );
+            }
+        }
+    }
+
+    /// The plain counters and gauges of the exposition, each with its help.
+    fn render_counters(&self, s: &mut String, p: &str) {
         let counters: [(&str, &str, &AtomicU64); 13] = [
             (
                 "passthrough_requests_total",
@@ -375,118 +456,52 @@ impl Metrics {
                 v.load(Relaxed)
             );
         }
-        if let Some(o) = self.otlp.get() {
-            let _ = writeln!(
-                s,
-                "# HELP {p}_otlp_spans_total Recorded rows sent to --otlp-endpoint as spans, by result (dropped: the exporter's queue was full; failed: lost in a failed export).\n# TYPE {p}_otlp_spans_total counter"
-            );
-            for (result, v) in [
-                ("exported", &o.spans_exported),
-                ("dropped", &o.spans_dropped),
-                ("failed", &o.spans_failed),
-            ] {
-                let _ = writeln!(
-                    s,
-                    "{p}_otlp_spans_total{{result=\"{result}\"}} {}",
-                    v.load(Relaxed)
-                );
-            }
-        }
-        let up = self.upstream_up.load(Relaxed);
-        if up >= 0 {
-            let _ = writeln!(
-                s,
-                "# HELP {p}_upstream_up 1 while the last check reached the upstream (a TCP connection to its host and port), else 0.\n# TYPE {p}_upstream_up gauge\n{p}_upstream_up {up}"
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP {p}_client_timeouts_total Client connections closed by a client-side timeout, by phase.\n# TYPE {p}_client_timeouts_total counter"
-        );
-        for (phase, v) in [
-            ("first_byte", &self.client_first_byte_timeouts),
-            ("header", &self.client_header_timeouts),
-            ("keepalive", &self.client_keepalive_timeouts),
-        ] {
-            let _ = writeln!(
-                s,
-                "{p}_client_timeouts_total{{phase=\"{phase}\"}} {}",
-                v.load(Relaxed)
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP {p}_recorder_lag_seconds Age of the oldest record queued for the trace writer (its prompt may still be tokenizing).\n# TYPE {p}_recorder_lag_seconds gauge\n{p}_recorder_lag_seconds {:.6}",
-            self.recorder_queue.lag(Instant::now()).as_secs_f64()
-        );
-        let _ = writeln!(
-            s,
-            "# HELP {p}_recorder_queued_records Records queued for the trace writer.\n# TYPE {p}_recorder_queued_records gauge\n{p}_recorder_queued_records {}",
-            self.recorder_queue.len()
-        );
-        let _ = writeln!(
-            s,
-            "# HELP {p}_recorder_shed_total Recording work left undone to keep up, by kind (the row is written without it).\n# TYPE {p}_recorder_shed_total counter"
-        );
-        for (work, v) in [
-            ("prefix_hashes", &self.shed.prefix_hashes),
-            ("prompt_tokens", &self.shed.prompt_tokens),
-            ("output_tokens", &self.shed.output_tokens),
-        ] {
-            let _ = writeln!(
-                s,
-                "{p}_recorder_shed_total{{work=\"{work}\"}} {}",
-                v.load(Relaxed)
-            );
-        }
-        let _ = writeln!(
-            s,
-            "# HELP {p}_requests_in_flight Recorded requests in flight.\n# TYPE {p}_requests_in_flight gauge\n{p}_requests_in_flight {}",
-            self.in_flight.load(Relaxed)
-        );
+    }
+
+    /// The latency and token histograms of the exposition (vLLM's and OpenTelemetry's).
+    fn render_histograms(&self, s: &mut String, p: &str) {
         self.ttft.render(
-            &mut s,
+            s,
             &format!("{p}_time_to_first_token_seconds"),
             "",
             "Time from request arrival to the first chunk (vLLM buckets).",
             true,
         );
         self.itl.render(
-            &mut s,
+            s,
             &format!("{p}_inter_token_latency_seconds"),
             "",
             "Gap between consecutive chunks of successful streams (vLLM buckets).",
             true,
         );
         self.e2el.render(
-            &mut s,
+            s,
             &format!("{p}_e2e_request_latency_seconds"),
             "",
             "End-to-end latency of successful requests (vLLM buckets).",
             true,
         );
         self.otel_duration.render(
-            &mut s,
+            s,
             "gen_ai_client_operation_duration_seconds",
             "",
             "GenAI operation duration seen by the proxy (OpenTelemetry GenAI).",
             true,
         );
         self.otel_input_tokens.render(
-            &mut s,
+            s,
             "gen_ai_client_token_usage",
             "gen_ai_token_type=\"input\"",
             "Tokens used per request (OpenTelemetry GenAI).",
             true,
         );
         self.otel_output_tokens.render(
-            &mut s,
+            s,
             "gen_ai_client_token_usage",
             "gen_ai_token_type=\"output\"",
             "",
             false,
         );
-        s
     }
 }
 

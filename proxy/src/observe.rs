@@ -35,7 +35,8 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use wire::sse::{read_event, ChunkText, SseParser, StreamEvent, Usage, DEFAULT_MAX_EVENT};
+use wire::sse::{read_event, ChunkText, SseParser, StreamEvent, DEFAULT_MAX_EVENT};
+use wire::verdict::StreamTally;
 
 use crate::jsonscan::member_removal_range;
 use crate::sessions::TextHash;
@@ -80,21 +81,9 @@ pub struct StreamObserver {
     cr_event_end: Option<bool>,
     /// The text of the event being read (a buffer reused from event to event).
     text_buf: ChunkText,
-    /// Offset from t0 of every chunk that carried generated output, µs (a role-only or
-    /// empty chunk is not one: TTFT is the first output).
-    pub chunk_times_us: Vec<i64>,
-    /// Offset from t0 of the last chunk of any kind, µs (E2EL).
-    pub last_chunk_us: Option<i64>,
-    /// Cumulative `completion_tokens` of every chunk that carried usage.
-    pub cumulative_tokens: Vec<i64>,
-    /// The last usage seen (chunk or usage-only event).
-    pub usage: Option<Usage>,
-    /// `[DONE]` was seen.
-    pub done: bool,
-    /// The first error event's message.
-    pub stream_error: Option<String>,
-    /// Events whose data was not JSON.
-    pub invalid: usize,
+    /// What the stream said, event by event (chunk times, usage, `[DONE]`, error events),
+    /// as replay's client records it too: read through the observer (`Deref`).
+    tally: StreamTally,
     /// Bytes handed back for the client.
     pub bytes_out: u64,
     /// Events dropped or cut by stripping.
@@ -133,8 +122,7 @@ impl StreamObserver {
             strip,
             parser: SseParser::with_max_event(max_event),
             max_event,
-            chunk_times_us: Vec::with_capacity(chunk_capacity),
-            cumulative_tokens: Vec::new(),
+            tally: StreamTally::with_capacity(chunk_capacity),
             line_has_content: false,
             ..Default::default()
         }
@@ -305,13 +293,7 @@ impl StreamObserver {
     fn feed_noting(&mut self, bytes: &[u8], t_us: i64, mut on_kind: impl FnMut(&StreamEvent)) {
         let Self {
             parser,
-            chunk_times_us,
-            last_chunk_us,
-            cumulative_tokens,
-            usage,
-            done,
-            stream_error,
-            invalid,
+            tally,
             output_text,
             answer,
             text_buf,
@@ -321,19 +303,9 @@ impl StreamObserver {
         parser.feed(bytes, |ev| {
             let kind = read_event(ev, keep.then_some(&mut *text_buf));
             on_kind(&kind);
-            note_event(
-                (kind, text_buf),
-                output_text,
-                answer,
-                t_us,
-                chunk_times_us,
-                last_chunk_us,
-                cumulative_tokens,
-                usage,
-                done,
-                stream_error,
-                invalid,
-            );
+            if tally.note(t_us, kind) {
+                keep_text(text_buf, output_text, answer);
+            }
         });
     }
 
@@ -378,50 +350,30 @@ fn usage_cut(raw: &[u8]) -> Action {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn note_event(
-    (kind, text): (StreamEvent, &ChunkText),
-    output_text: &mut Option<String>,
-    answer: &mut Option<TextHash>,
-    t_us: i64,
-    chunk_times_us: &mut Vec<i64>,
-    last_chunk_us: &mut Option<i64>,
-    cumulative: &mut Vec<i64>,
-    usage: &mut Option<Usage>,
-    done: &mut bool,
-    stream_error: &mut Option<String>,
-    invalid: &mut usize,
-) {
-    match kind {
-        StreamEvent::Chunk { usage: u, output } => {
-            *last_chunk_us = Some(t_us);
-            if output {
-                chunk_times_us.push(t_us);
-                if let Some(out) = output_text.as_mut() {
-                    out.push_str(&text.output);
-                    if out.len() > OUTPUT_TEXT_CAP {
-                        *output_text = None;
-                    }
-                }
-                if let Some(h) = answer.as_mut() {
-                    h.push(&text.answer);
-                }
-            }
-            if let Some(u) = u {
-                // Tokens of a chunk without output count with the next one that has some.
-                if let (true, Some(c)) = (output, u.completion_tokens) {
-                    cumulative.push(c);
-                }
-                *usage = Some(u);
-            }
+/// Keeps the text of an output chunk: its generated text (up to [`OUTPUT_TEXT_CAP`]) and
+/// its answer's hash, when kept.
+fn keep_text(text: &ChunkText, output_text: &mut Option<String>, answer: &mut Option<TextHash>) {
+    if let Some(out) = output_text.as_mut() {
+        out.push_str(&text.output);
+        if out.len() > OUTPUT_TEXT_CAP {
+            *output_text = None;
         }
-        StreamEvent::Usage(u) => *usage = Some(u),
-        StreamEvent::Done => *done = true,
-        StreamEvent::Error(m) => {
-            stream_error.get_or_insert(m);
-        }
-        StreamEvent::Other => {}
-        StreamEvent::Invalid => *invalid += 1,
+    }
+    if let Some(h) = answer.as_mut() {
+        h.push(&text.answer);
+    }
+}
+
+impl std::ops::Deref for StreamObserver {
+    type Target = StreamTally;
+    fn deref(&self) -> &StreamTally {
+        &self.tally
+    }
+}
+
+impl std::ops::DerefMut for StreamObserver {
+    fn deref_mut(&mut self) -> &mut StreamTally {
+        &mut self.tally
     }
 }
 

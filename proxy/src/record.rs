@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 use trace_format::{Outcome, TokenSource, TraceRecord};
-use wire::sse::{error_message, response_usage};
+use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
 
 use crate::metrics::Metrics;
 use crate::observe::{StreamObserver, Strip};
@@ -173,15 +173,13 @@ impl Recording {
         }
     }
 
-    /// Outcome and error for a request cut short by the client (or by a forced shutdown).
-    fn cancelled(&self) -> (Outcome, String) {
+    /// The error of a request cut short by the client (or by a forced shutdown): outcome
+    /// `client_cancelled`.
+    fn cancelled(&self) -> String {
         if self.recorder.hard_stop.load(Relaxed) {
-            (
-                Outcome::ClientCancelled,
-                "cut by the proxy's shutdown after the drain timeout".into(),
-            )
+            "cut by the proxy's shutdown after the drain timeout".into()
         } else {
-            (Outcome::ClientCancelled, "client disconnected".into())
+            "client disconnected".into()
         }
     }
 }
@@ -189,13 +187,13 @@ impl Recording {
 impl Drop for Recording {
     fn drop(&mut self) {
         if !self.done {
-            let (o, e) = self.cancelled();
+            let e = self.cancelled();
             let e = if self.rec.status.is_none() {
                 format!("{e} before the response headers")
             } else {
                 e
             };
-            self.finish(o, Some(e), Instant::now());
+            self.finish(Outcome::ClientCancelled, Some(e), Instant::now());
         }
     }
 }
@@ -303,18 +301,18 @@ impl ObservedBody {
         if let Mode::Sse(o) = &mut self.mode {
             o.finish(&mut self.queue);
         }
-        self.end(None, now);
+        self.end(End::Complete, now);
         self.ended = true;
     }
 
-    /// Moves what was observed into the row and finishes it.
-    fn end(&mut self, stream_failure: Option<(Outcome, String)>, end: Instant) {
+    /// Moves what was observed into the row and finishes it, with the response verdict
+    /// replay judges by too ([`wire::verdict`], capture's [`Rules`]).
+    fn end(&mut self, how: End, end: Instant) {
         if self.rec.done {
             return;
         }
         let status = self.rec.rec.status.unwrap_or(0);
-        let ok_status = (200..300).contains(&status);
-        let (outcome, error) = match &mut self.mode {
+        let v = match &mut self.mode {
             Mode::Sse(o) => {
                 let oversized = o.oversized_events();
                 if oversized > 0 {
@@ -324,6 +322,7 @@ impl ObservedBody {
                         .sse_oversized_events
                         .fetch_add(oversized, Relaxed);
                 }
+                let v = judge_stream(status, o, how, Rules::CAPTURE);
                 let r = &mut self.rec.rec;
                 r.response_bytes = o.bytes_out as i64;
                 r.chunk_times_us = std::mem::take(&mut o.chunk_times_us);
@@ -332,93 +331,37 @@ impl ObservedBody {
                 if let Some(last) = o.last_chunk_us {
                     r.e2el_us = Some(last);
                 }
-                let usage = o.usage;
-                if let Some(u) = usage {
-                    r.prompt_tokens = u.prompt_tokens;
-                    r.output_tokens = u.completion_tokens;
-                }
-                if r.output_tokens.is_none() {
-                    r.output_tokens = o.cumulative_tokens.last().copied();
-                }
-                if r.output_tokens.is_none() {
+                if v.completion_tokens.is_none() {
                     // No usage: the writer thread counts the text with the tokenizer.
                     self.rec.output = o.output_text.take().map(OutputText::Text);
                 }
                 self.rec.answer = o.answer.map(|h| h.finish());
-                let r = &mut self.rec.rec;
-                r.prompt_tokens_source = r.prompt_tokens.map(|_| TokenSource::Usage);
-                r.output_tokens_source = r.output_tokens.map(|_| TokenSource::Usage);
-                if !o.cumulative_tokens.is_empty()
-                    && o.cumulative_tokens.len() == r.chunk_times_us.len()
-                {
-                    let mut prev = 0;
-                    r.chunk_tokens = Some(
-                        o.cumulative_tokens
-                            .iter()
-                            .map(|&c| {
-                                let d = (c - prev).clamp(0, i64::from(i32::MAX)) as i32;
-                                prev = c;
-                                d
-                            })
-                            .collect(),
-                    );
-                }
-                let n = r.chunk_times_us.len();
-                match stream_failure {
-                    Some(f) => (f.0, Some(f.1)),
-                    None if !ok_status => (Outcome::HttpError, Some(format!("HTTP {status}"))),
-                    None => match o.stream_error.take() {
-                        Some(m) => (
-                            Outcome::UpstreamError,
-                            Some(format!("error event in stream: {m}")),
-                        ),
-                        None if !o.done => (
-                            Outcome::UpstreamError,
-                            Some(format!("stream ended without [DONE] after {n} chunks")),
-                        ),
-                        None => (Outcome::Ok, None),
-                    },
-                }
+                v
             }
             Mode::Whole { copy, bytes } => {
-                let r = &mut self.rec.rec;
-                r.response_bytes = *bytes as i64;
-                match stream_failure {
-                    Some(f) => (f.0, Some(f.1)),
-                    None if !ok_status => {
-                        let msg = serde_json::from_slice::<serde_json::Value>(copy)
-                            .ok()
-                            .and_then(|v| v.get("error").map(error_message))
-                            .unwrap_or_else(|| {
-                                String::from_utf8_lossy(&copy[..copy.len().min(512)]).into_owned()
-                            });
-                        (Outcome::HttpError, Some(format!("HTTP {status}: {msg}")))
-                    }
-                    None => {
-                        if let Some(u) = response_usage(copy) {
-                            r.prompt_tokens = u.prompt_tokens;
-                            r.output_tokens = u.completion_tokens;
-                            r.prompt_tokens_source = u.prompt_tokens.map(|_| TokenSource::Usage);
-                            r.output_tokens_source =
-                                u.completion_tokens.map(|_| TokenSource::Usage);
-                        }
-                        if self.rec.sampled {
-                            self.rec.answer = answer_of_body(copy);
-                        }
-                        let r = &mut self.rec.rec;
-                        if r.output_tokens.is_none() && self.rec.sampled {
+                self.rec.rec.response_bytes = *bytes as i64;
+                let v = judge_whole(status, copy, self.rec.rec.stream, how, Rules::CAPTURE);
+                if v.outcome == verdict::Outcome::Ok {
+                    if self.rec.sampled {
+                        self.rec.answer = answer_of_body(copy);
+                        if v.completion_tokens.is_none() {
                             // No usage: the writer thread counts the text with the tokenizer.
                             self.rec.output = Some(OutputText::Body(std::mem::take(copy)));
                         }
-                        let r = &mut self.rec.rec;
-                        // Not streamed: E2EL only; there is no first token to time.
-                        r.e2el_us = Some(us_since(self.rec.t0, end));
-                        (Outcome::Ok, None)
                     }
+                    // Not streamed: E2EL only; there is no first token to time.
+                    self.rec.rec.e2el_us = Some(us_since(self.rec.t0, end));
                 }
+                v
             }
         };
-        self.rec.finish(outcome, error, end);
+        let r = &mut self.rec.rec;
+        r.prompt_tokens = v.prompt_tokens;
+        r.output_tokens = v.completion_tokens;
+        r.prompt_tokens_source = r.prompt_tokens.map(|_| TokenSource::Usage);
+        r.output_tokens_source = r.output_tokens.map(|_| TokenSource::Usage);
+        r.chunk_tokens = v.chunk_tokens;
+        self.rec.finish(v.outcome.into(), v.error, end);
     }
 }
 
@@ -454,7 +397,7 @@ impl Body for ObservedBody {
                             continue;
                         }
                         let msg = format!("no data from the upstream for {:?}", this.idle_timeout);
-                        this.end(Some((Outcome::Timeout, msg.clone())), now);
+                        this.end(End::TimedOut(msg.clone()), now);
                         this.ended = true;
                         return Poll::Ready(Some(Err(msg.into())));
                     }
@@ -491,10 +434,7 @@ impl Body for ObservedBody {
                 }
                 Poll::Ready(Some(Err(e))) => {
                     let now = Instant::now();
-                    this.end(
-                        Some((Outcome::UpstreamError, format!("upstream body: {e}"))),
-                        now,
-                    );
+                    this.end(End::Broken(format!("upstream body: {e}")), now);
                     this.ended = true;
                     return Poll::Ready(Some(Err(e)));
                 }
@@ -518,8 +458,8 @@ impl Body for ObservedBody {
 impl Drop for ObservedBody {
     fn drop(&mut self) {
         if !self.rec.done {
-            let (o, e) = self.rec.cancelled();
-            self.end(Some((o, e)), Instant::now());
+            let e = self.rec.cancelled();
+            self.end(End::Cancelled(e), Instant::now());
         }
     }
 }

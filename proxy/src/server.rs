@@ -128,28 +128,7 @@ impl ProxyHandle {
 /// threads' are) until [`ProxyHandle::shutdown`].
 pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     let upstream = Upstream::parse(&cfg.upstream)?;
-    if !(cfg.sample_rate > 0.0 && cfg.sample_rate <= 1.0) {
-        return Err(ProxyError::Config(format!(
-            "sample rate {} must be in (0, 1]",
-            cfg.sample_rate
-        )));
-    }
-    if cfg.block_size == 0 {
-        return Err(ProxyError::Config("block size must be > 0".into()));
-    }
-    let session_header = match &cfg.session_header {
-        None => None,
-        Some(h) => {
-            let name = HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| ProxyError::Config(format!("{h:?} is not a header name")))?;
-            if SECRET_HEADERS.contains(&name.as_str()) {
-                return Err(ProxyError::Config(format!(
-                    "{h:?} holds credentials and cannot be recorded as the session id"
-                )));
-            }
-            Some(name)
-        }
-    };
+    let session_header = checked(&cfg)?;
     let acceptor = match &cfg.tls {
         Some(files) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
             tls::server_config(files)?,
@@ -181,26 +160,7 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
     };
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
 
-    let mut meta = FileMeta::new(Producer::Capture, cfg.command.clone());
-    meta.block_size = (cfg.record_bodies != RecordBodies::None).then_some(cfg.block_size);
-    meta.extra
-        .insert("tokenizer".into(), cfg.tokenizer.name().to_string());
-    meta.extra.insert(
-        "record_bodies".into(),
-        match cfg.record_bodies {
-            RecordBodies::None => "none",
-            RecordBodies::Hashes => "hashes",
-            RecordBodies::Full => "full",
-        }
-        .into(),
-    );
-    meta.extra
-        .insert("sample_rate".into(), cfg.sample_rate.to_string());
-    let mut wcfg = WriterConfig::new(&cfg.out, cfg.file_prefix.clone(), meta);
-    wcfg.max_file_bytes = cfg.max_file_bytes;
-    wcfg.max_file_age = cfg.max_file_age;
-    wcfg.rotate_on_hour = cfg.rotate_on_hour;
-    wcfg.flush_interval = cfg.flush_interval;
+    let wcfg = writer_config(&cfg);
     let out = cfg.out.clone();
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
@@ -272,35 +232,13 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         let reach = shared.forward.reach().clone();
         tokio::spawn(reach.run(every, serving.hard.clone()));
     }
-    let mut threads = Vec::with_capacity(others.len());
-    for (i, l) in others.into_iter().enumerate() {
-        let (s, mut accepting) = (serving.clone(), accepting.clone());
-        let spawned = crate::serving::spawn(i + 1, warm_heap, move || async move {
-            let mut hard = s.hard.clone();
-            match TcpListener::from_std(l) {
-                Ok(l) => {
-                    tokio::select! {
-                        _ = accept_loop(l, s) => {}
-                        _ = accepting.wait_for(|a| !*a) => {}
-                    }
-                }
-                // Dropping it closes it: the kernel sends its connections to the others.
-                Err(e) => {
-                    eprintln!("llmreplay capture: serving thread {}: {e}", i + 1);
-                    drop(s);
-                }
-            }
-            // Its connections drain on this runtime; dropped when the proxy is done.
-            let _ = hard.wait_for(|h| *h).await;
-        });
-        match spawned {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                let _ = hard_tx.send(true);
-                return Err(ProxyError::Io(e));
-            }
+    let threads = match spawn_serving(others, &serving, &accepting, warm_heap) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = hard_tx.send(true);
+            return Err(ProxyError::Io(e));
         }
-    }
+    };
     let stages = Stages {
         stop: stop_rx,
         accepting: accepting_tx,
@@ -322,6 +260,93 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         stop: stop_tx,
         task,
     })
+}
+
+/// Checks what [`start`] cannot check by type: the sample rate and block size, and that the
+/// session header is a header name that holds no credentials (returned).
+fn checked(cfg: &ProxyConfig) -> Result<Option<HeaderName>> {
+    if !(cfg.sample_rate > 0.0 && cfg.sample_rate <= 1.0) {
+        return Err(ProxyError::Config(format!(
+            "sample rate {} must be in (0, 1]",
+            cfg.sample_rate
+        )));
+    }
+    if cfg.block_size == 0 {
+        return Err(ProxyError::Config("block size must be > 0".into()));
+    }
+    let Some(h) = &cfg.session_header else {
+        return Ok(None);
+    };
+    let name = HeaderName::from_bytes(h.as_bytes())
+        .map_err(|_| ProxyError::Config(format!("{h:?} is not a header name")))?;
+    if SECRET_HEADERS.contains(&name.as_str()) {
+        return Err(ProxyError::Config(format!(
+            "{h:?} holds credentials and cannot be recorded as the session id"
+        )));
+    }
+    Ok(Some(name))
+}
+
+/// The trace writer's configuration: where, rotation, and the file metadata of a capture.
+fn writer_config(cfg: &ProxyConfig) -> WriterConfig {
+    let mut meta = FileMeta::new(Producer::Capture, cfg.command.clone());
+    meta.block_size = (cfg.record_bodies != RecordBodies::None).then_some(cfg.block_size);
+    meta.extra
+        .insert("tokenizer".into(), cfg.tokenizer.name().to_string());
+    meta.extra.insert(
+        "record_bodies".into(),
+        match cfg.record_bodies {
+            RecordBodies::None => "none",
+            RecordBodies::Hashes => "hashes",
+            RecordBodies::Full => "full",
+        }
+        .into(),
+    );
+    meta.extra
+        .insert("sample_rate".into(), cfg.sample_rate.to_string());
+    let mut wcfg = WriterConfig::new(&cfg.out, cfg.file_prefix.clone(), meta);
+    wcfg.max_file_bytes = cfg.max_file_bytes;
+    wcfg.max_file_age = cfg.max_file_age;
+    wcfg.rotate_on_hour = cfg.rotate_on_hour;
+    wcfg.flush_interval = cfg.flush_interval;
+    wcfg
+}
+
+/// Starts the serving threads after the first (thread `i + 1` accepts from `others[i]`, on
+/// its own runtime) until accepting stops; each keeps its connections until the hard stop.
+fn spawn_serving(
+    others: Vec<std::net::TcpListener>,
+    serving: &Serving,
+    accepting: &watch::Receiver<bool>,
+    warm_heap: usize,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut threads = Vec::with_capacity(others.len());
+    for (i, l) in others.into_iter().enumerate() {
+        let (s, mut accepting) = (serving.clone(), accepting.clone());
+        threads.push(crate::serving::spawn(
+            i + 1,
+            warm_heap,
+            move || async move {
+                let mut hard = s.hard.clone();
+                match TcpListener::from_std(l) {
+                    Ok(l) => {
+                        tokio::select! {
+                            _ = accept_loop(l, s) => {}
+                            _ = accepting.wait_for(|a| !*a) => {}
+                        }
+                    }
+                    // Dropping it closes it: the kernel sends its connections to the others.
+                    Err(e) => {
+                        eprintln!("llmreplay capture: serving thread {}: {e}", i + 1);
+                        drop(s);
+                    }
+                }
+                // Its connections drain on this runtime; dropped when the proxy is done.
+                let _ = hard.wait_for(|h| *h).await;
+            },
+        )?);
+    }
+    Ok(threads)
 }
 
 /// What every accept loop needs, cloned into each serving thread.

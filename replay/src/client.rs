@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use trace_format::tracectx::{self, TraceContext};
 use trace_format::Outcome;
-use wire::sse::{response_usage, SseParser, StreamEvent};
+use wire::sse::SseParser;
+use wire::verdict::{self, judge_stream, judge_whole, End, Rules, StreamTally, Verdict};
 use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
 
 use crate::config::RequestOptions;
@@ -394,6 +395,15 @@ fn tls_connector(ca: Option<&std::path::Path>) -> Result<tokio_rustls::TlsConnec
 }
 
 impl Exchange {
+    /// Takes the response verdict's outcome, error, usage and tokens per chunk.
+    fn set_verdict(&mut self, v: Verdict) {
+        self.outcome = v.outcome.into();
+        self.error = v.error;
+        self.prompt_tokens = v.prompt_tokens;
+        self.completion_tokens = v.completion_tokens;
+        self.chunk_tokens = v.chunk_tokens;
+    }
+
     fn failed(
         t0: Instant,
         new_connection: bool,
@@ -494,69 +504,35 @@ async fn read_response(
         let end = Instant::now();
         ex.end = end;
         ex.response_bytes = total;
-        let reusable = match read {
-            None if ends.by_cancel => {
-                ex.outcome = Outcome::ClientCancelled;
-                ex.error = Some(ends.cancelled(t0));
-                return (ex, false);
-            }
-            None => {
-                ex.outcome = Outcome::Timeout;
-                ex.error = Some("response not complete within the timeout".into());
-                return (ex, false);
-            }
-            Some(Err(e)) => {
-                ex.outcome = Outcome::UpstreamError;
-                ex.error = Some(format!("response body: {e}"));
-                return (ex, false);
-            }
-            Some(Ok(r)) => r,
+        let (how, reusable) = match read {
+            None if ends.by_cancel => (End::Cancelled(ends.cancelled(t0)), false),
+            None => (
+                End::TimedOut("response not complete within the timeout".into()),
+                false,
+            ),
+            Some(Err(e)) => (End::Broken(format!("response body: {e}")), false),
+            Some(Ok(r)) => (End::Complete, r),
         };
-        if !ok_status {
-            ex.outcome = Outcome::HttpError;
-            let text = String::from_utf8_lossy(&buf).into_owned();
-            ex.error = Some(format!("HTTP {status}: {text}"));
-            return (ex, reusable);
-        }
-        if stream {
-            // Asked for a stream; got something else.
-            ex.outcome = Outcome::UpstreamError;
-            ex.error = Some("streamed request answered without text/event-stream".into());
-            return (ex, false);
-        }
-        // Not streamed: E2EL only; there is no first token to time.
-        ex.e2el_us = Some(us_since(t0, end));
-        match response_usage(&buf) {
-            Some(u) => {
-                ex.prompt_tokens = u.prompt_tokens;
-                ex.completion_tokens = u.completion_tokens;
-                if want_text && u.completion_tokens.is_none() {
-                    ex.output_text = wire::sse::response_text(&buf);
-                }
-            }
-            None => {
-                if want_text {
-                    ex.output_text = wire::sse::response_text(&buf);
-                }
-                if serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_err() {
-                    ex.outcome = Outcome::UpstreamError;
-                    ex.error = Some("response is not JSON".into());
-                }
+        // A 2xx answer to a request not streamed, read to its end (JSON or not).
+        let answered = ok_status && !stream && how == End::Complete;
+        let v = judge_whole(status, &buf, stream, how, Rules::REPLAY);
+        if answered {
+            // Not streamed: E2EL only; there is no first token to time.
+            ex.e2el_us = Some(us_since(t0, end));
+            if want_text && v.completion_tokens.is_none() {
+                ex.output_text = wire::sse::response_text(&buf);
             }
         }
+        // Asked for a stream, got something else: the connection is not reused.
+        let reusable = reusable && !(ok_status && stream);
+        ex.set_verdict(v);
         return (ex, reusable);
     }
 
     let mut parser = SseParser::new();
     // Chunks that carried generated output (TTFT, ITL), and the last chunk of any kind
     // (E2EL): a role-only or empty chunk is not a token.
-    let mut chunks: Vec<i64> = Vec::with_capacity(128);
-    let mut last_chunk: Option<i64> = None;
-    let mut cumulative: Vec<i64> = Vec::new();
-    let mut usage = None;
-    let mut done = false;
-    let mut stream_error: Option<String> = None;
-    let mut invalid = 0usize;
+    let mut tally = StreamTally::with_capacity(128);
     let mut bytes = 0i64;
     let mut text = want_text.then(String::new);
     // Each event's text, read in the parse that classifies it (a buffer reused per event).
@@ -567,110 +543,129 @@ async fn read_response(
             let t = us_since(t0, at);
             bytes += data.len() as i64;
             parser.feed(data, |ev| {
-                match wire::sse::read_event(ev, text_buf.as_mut()) {
-                    StreamEvent::Chunk { usage: u, output } => {
-                        last_chunk = Some(t);
-                        if output {
-                            chunks.push(t);
-                            if let (Some(text), Some(b)) = (text.as_mut(), &text_buf) {
-                                text.push_str(&b.output);
-                            }
-                        }
-                        if let Some(u) = u {
-                            // Tokens of a chunk without output count with the next one that
-                            // has some.
-                            if let (true, Some(c)) = (output, u.completion_tokens) {
-                                cumulative.push(c);
-                            }
-                            usage = Some(u);
-                        }
+                if tally.note(t, wire::sse::read_event(ev, text_buf.as_mut())) {
+                    if let (Some(text), Some(b)) = (text.as_mut(), &text_buf) {
+                        text.push_str(&b.output);
                     }
-                    StreamEvent::Usage(u) => usage = Some(u),
-                    StreamEvent::Done => done = true,
-                    StreamEvent::Error(m) => {
-                        stream_error.get_or_insert(m);
-                    }
-                    StreamEvent::Other => {}
-                    StreamEvent::Invalid => invalid += 1,
                 }
             });
             // The recorded client cancelled after this many output chunks: so does this one.
-            ends.after_chunks.is_none_or(|n| chunks.len() < n)
+            ends.after_chunks
+                .is_none_or(|n| tally.chunk_times_us.len() < n)
         }),
     )
     .await;
-    let mut reusable = false;
-    match read {
-        None if ends.by_cancel => {
-            ex.outcome = Outcome::ClientCancelled;
-            ex.error = Some(ends.cancelled(t0));
-        }
-        Some(Ok(None)) => {
-            ex.outcome = Outcome::ClientCancelled;
-            ex.error = Some(format!(
-                "cancelled as recorded, after {} chunks",
-                chunks.len()
-            ));
-        }
-        None => {
-            ex.outcome = Outcome::Timeout;
-            ex.error = Some(format!(
-                "stream not complete within the timeout after {} chunks",
-                chunks.len()
-            ));
-        }
-        Some(Err(e)) => {
-            ex.outcome = Outcome::UpstreamError;
-            ex.error = Some(format!("stream broken after {} chunks: {e}", chunks.len()));
-        }
-        Some(Ok(Some(r))) => reusable = r,
-    }
+    let n = tally.chunk_times_us.len();
+    let (how, reusable) = match read {
+        None if ends.by_cancel => (End::Cancelled(ends.cancelled(t0)), false),
+        Some(Ok(None)) => (
+            End::Cancelled(format!("cancelled as recorded, after {n} chunks")),
+            false,
+        ),
+        None => (
+            End::TimedOut(format!(
+                "stream not complete within the timeout after {n} chunks"
+            )),
+            false,
+        ),
+        Some(Err(e)) => (
+            End::Broken(format!("stream broken after {n} chunks: {e}")),
+            false,
+        ),
+        Some(Ok(Some(r))) => (End::Complete, r),
+    };
     ex.end = Instant::now();
     ex.response_bytes = bytes;
-    if ex.outcome == Outcome::Ok {
-        if let Some(m) = stream_error {
-            ex.outcome = Outcome::UpstreamError;
-            ex.error = Some(format!("error event in stream: {m}"));
-        } else if !done {
-            ex.outcome = Outcome::UpstreamError;
-            ex.error = Some(format!(
-                "stream ended without [DONE] after {} chunks",
-                chunks.len()
-            ));
-        } else if invalid > 0 && chunks.is_empty() {
-            ex.outcome = Outcome::UpstreamError;
-            ex.error = Some(format!("{invalid} events were not JSON"));
-        }
-    }
-    ex.ttft_us = chunks.first().copied();
-    ex.e2el_us = last_chunk.or_else(|| (ex.outcome == Outcome::Ok).then(|| us_since(t0, ex.end)));
-    if let Some(u) = usage {
-        ex.prompt_tokens = u.prompt_tokens;
-        ex.completion_tokens = u.completion_tokens;
-    }
-    if ex.completion_tokens.is_none() {
+    let v = judge_stream(status, &tally, how, Rules::REPLAY);
+    ex.ttft_us = tally.chunk_times_us.first().copied();
+    ex.e2el_us = tally
+        .last_chunk_us
+        .or_else(|| (v.outcome == verdict::Outcome::Ok).then(|| us_since(t0, ex.end)));
+    if v.completion_tokens.is_none() {
         ex.output_text = text;
     }
-    if !cumulative.is_empty() && cumulative.len() == chunks.len() {
-        let mut prev = 0;
-        ex.chunk_tokens = Some(
-            cumulative
-                .iter()
-                .map(|&c| {
-                    let d = (c - prev).clamp(0, i64::from(i32::MAX)) as i32;
-                    prev = c;
-                    d
-                })
-                .collect(),
-        );
-    }
-    ex.chunk_times_us = chunks;
+    ex.set_verdict(v);
+    ex.chunk_times_us = tally.chunk_times_us;
     (ex, reusable)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Serves one scripted response to one request on 127.0.0.1, then stops.
+    fn one_response(response: Vec<u8>) -> (String, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The request: its head, then content-length bytes.
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "the request ended early");
+                req.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&req);
+                if let Some(head_end) = text.find("\r\n\r\n") {
+                    let len = text[..head_end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                    if req.len() >= head_end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            s.write_all(&response).unwrap();
+        });
+        (url, server)
+    }
+
+    /// A stream whose last usage event has no `completion_tokens`: the count stands at the
+    /// last output chunk's cumulative count, as capture records it (before the shared
+    /// verdict, replay left it empty).
+    #[test]
+    fn a_last_usage_without_completion_tokens_keeps_the_chunks_count() {
+        const BODY: &str =
+            "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":{\"completion_tokens\":1}}\n\n\
+data: {\"choices\":[{\"text\":\"b\"}],\"usage\":{\"completion_tokens\":2}}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{BODY}",
+            BODY.len()
+        )
+        .into_bytes();
+        let (url, server) = one_response(response);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ex = rt.block_on(async {
+            let opts = crate::config::ReplayConfig::new(Vec::new()).request;
+            let client = Client::new(&url, &opts, Duration::from_secs(10)).unwrap();
+            let req = BuiltRequest {
+                endpoint: "/v1/completions".into(),
+                stream: true,
+                body: Bytes::from_static(b"{}"),
+                max_tokens: None,
+                cancel: None,
+                captured: crate::request::Captured {
+                    status: None,
+                    outcome: Outcome::Ok,
+                    synthesized_body: false,
+                },
+            };
+            client.execute(&req, None, None).await
+        });
+        server.join().unwrap();
+        assert_eq!(ex.outcome, Outcome::Ok, "{:?}", ex.error);
+        assert_eq!(ex.chunk_times_us.len(), 2);
+        assert_eq!((ex.prompt_tokens, ex.completion_tokens), (Some(3), Some(2)));
+        assert_eq!(ex.chunk_tokens, Some(vec![1, 1]));
+        assert_eq!(ex.output_text, None);
+    }
 
     #[test]
     fn urls_parse() {

@@ -273,6 +273,9 @@ pub fn run_target(
     })
 }
 
+/// How long before the clock starts the pacer is started (and the pool last refreshed).
+const LEAD: Duration = Duration::from_millis(20);
+
 /// The run proper, once the feed runs: warm-up, preconnect, the clock, the run loop.
 /// Returns the run and an error that stopped it (a sink that could not write, a trace that
 /// could not be read further), if any.
@@ -294,93 +297,11 @@ fn run_fed(
     feed_rx: Receiver<Vec<ToPacer>>,
 ) -> Result<(RunOutput, Metrics, Option<ReplayError>), ReplayError> {
     let prefix = read_prefix(&feed_rx, feed)?;
-    // Warm-ups: same shape as the first request, different salt, not counted.
-    if let (true, Some(first)) = (cfg.num_warmups > 0, &prefix.first_row) {
-        let mut wopts = cfg.request.clone();
-        wopts.prompt_salt ^= 0x5741_524d; // "WARM"
-        let req = crate::request::build_request(first, &wopts, &model, block_size)
-            .map_err(ReplayError::Config)?;
-        rt.block_on(async {
-            for _ in 0..cfg.num_warmups {
-                client.execute(&req, None, None).await;
-            }
-        });
-    }
-    // The pool is opened before any wait, so a target that cannot be reached fails at once,
-    // and opened again (refreshed) right before the clock starts: a connection the target
-    // closed during a `--start-at` wait, or that idled past the idle timeout, never meets
-    // the first request.
-    let want = if cfg.preconnect {
-        let items: Vec<&PlannedRequest> = prefix
-            .inputs
-            .iter()
-            .filter_map(|i| match i {
-                Input::At(_, _, f) | Input::Pass(FeedMsg::Waiting(f)) => Some(&f.item),
-                _ => None,
-            })
-            .collect();
-        preconnect_count(&items, prefix.total, cfg)
-    } else {
-        0
-    };
-    let refresh = |what: &str| -> Result<Duration, ReplayError> {
-        let t = Instant::now();
-        if want > 0 {
-            rt.block_on(client.refresh(want))
-                .map_err(|e| ReplayError::Target {
-                    target: target.name.clone(),
-                    message: format!("{what}: {e}"),
-                })?;
-        }
-        Ok(t.elapsed())
-    };
-    let preconnect_took = refresh("preconnect")?;
-    let lead = Duration::from_millis(20);
-    let (start, started_at_us) = match cfg.start_at_us {
-        None => (
-            Instant::now() + lead,
-            wire::clock::epoch_us() + lead.as_micros() as i64,
-        ),
-        // `--start-at`: the schedule starts at that wall-clock instant, shared by separate
-        // processes; sleep until just before it, then start the pacer.
-        Some(at) => {
-            let (now_us, now) = (wire::clock::epoch_us(), Instant::now());
-            let ahead_us = at - now_us;
-            if ahead_us < -1_000_000 {
-                return Err(ReplayError::Config(format!(
-                    "--start-at passed {:.1} s ago while the run was being prepared; give a later time",
-                    -ahead_us as f64 / 1e6
-                )));
-            }
-            let start = if ahead_us >= 0 {
-                now + Duration::from_micros(ahead_us as u64)
-            } else {
-                now.checked_sub(Duration::from_micros(ahead_us.unsigned_abs()))
-                    .unwrap_or(now)
-            };
-            // Wake early enough to refresh the pool before the clock starts.
-            let margin = lead + (preconnect_took * 2).max(Duration::from_millis(50));
-            std::thread::sleep(
-                start
-                    .checked_sub(margin)
-                    .unwrap_or(start)
-                    .saturating_duration_since(Instant::now()),
-            );
-            (start, at)
-        }
-    };
-    if cfg.start_at_us.is_some() {
-        refresh("preconnect after the --start-at wait")?;
-        std::thread::sleep(
-            start
-                .checked_sub(lead)
-                .unwrap_or(start)
-                .saturating_duration_since(Instant::now()),
-        );
-    }
+    warm_up(rt, cfg, &client, &prefix, &model, block_size)?;
+    let (start, started_at_us) = start_clock(rt, cfg, &client, target, &prefix)?;
     sink.start(target, run_id)?;
     let pool_at_start = client.pool_stats();
-    let (tx, mut rx) = mpsc::unbounded_channel::<RunMsg>();
+    let (tx, rx) = mpsc::unbounded_channel::<RunMsg>();
     let shared = Arc::new(Shared {
         sem: cfg.max_concurrency.map(Semaphore::new),
         client,
@@ -426,63 +347,9 @@ fn run_fed(
     )
     .map_err(|e| ReplayError::Runtime(format!("pacer thread: {e}")))?;
 
-    let mut lp = Loop {
-        cfg,
-        sh: &shared,
-        sink,
-        metrics: MetricsBuilder::new(started_at_us, &cfg.goodput, &cfg.metric_percentiles),
-        bursts: Bursts::default(),
-        kept: Vec::new(),
-        endpoints: Default::default(),
-        passes: 0,
-        successors: Some(successor_tx),
-        waiting: HashMap::new(),
-        ended: HashMap::new(),
-        total: prefix.total,
-        pacer_end: None,
-        finished: 0,
-        done: 0,
-        failed: 0,
-        unsent: 0,
-        cancelled: 0,
-        // A stop requested before the clock started: nothing is sent.
-        stopped_at: (stop.level() > 0).then(Instant::now),
-        error: None,
-    };
+    let mut lp = Loop::new(cfg, &shared, sink, successor_tx, prefix.total);
     let wall0 = Instant::now();
-    rt.block_on(async {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        let mut stop_rx = stop.subscribe();
-        let mut drain_deadline: Option<tokio::time::Instant> = None;
-        while !lp.over() {
-            let drain = async {
-                match drain_deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                got = rx.recv() => {
-                    let Some(msg) = got else { break };
-                    lp.on(msg);
-                }
-                _ = tick.tick() => progress(lp.progress(feed)),
-                _ = stop_rx.changed() => {
-                    if drain_deadline.is_none() {
-                        lp.stopped_at.get_or_insert_with(Instant::now);
-                        drain_deadline = Some(tokio::time::Instant::now() + cfg.drain_timeout);
-                    }
-                    if stop.level() >= 2 {
-                        shared.abort.send_replace(true);
-                    }
-                }
-                _ = drain => {
-                    shared.abort.send_replace(true);
-                    drain_deadline = None;
-                }
-            }
-        }
-    });
+    let mut rx = lp.drive(rt, rx, progress, feed);
     let mut pr = lp.progress(feed);
     pr.in_flight = 0;
     progress(pr);
@@ -497,24 +364,9 @@ fn run_fed(
     for (seq, rec) in lp.bursts.flush() {
         lp.emit(seq, rec);
     }
-    let wall = wall0.elapsed().saturating_sub(lead);
+    let wall = wall0.elapsed().saturating_sub(LEAD);
     let pool = shared.client.pool_stats().since(&pool_at_start);
-    let client_load = match (cpu0, cpu::threads_cpu(CLIENT_THREAD)) {
-        (Some(a), Some(b)) => {
-            let workers = rt.metrics().num_workers();
-            let secs = b.saturating_sub(a).as_secs_f64();
-            Some(ClientLoad {
-                cpu_seconds: secs,
-                worker_threads: workers,
-                utilization: secs / (wall.as_secs_f64().max(1e-9) * workers as f64),
-                pacer_cpu_seconds: cpu::threads_cpu("llmreplay-pacer")
-                    .unwrap_or_default()
-                    .saturating_sub(pacer_cpu0)
-                    .as_secs_f64(),
-            })
-        }
-        _ => None,
-    };
+    let client_load = client_load(rt, cpu0, pacer_cpu0, wall);
     let server_gauges = match sampler {
         Some((stop, Some(task))) => {
             let _ = stop.send(());
@@ -558,6 +410,130 @@ fn run_fed(
     Ok((run, lp.metrics.finish(), error))
 }
 
+/// Warm-ups: same shape as the first request, different salt, not counted.
+fn warm_up(
+    rt: &tokio::runtime::Runtime,
+    cfg: &ValidatedConfig,
+    client: &Client,
+    prefix: &Prefix,
+    model: &str,
+    block_size: Option<usize>,
+) -> Result<(), ReplayError> {
+    if let (true, Some(first)) = (cfg.num_warmups > 0, &prefix.first_row) {
+        let mut wopts = cfg.request.clone();
+        wopts.prompt_salt ^= 0x5741_524d; // "WARM"
+        let req = crate::request::build_request(first, &wopts, model, block_size)
+            .map_err(ReplayError::Config)?;
+        rt.block_on(async {
+            for _ in 0..cfg.num_warmups {
+                client.execute(&req, None, None).await;
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Opens the pool and waits for the clock's start (now + [`LEAD`], or `--start-at`):
+/// returns the start and its wall-clock stamp (µs since the epoch).
+///
+/// The pool is opened before any wait, so a target that cannot be reached fails at once,
+/// and opened again (refreshed) right before the clock starts: a connection the target
+/// closed during a `--start-at` wait, or that idled past the idle timeout, never meets
+/// the first request.
+fn start_clock(
+    rt: &tokio::runtime::Runtime,
+    cfg: &ValidatedConfig,
+    client: &Client,
+    target: &Target,
+    prefix: &Prefix,
+) -> Result<(Instant, i64), ReplayError> {
+    let want = if cfg.preconnect {
+        let items: Vec<&PlannedRequest> = prefix
+            .inputs
+            .iter()
+            .filter_map(|i| match i {
+                Input::At(_, _, f) | Input::Pass(FeedMsg::Waiting(f)) => Some(&f.item),
+                _ => None,
+            })
+            .collect();
+        preconnect_count(&items, prefix.total, cfg)
+    } else {
+        0
+    };
+    let refresh = |what: &str| -> Result<Duration, ReplayError> {
+        let t = Instant::now();
+        if want > 0 {
+            rt.block_on(client.refresh(want))
+                .map_err(|e| ReplayError::Target {
+                    target: target.name.clone(),
+                    message: format!("{what}: {e}"),
+                })?;
+        }
+        Ok(t.elapsed())
+    };
+    let preconnect_took = refresh("preconnect")?;
+    let Some(at) = cfg.start_at_us else {
+        return Ok((
+            Instant::now() + LEAD,
+            wire::clock::epoch_us() + LEAD.as_micros() as i64,
+        ));
+    };
+    // `--start-at`: the schedule starts at that wall-clock instant, shared by separate
+    // processes; sleep until just before it, then start the pacer.
+    let (now_us, now) = (wire::clock::epoch_us(), Instant::now());
+    let ahead_us = at - now_us;
+    if ahead_us < -1_000_000 {
+        return Err(ReplayError::Config(format!(
+            "--start-at passed {:.1} s ago while the run was being prepared; give a later time",
+            -ahead_us as f64 / 1e6
+        )));
+    }
+    let start = if ahead_us >= 0 {
+        now + Duration::from_micros(ahead_us as u64)
+    } else {
+        now.checked_sub(Duration::from_micros(ahead_us.unsigned_abs()))
+            .unwrap_or(now)
+    };
+    // Wake early enough to refresh the pool before the clock starts.
+    let margin = LEAD + (preconnect_took * 2).max(Duration::from_millis(50));
+    std::thread::sleep(
+        start
+            .checked_sub(margin)
+            .unwrap_or(start)
+            .saturating_duration_since(Instant::now()),
+    );
+    refresh("preconnect after the --start-at wait")?;
+    std::thread::sleep(
+        start
+            .checked_sub(LEAD)
+            .unwrap_or(start)
+            .saturating_duration_since(Instant::now()),
+    );
+    Ok((start, at))
+}
+
+/// The client runtime's CPU over the run (`cpu0`, `pacer_cpu0`: at its start), when the
+/// threads' CPU can be read.
+fn client_load(
+    rt: &tokio::runtime::Runtime,
+    cpu0: Option<Duration>,
+    pacer_cpu0: Duration,
+    wall: Duration,
+) -> Option<ClientLoad> {
+    let (a, b) = (cpu0?, cpu::threads_cpu(CLIENT_THREAD)?);
+    let workers = rt.metrics().num_workers();
+    let secs = b.saturating_sub(a).as_secs_f64();
+    Some(ClientLoad {
+        cpu_seconds: secs,
+        worker_threads: workers,
+        utilization: secs / (wall.as_secs_f64().max(1e-9) * workers as f64),
+        pacer_cpu_seconds: cpu::threads_cpu("llmreplay-pacer")
+            .unwrap_or_default()
+            .saturating_sub(pacer_cpu0)
+            .as_secs_f64(),
+    })
+}
+
 /// The run loop's state: rows as they finish, closed-session successors, the stop.
 struct Loop<'a> {
     cfg: &'a ValidatedConfig,
@@ -591,7 +567,89 @@ struct Loop<'a> {
     error: Option<ReplayError>,
 }
 
-impl Loop<'_> {
+impl<'a> Loop<'a> {
+    /// The loop of a run whose clock starts at `sh.start`; `total`: the requests of the
+    /// schedule, when the feed has fed them all already.
+    fn new(
+        cfg: &'a ValidatedConfig,
+        sh: &'a Arc<Shared>,
+        sink: &'a mut dyn RowSink,
+        successors: Sender<Vec<ToPacer>>,
+        total: Option<u64>,
+    ) -> Self {
+        Loop {
+            cfg,
+            sh,
+            sink,
+            metrics: MetricsBuilder::new(sh.started_at_us, &cfg.goodput, &cfg.metric_percentiles),
+            bursts: Bursts::default(),
+            kept: Vec::new(),
+            endpoints: Default::default(),
+            passes: 0,
+            successors: Some(successors),
+            waiting: HashMap::new(),
+            ended: HashMap::new(),
+            total,
+            pacer_end: None,
+            finished: 0,
+            done: 0,
+            failed: 0,
+            unsent: 0,
+            cancelled: 0,
+            // A stop requested before the clock started: nothing is sent.
+            stopped_at: (sh.stop.level() > 0).then(Instant::now),
+            error: None,
+        }
+    }
+
+    /// Takes the rows as they finish until the run is over, watching the stop: a first stop
+    /// drains for the drain timeout, then (or at once for a second stop) in-flight requests
+    /// are aborted. Hands back the channel, for what is still on its way.
+    fn drive(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        mut rx: mpsc::UnboundedReceiver<RunMsg>,
+        progress: &dyn Fn(Progress),
+        feed: &crate::feed::FeedCtl,
+    ) -> mpsc::UnboundedReceiver<RunMsg> {
+        let stop = self.sh.stop.clone();
+        rt.block_on(async {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let mut stop_rx = stop.subscribe();
+            let mut drain_deadline: Option<tokio::time::Instant> = None;
+            while !self.over() {
+                let drain = async {
+                    match drain_deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    got = rx.recv() => {
+                        let Some(msg) = got else { break };
+                        self.on(msg);
+                    }
+                    _ = tick.tick() => progress(self.progress(feed)),
+                    _ = stop_rx.changed() => {
+                        if drain_deadline.is_none() {
+                            self.stopped_at.get_or_insert_with(Instant::now);
+                            drain_deadline =
+                                Some(tokio::time::Instant::now() + self.cfg.drain_timeout);
+                        }
+                        if stop.level() >= 2 {
+                            self.sh.abort.send_replace(true);
+                        }
+                    }
+                    _ = drain => {
+                        self.sh.abort.send_replace(true);
+                        drain_deadline = None;
+                    }
+                }
+            }
+        });
+        rx
+    }
+
     /// Whether every request of the schedule finished, or the stopped pacer's releases did.
     fn over(&self) -> bool {
         match (self.total, self.pacer_end) {

@@ -216,6 +216,21 @@ str_enum!(Outcome {
     ClientCancelled => "client_cancelled",
     Timeout => "timeout",
 });
+/// The outcome of the response verdict capture and replay share ([`wire::verdict`]): the
+/// same variant, so the names written to traces are this file's.
+impl From<wire::verdict::Outcome> for Outcome {
+    fn from(o: wire::verdict::Outcome) -> Outcome {
+        use wire::verdict::Outcome as V;
+        match o {
+            V::Ok => Outcome::Ok,
+            V::HttpError => Outcome::HttpError,
+            V::UpstreamError => Outcome::UpstreamError,
+            V::ClientCancelled => Outcome::ClientCancelled,
+            V::Timeout => Outcome::Timeout,
+        }
+    }
+}
+
 str_enum!(TokenSource { Usage => "usage", Tokenizer => "tokenizer", Recorded => "recorded", Estimate => "estimate" });
 
 /// One request: one row of a trace file.
@@ -422,6 +437,25 @@ pub fn schema() -> Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every verdict outcome is the trace outcome of the same name, and every trace outcome
+    /// is one.
+    #[test]
+    fn verdict_outcomes_are_the_traces() {
+        use wire::verdict::Outcome as V;
+        let all = [
+            V::Ok,
+            V::HttpError,
+            V::UpstreamError,
+            V::ClientCancelled,
+            V::Timeout,
+        ];
+        let mapped: Vec<Outcome> = all.iter().map(|&v| Outcome::from(v)).collect();
+        assert_eq!(mapped, Outcome::ALL);
+        for (v, o) in all.iter().zip(&mapped) {
+            assert_eq!(format!("{v:?}"), format!("{o:?}"));
+        }
+    }
 
     #[test]
     fn enums_round_trip_through_their_names() {

@@ -24,6 +24,8 @@
 //!   the descriptor limit raised for them.
 //! - [`sse`]: the one OpenAI/SSE stream parser and response classifiers capture, replay
 //!   and the tests read responses with.
+//! - [`verdict`]: the one response verdict (outcome, error text, usage, tokens per chunk)
+//!   capture and replay judge a finished response with.
 //! - [`vllm_metrics`]: vLLM's Prometheus latency histogram names and bounds, shared by the
 //!   sim (which exports them), capture and replay's alert rules.
 #![deny(missing_docs)]
@@ -37,6 +39,7 @@ pub mod listen;
 mod pool;
 pub mod rxstamp;
 pub mod sse;
+pub mod verdict;
 pub mod vllm_metrics;
 
 #[doc(hidden)]

@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
+use crate::exit::{ExitStatus, Failure};
 use crate::flags::{command_line, parse_duration};
+use crate::signals;
 
 /// What to keep of request bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -315,34 +317,18 @@ impl CaptureArgs {
     }
 }
 
-/// Exit status of a capture that served, drained and stopped, but whose trace is
-/// incomplete: rows were dropped (writer queue full, or the trace directory could not take
-/// them) or journals are left for the next start to finish. The summary says which.
-pub const EXIT_TRACE_INCOMPLETE: u8 = 3;
-
-/// The trace of a capture that stopped is incomplete (exit [`EXIT_TRACE_INCOMPLETE`]).
-#[derive(Debug)]
-pub struct IncompleteTrace(pub String);
-
-impl std::fmt::Display for IncompleteTrace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the trace is incomplete: {}", self.0)
-    }
-}
-
-impl std::error::Error for IncompleteTrace {}
-
 /// Runs the capture proxy until SIGTERM or SIGINT, then drains for up to `--drain-timeout`,
 /// finishes the trace files, prints a summary and returns. Exit status: 0 when every
-/// recorded row is in a finished file; [`EXIT_TRACE_INCOMPLETE`] (3) when rows were dropped
-/// or journals are left for the next start (a full disk: capture kept serving, see the
-/// summary); 130 on a second signal during the drain, which exits at once (the journal it
-/// leaves is recovered by the next capture into that directory); 1 when it could not start.
+/// recorded row is in a finished file; [`ExitStatus::TraceIncomplete`] (7) when rows were
+/// dropped or journals are left for the next start (a full disk: capture kept serving, see
+/// the summary); 130 / 143 on a second signal during the drain, which exits at once (see
+/// [`crate::signals`]; the journal it leaves is recovered by the next capture into that
+/// directory); 1 when it could not start.
 ///
 /// Nothing in `--out` keeps capture from starting: journals a previous run left are finished
 /// (on a still-full disk they are kept and retried while serving), damaged ones are
 /// recovered line by line and set aside as `<name>.damaged-<utc>`.
-pub fn run_capture(args: CaptureArgs) -> Result<()> {
+pub fn run_capture(args: CaptureArgs) -> Result<ExitStatus> {
     let drain = args.drain_timeout;
     if args.threads == Some(0) {
         bail!("--threads must be > 0");
@@ -360,11 +346,10 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
     // its other serving threads, each on its own runtime.
     let rt = proxy::serving_runtime().context("tokio runtime")?;
     let (dest2, out2) = (dest.clone(), out.clone());
+    // The first signal drains, the second exits at once.
+    let mut stopped = signals::watch("capture", vec![signals::graceful()])?;
     let incomplete = rt.block_on(async move {
         let (dest, out) = (dest2, out2);
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let handle = proxy::start(cfg).await.context("starting the capture proxy")?;
         log_recovery(handle.recovered());
         eprintln!(
@@ -381,18 +366,11 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
                 out.display().to_string()
             }
         );
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
+        stopped.wait().await;
         eprintln!(
             "llmreplay capture: stopping; draining in-flight requests for up to {drain:?} (signal again to stop now)"
         );
-        let report = tokio::select! {
-            r = handle.shutdown(drain) => r.context("shutting down")?,
-            _ = term.recv() => std::process::exit(130),
-            _ = int.recv() => std::process::exit(130),
-        };
+        let report = handle.shutdown(drain).await.context("shutting down")?;
         let dropped = report.records_dropped;
         let queue_full = report.records_dropped_queue_full;
         eprintln!(
@@ -441,8 +419,11 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
         Ok::<_, anyhow::Error>(incomplete)
     })?;
     let fail_incomplete = |incomplete: Option<String>| match incomplete {
-        Some(why) => Err(anyhow::Error::new(IncompleteTrace(why))),
-        None => Ok(()),
+        Some(why) => Err(Failure::error(
+            ExitStatus::TraceIncomplete,
+            format!("the trace is incomplete: {why}"),
+        )),
+        None => Ok(ExitStatus::Success),
     };
     let Some(uploader) = uploader else {
         return fail_incomplete(incomplete);

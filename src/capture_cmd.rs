@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use crate::exit::{ExitStatus, Failure};
@@ -223,35 +223,9 @@ impl CaptureArgs {
         std::env::temp_dir().join("llmreplay-spool").join(name)
     }
 
-    fn config(self) -> Result<proxy::ProxyConfig> {
-        if !(self.sample_rate > 0.0 && self.sample_rate <= 1.0) {
-            bail!("--sample-rate {} must be in (0, 1]", self.sample_rate);
-        }
-        if self.block_size == 0 {
-            bail!("--block-size must be > 0");
-        }
-        if self.max_file_mb == 0
-            || self.max_request_body_mb == 0
-            || self.queue_capacity == 0
-            || self.max_event_kb == 0
-        {
-            bail!(
-                "--max-file-mb, --max-request-body-mb, --max-event-kb and --queue-capacity must be > 0"
-            );
-        }
-        for (flag, d) in [
-            (
-                "--client-first-byte-timeout",
-                self.client_first_byte_timeout,
-            ),
-            ("--client-header-timeout", self.client_header_timeout),
-            ("--client-keepalive-timeout", self.client_keepalive_timeout),
-            ("--client-body-timeout", self.client_body_timeout),
-        ] {
-            if d.is_zero() {
-                bail!("{flag} must be > 0");
-            }
-        }
+    /// Validates the flags into the proxy's configuration: the flags' own rules here, the
+    /// configuration's in [`proxy::ProxyConfig::validate`] (its errors named by flag).
+    fn config(self) -> Result<proxy::ValidatedProxyConfig> {
         if self.spool_dir.is_some() && !store::is_url(&self.out) {
             bail!("--spool-dir goes with an object-store --out (s3://...)");
         }
@@ -313,7 +287,39 @@ impl CaptureArgs {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         c.command = command_line();
-        Ok(c)
+        c.validate().map_err(flag_error)
+    }
+}
+
+/// A configuration error, named by the flag that set the value.
+fn flag_error(e: proxy::ProxyError) -> anyhow::Error {
+    use proxy::{ConfigError, Setting};
+    let proxy::ProxyError::Config(c) = e else {
+        return e.into();
+    };
+    match c {
+        ConfigError::SampleRate(r) => anyhow!("--sample-rate {r} must be in (0, 1]"),
+        ConfigError::Zero(s) => {
+            let flag = match s {
+                Setting::BlockSize => "--block-size",
+                Setting::MaxFileBytes => "--max-file-mb",
+                Setting::MaxRequestBody => "--max-request-body-mb",
+                Setting::QueueCapacity => "--queue-capacity",
+                Setting::MaxSseEvent => "--max-event-kb",
+                Setting::ClientFirstByte => "--client-first-byte-timeout",
+                Setting::ClientHeader => "--client-header-timeout",
+                Setting::ClientKeepalive => "--client-keepalive-timeout",
+                Setting::ClientBody => "--client-body-timeout",
+                Setting::Threads => "--threads",
+                _ => s.field(),
+            };
+            anyhow!("{flag} must be > 0")
+        }
+        ConfigError::SessionHeader(_) | ConfigError::SecretSessionHeader(_) => {
+            anyhow!("--session-header {c}")
+        }
+        // The upstream's message names its flag already.
+        c => proxy::ProxyError::Config(c).into(),
     }
 }
 
@@ -330,14 +336,11 @@ impl CaptureArgs {
 /// recovered line by line and set aside as `<name>.damaged-<utc>`.
 pub fn run_capture(args: CaptureArgs) -> Result<ExitStatus> {
     let drain = args.drain_timeout;
-    if args.threads == Some(0) {
-        bail!("--threads must be > 0");
-    }
-    let tls = args.tls_cert.is_some();
     let store = args.store()?;
     let dest = args.out.clone();
     let cfg = args.config()?;
-    let out = cfg.out.clone();
+    let tls = cfg.tls();
+    let out = cfg.config().out.clone();
     // Uploads finished files (and any a previous run left in the spool) as they appear.
     let uploader =
         store.map(|loc| store::SpoolUploader::spawn(loc, out.clone(), Duration::from_secs(2)));

@@ -351,3 +351,42 @@ fn sim_stops_gracefully_on_sigterm() {
     };
     assert_eq!(st.code(), Some(0), "{st:?}");
 }
+
+/// Capture's configuration is checked once (`ProxyConfig::validate`), before it binds
+/// anything; each refusal names its flag and exits 1.
+#[test]
+fn capture_configuration_errors_name_their_flag() {
+    let out = tmpdir("exits-config");
+    let listen = free_addr().to_string();
+    for (extra, said) in [
+        (
+            &["--queue-capacity", "0"][..],
+            "error: --queue-capacity must be > 0",
+        ),
+        (&["--threads", "0"], "error: --threads must be > 0"),
+        (
+            &["--sample-rate", "2"],
+            "error: --sample-rate 2 must be in (0, 1]",
+        ),
+        (
+            &["--session-header", "Authorization"],
+            "error: --session-header \"Authorization\" holds credentials",
+        ),
+        (
+            &["--upstream", "ftp://h:1"],
+            "--upstream \"ftp://h:1\": only http and https",
+        ),
+    ] {
+        let mut args = vec!["capture", "--no-admin", "--listen", &listen];
+        args.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        if extra[0] != "--upstream" {
+            args.extend_from_slice(&["--upstream", "http://127.0.0.1:9"]);
+        }
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(said), "{extra:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -5,10 +5,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 
+use crate::exit::{ExitStatus, Failure};
 use crate::flags::{command_line, parse_duration};
+use crate::signals;
 
 /// What to keep of request bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -224,35 +226,9 @@ impl CaptureArgs {
         std::env::temp_dir().join("llmreplay-spool").join(name)
     }
 
-    fn config(self) -> Result<proxy::ProxyConfig> {
-        if !(self.sample_rate > 0.0 && self.sample_rate <= 1.0) {
-            bail!("--sample-rate {} must be in (0, 1]", self.sample_rate);
-        }
-        if self.block_size == 0 {
-            bail!("--block-size must be > 0");
-        }
-        if self.max_file_mb == 0
-            || self.max_request_body_mb == 0
-            || self.queue_capacity == 0
-            || self.max_event_kb == 0
-        {
-            bail!(
-                "--max-file-mb, --max-request-body-mb, --max-event-kb and --queue-capacity must be > 0"
-            );
-        }
-        for (flag, d) in [
-            (
-                "--client-first-byte-timeout",
-                self.client_first_byte_timeout,
-            ),
-            ("--client-header-timeout", self.client_header_timeout),
-            ("--client-keepalive-timeout", self.client_keepalive_timeout),
-            ("--client-body-timeout", self.client_body_timeout),
-        ] {
-            if d.is_zero() {
-                bail!("{flag} must be > 0");
-            }
-        }
+    /// Validates the flags into the proxy's configuration: the flags' own rules here, the
+    /// configuration's in [`proxy::ProxyConfig::validate`] (its errors named by flag).
+    fn config(self) -> Result<proxy::ValidatedProxyConfig> {
         if self.spool_dir.is_some() && !store::is_url(&self.out) {
             bail!("--spool-dir goes with an object-store --out (s3://...)");
         }
@@ -316,47 +292,60 @@ impl CaptureArgs {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         c.command = command_line();
-        Ok(c)
+        c.validate().map_err(flag_error)
     }
 }
 
-/// Exit status of a capture that served, drained and stopped, but whose trace is
-/// incomplete: rows were dropped (writer queue full, or the trace directory could not take
-/// them) or journals are left for the next start to finish. The summary says which.
-pub const EXIT_TRACE_INCOMPLETE: u8 = 3;
-
-/// The trace of a capture that stopped is incomplete (exit [`EXIT_TRACE_INCOMPLETE`]).
-#[derive(Debug)]
-pub struct IncompleteTrace(pub String);
-
-impl std::fmt::Display for IncompleteTrace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the trace is incomplete: {}", self.0)
+/// A configuration error, named by the flag that set the value.
+fn flag_error(e: proxy::ProxyError) -> anyhow::Error {
+    use proxy::{ConfigError, Setting};
+    let proxy::ProxyError::Config(c) = e else {
+        return e.into();
+    };
+    match c {
+        ConfigError::SampleRate(r) => anyhow!("--sample-rate {r} must be in (0, 1]"),
+        ConfigError::Zero(s) => {
+            let flag = match s {
+                Setting::BlockSize => "--block-size",
+                Setting::MaxFileBytes => "--max-file-mb",
+                Setting::MaxRequestBody => "--max-request-body-mb",
+                Setting::QueueCapacity => "--queue-capacity",
+                Setting::MaxSseEvent => "--max-event-kb",
+                Setting::ClientFirstByte => "--client-first-byte-timeout",
+                Setting::ClientHeader => "--client-header-timeout",
+                Setting::ClientKeepalive => "--client-keepalive-timeout",
+                Setting::ClientBody => "--client-body-timeout",
+                Setting::Threads => "--threads",
+                _ => s.field(),
+            };
+            anyhow!("{flag} must be > 0")
+        }
+        ConfigError::SessionHeader(_) | ConfigError::SecretSessionHeader(_) => {
+            anyhow!("--session-header {c}")
+        }
+        // The upstream's message names its flag already.
+        c => proxy::ProxyError::Config(c).into(),
     }
 }
-
-impl std::error::Error for IncompleteTrace {}
 
 /// Runs the capture proxy until SIGTERM or SIGINT, then drains for up to `--drain-timeout`,
 /// finishes the trace files, prints a summary and returns. Exit status: 0 when every
-/// recorded row is in a finished file; [`EXIT_TRACE_INCOMPLETE`] (3) when rows were dropped
-/// or journals are left for the next start (a full disk: capture kept serving, see the
-/// summary); 130 on a second signal during the drain, which exits at once (the journal it
-/// leaves is recovered by the next capture into that directory); 1 when it could not start.
+/// recorded row is in a finished file; [`ExitStatus::TraceIncomplete`] (7) when rows were
+/// dropped or journals are left for the next start (a full disk: capture kept serving, see
+/// the summary); 130 / 143 on a second signal during the drain, which exits at once (see
+/// [`crate::signals`]; the journal it leaves is recovered by the next capture into that
+/// directory); 1 when it could not start.
 ///
 /// Nothing in `--out` keeps capture from starting: journals a previous run left are finished
 /// (on a still-full disk they are kept and retried while serving), damaged ones are
 /// recovered line by line and set aside as `<name>.damaged-<utc>`.
-pub fn run_capture(args: CaptureArgs) -> Result<()> {
+pub fn run_capture(args: CaptureArgs) -> Result<ExitStatus> {
     let drain = args.drain_timeout;
-    if args.threads == Some(0) {
-        bail!("--threads must be > 0");
-    }
-    let tls = args.tls_cert.is_some();
     let store = args.store()?;
     let dest = args.out.clone();
     let cfg = args.config()?;
-    let out = cfg.out.clone();
+    let tls = cfg.tls();
+    let out = cfg.config().out.clone();
     // Uploads finished files (and any a previous run left in the spool) as they appear.
     let uploader =
         store.map(|loc| store::SpoolUploader::spawn(loc, out.clone(), Duration::from_secs(2)));
@@ -365,11 +354,10 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
     // its other serving threads, each on its own runtime.
     let rt = proxy::serving_runtime().context("tokio runtime")?;
     let (dest2, out2) = (dest.clone(), out.clone());
+    // The first signal drains, the second exits at once.
+    let mut stopped = signals::watch("capture", vec![signals::graceful()])?;
     let incomplete = rt.block_on(async move {
         let (dest, out) = (dest2, out2);
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let handle = proxy::start(cfg).await.context("starting the capture proxy")?;
         log_recovery(handle.recovered());
         eprintln!(
@@ -386,18 +374,11 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
                 out.display().to_string()
             }
         );
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
+        stopped.wait().await;
         eprintln!(
             "llmreplay capture: stopping; draining in-flight requests for up to {drain:?} (signal again to stop now)"
         );
-        let report = tokio::select! {
-            r = handle.shutdown(drain) => r.context("shutting down")?,
-            _ = term.recv() => std::process::exit(130),
-            _ = int.recv() => std::process::exit(130),
-        };
+        let report = handle.shutdown(drain).await.context("shutting down")?;
         let dropped = report.records_dropped;
         let queue_full = report.records_dropped_queue_full;
         eprintln!(
@@ -446,8 +427,11 @@ pub fn run_capture(args: CaptureArgs) -> Result<()> {
         Ok::<_, anyhow::Error>(incomplete)
     })?;
     let fail_incomplete = |incomplete: Option<String>| match incomplete {
-        Some(why) => Err(anyhow::Error::new(IncompleteTrace(why))),
-        None => Ok(()),
+        Some(why) => Err(Failure::error(
+            ExitStatus::TraceIncomplete,
+            format!("the trace is incomplete: {why}"),
+        )),
+        None => Ok(ExitStatus::Success),
     };
     let Some(uploader) = uploader else {
         return fail_incomplete(incomplete);

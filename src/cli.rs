@@ -2,8 +2,9 @@
 //! in its `*_cmd` module, the shared value parsers in `flags`) and the dispatch to them.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::exit::ExitStatus;
 use crate::flags::command_line;
 
 /// Capture production LLM traffic and replay it against candidate endpoints.
@@ -20,10 +21,11 @@ pub struct Cli {
 pub(crate) enum Command {
     /// Run a transparent streaming proxy in front of one upstream and record its traffic as a trace.
     ///
-    /// Exit status after SIGTERM/SIGINT: 0 when every recorded row is in a finished file; 3
+    /// Exit status after SIGTERM/SIGINT: 0 when every recorded row is in a finished file; 7
     /// when the trace is incomplete (rows dropped, or journals kept for the next start: a
-    /// full disk, see the summary); 130 on a second signal during the drain; 1 when it could
-    /// not start. Nothing left in --out keeps it from starting.
+    /// full disk, see the summary); 130 / 143 on a second signal during the drain (the first
+    /// was SIGINT / SIGTERM); 1 when it could not start. Nothing left in --out keeps it from
+    /// starting.
     Capture(crate::capture_cmd::CaptureArgs),
     /// Convert public traces (Azure, BurstGPT, Mooncake, Qwen Bailian, ShareGPT, Dynamo agent, Baseten, WEKA, Copilot coding agent) into a trace.
     #[command(after_long_help = crate::import_cmd::IMPORT_HELP)]
@@ -50,38 +52,49 @@ pub(crate) enum Command {
     Fidelity(crate::fidelity_cmd::FidelityArgs),
 }
 
-/// Runs the parsed command.
-pub fn run(cli: Cli) -> Result<()> {
+/// The command line of this process, with the exit statuses under `--help`.
+pub fn parse() -> Result<Cli, clap::Error> {
+    let mut cmd = Cli::command().after_help(ExitStatus::help());
+    let matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+}
+
+/// Runs the parsed command: how it ended, or why it failed (see [`ExitStatus::of_error`]).
+pub fn run(cli: Cli) -> Result<ExitStatus> {
+    let done = |r: Result<()>| r.map(|()| ExitStatus::Success);
     match cli.command {
         Command::Capture(a) => crate::capture_cmd::run_capture(a),
-        Command::Import(a) => crate::import_cmd::run_import(a, &command_line()),
-        Command::Export(a) => crate::import_cmd::run_export(a),
-        Command::Sim(a) => crate::sim_cmd::run_sim(a),
+        Command::Import(a) => done(crate::import_cmd::run_import(a, &command_line())),
+        Command::Export(a) => done(crate::import_cmd::run_export(a)),
+        Command::Sim(a) => done(crate::sim_cmd::run_sim(a)),
         Command::Replay(a) => crate::replay_cmd::run_replay(a),
-        Command::Synth(a) => crate::trace_cmd::run_synth(a),
-        Command::Inspect(a) => crate::trace_cmd::run_inspect(a),
-        Command::Demo(a) => crate::demo_cmd::run_demo(a),
-        Command::Compare(a) => {
-            if crate::report_cmd::run_compare(a)? {
-                use std::io::Write as _;
-                let _ = std::io::stdout().flush();
-                eprintln!("regression beyond noise found");
-                std::process::exit(i32::from(crate::report_cmd::EXIT_REGRESSION));
-            }
-            Ok(())
-        }
-        Command::Report(a) => crate::report_cmd::run_report(a),
-        Command::Merge(a) => crate::merge_cmd::run_merge(a, &command_line()),
-        Command::Fidelity(a) => {
-            if crate::fidelity_cmd::run_fidelity(a)? {
-                use std::io::Write as _;
-                let _ = std::io::stdout().flush();
-                eprintln!("the replay does not reproduce the captured load or schedule");
-                std::process::exit(i32::from(crate::fidelity_cmd::EXIT_DRIFT));
-            }
-            Ok(())
-        }
+        Command::Synth(a) => done(crate::trace_cmd::run_synth(a)),
+        Command::Inspect(a) => done(crate::trace_cmd::run_inspect(a)),
+        Command::Demo(a) => done(crate::demo_cmd::run_demo(a)),
+        Command::Compare(a) => Ok(if crate::report_cmd::run_compare(a)? {
+            said("regression beyond noise found", ExitStatus::Regression)
+        } else {
+            ExitStatus::Success
+        }),
+        Command::Report(a) => done(crate::report_cmd::run_report(a)),
+        Command::Merge(a) => done(crate::merge_cmd::run_merge(a, &command_line())),
+        Command::Fidelity(a) => Ok(if crate::fidelity_cmd::run_fidelity(a)? {
+            said(
+                "the replay does not reproduce the captured load or schedule",
+                ExitStatus::Drift,
+            )
+        } else {
+            ExitStatus::Success
+        }),
     }
+}
+
+/// `status`, after saying `why` on stderr (below what stdout has shown).
+fn said(why: &str, status: ExitStatus) -> ExitStatus {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    eprintln!("{why}");
+    status
 }
 
 #[cfg(test)]

@@ -5,9 +5,6 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-/// Exit status when `--fail-on-drift` finds the load or the schedule not reproduced.
-pub const EXIT_DRIFT: u8 = 5;
-
 #[derive(Args, Debug)]
 pub struct FidelityArgs {
     /// The captured trace (files, directories or globs, like replay's input).

@@ -4,6 +4,7 @@
 mod capture_cmd;
 mod cli;
 mod demo_cmd;
+mod exit;
 mod fidelity_cmd;
 mod flags;
 mod import_cmd;
@@ -11,16 +12,26 @@ mod merge_cmd;
 mod otel;
 mod replay_cmd;
 mod report_cmd;
+mod signals;
 mod sim_cmd;
 mod trace_cmd;
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::Parser;
+use exit::ExitStatus;
 
+/// The one place the process's exit status is decided (a last signal aside: see
+/// `signals`): the command's [`ExitStatus`], or the one its error maps to.
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = match cli::parse() {
+        Ok(a) => a,
+        Err(e) => {
+            // --help and --version come this way too, with status 0.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1));
+        }
+    };
     // Servers (capture, sim) and a replay of thousands of streams need more descriptors than
     // a soft limit of 1,024.
     let _ = wire::listen::raise_fd_limit();
@@ -28,21 +39,13 @@ fn main() -> ExitCode {
     // one thread: growing it later stalls every thread's accept for an RCU grace period.
     let _ = wire::listen::reserve_fd_table(wire::listen::FD_TABLE_RESERVE);
     match cli::run(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => status.into(),
         Err(e) => {
-            // A closed pipe (`llmreplay inspect x | head`) is not an error.
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) {
-                return ExitCode::SUCCESS;
+            let status = ExitStatus::of_error(&e);
+            if status != ExitStatus::Success {
+                let _ = writeln!(std::io::stderr(), "error: {e:#}");
             }
-            let _ = writeln!(std::io::stderr(), "error: {e:#}");
-            // A capture that served and stopped cleanly but could not finish its trace.
-            if e.downcast_ref::<capture_cmd::IncompleteTrace>().is_some() {
-                return ExitCode::from(capture_cmd::EXIT_TRACE_INCOMPLETE);
-            }
-            ExitCode::FAILURE
+            status.into()
         }
     }
 }

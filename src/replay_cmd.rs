@@ -12,9 +12,11 @@ use replay::config::{
     SessionMode, Shard, Slo, Target,
 };
 
+use crate::exit::{ExitStatus, Failure};
 use crate::flags::{
     command_line, parse_duration, parse_fraction, parse_kv, parse_percentile, parse_rate,
 };
+use crate::signals::{self, Signal};
 use crate::sim_cmd::{EmbeddedSim, SimOpts, DEFAULT_PROFILE};
 
 /// `--start-at`: RFC 3339 (`2026-01-02T03:04:05Z`) or `+DURATION` from now, as epoch µs.
@@ -319,7 +321,7 @@ fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
     }
 }
 
-pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
+pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
     // The trace is streamed: its files' footers now, its rows as the run reaches them (a
     // sweep or repeats read it whole below).
     let stream = store::open_stream(&a.traces).context("reading the trace")?;
@@ -410,7 +412,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
             &progress_bar(cfg.progress),
         );
         drop(sim_guard);
-        return r;
+        return r.map(|()| ExitStatus::Success);
     }
     // The trace's content hash is known once the run has read it (the stream hashes its rows
     // as they go by; a run that stopped early reads the rest of the ids then): nothing reads
@@ -500,22 +502,20 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<()> {
         eprintln!("{} result rows written to {}", w.rows, w.at);
     }
     // A stopped run wrote what it measured, marked partial: the exit status says it stopped.
-    if let Some(code) = interrupted_exit(&runs, &stop) {
-        std::process::exit(code);
+    if let Some(status) = interrupted_exit(&runs, &stop) {
+        return Ok(status);
     }
     // A run most of whose requests failed measured a broken target, not a slow one: say so
     // in the exit status, after everything was written.
     if let Some(why) = results::outputs::too_many_failed(&runs, a.max_failed) {
-        eprintln!("error: {why}");
-        std::process::exit(EXIT_FAILED_REQUESTS);
+        return Err(Failure::error(ExitStatus::FailedRequests, why));
     }
     if a.fail_on_slo {
         if let Some(why) = results::outputs::failed_verdicts(&cfg, &runs) {
-            eprintln!("error: {why}");
-            std::process::exit(EXIT_SLO_FAIL);
+            return Err(Failure::error(ExitStatus::SloFail, why));
         }
     }
-    Ok(())
+    Ok(ExitStatus::Success)
 }
 
 /// Rows [`prompt_note`] looks at when the footers do not say: enough to say how prompts are
@@ -551,45 +551,19 @@ fn prompt_note(stream: &trace_format::TraceStream, tok: Option<&str>) -> Result<
     )
 }
 
-/// Exit status of a replay in which more than `--max-failed` of a target's requests failed.
-const EXIT_FAILED_REQUESTS: i32 = 4;
-
-/// Exit status of a replay with `--fail-on-slo` in which a target's verdict is FAIL.
-const EXIT_SLO_FAIL: i32 = 6;
-
-/// Exit status of a replay stopped by SIGINT, after the results of what ran were written
-/// (128 + 2, as a shell shows a process the signal ended).
-pub(crate) const EXIT_SIGINT: i32 = 130;
-
-/// Exit status of a replay stopped by SIGTERM, after the results of what ran were written
-/// (128 + 15).
-pub(crate) const EXIT_SIGTERM: i32 = 143;
-
-/// The exit status of a signal's name.
-fn signal_exit(name: &str) -> i32 {
-    if name == "SIGTERM" {
-        EXIT_SIGTERM
-    } else {
-        EXIT_SIGINT
-    }
-}
-
 /// The exit status that says the replay was stopped by a signal: the first signal's (a run
 /// marked interrupted, or a stop that came after the runs had ended); None when nothing
 /// stopped it.
 fn interrupted_exit(
     runs: &[(replay::RunOutput, replay::Metrics)],
     stop: &replay::Stop,
-) -> Option<i32> {
+) -> Option<ExitStatus> {
     let state = stop.state();
     let reason = runs
         .iter()
         .find_map(|(r, _)| r.interrupted.as_ref().map(|i| i.reason.clone()))
         .or_else(|| state.reason().map(String::from))?;
-    match reason.as_str() {
-        "SIGINT" | "SIGTERM" => Some(signal_exit(&reason)),
-        _ => None,
-    }
+    Signal::named(&reason).map(Signal::status)
 }
 
 /// SIGINT and SIGTERM stop the run through `stop` (from here on, for the rest of the
@@ -598,48 +572,28 @@ fn interrupted_exit(
 /// written), a third exits at once with the first signal's status (rows that finished are
 /// in the --results journal).
 fn stop_on_signals(stop: &replay::Stop, drain: Duration) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("signal runtime")?;
-    let (mut int, mut term) = {
-        let _in_rt = rt.enter();
-        (
-            signal(SignalKind::interrupt()).context("SIGINT handler")?,
-            signal(SignalKind::terminate()).context("SIGTERM handler")?,
-        )
-    };
-    let stop = stop.clone();
-    std::thread::Builder::new()
-        .name("stop-signals".into())
-        .spawn(move || {
-            rt.block_on(async move {
-                for n in 1.. {
-                    let name = tokio::select! {
-                        _ = int.recv() => "SIGINT",
-                        _ = term.recv() => "SIGTERM",
-                    };
-                    match n {
-                        1 => eprintln!(
-                            "llmreplay replay: {name}: stopping; requests in flight may finish \
-                             for up to {drain:?}, then the results of what ran are written \
-                             (signal again to cancel them now)"
-                        ),
-                        2 => {
-                            eprintln!("llmreplay replay: {name}: cancelling the requests in flight")
-                        }
-                        _ => {
-                            let first = stop.state().reason().unwrap_or(name).to_string();
-                            eprintln!("llmreplay replay: {name}: exiting at once");
-                            std::process::exit(signal_exit(&first));
-                        }
-                    }
-                    stop.request(name);
-                }
-            })
-        })
-        .context("signal thread")?;
+    let (first, second) = (stop.clone(), stop.clone());
+    signals::watch(
+        "replay",
+        vec![
+            Box::new(move |sig: Signal| {
+                eprintln!(
+                    "llmreplay replay: {}: stopping; requests in flight may finish for up to \
+                     {drain:?}, then the results of what ran are written (signal again to \
+                     cancel them now)",
+                    sig.name()
+                );
+                first.request(sig.name());
+            }),
+            Box::new(move |sig: Signal| {
+                eprintln!(
+                    "llmreplay replay: {}: cancelling the requests in flight",
+                    sig.name()
+                );
+                second.request(sig.name());
+            }),
+        ],
+    )?;
     Ok(())
 }
 

@@ -260,9 +260,6 @@ pub struct CompareArgs {
     fail_on_regression: bool,
 }
 
-/// Exit status of `compare --fail-on-regression` when a regression is found.
-pub const EXIT_REGRESSION: u8 = 3;
-
 fn read_files(paths: &[PathBuf]) -> Result<Vec<ResultFile>> {
     paths
         .iter()

@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::flags::parse_duration;
+use crate::signals;
 
 #[derive(Args, Debug, Clone)]
 pub(crate) struct SimOpts {
@@ -172,6 +173,8 @@ pub(crate) fn run_sim(a: SimArgs) -> Result<()> {
     }
     let cfg = a.sim.config()?;
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+    // The first signal stops it, the second exits at once.
+    let mut stopped = signals::watch("sim", vec![signals::graceful()])?;
     rt.block_on(async move {
         let handle = sim::start(a.listen, cfg)
             .await
@@ -180,23 +183,10 @@ pub(crate) fn run_sim(a: SimArgs) -> Result<()> {
             "llmreplay sim listening on {} (Ctrl-C to stop)",
             handle.url()
         );
-        tokio::signal::ctrl_c()
-            .await
-            .context("waiting for Ctrl-C")?;
+        stopped.wait().await;
         handle.shutdown().await;
         Ok(())
     })
-}
-
-/// Waits for SIGINT or SIGTERM.
-async fn shutdown_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
-        _ = term.recv() => {}
-    }
-    Ok(())
 }
 
 fn run_ground_truth(a: &SimArgs) -> Result<()> {
@@ -213,6 +203,7 @@ fn run_ground_truth(a: &SimArgs) -> Result<()> {
         tokens_per_chunk: a.sim.tokens_per_chunk,
         ..Default::default()
     };
+    let mut stopped = signals::watch("sim", vec![signals::graceful()])?;
     let gt = sim::groundtruth::GroundTruth::start(a.listen, cfg)
         .with_context(|| format!("binding {}", a.listen))?;
     eprintln!(
@@ -226,7 +217,7 @@ fn run_ground_truth(a: &SimArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    rt.block_on(shutdown_signal())?;
+    rt.block_on(stopped.wait());
     if let Some(p) = &a.chunk_log {
         let log = gt.log();
         let mut f = std::io::BufWriter::new(

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProxyError {
-    /// The configuration is invalid (bad upstream URL, sample rate, header name...).
+    /// The configuration is invalid (bad upstream URL, sample rate, header name...): from
+    /// [`crate::ProxyConfig::validate`]. The cause is in the message, not also a `source`.
     #[error("invalid capture configuration: {0}")]
-    Config(String),
+    Config(ConfigError),
     /// A listening socket could not be bound.
     #[error("cannot bind {addr}: {cause}")]
     Bind {
@@ -38,6 +39,85 @@ pub enum ProxyError {
     /// Other I/O error (in the message, not also a `source`).
     #[error("I/O error: {0}")]
     Io(std::io::Error),
+}
+
+/// What is wrong with a [`crate::ProxyConfig`] ([`crate::ProxyConfig::validate`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The upstream URL is not one the proxy can forward to.
+    #[error("--upstream {url:?}: {why}")]
+    Upstream {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The sample rate is outside (0, 1].
+    #[error("sample rate {0} must be in (0, 1]")]
+    SampleRate(f64),
+    /// A setting that must be positive is zero.
+    #[error("{} must be > 0", .0.field())]
+    Zero(Setting),
+    /// The session header is not a header name.
+    #[error("{0:?} is not a header name")]
+    SessionHeader(String),
+    /// The session header carries credentials.
+    #[error("{0:?} holds credentials and cannot be recorded as the session id")]
+    SecretSessionHeader(String),
+    /// The upstream's TLS client could not be configured.
+    #[error("TLS client: {0}")]
+    TlsClient(String),
+}
+
+/// A setting of [`crate::ProxyConfig`] that must be positive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Setting {
+    /// `block_size`.
+    BlockSize,
+    /// `max_file_bytes`.
+    MaxFileBytes,
+    /// `max_request_body`.
+    MaxRequestBody,
+    /// `queue_capacity`.
+    QueueCapacity,
+    /// `max_sse_event`.
+    MaxSseEvent,
+    /// `client.first_byte`.
+    ClientFirstByte,
+    /// `client.header`.
+    ClientHeader,
+    /// `client.keepalive`.
+    ClientKeepalive,
+    /// `client.body`.
+    ClientBody,
+    /// `threads`.
+    Threads,
+}
+
+impl Setting {
+    /// The field of [`crate::ProxyConfig`] it is.
+    pub fn field(self) -> &'static str {
+        match self {
+            Setting::BlockSize => "block_size",
+            Setting::MaxFileBytes => "max_file_bytes",
+            Setting::MaxRequestBody => "max_request_body",
+            Setting::QueueCapacity => "queue_capacity",
+            Setting::MaxSseEvent => "max_sse_event",
+            Setting::ClientFirstByte => "client.first_byte",
+            Setting::ClientHeader => "client.header",
+            Setting::ClientKeepalive => "client.keepalive",
+            Setting::ClientBody => "client.body",
+            Setting::Threads => "threads",
+        }
+    }
+}
+
+impl From<ConfigError> for ProxyError {
+    fn from(e: ConfigError) -> Self {
+        ProxyError::Config(e)
+    }
 }
 
 impl From<trace_format::Error> for ProxyError {

@@ -23,14 +23,13 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use trace_format::Outcome;
 
 use crate::config::{ForwardedHeaders, ProxyConfig};
-use crate::error::{ProxyError, Result};
 use crate::limits::TimedBody;
 use crate::metrics::Metrics;
 use crate::phases::Phases;
 use crate::reach::Reach;
 use crate::record::UpstreamBody;
-use crate::tls;
 use crate::upstream::{LeanUpstream, SendError};
+use crate::validated::Upstream;
 
 /// The body of a request to the upstream: a generation request's, read whole, or a
 /// pass-through request's, streamed under the client's body timeout.
@@ -102,44 +101,7 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-/// The parsed upstream base URL.
-#[derive(Debug)]
-pub(crate) struct Upstream {
-    scheme: http::uri::Scheme,
-    pub(crate) authority: http::uri::Authority,
-    base_path: String,
-}
-
 impl Upstream {
-    /// Parses `--upstream`: `http://` or `https://`, a host, no credentials, no query.
-    pub(crate) fn parse(url: &str) -> Result<Upstream> {
-        let bad = |why: &str| ProxyError::Config(format!("--upstream {url:?}: {why}"));
-        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| bad("needs http:// or https://"))?;
-        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
-            return Err(bad("only http and https are supported"));
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| bad("needs a host"))?;
-        if authority.as_str().contains('@') {
-            return Err(bad("credentials in the URL are not supported"));
-        }
-        if uri.query().is_some() {
-            return Err(bad("a query string is not supported"));
-        }
-        let base_path = uri.path().trim_end_matches('/').to_string();
-        Ok(Upstream {
-            scheme,
-            authority,
-            base_path,
-        })
-    }
-
     fn uri(&self, path_and_query: &str) -> Option<Uri> {
         Uri::builder()
             .scheme(self.scheme.clone())
@@ -172,9 +134,10 @@ impl Forward {
     /// reachability shows in `metrics` once checked ([`Forward::reach`]).
     pub(crate) fn new(
         upstream: Upstream,
+        tls: rustls::ClientConfig,
         cfg: &ProxyConfig,
         metrics: Arc<Metrics>,
-    ) -> Result<Forward> {
+    ) -> Forward {
         let port = upstream.authority.port_u16().unwrap_or(
             if upstream.scheme == http::uri::Scheme::HTTPS {
                 443
@@ -189,12 +152,12 @@ impl Forward {
             cfg.upstream_connect_timeout,
             metrics,
         ));
-        let client = build_client(cfg, UpstreamDns(resolver))?;
+        let client = build_client(cfg, tls, UpstreamDns(resolver));
         let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
             .then(|| LeanUpstream::new(&upstream.authority, cfg))
             .flatten()
             .map(Arc::new);
-        Ok(Forward {
+        Forward {
             upstream,
             client,
             lean,
@@ -202,7 +165,7 @@ impl Forward {
             reach,
             forwarded: cfg.forwarded,
             proto: HeaderValue::from_static(if cfg.tls.is_some() { "https" } else { "http" }),
-        })
+        }
     }
 
     /// The upstream's reachability.
@@ -399,24 +362,23 @@ impl Forward {
     }
 }
 
-fn build_client(cfg: &ProxyConfig, dns: UpstreamDns) -> Result<UpClient> {
+fn build_client(cfg: &ProxyConfig, tls: rustls::ClientConfig, dns: UpstreamDns) -> UpClient {
     let mut http = HttpConnector::new_with_resolver(dns);
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(cfg.upstream_connect_timeout));
-    let tls = tls::client_config(cfg.upstream_ca.as_deref())?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
+    Client::builder(TokioExecutor::new())
         .pool_idle_timeout(cfg.upstream_pool_idle_timeout)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .http2_only(cfg.upstream_h2)
-        .build(connector))
+        .build(connector)
 }
 
 /// The headers a message's `Connection` names (hop-by-hop for this message).
@@ -461,12 +423,13 @@ mod tests {
             "http://127.0.0.1:9/base/",
             "/tmp/unused",
         );
+        let p = cfg.validate().unwrap().into_parts();
         let f = Forward::new(
-            Upstream::parse(&cfg.upstream).unwrap(),
-            &cfg,
+            p.upstream,
+            p.upstream_tls,
+            &p.cfg,
             Arc::new(Metrics::default()),
-        )
-        .unwrap();
+        );
         let req = Request::builder()
             .method("POST")
             .uri("/v1/completions?x=1")
@@ -536,12 +499,13 @@ mod tests {
                 "/tmp/unused",
             );
             cfg.forwarded = mode;
+            let p = cfg.validate().unwrap().into_parts();
             let f = Forward::new(
-                Upstream::parse(&cfg.upstream).unwrap(),
-                &cfg,
+                p.upstream,
+                p.upstream_tls,
+                &p.cfg,
                 Arc::new(Metrics::default()),
-            )
-            .unwrap();
+            );
             let (mut parts, ()) = Request::builder()
                 .method("POST")
                 .uri("/v1/completions")

@@ -14,7 +14,8 @@
 //! - Records go through a bounded queue to the trace writer's own thread; a full queue drops
 //!   and counts, never delays a request.
 //!
-//! Start one with [`start`] and stop it with [`ProxyHandle::shutdown`].
+//! Validate a [`ProxyConfig`] once ([`ProxyConfig::validate`]), start the proxy on it with
+//! [`start`] and stop it with [`ProxyHandle::shutdown`].
 #![deny(missing_docs)]
 
 mod accept;
@@ -44,13 +45,15 @@ mod sink;
 mod state;
 mod tls;
 mod upstream;
+mod validated;
 
 pub use config::{ClientLimits, ForwardedHeaders, ProxyConfig, RecordBodies, TlsFiles, UsageMode};
-pub use error::{ProxyError, Result};
+pub use error::{ConfigError, ProxyError, Result, Setting};
 pub use metrics::Metrics;
 pub use observe::{StreamObserver, Strip};
-pub use server::{start, ProxyHandle, ShutdownReport, SECRET_HEADERS};
+pub use server::{start, ProxyHandle, ShutdownReport};
 pub use tokenize::Tokenizer;
+pub use validated::{ValidatedProxyConfig, SECRET_HEADERS};
 
 /// The runtime to run [`start`] on: the caller's thread serves too, as one of the proxy's
 /// serving threads, so it is built as theirs are.

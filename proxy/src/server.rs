@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::HeaderName;
 use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -28,9 +27,9 @@ use trace_format::{FileMeta, Producer, WriterConfig};
 
 use crate::accept::{fd_exhausted, spare_fd, AcceptBackoff, AcceptTurns};
 use crate::admin::admin_response;
-use crate::config::{ProxyConfig, RecordBodies};
+use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
-use crate::forward::{ClientAddr, Forward, Upstream};
+use crate::forward::{ClientAddr, Forward};
 use crate::handler::handle;
 use crate::limits::{ConnPhase, Guarded, GuardedIo};
 use crate::metrics::Metrics;
@@ -39,17 +38,7 @@ use crate::prompts::PromptQueue;
 use crate::record::Recorder;
 use crate::sink::{self, WriterThread};
 use crate::state::Shared;
-use crate::tls;
-
-/// Header values that are credentials: never recorded, logged or used as a label.
-pub const SECRET_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "api-key",
-    "x-api-key",
-    "cookie",
-    "set-cookie",
-];
+use crate::validated::{Parts, ValidatedProxyConfig};
 
 /// What a finished proxy did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -125,18 +114,19 @@ impl ProxyHandle {
 /// crash left in `cfg.out`: what cannot be finished on a full disk is kept and retried,
 /// damaged journals are set aside, neither stops the start), and serves on the current tokio
 /// runtime (ideally one built by [`crate::serving_runtime`], as the proxy's other serving
-/// threads' are) until [`ProxyHandle::shutdown`].
-pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
-    let upstream = Upstream::parse(&cfg.upstream)?;
-    let session_header = checked(&cfg)?;
-    let acceptor = match &cfg.tls {
-        Some(files) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
-            tls::server_config(files)?,
-        ))),
-        None => None,
-    };
+/// threads' are) until [`ProxyHandle::shutdown`]. The configuration was checked once, by
+/// [`ProxyConfig::validate`](crate::ProxyConfig::validate).
+pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
+    let Parts {
+        cfg,
+        upstream,
+        session_header,
+        tls,
+        upstream_tls,
+    } = cfg.into_parts();
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let metrics = Arc::new(Metrics::default());
-    let forward = Forward::new(upstream, &cfg, metrics.clone())?;
+    let forward = Forward::new(upstream, upstream_tls, &cfg, metrics.clone());
 
     let bind_err = |cause| ProxyError::Bind {
         addr: cfg.listen,
@@ -260,31 +250,6 @@ pub async fn start(cfg: ProxyConfig) -> Result<ProxyHandle> {
         stop: stop_tx,
         task,
     })
-}
-
-/// Checks what [`start`] cannot check by type: the sample rate and block size, and that the
-/// session header is a header name that holds no credentials (returned).
-fn checked(cfg: &ProxyConfig) -> Result<Option<HeaderName>> {
-    if !(cfg.sample_rate > 0.0 && cfg.sample_rate <= 1.0) {
-        return Err(ProxyError::Config(format!(
-            "sample rate {} must be in (0, 1]",
-            cfg.sample_rate
-        )));
-    }
-    if cfg.block_size == 0 {
-        return Err(ProxyError::Config("block size must be > 0".into()));
-    }
-    let Some(h) = &cfg.session_header else {
-        return Ok(None);
-    };
-    let name = HeaderName::from_bytes(h.as_bytes())
-        .map_err(|_| ProxyError::Config(format!("{h:?} is not a header name")))?;
-    if SECRET_HEADERS.contains(&name.as_str()) {
-        return Err(ProxyError::Config(format!(
-            "{h:?} holds credentials and cannot be recorded as the session id"
-        )));
-    }
-    Ok(Some(name))
 }
 
 /// The trace writer's configuration: where, rotation, and the file metadata of a capture.

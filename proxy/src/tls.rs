@@ -8,7 +8,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::TlsFiles;
-use crate::error::{ProxyError, Result};
+use crate::error::{ConfigError, ProxyError, Result};
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -59,7 +59,7 @@ pub(crate) fn client_config(ca: Option<&Path>) -> Result<rustls::ClientConfig> {
     }
     let cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| ProxyError::Config(format!("TLS client: {e}")))?
+        .map_err(|e| ConfigError::TlsClient(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(cfg)

@@ -69,7 +69,9 @@ async fn pipelined_requests_and_a_handoff_to_hyper_on_one_connection() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cfg = proxy::ProxyConfig::new("127.0.0.1:0".parse().unwrap(), sim.url(), dir.path());
-    let p = proxy::start(cfg).await.expect("proxy");
+    let p = proxy::start(cfg.validate().expect("config"))
+        .await
+        .expect("proxy");
     let addr = p.addr();
     let raw = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -184,7 +186,9 @@ async fn a_client_gone_before_the_response_head_cancels_the_request() {
         format!("http://{up_addr}"),
         dir.path(),
     );
-    let p = proxy::start(cfg).await.expect("proxy");
+    let p = proxy::start(cfg.validate().expect("config"))
+        .await
+        .expect("proxy");
     let addr = p.addr();
     tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();

@@ -48,7 +48,9 @@ async fn tls_listener_and_private_ca_upstream_with_h2() {
         dir.path().join("b"),
     );
     b.tls = Some(tls_files());
-    let b = proxy::start(b).await.expect("proxy b");
+    let b = proxy::start(b.validate().expect("config"))
+        .await
+        .expect("proxy b");
     let mut a = ProxyConfig::new(
         "127.0.0.1:0".parse().unwrap(),
         format!("https://localhost:{}", b.addr().port()),
@@ -56,7 +58,9 @@ async fn tls_listener_and_private_ca_upstream_with_h2() {
     );
     a.tls = Some(tls_files());
     a.upstream_ca = Some(data("ca.pem"));
-    let a = proxy::start(a).await.expect("proxy a");
+    let a = proxy::start(a.validate().expect("config"))
+        .await
+        .expect("proxy a");
 
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(data("ca.pem")).unwrap() {

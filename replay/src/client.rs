@@ -20,7 +20,7 @@ use wire::sse::SseParser;
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules, StreamTally, Verdict};
 use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
 
-use crate::config::RequestOptions;
+use crate::config::{Endpoint, RequestOptions};
 use crate::error::ReplayError;
 use crate::request::BuiltRequest;
 
@@ -40,39 +40,6 @@ fn is_sse(r: &httparse::Response<'_, '_>) -> Result<bool, String> {
                 .get(..17)
                 .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
     }))
-}
-
-/// Where a target lives, parsed from its URL.
-#[derive(Debug, Clone)]
-struct Endpoint {
-    https: bool,
-    host: String,
-    port: u16,
-    authority: String,
-    base_path: String,
-}
-
-fn parse_url(url: &str) -> Result<Endpoint, String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    let https = match uri.scheme_str() {
-        Some("http") => false,
-        Some("https") => true,
-        _ => return Err(format!("{url}: scheme must be http or https")),
-    };
-    let auth = uri.authority().ok_or_else(|| format!("{url}: no host"))?;
-    let host = auth
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let port = auth.port_u16().unwrap_or(if https { 443 } else { 80 });
-    Ok(Endpoint {
-        https,
-        host,
-        port,
-        authority: auth.as_str().to_string(),
-        base_path: uri.path().trim_end_matches('/').to_string(),
-    })
 }
 
 /// What one exchange produced, ready to become a trace row.
@@ -127,14 +94,15 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for `url` with the headers, API key, CA bundle and connection settings of
-    /// `opts`, and `timeout` per request (from its write; connecting has its own timeout).
+    /// A client for the target at `ep` (parsed by [`crate::ReplayConfig::validate`]) with
+    /// the headers, API key, CA bundle and connection settings of `opts`, and `timeout` per
+    /// request (from its write; connecting has its own timeout).
     pub fn new(
-        url: &str,
+        ep: &Endpoint,
         opts: &RequestOptions,
         timeout: Duration,
     ) -> Result<Arc<Client>, ReplayError> {
-        let ep = parse_url(url).map_err(ReplayError::Config)?;
+        let ep = ep.clone();
         let mut lines: Vec<(String, String)> = vec![
             ("host".into(), ep.authority.clone()),
             ("content-type".into(), "application/json".into()),
@@ -644,7 +612,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             .unwrap();
         let ex = rt.block_on(async {
             let opts = crate::config::ReplayConfig::new(Vec::new()).request;
-            let client = Client::new(&url, &opts, Duration::from_secs(10)).unwrap();
+            let client = Client::new(&crate::config::Endpoint::parse(&url).unwrap(), &opts, Duration::from_secs(10)).unwrap();
             let req = BuiltRequest {
                 endpoint: "/v1/completions".into(),
                 stream: true,
@@ -668,22 +636,6 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
     }
 
     #[test]
-    fn urls_parse() {
-        let e = parse_url("http://127.0.0.1:8000").unwrap();
-        assert_eq!(
-            (e.https, e.host.as_str(), e.port, e.base_path.as_str()),
-            (false, "127.0.0.1", 8000, "")
-        );
-        let e = parse_url("https://api.example.com/proxy/").unwrap();
-        assert_eq!(
-            (e.https, e.port, e.base_path.as_str()),
-            (true, 443, "/proxy")
-        );
-        let e = parse_url("http://[::1]:9").unwrap();
-        assert_eq!(e.host, "::1");
-        assert!(parse_url("ftp://x").is_err());
-    }
-
     /// Requests carry the context they are given as a `traceparent`, unless traceparents are
     /// off (`--no-traceparent`) or a `--header traceparent` is sent instead.
     #[tokio::test]
@@ -691,7 +643,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         let ctx = TraceContext::derive("run", "r1");
         let want = format!("traceparent: {ctx}\r\n");
         let head = |opts: &RequestOptions| {
-            let c = Client::new("http://127.0.0.1:9", opts, Duration::from_secs(1)).unwrap();
+            let c = Client::new(&crate::config::Endpoint::parse("http://127.0.0.1:9").unwrap(), opts, Duration::from_secs(1)).unwrap();
             let r = c.request("POST", "/v1/completions", b"{}", Some("r1"), Some(&ctx));
             (c.sends_traceparent(), String::from_utf8(r).unwrap())
         };

@@ -65,6 +65,47 @@ impl FromStr for Target {
     }
 }
 
+/// Where a target lives, parsed from its URL once, by [`ReplayConfig::validate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `https://` (else `http://`).
+    pub https: bool,
+    /// Host name or address (an IPv6 address without its brackets).
+    pub host: String,
+    /// Port (the scheme's default when the URL gives none).
+    pub port: u16,
+    /// Host and port as the URL gives them (the `Host` header).
+    pub authority: String,
+    /// Path prefix put before each request's path, without a trailing `/` (empty: none).
+    pub base_path: String,
+}
+
+impl Endpoint {
+    /// Parses a target's base URL.
+    pub fn parse(url: &str) -> Result<Endpoint, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(format!("{url}: scheme must be http or https")),
+        };
+        let auth = uri.authority().ok_or_else(|| format!("{url}: no host"))?;
+        let host = auth
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = auth.port_u16().unwrap_or(if https { 443 } else { 80 });
+        Ok(Endpoint {
+            https,
+            host,
+            port,
+            authority: auth.as_str().to_string(),
+            base_path: uri.path().trim_end_matches('/').to_string(),
+        })
+    }
+}
+
 /// The paths that end an OpenAI API endpoint: a target URL ending in one (with or without
 /// `/v1` before it) names an endpoint, not a server.
 const ENDPOINT_PATHS: &[&str] = &[
@@ -670,7 +711,15 @@ impl ReplayConfig {
         if self.start_at_us.is_some() && self.targets.len() > 1 {
             return bad("--start-at starts one run: give a single --target".into());
         }
-        Ok(ValidatedConfig(self.clone()))
+        let endpoints = self
+            .targets
+            .iter()
+            .map(|t| Endpoint::parse(&t.url).map_err(ReplayError::Config))
+            .collect::<Result<_, _>>()?;
+        Ok(ValidatedConfig {
+            cfg: self.clone(),
+            endpoints,
+        })
     }
 }
 
@@ -678,18 +727,78 @@ impl ReplayConfig {
 /// through `Deref`), so what was checked is what runs. To derive a variant, clone the
 /// `ReplayConfig` (`(*cfg).clone()`), change it and validate it again.
 #[derive(Debug, Clone)]
-pub struct ValidatedConfig(ReplayConfig);
+pub struct ValidatedConfig {
+    cfg: ReplayConfig,
+    /// Each target's parsed URL, in the order of `targets`.
+    endpoints: Vec<Endpoint>,
+}
+
+impl ValidatedConfig {
+    /// Where `target` (one of this configuration's) lives, as its URL was parsed.
+    pub fn endpoint(&self, target: &Target) -> Result<&Endpoint, ReplayError> {
+        self.cfg
+            .targets
+            .iter()
+            .position(|t| t == target)
+            .map(|i| &self.endpoints[i])
+            .ok_or_else(|| ReplayError::Config(format!("target {} is not configured", target.name)))
+    }
+}
 
 impl std::ops::Deref for ValidatedConfig {
     type Target = ReplayConfig;
     fn deref(&self) -> &ReplayConfig {
-        &self.0
+        &self.cfg
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_parse() {
+        let e = Endpoint::parse("http://127.0.0.1:8000").unwrap();
+        assert_eq!(
+            (e.https, e.host.as_str(), e.port, e.base_path.as_str()),
+            (false, "127.0.0.1", 8000, "")
+        );
+        let e = Endpoint::parse("https://api.example.com/proxy/").unwrap();
+        assert_eq!(
+            (e.https, e.port, e.base_path.as_str()),
+            (true, 443, "/proxy")
+        );
+        let e = Endpoint::parse("http://[::1]:9").unwrap();
+        assert_eq!(e.host, "::1");
+        assert!(Endpoint::parse("ftp://x").is_err());
+    }
+
+    /// Validation parses each target's URL once and keeps it: the client takes it from
+    /// there, and a URL it cannot parse is refused before any run.
+    #[test]
+    fn validation_keeps_each_targets_parsed_url() {
+        let targets: Vec<Target> = ["a=http://127.0.0.1:8000", "b=https://gw.example.com/team"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let v = ReplayConfig::new(targets.clone()).validate().unwrap();
+        let b = v.endpoint(&targets[1]).unwrap();
+        assert_eq!(
+            (b.https, b.authority.as_str(), b.port, b.base_path.as_str()),
+            (true, "gw.example.com", 443, "/team")
+        );
+        assert_eq!(v.endpoint(&targets[0]).unwrap().port, 8000);
+        let other: Target = "c=http://h:1".parse().unwrap();
+        assert!(v.endpoint(&other).is_err());
+        let bad = Target {
+            name: "x".into(),
+            url: "http://".into(),
+        };
+        assert!(matches!(
+            ReplayConfig::new(vec![bad]).validate(),
+            Err(ReplayError::Config(_))
+        ));
+    }
 
     #[test]
     fn targets_parse_with_and_without_names() {

@@ -85,7 +85,11 @@ pub fn replay(
         let run_id = format!("{run_base}-{i}");
         // The server's histograms before and after: its own view of exactly this run.
         let scraper = if cfg.server_metrics {
-            client::Client::new(&target.url, &cfg.request, std::time::Duration::from_secs(5)).ok()
+            cfg.endpoint(target)
+                .and_then(|ep| {
+                    client::Client::new(ep, &cfg.request, std::time::Duration::from_secs(5))
+                })
+                .ok()
         } else {
             None
         };

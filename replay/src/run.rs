@@ -219,7 +219,8 @@ pub fn run_target(
     sink: &mut dyn RowSink,
     stop: &Stop,
 ) -> Result<(RunOutput, Metrics), ReplayError> {
-    let client = Client::new(&target.url, &cfg.request, cfg.request.timeout)?;
+    let endpoint = cfg.endpoint(target)?;
+    let client = Client::new(endpoint, &cfg.request, cfg.request.timeout)?;
     let info = rt.block_on(discover(&client, target))?;
     let model = cfg
         .request
@@ -319,7 +320,9 @@ fn run_fed(
     let sampler = cfg.server_metrics.then(|| {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         // Its own client, so scrapes never take a pooled request connection.
-        let scrape = Client::new(&target.url, &cfg.request, Duration::from_secs(5));
+        let scrape = cfg
+            .endpoint(target)
+            .and_then(|ep| Client::new(ep, &cfg.request, Duration::from_secs(5)));
         let task = scrape.ok().map(|c| {
             rt.spawn(crate::server_metrics::sample(
                 c,

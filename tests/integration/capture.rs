@@ -153,7 +153,9 @@ async fn byte_identical(mode: UsageMode, h2: bool) -> Vec<TraceRecord> {
     let out = fresh_path("identical");
     let mut c = cfg(&behind.url(), &out);
     c.usage = mode;
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let purl = p.url(false);
     let (dc, pc) = (client(), if h2 { h2_client() } else { client() });
     let mut n = 0;
@@ -270,7 +272,9 @@ async fn each_chunk_is_recorded_as_it_passes() {
     for attempt in 0..3 {
         let out = fresh_path("timing");
         let p = proxy_rt
-            .spawn(proxy::start(cfg(&s.url(), &out)))
+            .spawn(proxy::start(
+                cfg(&s.url(), &out).validate().expect("config"),
+            ))
             .await
             .unwrap()
             .expect("proxy");
@@ -362,7 +366,9 @@ async fn shutdown_during_200_streams(threads: usize) {
     let out = fresh_path("drain");
     let mut c = cfg(&s.url(), &out);
     c.threads = threads;
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let url = p.url(false);
     let c = client();
     let mut tasks = Vec::new();
@@ -416,7 +422,9 @@ async fn streams_cut_at_the_drain_timeout_on_two_serving_threads_are_all_recorde
     let out = fresh_path("cut2");
     let mut c = cfg(&s.url(), &out);
     c.threads = 2;
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let url = p.url(false);
     let c = client();
     let tasks: Vec<_> = (0..64)
@@ -473,7 +481,9 @@ async fn trace_files_are_private_and_hold_no_secret() {
     let mut c = cfg(&s.url(), &out);
     c.record_bodies = proxy::RecordBodies::Full;
     c.session_header = Some("x-session-id".into());
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let secrets = [
         ("authorization", "Bearer sk-SECRETAUTH0001"),
         ("api-key", "SECRETAPIKEY0002"),
@@ -547,9 +557,13 @@ fn closed_port() -> SocketAddr {
 async fn upstream_down_gives_502_and_a_row() {
     let _g = serial();
     let out = fresh_path("down");
-    let p = proxy::start(cfg(&format!("http://{}", closed_port()), &out))
-        .await
-        .expect("proxy");
+    let p = proxy::start(
+        cfg(&format!("http://{}", closed_port()), &out)
+            .validate()
+            .expect("config"),
+    )
+    .await
+    .expect("proxy");
     let g = post(
         &client(),
         &p.url(false),
@@ -595,7 +609,9 @@ async fn silent_upstream_gives_504_and_a_timeout_row() {
     let out = fresh_path("timeout");
     let mut c = cfg(&format!("http://{addr}"), &out);
     c.upstream_timeout = Duration::from_millis(200);
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let g = post(
         &client(),
         &p.url(false),
@@ -618,7 +634,9 @@ async fn client_disconnect_cancels_upstream_and_records_client_cancelled() {
     let _g = serial();
     let s = sim(5, 20).await;
     let out = fresh_path("cancel");
-    let p = proxy::start(cfg(&s.url(), &out)).await.expect("proxy");
+    let p = proxy::start(cfg(&s.url(), &out).validate().expect("config"))
+        .await
+        .expect("proxy");
     let c = client();
     let req = Request::post(format!("{}/v1/completions", p.url(false)))
         .body(Full::new(Bytes::from(req_body(false, true, None, 200))))
@@ -663,7 +681,9 @@ async fn refuses_connect_and_foreign_absolute_form() {
     let _g = serial();
     let s = sim(1, 1).await;
     let out = fresh_path("open");
-    let p = proxy::start(cfg(&s.url(), &out)).await.expect("proxy");
+    let p = proxy::start(cfg(&s.url(), &out).validate().expect("config"))
+        .await
+        .expect("proxy");
     let raw = |req: String| {
         let addr = p.addr();
         async move {
@@ -702,7 +722,9 @@ async fn admin_serves_metrics_and_health() {
     let out = fresh_path("admin");
     let mut c = cfg(&s.url(), &out);
     c.admin = Some("127.0.0.1:0".parse().unwrap());
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let admin = format!("http://{}", p.admin_addr().unwrap());
     post(
         &client(),
@@ -768,7 +790,9 @@ async fn recorded_chunk_times_follow_the_ground_truth_server() {
     let out = fresh_path("scripted");
     let mut c = cfg(&server.url(), &out);
     c.usage = UsageMode::Off; // the request asks for usage itself
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let g = post(
         &client(),
         &p.url(false),
@@ -899,7 +923,9 @@ async fn capture_with_gaps(
 ) -> Vec<TraceRecord> {
     let mut c = cfg(upstream, out);
     c.record_bodies = mode;
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let url = p.url(false);
     let cl = client();
     let start = tokio::time::Instant::now();
@@ -1155,7 +1181,9 @@ async fn tokenizer_blocks_and_counts_are_recorded_with_their_unit() {
     c.usage = UsageMode::Off;
     c.block_size = 4;
     c.tokenizer = tok.clone();
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let shared = "Summarize the following report about quarterly revenue in three bullet points";
     let prompts = [
         format!("{shared} for the sales team."),

@@ -103,11 +103,11 @@ fn parquet_ids(dir: &Path) -> Vec<String> {
 }
 
 /// Exit code of a capture that drained and stopped but could not finish its whole trace.
-const EXIT_INCOMPLETE: i32 = 3;
+const EXIT_INCOMPLETE: i32 = 7;
 
 /// The disk fills while capture serves: every client still gets the upstream's answer,
 /// `records_dropped_total` counts exactly the rows that never reach a file, the writer's
-/// errors are logged rate-limited, SIGTERM drains, prints the summary and exits 3; restarted
+/// errors are logged rate-limited, SIGTERM drains, prints the summary and exits 7; restarted
 /// on the still-full disk with the journal left, capture serves (the journal is kept); once
 /// there is space again the next start finishes the journal and nothing else is missing.
 #[test]

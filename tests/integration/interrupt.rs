@@ -202,29 +202,29 @@ fn sigint_mid_run_writes_a_partial_result_that_report_reads() {
 }
 
 /// Requests of ~20 s and a drain of 60 s: the first signal would wait for them; the second
-/// cancels them at once, and the result (the first signal's) still gets written.
-#[test]
-fn a_second_signal_cancels_the_requests_in_flight_at_once() {
-    let dir = tmpdir("second");
+/// cancels them at once, and the result (the first signal's, with its exit status) still
+/// gets written.
+fn second_signal(first: i32, first_name: &str, status: i32) {
+    let dir = tmpdir(&format!("second-{first_name}"));
     let t = trace(&dir);
     let gt = ground_truth(Duration::from_secs(5));
     let child = spawn_replay(&t, &gt, &dir, &["--drain-timeout", "60s"]);
     wait_into_the_run(&gt, Duration::from_secs(2));
-    signal(&child, libc::SIGTERM);
+    signal(&child, first);
     std::thread::sleep(Duration::from_millis(500));
     let t0 = Instant::now();
     signal(&child, libc::SIGINT);
     let (out, _) = finish(child, Duration::from_secs(15));
     let took = t0.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert_eq!(out.status.code(), Some(status), "{stderr}");
     assert!(
         took < Duration::from_secs(4),
         "{took:?} after the second signal; stderr: {stderr}"
     );
     let v = json(&dir.join("r.json"));
     let i = &v["llmreplay"]["interrupted"];
-    assert_eq!(i["reason"], "SIGTERM");
+    assert_eq!(i["reason"], first_name);
     assert!(i["cancelled"].as_u64().unwrap() > 0, "{i:#}");
     let rows = parquet_rows(&dir.join("r.parquet"));
     assert!(rows
@@ -232,6 +232,16 @@ fn a_second_signal_cancels_the_requests_in_flight_at_once() {
         .iter()
         .any(|r| r.outcome == trace_format::Outcome::ClientCancelled));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_second_signal_cancels_the_requests_in_flight_at_once() {
+    second_signal(libc::SIGTERM, "SIGTERM", 143);
+}
+
+#[test]
+fn a_second_sigint_cancels_the_requests_in_flight_and_exits_130() {
+    second_signal(libc::SIGINT, "SIGINT", 130);
 }
 
 /// kill -9 ~3 s in: the journal holds every request the server finished but those of the

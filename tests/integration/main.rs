@@ -41,6 +41,7 @@ mod capture_disk;
 mod capture_faults;
 mod cli;
 mod conn;
+mod exits;
 mod fidelity;
 mod first_send;
 mod importers;

@@ -53,7 +53,9 @@ async fn capture(
     c.usage = usage;
     c.record_bodies = bodies;
     c.recorder_shed_after = shed_after;
-    let p = proxy::start(c).await.expect("proxy");
+    let p = proxy::start(c.validate().expect("config"))
+        .await
+        .expect("proxy");
     let addr = p.addr();
     let bodies: Vec<String> = prompts
         .iter()

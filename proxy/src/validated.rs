@@ -1,0 +1,277 @@
+//! The proxy's configuration, checked once: [`ProxyConfig::validate`] turns it into the
+//! [`ValidatedProxyConfig`] that [`crate::start`] takes, holding what checking it parsed —
+//! the upstream URL (scheme, authority, path prefix), the session header's name, the
+//! listener's TLS configuration and the roots trusted upstream — so nothing is checked or
+//! parsed again when the proxy starts.
+
+use std::sync::Arc;
+
+use http::header::HeaderName;
+use http::Uri;
+
+use crate::config::ProxyConfig;
+use crate::error::{ConfigError, Result, Setting};
+use crate::tls;
+
+/// Header values that are credentials: never recorded, logged or used as a label.
+pub const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "api-key",
+    "x-api-key",
+    "cookie",
+    "set-cookie",
+];
+
+/// The parsed upstream base URL.
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream {
+    pub(crate) scheme: http::uri::Scheme,
+    pub(crate) authority: http::uri::Authority,
+    /// The path prefix, without a trailing `/` (empty: none).
+    pub(crate) base_path: String,
+}
+
+impl Upstream {
+    /// Parses the upstream URL: `http://` or `https://`, a host, no credentials, no query.
+    pub(crate) fn parse(url: &str) -> Result<Upstream, ConfigError> {
+        let bad = |why| ConfigError::Upstream {
+            url: url.to_string(),
+            why,
+        };
+        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| bad("needs http:// or https://"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(bad("only http and https are supported"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| bad("needs a host"))?;
+        if authority.as_str().contains('@') {
+            return Err(bad("credentials in the URL are not supported"));
+        }
+        if uri.query().is_some() {
+            return Err(bad("a query string is not supported"));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_string();
+        Ok(Upstream {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+}
+
+/// A [`ProxyConfig`] that [`ProxyConfig::validate`] accepted, with what it parsed;
+/// immutable from here on.
+#[derive(Debug, Clone)]
+pub struct ValidatedProxyConfig {
+    cfg: ProxyConfig,
+    upstream: Upstream,
+    session_header: Option<HeaderName>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    upstream_tls: rustls::ClientConfig,
+}
+
+/// A [`ValidatedProxyConfig`] taken apart by the server.
+pub(crate) struct Parts {
+    pub(crate) cfg: ProxyConfig,
+    pub(crate) upstream: Upstream,
+    pub(crate) session_header: Option<HeaderName>,
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) upstream_tls: rustls::ClientConfig,
+}
+
+impl ValidatedProxyConfig {
+    /// The configuration as given.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.cfg
+    }
+
+    /// The upstream's authority (host and port, as the URL gave them).
+    pub fn upstream_authority(&self) -> &str {
+        self.upstream.authority.as_str()
+    }
+
+    /// The upstream's scheme (`http` or `https`).
+    pub fn upstream_scheme(&self) -> &str {
+        self.upstream.scheme.as_str()
+    }
+
+    /// The upstream URL's path prefix, without a trailing `/` (empty: none).
+    pub fn upstream_path_prefix(&self) -> &str {
+        &self.upstream.base_path
+    }
+
+    /// The header recorded as `session_id`, parsed.
+    pub fn session_header(&self) -> Option<&HeaderName> {
+        self.session_header.as_ref()
+    }
+
+    /// Whether the listener serves TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    pub(crate) fn into_parts(self) -> Parts {
+        Parts {
+            cfg: self.cfg,
+            upstream: self.upstream,
+            session_header: self.session_header,
+            tls: self.tls,
+            upstream_tls: self.upstream_tls,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Checks the configuration once, into what [`crate::start`] takes: the upstream URL
+    /// parsed, the sample rate in (0, 1], sizes, the client timeouts and `threads` positive,
+    /// the session header a header name that is no credential, the listener's certificate
+    /// and key and the upstream's CA bundle loaded.
+    pub fn validate(self) -> Result<ValidatedProxyConfig> {
+        let upstream = Upstream::parse(&self.upstream)?;
+        if !(self.sample_rate > 0.0 && self.sample_rate <= 1.0) {
+            return Err(ConfigError::SampleRate(self.sample_rate).into());
+        }
+        for (setting, zero) in [
+            (Setting::BlockSize, self.block_size == 0),
+            (Setting::MaxFileBytes, self.max_file_bytes == 0),
+            (Setting::MaxRequestBody, self.max_request_body == 0),
+            (Setting::QueueCapacity, self.queue_capacity == 0),
+            (Setting::MaxSseEvent, self.max_sse_event == 0),
+            (Setting::ClientFirstByte, self.client.first_byte.is_zero()),
+            (Setting::ClientHeader, self.client.header.is_zero()),
+            (Setting::ClientKeepalive, self.client.keepalive.is_zero()),
+            (Setting::ClientBody, self.client.body.is_zero()),
+            (Setting::Threads, self.threads == 0),
+        ] {
+            if zero {
+                return Err(ConfigError::Zero(setting).into());
+            }
+        }
+        let session_header = self
+            .session_header
+            .as_deref()
+            .map(|h| {
+                let name = HeaderName::from_bytes(h.as_bytes())
+                    .map_err(|_| ConfigError::SessionHeader(h.to_string()))?;
+                if SECRET_HEADERS.contains(&name.as_str()) {
+                    return Err(ConfigError::SecretSessionHeader(h.to_string()));
+                }
+                Ok(name)
+            })
+            .transpose()?;
+        let tls = match &self.tls {
+            Some(files) => Some(Arc::new(tls::server_config(files)?)),
+            None => None,
+        };
+        let upstream_tls = tls::client_config(self.upstream_ca.as_deref())?;
+        Ok(ValidatedProxyConfig {
+            cfg: self,
+            upstream,
+            session_header,
+            tls,
+            upstream_tls,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ProxyError;
+    use std::time::Duration;
+
+    fn cfg(upstream: &str) -> ProxyConfig {
+        ProxyConfig::new("127.0.0.1:0".parse().unwrap(), upstream, "/tmp/unused")
+    }
+
+    fn config_error(c: ProxyConfig) -> ConfigError {
+        match c.validate() {
+            Err(ProxyError::Config(e)) => e,
+            other => panic!("not a configuration error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_yields_the_parsed_upstream_and_session_header() {
+        let mut c = cfg("https://gpu.example:8443/v1-proxy/");
+        c.session_header = Some("X-Session".into());
+        let v = c.validate().unwrap();
+        assert_eq!(v.upstream_scheme(), "https");
+        assert_eq!(v.upstream_authority(), "gpu.example:8443");
+        assert_eq!(v.upstream_path_prefix(), "/v1-proxy");
+        assert_eq!(v.session_header().unwrap().as_str(), "x-session");
+        assert!(!v.tls());
+    }
+
+    #[test]
+    fn each_check_names_what_it_refused() {
+        for (url, why) in [
+            ("gpu:8000", "needs http:// or https://"),
+            ("ftp://gpu:8000", "only http and https are supported"),
+            (
+                "http://u:p@gpu:8000",
+                "credentials in the URL are not supported",
+            ),
+            ("http://gpu:8000/?a=1", "a query string is not supported"),
+        ] {
+            assert_eq!(
+                config_error(cfg(url)),
+                ConfigError::Upstream {
+                    url: url.into(),
+                    why
+                }
+            );
+        }
+        let ok = || cfg("http://127.0.0.1:9");
+        let mut c = ok();
+        c.sample_rate = 0.0;
+        assert_eq!(config_error(c), ConfigError::SampleRate(0.0));
+        type Zero = fn(&mut ProxyConfig);
+        let zeroed: [(Setting, Zero); 10] = [
+            (Setting::BlockSize, |c| c.block_size = 0),
+            (Setting::MaxFileBytes, |c| c.max_file_bytes = 0),
+            (Setting::MaxRequestBody, |c| c.max_request_body = 0),
+            (Setting::QueueCapacity, |c| c.queue_capacity = 0),
+            (Setting::MaxSseEvent, |c| c.max_sse_event = 0),
+            (Setting::ClientFirstByte, |c| {
+                c.client.first_byte = Duration::ZERO
+            }),
+            (Setting::ClientHeader, |c| c.client.header = Duration::ZERO),
+            (Setting::ClientKeepalive, |c| {
+                c.client.keepalive = Duration::ZERO
+            }),
+            (Setting::ClientBody, |c| c.client.body = Duration::ZERO),
+            (Setting::Threads, |c| c.threads = 0),
+        ];
+        for (setting, zero) in zeroed {
+            let mut c = ok();
+            zero(&mut c);
+            assert_eq!(config_error(c), ConfigError::Zero(setting));
+        }
+        let mut c = ok();
+        c.session_header = Some("bad header".into());
+        assert_eq!(
+            config_error(c),
+            ConfigError::SessionHeader("bad header".into())
+        );
+        let mut c = ok();
+        c.session_header = Some("Authorization".into());
+        assert_eq!(
+            config_error(c),
+            ConfigError::SecretSessionHeader("Authorization".into())
+        );
+        let mut c = ok();
+        c.tls = Some(crate::TlsFiles {
+            cert: "/nonexistent/cert.pem".into(),
+            key: "/nonexistent/key.pem".into(),
+        });
+        assert!(matches!(c.validate(), Err(ProxyError::Tls { .. })));
+    }
+}

@@ -612,7 +612,12 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             .unwrap();
         let ex = rt.block_on(async {
             let opts = crate::config::ReplayConfig::new(Vec::new()).request;
-            let client = Client::new(&crate::config::Endpoint::parse(&url).unwrap(), &opts, Duration::from_secs(10)).unwrap();
+            let client = Client::new(
+                &crate::config::Endpoint::parse(&url).unwrap(),
+                &opts,
+                Duration::from_secs(10),
+            )
+            .unwrap();
             let req = BuiltRequest {
                 endpoint: "/v1/completions".into(),
                 stream: true,
@@ -643,7 +648,12 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         let ctx = TraceContext::derive("run", "r1");
         let want = format!("traceparent: {ctx}\r\n");
         let head = |opts: &RequestOptions| {
-            let c = Client::new(&crate::config::Endpoint::parse("http://127.0.0.1:9").unwrap(), opts, Duration::from_secs(1)).unwrap();
+            let c = Client::new(
+                &crate::config::Endpoint::parse("http://127.0.0.1:9").unwrap(),
+                opts,
+                Duration::from_secs(1),
+            )
+            .unwrap();
             let r = c.request("POST", "/v1/completions", b"{}", Some("r1"), Some(&ctx));
             (c.sends_traceparent(), String::from_utf8(r).unwrap())
         };

@@ -134,6 +134,9 @@ struct Used {
     peak: usize,
     /// The feed waits for the requests due to fall to `low_due`.
     backlogged: bool,
+    /// The feed is waiting on `freed` (a request that ends wakes it only then: a condvar's
+    /// notify is a futex syscall, and every request ends through [`Ticket`]'s drop).
+    waiting: bool,
     /// With `due` below `concurrency`: when the slots the requests due leave free were
     /// freed, oldest first; slots never taken (free since the start) are not listed, so
     /// there are at most `concurrency - due`.
@@ -203,7 +206,7 @@ impl Drop for Ticket {
             used.end_due(self.budget.concurrency, Instant::now());
         }
         // A feed waiting for the backlog to shrink is woken once it has (or by its poll).
-        if !used.backlogged || used.due <= self.budget.low_due {
+        if used.waiting && (!used.backlogged || used.due <= self.budget.low_due) {
             self.budget.freed.notify_all();
         }
     }
@@ -345,12 +348,14 @@ impl FeedCtl {
             }
             used.backlogged |= backlog;
             self.stalled.store(true, Ordering::SeqCst);
+            used.waiting = true;
             used = self
                 .budget
                 .freed
                 .wait_timeout(used, POLL)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            used.waiting = false;
         }
     }
 }

@@ -48,6 +48,9 @@ pub struct PacerEnd {
 pub trait Outlet<T, M>: Send {
     /// `item` is due now: `offset` from the start, at instant `scheduled`.
     fn dispatch(&mut self, item: T, offset: Duration, scheduled: Instant);
+    /// Everything due now was dispatched: an outlet that collects its dispatches hands them
+    /// on here, in one go (called after each run of releases, and before [`Outlet::end`]).
+    fn flush(&mut self) {}
     /// A message that is not paced.
     fn pass(&mut self, msg: M);
     /// The pacer ended.
@@ -159,6 +162,7 @@ where
                     out.dispatch(item, off, start + off);
                     released += 1;
                 }
+                out.flush();
                 while open {
                     match rx.try_recv() {
                         Ok(batch) => unsent += take(batch, &mut heap, &mut out, false),
@@ -176,6 +180,7 @@ where
                     unsent += take(batch, &mut BinaryHeap::new(), &mut out, true);
                 }
             }
+            out.flush();
             out.end(PacerEnd {
                 released,
                 unsent,
@@ -209,6 +214,48 @@ mod tests {
         fn end(&mut self, e: PacerEnd) {
             self.0.lock().unwrap().2 = Some(e);
         }
+    }
+
+    /// Every run of releases is followed by a flush before anything else happens, and the
+    /// end by none outstanding: an outlet that collects its dispatches (the run's, which spawns
+    /// a burst in one go) never holds a release the pacer counted.
+    #[test]
+    fn each_run_of_releases_is_flushed_before_the_next_and_before_the_end() {
+        #[derive(Default)]
+        struct Flushes(Arc<Mutex<Vec<String>>>);
+        impl Outlet<usize, ()> for Flushes {
+            fn dispatch(&mut self, item: usize, _o: Duration, _at: Instant) {
+                self.0.lock().unwrap().push(format!("d{item}"));
+            }
+            fn flush(&mut self) {
+                let mut l = self.0.lock().unwrap();
+                if l.last().is_some_and(|e| e.starts_with('d')) {
+                    l.push("flush".into());
+                }
+            }
+            fn pass(&mut self, _m: ()) {}
+            fn end(&mut self, _e: PacerEnd) {
+                self.0.lock().unwrap().push("end".into());
+            }
+        }
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now() + Duration::from_millis(2);
+        let ms = Duration::from_millis;
+        let initial = vec![
+            Input::At(ms(0), 0, 0),
+            Input::At(ms(0), 1, 1),
+            Input::At(ms(0), 2, 2),
+            Input::At(ms(200), 3, 3),
+        ];
+        let (tx, rx) = std::sync::mpsc::channel();
+        drop(tx);
+        let out = Flushes(log.clone());
+        spawn_pacer(start, initial, rx, Stop::new(), out)
+            .unwrap()
+            .join()
+            .unwrap();
+        let got = log.lock().unwrap().join(" ");
+        assert_eq!(got, "d0 d1 d2 flush d3 flush end");
     }
 
     #[test]

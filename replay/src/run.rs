@@ -160,13 +160,21 @@ fn read_prefix(
 }
 
 /// The pacer's outlet: spawns each released request as a task, numbering bursts (the runs
-/// of releases at one µs instant) and closing each when the pacer moves past it.
+/// of releases at one µs instant) and closing each when the pacer moves past it. The requests
+/// released together are spawned by one task on the client runtime ([`spawn_all`]), not one
+/// by one from the pacer's thread: each spawn from outside the runtime may wake a worker, and
+/// where the pacer shares a core with the workers the woken worker took the core from the
+/// pacer in the middle of a burst (1,000 due at once: the rest of the burst waited ~100 ms
+/// on a busy machine), while a task's allocation on the pacer's own malloc arena grew it page
+/// by page.
 struct Dispatch {
     handle: tokio::runtime::Handle,
     sh: Arc<Shared>,
     gid: u64,
     instant_us: Option<i64>,
     members: usize,
+    /// Released and not yet spawned: (request, burst, scheduled instant).
+    batch: Vec<(Box<Fed>, u64, Instant)>,
 }
 
 impl Dispatch {
@@ -191,8 +199,22 @@ impl Outlet<Box<Fed>, FeedMsg> for Dispatch {
             self.instant_us = Some(us);
         }
         self.members += 1;
-        self.handle
-            .spawn(one_request(self.sh.clone(), item, self.gid, scheduled));
+        self.batch.push((item, self.gid, scheduled));
+    }
+
+    fn flush(&mut self) {
+        match self.batch.len() {
+            0 => {}
+            1 => {
+                let (item, gid, scheduled) = self.batch.pop().expect("one released");
+                self.handle
+                    .spawn(one_request(self.sh.clone(), item, gid, scheduled));
+            }
+            _ => {
+                let batch = std::mem::take(&mut self.batch);
+                self.handle.spawn(spawn_all(self.sh.clone(), batch));
+            }
+        }
     }
 
     fn pass(&mut self, msg: FeedMsg) {
@@ -200,10 +222,25 @@ impl Outlet<Box<Fed>, FeedMsg> for Dispatch {
     }
 
     fn end(&mut self, end: PacerEnd) {
+        self.flush();
         self.close();
         let _ = self.sh.results.send(RunMsg::PacerEnd(end));
     }
 }
+
+/// Spawns the requests released together, from a task on the client runtime (see
+/// [`Dispatch`]), letting the first ones start every [`SPAWN_RUN`] spawns.
+async fn spawn_all(sh: Arc<Shared>, batch: Vec<(Box<Fed>, u64, Instant)>) {
+    for (i, (item, gid, scheduled)) in batch.into_iter().enumerate() {
+        tokio::spawn(one_request(sh.clone(), item, gid, scheduled));
+        if i % SPAWN_RUN == SPAWN_RUN - 1 {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Requests [`spawn_all`] spawns before it lets them run.
+const SPAWN_RUN: usize = 128;
 
 /// Runs the schedule of `source` against `target` on runtime `rt`: rows go to `sink` as they
 /// finish, and to the returned metrics; `stop` ends it early.
@@ -346,6 +383,7 @@ fn run_fed(
             gid: 0,
             instant_us: None,
             members: 0,
+            batch: Vec::new(),
         },
     )
     .map_err(|e| ReplayError::Runtime(format!("pacer thread: {e}")))?;

@@ -4,6 +4,7 @@
 //! pacer has moved past its instant and every member has finished.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +16,7 @@ use trace_format::{Outcome, TokenSource, TraceRecord};
 use crate::client::Client;
 use crate::feed::{Fed, FeedMsg};
 use crate::pacer::PacerEnd;
+use crate::plan::PlannedRequest;
 use crate::stop::{Stop, StopState};
 
 /// What a run's tasks and pacer tell its run loop.
@@ -64,33 +66,31 @@ pub(crate) struct Shared {
 }
 
 /// Sends a result row even if the request task is torn down early (cancelled by a stop, or
-/// the runtime shut down), so the run never waits for a row that will not come.
-struct RowGuard {
-    shared: Arc<Shared>,
-    seq: u64,
+/// the runtime shut down), so the run never waits for a row that will not come. It borrows
+/// the task's request (no copy of its id and endpoint on the send path).
+struct RowGuard<'a> {
+    shared: &'a Arc<Shared>,
+    item: &'a PlannedRequest,
     gid: u64,
-    request_id: String,
-    endpoint: String,
     /// The trace context the request was sent with.
     trace: Option<TraceContext>,
-    chained: bool,
     done: bool,
 }
 
-impl RowGuard {
+impl RowGuard<'_> {
     fn unsent(mut self) {
         self.done = true;
         let _ = self.shared.results.send(RunMsg::Unsent { gid: self.gid });
     }
 }
 
-impl Drop for RowGuard {
+impl Drop for RowGuard<'_> {
     fn drop(&mut self) {
         if !self.done {
             let mut rec = TraceRecord::new(
-                std::mem::take(&mut self.request_id),
+                self.item.request_id.clone(),
                 wire::clock::epoch_us(),
-                std::mem::take(&mut self.endpoint),
+                self.item.req.endpoint.clone(),
             );
             rec.outcome = Outcome::ClientCancelled;
             if let Some(t) = &self.trace {
@@ -105,16 +105,54 @@ impl Drop for RowGuard {
             rec.target = Some(self.shared.target.clone());
             rec.run_id = Some(self.shared.run_id.clone());
             let _ = self.shared.results.send(RunMsg::Row {
-                seq: self.seq,
+                seq: self.item.seq,
                 gid: self.gid,
                 rec: Box::new(rec),
                 end: Instant::now(),
                 waited: false,
-                chained: self.chained,
+                chained: self.item.chained,
                 cancelled: stopping,
             });
         }
     }
+}
+
+/// `fut`'s output, or None once `abort` turns true (the run cancels the requests in flight).
+///
+/// The request's future is polled on every wake-up of its task, once per chunk read, and so
+/// is this: after the first poll it only looks at the watch's version (one atomic load) and
+/// polls the watch's `changed()` again only when that moved. A `select!` on
+/// `abort.wait_for(..)` polled the watch's notification on every wake-up, which takes the
+/// watch's waiter lock (shared by every request of the run): a lock per chunk. The waker the
+/// first poll registered stays valid: the task's waker wakes the task whichever poll gave it.
+///
+/// `fut` comes pinned by the caller: an async fn that took the future by value and pinned it
+/// would hold it twice (the argument's slot and the pinned local), doubling the task's size.
+async fn unless_aborted<F: Future>(
+    abort: &watch::Sender<bool>,
+    mut fut: std::pin::Pin<&mut F>,
+) -> Option<F::Output> {
+    let mut rx = abort.subscribe();
+    let probe = abort.subscribe();
+    if *rx.borrow_and_update() {
+        return None;
+    }
+    let mut changed = std::pin::pin!(rx.changed());
+    let mut registered = false;
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(v));
+        }
+        // `changed()` resolves on a new value (only `true` is ever sent) or a dropped sender.
+        if (!registered || probe.has_changed().unwrap_or(true))
+            && changed.as_mut().poll(cx).is_ready()
+        {
+            return std::task::Poll::Ready(None);
+        }
+        registered = true;
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Sends `fed`, released by the pacer at `scheduled` in burst `gid`, and reports its row.
@@ -127,13 +165,10 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
         .sends_traceparent()
         .then(|| TraceContext::derive(&sh.run_id, &item.request_id));
     let mut guard = RowGuard {
-        shared: sh.clone(),
-        seq: item.seq,
+        shared: &sh,
+        item,
         gid,
-        request_id: item.request_id.clone(),
-        endpoint: item.req.endpoint.clone(),
         trace,
-        chained: item.chained,
         done: false,
     };
     // When the request is due: its scheduled time or, when it had to wait for a
@@ -171,13 +206,13 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
     let due = slot_at.map_or(scheduled, |at| at.max(scheduled));
     let waited = slot_at.is_some();
     sh.in_flight.fetch_add(1, Ordering::Relaxed);
-    let mut abort = sh.abort.subscribe();
-    let ex = tokio::select! {
-        ex = sh.client.execute(&item.req, Some(&item.request_id), trace.as_ref()) => ex,
-        _ = abort.wait_for(|a| *a) => {
-            sh.in_flight.fetch_sub(1, Ordering::Relaxed);
-            return; // the guard records it cancelled
-        }
+    let execute =
+        std::pin::pin!(sh
+            .client
+            .execute(&item.req, Some(&item.request_id), trace.as_ref()));
+    let Some(ex) = unless_aborted(&sh.abort, execute).await else {
+        sh.in_flight.fetch_sub(1, Ordering::Relaxed);
+        return; // the guard records it cancelled
     };
     let end = ex.end;
     sh.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -430,6 +465,52 @@ impl Burst {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request's future is woken once per chunk read; an abort is seen whenever it comes,
+    /// however many wake-ups came before it (`unless_aborted` registers for it on the first
+    /// poll only), and a request that ends before any abort keeps its output.
+    #[tokio::test(start_paused = true)]
+    async fn an_abort_ends_a_request_after_any_number_of_wake_ups() {
+        use std::time::Duration;
+        let abort = Arc::new(watch::channel(false).0);
+        let polls = Arc::new(AtomicUsize::new(0));
+        // 1,000 "chunks" 1 ms apart, then a stream that never ends.
+        let stream = |polls: Arc<AtomicUsize>| async move {
+            let mut sleep = Box::pin(tokio::time::sleep(Duration::from_millis(1)));
+            let mut chunks = 0;
+            std::future::poll_fn(move |cx| {
+                polls.fetch_add(1, Ordering::Relaxed);
+                while chunks < 1000 && sleep.as_mut().poll(cx).is_ready() {
+                    chunks += 1;
+                    sleep
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + Duration::from_millis(1));
+                }
+                std::task::Poll::<u32>::Pending
+            })
+            .await
+        };
+        let (a, p) = (abort.clone(), polls.clone());
+        let task = tokio::spawn(async move { unless_aborted(&a, std::pin::pin!(stream(p))).await });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(polls.load(Ordering::Relaxed) >= 1000, "woken per chunk");
+        abort.send_replace(true);
+        assert_eq!(task.await.unwrap(), None, "the abort ends it");
+
+        // Aborted before it starts: not polled at all.
+        let polls = Arc::new(AtomicUsize::new(0));
+        let never = std::pin::pin!(stream(polls.clone()));
+        assert_eq!(unless_aborted(&abort, never).await, None);
+        assert_eq!(polls.load(Ordering::Relaxed), 0);
+
+        // Never aborted: its output.
+        let calm = watch::channel(false).0;
+        let done = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            7
+        };
+        assert_eq!(unless_aborted(&calm, std::pin::pin!(done)).await, Some(7));
+    }
 
     /// A row as `one_request` leaves it: due at `start + offset`, sent `lag + queue + connect`
     /// later.

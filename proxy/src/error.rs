@@ -68,6 +68,9 @@ pub enum ConfigError {
     /// The upstream's TLS client could not be configured.
     #[error("TLS client: {0}")]
     TlsClient(String),
+    /// The OTLP exporter (`--otlp-endpoint`) could not be started.
+    #[error("OTLP exporter: {0}")]
+    Otlp(String),
 }
 
 /// A setting of [`crate::ProxyConfig`] that must be positive.

@@ -8,7 +8,7 @@ use telemetry::span::{Server, SpanId};
 use telemetry::{Exporter, OtlpConfig};
 use trace_format::TraceRecord;
 
-use crate::error::{ProxyError, Result};
+use crate::error::{ConfigError, ProxyError, Result};
 use crate::metrics::Metrics;
 use crate::sink::Tap;
 
@@ -21,7 +21,7 @@ pub(crate) struct OtlpTap {
 impl OtlpTap {
     /// Starts the exporter; its counters go to `metrics`.
     pub(crate) fn start(cfg: OtlpConfig, upstream: &str, metrics: &Metrics) -> Result<OtlpTap> {
-        let exporter = Exporter::start(cfg).map_err(|e| ProxyError::Config(e.to_string()))?;
+        let exporter = Exporter::start(cfg).map_err(|e| ProxyError::Config(ConfigError::Otlp(e.to_string())))?;
         let _ = metrics.otlp.set(exporter.stats());
         Ok(OtlpTap {
             exporter,

@@ -253,7 +253,7 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
 }
 
 /// The trace writer's configuration: where, rotation, and the file metadata of a capture.
-fn writer_config(cfg: &ProxyConfig) -> WriterConfig {
+fn writer_config(cfg: &crate::ProxyConfig) -> WriterConfig {
     let mut meta = FileMeta::new(Producer::Capture, cfg.command.clone());
     meta.block_size = (cfg.record_bodies != RecordBodies::None).then_some(cfg.block_size);
     meta.extra

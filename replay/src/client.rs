@@ -640,7 +640,6 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         assert_eq!(ex.output_text, None);
     }
 
-    #[test]
     /// Requests carry the context they are given as a `traceparent`, unless traceparents are
     /// off (`--no-traceparent`) or a `--header traceparent` is sent instead.
     #[tokio::test]

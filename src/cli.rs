@@ -52,6 +52,22 @@ pub(crate) enum Command {
     Fidelity(crate::fidelity_cmd::FidelityArgs),
 }
 
+impl Cli {
+    /// Whether the command only reads files and prints (no server, no load): such a command
+    /// ends quietly, as Unix tools do, when its reader goes away (`llmreplay inspect t | head`)
+    /// instead of failing on the closed pipe.
+    pub(crate) fn prints_only(&self) -> bool {
+        matches!(
+            self.command,
+            Command::Inspect(_)
+                | Command::Export(_)
+                | Command::Compare(_)
+                | Command::Report(_)
+                | Command::Fidelity(_)
+        )
+    }
+}
+
 /// The command line of this process, with the exit statuses under `--help`.
 pub fn parse() -> Result<Cli, clap::Error> {
     let mut cmd = Cli::command().after_help(ExitStatus::help());

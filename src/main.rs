@@ -32,6 +32,14 @@ fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1));
         }
     };
+    if args.prints_only() {
+        // Rust ignores SIGPIPE, so a closed stdout panicked in `println!`; the default
+        // action ends the process as `head` expects (shells report 141).
+        // SAFETY: one thread so far; restoring a signal's default action touches no Rust state.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // Servers (capture, sim) and a replay of thousands of streams need more descriptors than
     // a soft limit of 1,024.
     let _ = wire::listen::raise_fd_limit();

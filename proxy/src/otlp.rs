@@ -21,7 +21,8 @@ pub(crate) struct OtlpTap {
 impl OtlpTap {
     /// Starts the exporter; its counters go to `metrics`.
     pub(crate) fn start(cfg: OtlpConfig, upstream: &str, metrics: &Metrics) -> Result<OtlpTap> {
-        let exporter = Exporter::start(cfg).map_err(|e| ProxyError::Config(ConfigError::Otlp(e.to_string())))?;
+        let exporter = Exporter::start(cfg)
+            .map_err(|e| ProxyError::Config(ConfigError::Otlp(e.to_string())))?;
         let _ = metrics.otlp.set(exporter.stats());
         Ok(OtlpTap {
             exporter,

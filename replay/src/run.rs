@@ -784,7 +784,15 @@ impl<'a> Loop<'a> {
             RunMsg::Feed(FeedMsg::Done(n)) => self.total = Some(n),
             RunMsg::Feed(FeedMsg::Failed(e)) => self.fail(e),
             RunMsg::Feed(FeedMsg::First(_)) => {}
-            RunMsg::PacerEnd(e) => self.pacer_end = Some(e),
+            RunMsg::PacerEnd(e) => {
+                // A pacer a stop ended means a stopped run, even when its end reaches the
+                // loop before the stop does (nothing in flight: `over()` then ends the loop
+                // before the stop's branch could mark it, and the run read as complete).
+                if e.stopped {
+                    self.stopped_at.get_or_insert_with(Instant::now);
+                }
+                self.pacer_end = Some(e);
+            }
         }
     }
 

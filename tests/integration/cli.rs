@@ -720,3 +720,58 @@ fn demo_runs_a_sweep_on_the_embedded_sim_and_writes_its_reports() {
     assert!(md.contains("request-rate") || md.contains("req/s"), "{md}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reader that goes away (`llmreplay inspect t | head -1`) ends a printing command the way
+/// it ends `cat`: by SIGPIPE, quietly. Before, `println!` panicked on the closed pipe
+/// ("failed printing to stdout: Broken pipe", status 101).
+#[test]
+fn a_closed_stdout_ends_a_printing_command_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/sim-replay-300.parquet");
+    let json = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/sim-replay-300.json");
+    for args in [
+        vec!["inspect".to_string(), sample.display().to_string()],
+        vec![
+            "report".to_string(),
+            json.display().to_string(),
+            "-o".to_string(),
+            "-".to_string(),
+        ],
+        vec![
+            "fidelity".to_string(),
+            "--captured".to_string(),
+            sample.display().to_string(),
+            "--replayed".to_string(),
+            sample.display().to_string(),
+        ],
+    ] {
+        // A pipe whose read end is closed before the child writes: every write gets EPIPE.
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors `pipe` writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        // SAFETY: both descriptors were just opened by `pipe` and are owned here only.
+        let (reader, writer) = unsafe {
+            use std::os::fd::FromRawFd;
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        drop(reader);
+        let out = bin()
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run llmreplay");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+    }
+}

@@ -330,52 +330,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
         .iter()
         .find_map(|f| f.meta.block_size)
         .map(|b| b as usize);
-    let mut sim_guard = None;
-    let mut cfg = replay_config(&a, a.targets.clone());
-    if a.shard_from_env {
-        cfg.selection.shard = Some(shard_from_env()?);
-    }
-    if let Some(spec) = &a.tokenizer {
-        let pt = replay::prompt::PromptTokenizer::load(spec)
-            .map_err(anyhow::Error::msg)
-            .with_context(|| format!("--tokenizer {spec}"))?;
-        cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
-    }
-    // Against the in-process sim word filler is exact: the note is for real targets.
-    if !a.targets.is_empty() {
-        let tok = cfg.request.tokenizer.as_ref().map(|t| t.tokenizer().name());
-        if let Some(n) = prompt_note(&stream, tok)? {
-            eprintln!("{n}");
-        }
-    }
-    if !cfg.targets.is_empty() {
-        let given = a.sim.given();
-        if !given.is_empty() {
-            let (verb, them) = if given.len() == 1 {
-                ("configures", "it")
-            } else {
-                ("configure", "them")
-            };
-            bail!(
-                "{} {verb} the in-process sim, which does not run with --target: drop {them}, or the --target",
-                given.join(", ")
-            );
-        }
-    }
-    if cfg.targets.is_empty() {
-        let s = EmbeddedSim::start(a.sim.config()?)?;
-        cfg.targets = vec![Target {
-            name: "sim".into(),
-            url: s.url(),
-        }];
-        cfg.server_metrics = true;
-        eprintln!(
-            "no --target: replaying against an in-process sim ({}) at {}",
-            a.sim.profile_or(DEFAULT_PROFILE),
-            s.url()
-        );
-        sim_guard = Some(s);
-    }
+    let (mut cfg, sim_guard) = configure(&a, &stream)?;
     metadata_keys_are_free(&cfg.metadata)?;
     let sweep = a.capacity.spec(&cfg);
     if sweep.is_some() || !cfg.goodput.is_empty() {
@@ -386,31 +341,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
     start_at_not_past(cfg.start_at_us, wire::clock::epoch_us())?;
     let command = command_line();
     if let Some(spec) = sweep {
-        if cfg.start_at_us.is_some() {
-            bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
-        }
-        if a.fail_on_slo {
-            bail!("--fail-on-slo judges one run per target; a sweep's answer is its capacity (use llmreplay compare --fail-on-regression, or one replay per level)");
-        }
-        if a.otel.otlp_endpoint.is_some() {
-            bail!("--otlp-endpoint exports one run's requests; it cannot be combined with a sweep or repeats (export one replay per level)");
-        }
-        // Every level replays the same rows: they are read once, into memory.
-        let trace = store::read_traces(&a.traces).context("reading the trace")?;
-        let r = crate::report_cmd::run_sweep(
-            &cfg,
-            &spec,
-            &a.capacity,
-            &trace,
-            block_size,
-            crate::report_cmd::SweepOutputs {
-                command: &command,
-                save_result: a.save_result.as_deref(),
-                detailed: a.save_detailed,
-                results: a.results.as_deref(),
-            },
-            &progress_bar(cfg.progress),
-        );
+        let r = sweep_levels(&a, &cfg, &spec, block_size, &command);
         drop(sim_guard);
         return r.map(|()| ExitStatus::Success);
     }
@@ -485,12 +416,117 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
             return Err(e);
         }
     };
+    finish(&a, &cfg, &identity, &runs, results, &stop, &command)
+}
+
+/// The run's configuration from the flags: the shard, the tokenizer, the note on how prompts
+/// are made, and the in-process sim (started here, returned to be kept alive) when no
+/// `--target` is given.
+fn configure(
+    a: &ReplayArgs,
+    stream: &trace_format::TraceStream,
+) -> Result<(ReplayConfig, Option<EmbeddedSim>)> {
+    let mut sim_guard = None;
+    let mut cfg = replay_config(a, a.targets.clone());
+    if a.shard_from_env {
+        cfg.selection.shard = Some(shard_from_env()?);
+    }
+    if let Some(spec) = &a.tokenizer {
+        let pt = replay::prompt::PromptTokenizer::load(spec)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("--tokenizer {spec}"))?;
+        cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
+    }
+    // Against the in-process sim word filler is exact: the note is for real targets.
+    if !a.targets.is_empty() {
+        let tok = cfg.request.tokenizer.as_ref().map(|t| t.tokenizer().name());
+        if let Some(n) = prompt_note(stream, tok)? {
+            eprintln!("{n}");
+        }
+    }
+    if !cfg.targets.is_empty() {
+        let given = a.sim.given();
+        if !given.is_empty() {
+            let (verb, them) = if given.len() == 1 {
+                ("configures", "it")
+            } else {
+                ("configure", "them")
+            };
+            bail!(
+                "{} {verb} the in-process sim, which does not run with --target: drop {them}, or the --target",
+                given.join(", ")
+            );
+        }
+    }
+    if cfg.targets.is_empty() {
+        let s = EmbeddedSim::start(a.sim.config()?)?;
+        cfg.targets = vec![Target {
+            name: "sim".into(),
+            url: s.url(),
+        }];
+        cfg.server_metrics = true;
+        eprintln!(
+            "no --target: replaying against an in-process sim ({}) at {}",
+            a.sim.profile_or(DEFAULT_PROFILE),
+            s.url()
+        );
+        sim_guard = Some(s);
+    }
+    Ok((cfg, sim_guard))
+}
+
+/// `--sweep`/`--repeats`: every level against the same rows, read once into memory.
+fn sweep_levels(
+    a: &ReplayArgs,
+    cfg: &replay::ValidatedConfig,
+    spec: &reporting::sweep::SweepSpec,
+    block_size: Option<usize>,
+    command: &str,
+) -> Result<()> {
+    if cfg.start_at_us.is_some() {
+        bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
+    }
+    if a.fail_on_slo {
+        bail!("--fail-on-slo judges one run per target; a sweep's answer is its capacity (use llmreplay compare --fail-on-regression, or one replay per level)");
+    }
+    if a.otel.otlp_endpoint.is_some() {
+        bail!("--otlp-endpoint exports one run's requests; it cannot be combined with a sweep or repeats (export one replay per level)");
+    }
+    // Every level replays the same rows: they are read once, into memory.
+    let trace = store::read_traces(&a.traces).context("reading the trace")?;
+    crate::report_cmd::run_sweep(
+        cfg,
+        spec,
+        &a.capacity,
+        &trace,
+        block_size,
+        crate::report_cmd::SweepOutputs {
+            command,
+            save_result: a.save_result.as_deref(),
+            detailed: a.save_detailed,
+            results: a.results.as_deref(),
+        },
+        &progress_bar(cfg.progress),
+    )
+}
+
+/// After the run: the console report and `--save-result`, the `--results` file closed, and
+/// the exit status (stopped, too many failed, an SLO failed with `--fail-on-slo`).
+fn finish(
+    a: &ReplayArgs,
+    cfg: &replay::ValidatedConfig,
+    identity: &results::build::TraceIdentity,
+    runs: &[(replay::RunOutput, replay::Metrics)],
+    results: Option<results::sink::ResultsSink>,
+    stop: &replay::Stop,
+    command: &str,
+) -> Result<ExitStatus> {
     reporting::outputs::write(
-        &cfg,
-        &identity,
-        &runs,
+        cfg,
+        identity,
+        runs,
         &reporting::outputs::Outputs {
-            command: &command,
+            command,
             save_result: a.save_result.as_deref(),
             detailed: a.save_detailed,
             slo_percentile: a.capacity.slo_percentile,
@@ -502,16 +538,16 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
         eprintln!("{} result rows written to {}", w.rows, w.at);
     }
     // A stopped run wrote what it measured, marked partial: the exit status says it stopped.
-    if let Some(status) = interrupted_exit(&runs, &stop) {
+    if let Some(status) = interrupted_exit(runs, stop) {
         return Ok(status);
     }
     // A run most of whose requests failed measured a broken target, not a slow one: say so
     // in the exit status, after everything was written.
-    if let Some(why) = results::outputs::too_many_failed(&runs, a.max_failed) {
+    if let Some(why) = results::outputs::too_many_failed(runs, a.max_failed) {
         return Err(Failure::error(ExitStatus::FailedRequests, why));
     }
     if a.fail_on_slo {
-        if let Some(why) = results::outputs::failed_verdicts(&cfg, &runs) {
+        if let Some(why) = results::outputs::failed_verdicts(cfg, runs) {
             return Err(Failure::error(ExitStatus::SloFail, why));
         }
     }

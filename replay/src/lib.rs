@@ -7,6 +7,7 @@ pub mod client;
 pub mod config;
 pub mod coverage;
 pub mod cpu;
+mod dispatch;
 pub mod error;
 pub mod feed;
 pub mod metrics;

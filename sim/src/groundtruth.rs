@@ -368,52 +368,20 @@ fn reader(sock: TcpStream, cfg: GroundTruthConfig, jobs: Sender<Job>) {
             .and_then(|s| s.as_bool())
             .unwrap_or(false);
         let prompt_tokens = prompt_words(&v, chat);
-        let n_chunks = max_tokens.div_ceil(cfg.tokens_per_chunk) as usize;
-        let mut frames = Vec::with_capacity(n_chunks + 2);
-        let mut nominal = Vec::with_capacity(n_chunks + 2);
         if is_stream {
             let header = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
             if (&*stream).write_all(header).is_err() {
                 return;
             }
-            let mut left = max_tokens;
-            for i in 0..n_chunks {
-                let k = left.min(cfg.tokens_per_chunk);
-                left -= k;
-                let text = " tok".repeat(k as usize);
-                let finish = if left == 0 { "\"length\"" } else { "null" };
-                let ev = if chat {
-                    format!("data: {{\"id\":\"gt\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"finish_reason\":{finish}}}]}}\n\n")
-                } else {
-                    format!("data: {{\"id\":\"gt\",\"object\":\"text_completion\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"finish_reason\":{finish}}}]}}\n\n")
-                };
-                frames.push(format!("{:x}\r\n{ev}\r\n", ev.len()).into_bytes());
-                nominal.push(cfg.ttft + cfg.itl * i as u32);
-            }
-            let mut tail = String::new();
-            if usage_wanted {
-                tail.push_str(&format!(
-                    "data: {{\"id\":\"gt\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{max_tokens},\"total_tokens\":{}}}}}\n\n",
-                    prompt_tokens + u64::from(max_tokens)
-                ));
-            }
-            tail.push_str("data: [DONE]\n\n");
-            // The tail goes out with the last chunk, as engines send them together.
-            if let Some(last) = frames.last_mut() {
-                last.extend_from_slice(
-                    format!("{:x}\r\n{tail}\r\n0\r\n\r\n", tail.len()).as_bytes(),
-                );
-            }
-        } else {
-            let text = " tok".repeat(max_tokens as usize);
-            let body = if chat {
-                format!("{{\"id\":\"gt\",\"object\":\"chat.completion\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"finish_reason\":\"length\"}}],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{max_tokens},\"total_tokens\":{}}}}}", prompt_tokens + u64::from(max_tokens))
-            } else {
-                format!("{{\"id\":\"gt\",\"object\":\"text_completion\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"finish_reason\":\"length\"}}],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{max_tokens},\"total_tokens\":{}}}}}", prompt_tokens + u64::from(max_tokens))
-            };
-            frames.push(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes());
-            nominal.push(cfg.ttft + cfg.itl * (n_chunks.saturating_sub(1)) as u32);
         }
+        let (frames, nominal) = frames(
+            &cfg,
+            chat,
+            is_stream,
+            usage_wanted,
+            max_tokens,
+            prompt_tokens,
+        );
         let job = Job {
             stream: stream.clone(),
             received,
@@ -430,6 +398,59 @@ fn reader(sock: TcpStream, cfg: GroundTruthConfig, jobs: Sender<Job>) {
             return;
         }
     }
+}
+
+/// The response's frames (the streamed chunks, or the whole non-streamed response) and each
+/// one's nominal send time after the request's arrival.
+fn frames(
+    cfg: &GroundTruthConfig,
+    chat: bool,
+    is_stream: bool,
+    usage_wanted: bool,
+    max_tokens: u32,
+    prompt_tokens: u64,
+) -> (Vec<Vec<u8>>, Vec<Duration>) {
+    let n_chunks = max_tokens.div_ceil(cfg.tokens_per_chunk) as usize;
+    let mut frames = Vec::with_capacity(n_chunks + 2);
+    let mut nominal = Vec::with_capacity(n_chunks + 2);
+    if is_stream {
+        let mut left = max_tokens;
+        for i in 0..n_chunks {
+            let k = left.min(cfg.tokens_per_chunk);
+            left -= k;
+            let text = " tok".repeat(k as usize);
+            let finish = if left == 0 { "\"length\"" } else { "null" };
+            let ev = if chat {
+                format!("data: {{\"id\":\"gt\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"finish_reason\":{finish}}}]}}\n\n")
+            } else {
+                format!("data: {{\"id\":\"gt\",\"object\":\"text_completion\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"finish_reason\":{finish}}}]}}\n\n")
+            };
+            frames.push(format!("{:x}\r\n{ev}\r\n", ev.len()).into_bytes());
+            nominal.push(cfg.ttft + cfg.itl * i as u32);
+        }
+        let mut tail = String::new();
+        if usage_wanted {
+            tail.push_str(&format!(
+                "data: {{\"id\":\"gt\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{max_tokens},\"total_tokens\":{}}}}}\n\n",
+                prompt_tokens + u64::from(max_tokens)
+            ));
+        }
+        tail.push_str("data: [DONE]\n\n");
+        // The tail goes out with the last chunk, as engines send them together.
+        if let Some(last) = frames.last_mut() {
+            last.extend_from_slice(format!("{:x}\r\n{tail}\r\n0\r\n\r\n", tail.len()).as_bytes());
+        }
+    } else {
+        let text = " tok".repeat(max_tokens as usize);
+        let body = if chat {
+            format!("{{\"id\":\"gt\",\"object\":\"chat.completion\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"finish_reason\":\"length\"}}],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{max_tokens},\"total_tokens\":{}}}}}", prompt_tokens + u64::from(max_tokens))
+        } else {
+            format!("{{\"id\":\"gt\",\"object\":\"text_completion\",\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"finish_reason\":\"length\"}}],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{max_tokens},\"total_tokens\":{}}}}}", prompt_tokens + u64::from(max_tokens))
+        };
+        frames.push(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes());
+        nominal.push(cfg.ttft + cfg.itl * (n_chunks.saturating_sub(1)) as u32);
+    }
+    (frames, nominal)
 }
 
 fn prompt_words(v: &serde_json::Value, chat: bool) -> u64 {

@@ -313,6 +313,33 @@ fn header_fault(req: &Request<Incoming>) -> Result<Option<Fault>, ApiError> {
     }
 }
 
+/// The answer of a request whose fault is an error status (500, or 429 with its
+/// `retry-after`); `None` for no fault, or one that acts on the stream.
+fn fault_response(st: &AppState, fault: Option<Fault>) -> Option<Response<SimBody>> {
+    match fault {
+        Some(Fault::Error) => Some(error_response(&ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "The server had an error while processing your request (simulated fault)."
+                .into(),
+            kind: "server_error",
+            code: None,
+        })),
+        Some(Fault::RateLimit) => {
+            let mut r = error_response(&ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message: "Rate limit reached (simulated fault).".into(),
+                kind: "rate_limit_error",
+                code: Some("rate_limit_exceeded"),
+            });
+            let secs = st.faults.retry_after_secs.max(1);
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            Some(r)
+        }
+        _ => None,
+    }
+}
+
 async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Response<SimBody> {
     let forced = match header_fault(&req) {
         Ok(f) => f,
@@ -346,29 +373,8 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
     }
 
     let fault = forced.or_else(|| st.roll_fault());
-    match fault {
-        Some(Fault::Error) => {
-            return error_response(&ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                message: "The server had an error while processing your request (simulated fault)."
-                    .into(),
-                kind: "server_error",
-                code: None,
-            })
-        }
-        Some(Fault::RateLimit) => {
-            let mut r = error_response(&ApiError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                message: "Rate limit reached (simulated fault).".into(),
-                kind: "rate_limit_error",
-                code: Some("rate_limit_exceeded"),
-            });
-            let secs = st.faults.retry_after_secs.max(1);
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            return r;
-        }
-        _ => {}
+    if let Some(r) = fault_response(&st, fault) {
+        return r;
     }
 
     let content = content_hash(&g.prompt);

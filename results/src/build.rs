@@ -7,9 +7,10 @@ use trace_format::stats::percentile_label;
 
 use crate::doc::{
     ClassDoc, ClientDoc, ConnectionsDoc, DriftDoc, Extension, Extras, InterruptedDoc, RequestRate,
-    ResultDoc, RunSettings, ServerHistogramsDoc, SlicesDoc, SoakDoc, SummaryDoc, TargetDoc,
-    TopError, TraceDoc, TrendDoc, VllmFields,
+    ResultDoc, ServerHistogramsDoc, SlicesDoc, SoakDoc, SummaryDoc, TargetDoc, TopError, TraceDoc,
+    TrendDoc, VllmFields,
 };
+use crate::settings::RunSettings;
 use replay::config::{Arrivals, ReplayConfig};
 use replay::metrics::Metrics;
 use replay::run::RunOutput;

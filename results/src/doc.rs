@@ -24,7 +24,6 @@ use replay::served::Served;
 use replay::server_metrics::GaugeStats;
 
 pub use crate::figures::{DriftDoc, MetricRequests, ServerHistogramsDoc, SlicesDoc, TrendDoc};
-pub use crate::settings::RunSettings;
 
 /// A `Summary` as the result writes it: count, mean, median, std, min, max, and `pNN` for each
 /// asked percentile.

@@ -27,7 +27,8 @@ use std::time::Duration;
 use trace_format::{FileMeta, Producer, TraceFile, TraceRecord, TraceStream};
 
 use crate::build::RowsHash;
-use crate::doc::{InterruptedDoc, MergeDoc, ResultDoc, RunSettings, ShardRun};
+use crate::doc::{InterruptedDoc, MergeDoc, ResultDoc, ShardRun};
+use crate::settings::RunSettings;
 use replay::config::{PercentileMetric, ReplayConfig, Slo, Target};
 use replay::error::ReplayError;
 use replay::metrics::MetricsBuilder;

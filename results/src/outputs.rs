@@ -18,7 +18,7 @@ use replay::metrics::Metrics;
 use replay::run::RunOutput;
 
 use crate::build::{self, ResultInputs, TraceIdentity};
-use crate::doc::RunSettings;
+use crate::settings::RunSettings;
 
 /// Writes one run's JSON result to `path` (with `many` targets, the target's name inserted:
 /// [`per_target_path`]); where it went.

@@ -1,5 +1,5 @@
 //! The settings a run was made with, as its result reports them and as a `--results` file
-//! records them for `merge` ([`RunSettings`]). Re-exported by [`crate::doc`].
+//! records them for `merge` ([`RunSettings`]).
 
 use serde::{Deserialize, Serialize};
 

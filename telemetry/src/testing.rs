@@ -3,6 +3,7 @@
 //! the spans and metrics, or stalls (reads requests, never answers) to play a receiver that
 //! hangs. It stops when dropped.
 
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValueKind;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,53 +178,37 @@ fn decode(got: &Mutex<Received>, path: &str, headers: Vec<(String, String)>, bod
     }
 }
 
-/// The string value of attribute `key` of `span`.
-pub fn attr_str<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
-    use opentelemetry_proto::tonic::common::v1::any_value::Value;
-    match span
-        .attributes
+/// The value of attribute `key` of `span`, when it has one.
+fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a AnyValueKind> {
+    span.attributes
         .iter()
         .find(|k| k.key == key)?
         .value
         .as_ref()?
         .value
-        .as_ref()?
-    {
-        Value::StringValue(s) => Some(s),
+        .as_ref()
+}
+
+/// The string value of attribute `key` of `span`.
+pub fn attr_str<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
+    match attr(span, key)? {
+        AnyValueKind::StringValue(v) => Some(v),
         _ => None,
     }
 }
 
 /// The integer value of attribute `key` of `span`.
 pub fn attr_int(span: &Span, key: &str) -> Option<i64> {
-    use opentelemetry_proto::tonic::common::v1::any_value::Value;
-    match span
-        .attributes
-        .iter()
-        .find(|k| k.key == key)?
-        .value
-        .as_ref()?
-        .value
-        .as_ref()?
-    {
-        Value::IntValue(v) => Some(*v),
+    match attr(span, key)? {
+        AnyValueKind::IntValue(v) => Some(*v),
         _ => None,
     }
 }
 
 /// The double value of attribute `key` of `span`.
 pub fn attr_f64(span: &Span, key: &str) -> Option<f64> {
-    use opentelemetry_proto::tonic::common::v1::any_value::Value;
-    match span
-        .attributes
-        .iter()
-        .find(|k| k.key == key)?
-        .value
-        .as_ref()?
-        .value
-        .as_ref()?
-    {
-        Value::DoubleValue(v) => Some(*v),
+    match attr(span, key)? {
+        AnyValueKind::DoubleValue(v) => Some(*v),
         _ => None,
     }
 }

@@ -51,6 +51,17 @@ DOCUMENTED_COLUMNS = [
 COLUMNS_SINCE = {
     (1, 1): ["parent_request_id", "think_time_us"],
     (1, 3): ["trace_id", "span_id"],
+    (1, 4): [
+        "ttfat_us",
+        "reasoning_tokens",
+        "reasoning_tokens_source",
+        "tools_offered",
+        "tool_names",
+        "tool_calls",
+        "tool_call_names",
+        "parent_link",
+        "pair_request_id",
+    ],
 }
 
 

@@ -89,6 +89,15 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let mut synthesized_body = BooleanBuilder::with_capacity(n);
     let mut trace_id = str_builder(|r| r.trace_id.as_deref());
     let mut span_id = str_builder(|r| r.span_id.as_deref());
+    let mut ttfat = Int64Builder::with_capacity(n);
+    let mut reasoning_tokens = Int64Builder::with_capacity(n);
+    let mut reasoning_src = StringBuilder::with_capacity(n, n * 8);
+    let mut tools_offered = Int32Builder::with_capacity(n);
+    let mut tool_names = names_builder(records, |r| r.tool_names.as_deref());
+    let mut tool_calls = Int32Builder::with_capacity(n);
+    let mut tool_call_names = names_builder(records, |r| r.tool_call_names.as_deref());
+    let mut parent_link = StringBuilder::with_capacity(n, n * 8);
+    let mut pair_request_id = str_builder(|r| r.pair_request_id.as_deref());
 
     for r in records {
         request_id.append_value(&r.request_id);
@@ -140,6 +149,15 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         synthesized_body.append_option(r.synthesized_body);
         trace_id.append_option(r.trace_id.as_deref());
         span_id.append_option(r.span_id.as_deref());
+        ttfat.append_option(r.ttfat_us);
+        reasoning_tokens.append_option(r.reasoning_tokens);
+        reasoning_src.append_option(r.reasoning_tokens_source.map(|s| s.as_str()));
+        tools_offered.append_option(r.tools_offered);
+        append_names(&mut tool_names, r.tool_names.as_deref());
+        tool_calls.append_option(r.tool_calls);
+        append_names(&mut tool_call_names, r.tool_call_names.as_deref());
+        parent_link.append_option(r.parent_link.map(|l| l.as_str()));
+        pair_request_id.append_option(r.pair_request_id.as_deref());
     }
 
     // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
@@ -180,9 +198,44 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         Arc::new(synthesized_body.finish()),
         Arc::new(trace_id.finish()),
         Arc::new(span_id.finish()),
+        Arc::new(ttfat.finish()),
+        Arc::new(reasoning_tokens.finish()),
+        Arc::new(reasoning_src.finish()),
+        Arc::new(tools_offered.finish()),
+        Arc::new(tool_names.finish()),
+        Arc::new(tool_calls.finish()),
+        Arc::new(tool_call_names.finish()),
+        Arc::new(parent_link.finish()),
+        Arc::new(pair_request_id.finish()),
     ];
     RecordBatch::try_new(Arc::new(schema::schema()), columns)
         .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))
+}
+
+/// A builder for a list-of-strings column (tool names), sized for `records`.
+fn names_builder(
+    records: &[TraceRecord],
+    f: fn(&TraceRecord) -> Option<&[String]>,
+) -> ListBuilder<StringBuilder> {
+    let (items, bytes) = records
+        .iter()
+        .filter_map(f)
+        .flatten()
+        .fold((0, 0), |(n, b), s| (n + 1, b + s.len()));
+    ListBuilder::with_capacity(StringBuilder::with_capacity(items, bytes), records.len())
+}
+
+/// Appends one row of a list-of-strings column: its names (redacted as text), or null.
+fn append_names(b: &mut ListBuilder<StringBuilder>, names: Option<&[String]>) {
+    match names {
+        Some(v) => {
+            for s in v {
+                b.values().append_value(redact::redact_text(s));
+            }
+            b.append(true);
+        }
+        None => b.append_null(),
+    }
 }
 
 /// Writes `records` to a Parquet trace file at `path` (Snappy, row groups of at most 64 Ki

@@ -36,6 +36,6 @@ pub use encode::write_trace_file;
 pub use error::{Error, Result};
 pub use file_meta::FileMeta;
 pub use reader::{read_traces, ContentHash, Trace, TraceFile};
-pub use schema::{Outcome, Producer, TokenSource, TraceRecord, SCHEMA_VERSION};
+pub use schema::{Outcome, ParentLink, Producer, TokenSource, TraceRecord, SCHEMA_VERSION};
 pub use stream::TraceStream;
 pub use writer::{TraceWriter, WriterConfig};

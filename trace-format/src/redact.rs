@@ -422,6 +422,14 @@ pub fn redact_record(r: &mut TraceRecord) {
     if let Some(t) = r.target.as_mut() {
         set(t, redact_text);
     }
+    for names in [r.tool_names.as_mut(), r.tool_call_names.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        for n in names {
+            set(n, redact_text);
+        }
+    }
 }
 
 /// The arguments of a command line with every secret replaced by `***`: the value of

@@ -3,7 +3,10 @@
 //! Versions: `1.0`; `1.1` added `parent_request_id` and `think_time_us` (sessions linked at
 //! capture); `1.2` added `captured_status`, `captured_outcome` and `synthesized_body` (what a
 //! replayed row's captured row was, for the outcome taxonomy in [`crate::cause`]); `1.3` added
-//! `trace_id` and `span_id` (the W3C trace context the upstream received, [`crate::tracectx`]).
+//! `trace_id` and `span_id` (the W3C trace context the upstream received, [`crate::tracectx`]);
+//! `1.4` added reasoning measured apart (`ttfat_us`, `reasoning_tokens`,
+//! `reasoning_tokens_source`), tools and agent structure (`tools_offered`, `tool_names`,
+//! `tool_calls`, `tool_call_names`, `parent_link`) and shadow pairs (`pair_request_id`).
 //! A minor version only adds nullable columns, so every `1.x` file reads: a column
 //! the file lacks reads as null.
 //!
@@ -22,7 +25,7 @@ use serde::{Deserialize, Serialize};
 /// The schema version written into every file (`llmreplay.schema_version`).
 ///
 /// Readers accept any `1.x`; a different major version is an error.
-pub const SCHEMA_VERSION: &str = "1.3";
+pub const SCHEMA_VERSION: &str = "1.4";
 /// The major version this build reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 
@@ -110,6 +113,38 @@ pub mod col {
     /// span is a child of (replay: its own client span; capture: the client's span, or the
     /// one capture started) (utf8, null when none was sent; since 1.3).
     pub const SPAN_ID: &str = "span_id";
+    /// Time to first answer token from t0, µs: the first output chunk carrying answer
+    /// output (`content`, `text` or a tool call) rather than reasoning only
+    /// (`reasoning_content` / `reasoning`); equal to `ttft_us` when the response had no
+    /// reasoning before its answer (int64, null when no answer arrived or it was not
+    /// measured; since 1.4).
+    pub const TTFAT_US: &str = "ttfat_us";
+    /// Reasoning tokens of the output, part of `output_tokens`: the answer's tokens are
+    /// `output_tokens - reasoning_tokens` (int64, null when unknown; 0 when the response
+    /// had no reasoning; since 1.4).
+    pub const REASONING_TOKENS: &str = "reasoning_tokens";
+    /// Where `reasoning_tokens` came from (`usage`:
+    /// `usage.completion_tokens_details.reasoning_tokens`; `tokenizer`: the reasoning text
+    /// counted; `recorded`, `estimate`) (utf8, null when unknown; since 1.4).
+    pub const REASONING_TOKENS_SOURCE: &str = "reasoning_tokens_source";
+    /// Tools the request offered (`tools`, or the legacy `functions`) (int32, null when
+    /// unknown; 0 when none; since 1.4).
+    pub const TOOLS_OFFERED: &str = "tools_offered";
+    /// Names of the tools offered, in the request's order: the names when bodies are kept,
+    /// else their hashes (`h:` and 16 hex digits) (list of utf8, null when unknown; since 1.4).
+    pub const TOOL_NAMES: &str = "tool_names";
+    /// Tool calls the response made (int32, null when unknown; since 1.4).
+    pub const TOOL_CALLS: &str = "tool_calls";
+    /// Names of the tool calls the response made, in order, named as in `tool_names` (list
+    /// of utf8, null when unknown; since 1.4).
+    pub const TOOL_CALL_NAMES: &str = "tool_call_names";
+    /// How `parent_request_id` was found ([`ParentLink`]: `chat_prefix`, `tool_call`,
+    /// `completion_prefix`, `subagent`, `recorded`) (utf8, null when there is no parent;
+    /// since 1.4).
+    pub const PARENT_LINK: &str = "parent_link";
+    /// Shadow traffic: the `request_id` of the production request this row mirrors (its
+    /// `target` names the candidate) (utf8, null for a row that is no shadow; since 1.4).
+    pub const PAIR_REQUEST_ID: &str = "pair_request_id";
 }
 
 /// Key-value metadata keys written into every file.
@@ -231,6 +266,32 @@ impl From<wire::verdict::Outcome> for Outcome {
     }
 }
 
+/// How a row's `parent_request_id` was found (schema 1.4's `parent_link`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParentLink {
+    /// A chat prompt that carries the parent's messages and answer (capture's linker).
+    ChatPrefix,
+    /// The request carries `tool` results for calls the parent's response made, matched
+    /// exactly by `tool_call_id`.
+    ToolCall,
+    /// A completions prompt that starts with the parent's prompt and answer.
+    CompletionPrefix,
+    /// The first request of a sub-agent's conversation, started while the parent's tool
+    /// call was pending.
+    Subagent,
+    /// Taken from an imported trace, or named by the client (a session header).
+    Recorded,
+}
+
+str_enum!(ParentLink {
+    ChatPrefix => "chat_prefix",
+    ToolCall => "tool_call",
+    CompletionPrefix => "completion_prefix",
+    Subagent => "subagent",
+    Recorded => "recorded",
+});
+
 str_enum!(TokenSource { Usage => "usage", Tokenizer => "tokenizer", Recorded => "recorded", Estimate => "estimate" });
 
 /// One request: one row of a trace file.
@@ -320,6 +381,33 @@ pub struct TraceRecord {
     /// The parent id of that `traceparent`, 16 hex digits (since 1.3).
     #[serde(default)]
     pub span_id: Option<String>,
+    /// Time to first answer token from t0, µs (since 1.4).
+    #[serde(default)]
+    pub ttfat_us: Option<i64>,
+    /// Reasoning tokens, part of `output_tokens` (since 1.4).
+    #[serde(default)]
+    pub reasoning_tokens: Option<i64>,
+    /// Where `reasoning_tokens` came from (since 1.4).
+    #[serde(default)]
+    pub reasoning_tokens_source: Option<TokenSource>,
+    /// Tools the request offered (since 1.4).
+    #[serde(default)]
+    pub tools_offered: Option<i32>,
+    /// Names (or hashes) of the tools offered (since 1.4).
+    #[serde(default)]
+    pub tool_names: Option<Vec<String>>,
+    /// Tool calls the response made (since 1.4).
+    #[serde(default)]
+    pub tool_calls: Option<i32>,
+    /// Names (or hashes) of the tool calls made (since 1.4).
+    #[serde(default)]
+    pub tool_call_names: Option<Vec<String>>,
+    /// How `parent_request_id` was found (since 1.4).
+    #[serde(default)]
+    pub parent_link: Option<ParentLink>,
+    /// Shadow: the production request this row mirrors (since 1.4).
+    #[serde(default)]
+    pub pair_request_id: Option<String>,
 }
 
 impl TraceRecord {
@@ -366,6 +454,15 @@ impl TraceRecord {
             synthesized_body: None,
             trace_id: None,
             span_id: None,
+            ttfat_us: None,
+            reasoning_tokens: None,
+            reasoning_tokens_source: None,
+            tools_offered: None,
+            tool_names: None,
+            tool_calls: None,
+            tool_call_names: None,
+            parent_link: None,
+            pair_request_id: None,
         }
     }
 
@@ -383,7 +480,16 @@ impl TraceRecord {
             + self.prefix_hashes.as_ref().map_or(0, |v| v.len() * 8)
             + self.trace_id.as_ref().map_or(0, String::len)
             + self.span_id.as_ref().map_or(0, String::len)
+            + names_bytes(&self.tool_names)
+            + names_bytes(&self.tool_call_names)
+            + self.pair_request_id.as_ref().map_or(0, String::len)
     }
+}
+
+fn names_bytes(names: &Option<Vec<String>>) -> usize {
+    names
+        .as_ref()
+        .map_or(0, |v| v.iter().map(|s| s.len() + 16).sum())
 }
 
 /// The Arrow schema of trace files (without file metadata).
@@ -431,6 +537,15 @@ pub fn schema() -> Schema {
         Field::new(SYNTHESIZED_BODY, DataType::Boolean, true),
         Field::new(TRACE_ID, DataType::Utf8, true),
         Field::new(SPAN_ID, DataType::Utf8, true),
+        Field::new(TTFAT_US, DataType::Int64, true),
+        Field::new(REASONING_TOKENS, DataType::Int64, true),
+        Field::new(REASONING_TOKENS_SOURCE, DataType::Utf8, true),
+        Field::new(TOOLS_OFFERED, DataType::Int32, true),
+        Field::new(TOOL_NAMES, list_of(DataType::Utf8), true),
+        Field::new(TOOL_CALLS, DataType::Int32, true),
+        Field::new(TOOL_CALL_NAMES, list_of(DataType::Utf8), true),
+        Field::new(PARENT_LINK, DataType::Utf8, true),
+        Field::new(PAIR_REQUEST_ID, DataType::Utf8, true),
     ])
 }
 
@@ -468,6 +583,9 @@ mod tests {
         for p in Producer::ALL {
             assert_eq!(p.as_str().parse::<Producer>().unwrap(), *p);
         }
+        for l in ParentLink::ALL {
+            assert_eq!(l.as_str().parse::<ParentLink>().unwrap(), *l);
+        }
         let err = "oops".parse::<Outcome>().unwrap_err();
         assert!(err.contains("http_error"), "{err}");
     }
@@ -493,6 +611,15 @@ mod tests {
             col::SYNTHESIZED_BODY,
             col::TRACE_ID,
             col::SPAN_ID,
+            col::TTFAT_US,
+            col::REASONING_TOKENS,
+            col::REASONING_TOKENS_SOURCE,
+            col::TOOLS_OFFERED,
+            col::TOOL_NAMES,
+            col::TOOL_CALLS,
+            col::TOOL_CALL_NAMES,
+            col::PARENT_LINK,
+            col::PAIR_REQUEST_ID,
         ] {
             let idx = batch.schema().index_of(name).unwrap();
             batch.remove_column(idx);
@@ -523,6 +650,14 @@ mod tests {
             want.synthesized_body,
         ) = (None, None, None);
         (want.trace_id, want.span_id) = (None, None);
+        (
+            want.ttfat_us,
+            want.reasoning_tokens,
+            want.reasoning_tokens_source,
+        ) = (None, None, None);
+        (want.tools_offered, want.tool_names) = (None, None);
+        (want.tool_calls, want.tool_call_names) = (None, None);
+        (want.parent_link, want.pair_request_id) = (None, None);
         assert_eq!(t.records[0], want);
         assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
 
@@ -547,12 +682,30 @@ mod tests {
         o.remove("synthesized_body");
         o.remove("trace_id");
         o.remove("span_id");
+        for k in [
+            "ttfat_us",
+            "reasoning_tokens",
+            "reasoning_tokens_source",
+            "tools_offered",
+            "tool_names",
+            "tool_calls",
+            "tool_call_names",
+            "parent_link",
+            "pair_request_id",
+        ] {
+            o.remove(k);
+        }
         let r: TraceRecord = serde_json::from_value(line).unwrap();
         assert_eq!((r.parent_request_id, r.think_time_us), (None, None));
         assert_eq!(
             (r.captured_status, r.captured_outcome, r.synthesized_body),
             (None, None, None)
         );
+        assert_eq!(
+            (r.ttfat_us, r.tool_names, r.parent_link),
+            (None, None, None)
+        );
+        assert_eq!(r.pair_request_id, None);
     }
 
     #[test]
@@ -588,6 +741,15 @@ mod tests {
             "synthesized_body",
             "trace_id",
             "span_id",
+            "ttfat_us",
+            "reasoning_tokens",
+            "reasoning_tokens_source",
+            "tools_offered",
+            "tool_names",
+            "tool_calls",
+            "tool_call_names",
+            "parent_link",
+            "pair_request_id",
         ] {
             assert!(s.field_with_name(name).is_ok(), "missing column {name}");
         }

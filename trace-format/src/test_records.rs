@@ -1,7 +1,7 @@
 //! Records and metadata the unit tests of the writer and the reader share.
 
 use crate::file_meta::FileMeta;
-use crate::schema::{Outcome, Producer, TokenSource, TraceRecord};
+use crate::schema::{Outcome, ParentLink, Producer, TokenSource, TraceRecord};
 
 /// A record with every optional field set.
 pub(crate) fn full_record(i: i64) -> TraceRecord {
@@ -42,6 +42,15 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
         synthesized_body: Some(false),
         trace_id: Some(format!("{:032x}", 0x4bf9_2f35_77b3_4da6_u128 + i as u128)),
         span_id: Some(format!("{:016x}", 0x00f0_67aa_0ba9_02b7_u64 + i as u64)),
+        ttfat_us: Some(20_000),
+        reasoning_tokens: Some(5 + i),
+        reasoning_tokens_source: Some(TokenSource::Usage),
+        tools_offered: Some(2),
+        tool_names: Some(vec!["get_weather".into(), "h:00ff00ff00ff00ff".into()]),
+        tool_calls: Some(1),
+        tool_call_names: Some(vec!["get_weather".into()]),
+        parent_link: (i > 0).then_some(ParentLink::ToolCall),
+        pair_request_id: Some(format!("prod-{i}")),
     }
 }
 

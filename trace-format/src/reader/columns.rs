@@ -16,7 +16,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Schema, TimeUnit};
 
 use crate::error::{Error, Result};
-use crate::schema::{col, Outcome, TokenSource, TraceRecord};
+use crate::schema::{col, Outcome, ParentLink, TokenSource, TraceRecord};
 
 /// Columns a file must have to be a trace.
 const REQUIRED: [&str; 5] = [
@@ -92,6 +92,15 @@ pub(crate) fn convert(
     let synthesized_body = cx.bools(col::SYNTHESIZED_BODY)?;
     let trace_id = cx.strs(col::TRACE_ID)?;
     let span_id = cx.strs(col::SPAN_ID)?;
+    let ttfat = cx.ints(col::TTFAT_US)?;
+    let reasoning_tokens = cx.ints(col::REASONING_TOKENS)?;
+    let reasoning_src = cx.strs(col::REASONING_TOKENS_SOURCE)?;
+    let tools_offered = cx.ints(col::TOOLS_OFFERED)?;
+    let tool_names = cx.str_lists(col::TOOL_NAMES)?;
+    let tool_calls = cx.ints(col::TOOL_CALLS)?;
+    let tool_call_names = cx.str_lists(col::TOOL_CALL_NAMES)?;
+    let parent_link = cx.strs(col::PARENT_LINK)?;
+    let pair_request_id = cx.strs(col::PAIR_REQUEST_ID)?;
 
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
@@ -109,6 +118,11 @@ pub(crate) fn convert(
         let source = |c: &Strs<'_>, name: &str| -> Result<Option<TokenSource>> {
             c.get(i)
                 .map(|v| v.parse::<TokenSource>().map_err(|e| cx.bad(i, name, &e)))
+                .transpose()
+        };
+        let i32_of = |c: &Ints<'_>, name: &str| -> Result<Option<i32>> {
+            c.get(i)
+                .map(|v| i32::try_from(v).map_err(|_| cx.bad(i, name, "value out of range")))
                 .transpose()
         };
         let outcome_str = outcome
@@ -173,6 +187,21 @@ pub(crate) fn convert(
             synthesized_body: bool_at(synthesized_body, i),
             trace_id: s(&trace_id),
             span_id: s(&span_id),
+            ttfat_us: i64_of(&ttfat, col::TTFAT_US)?,
+            reasoning_tokens: i64_of(&reasoning_tokens, col::REASONING_TOKENS)?,
+            reasoning_tokens_source: source(&reasoning_src, col::REASONING_TOKENS_SOURCE)?,
+            tools_offered: i32_of(&tools_offered, col::TOOLS_OFFERED)?,
+            tool_names: tool_names.get(i, &cx, col::TOOL_NAMES)?,
+            tool_calls: i32_of(&tool_calls, col::TOOL_CALLS)?,
+            tool_call_names: tool_call_names.get(i, &cx, col::TOOL_CALL_NAMES)?,
+            parent_link: parent_link
+                .get(i)
+                .map(|v| {
+                    v.parse::<ParentLink>()
+                        .map_err(|e| cx.bad(i, col::PARENT_LINK, &e))
+                })
+                .transpose()?,
+            pair_request_id: s(&pair_request_id),
         };
         out.push(rec);
     }
@@ -318,6 +347,75 @@ impl<'a> Cx<'a> {
             }
             dt => Err(self.wrong_type(name, dt, expected)),
         }
+    }
+}
+
+impl<'a> Cx<'a> {
+    fn str_lists(&self, name: &str) -> Result<StrLists<'a>> {
+        let Some(a) = self.column(name) else {
+            return Ok(StrLists::Missing);
+        };
+        let expected = "a list of strings";
+        let (offsets, values): (Vec<usize>, &'a dyn Array) = match a.data_type() {
+            DataType::List(_) => {
+                let l = a.as_list::<i32>();
+                let o = l.value_offsets().iter().map(|&o| o as usize).collect();
+                (o, l.values().as_ref())
+            }
+            DataType::LargeList(_) => {
+                let l = a.as_list::<i64>();
+                let o = l.value_offsets().iter().map(|&o| o as usize).collect();
+                (o, l.values().as_ref())
+            }
+            dt => return Err(self.wrong_type(name, dt, expected)),
+        };
+        let strs = match values.data_type() {
+            DataType::Utf8 => Strs::Utf8(values.as_string::<i32>()),
+            DataType::LargeUtf8 => Strs::Large(values.as_string::<i64>()),
+            DataType::Utf8View => Strs::View(values.as_string_view()),
+            _ => return Err(self.wrong_type(name, a.data_type(), expected)),
+        };
+        Ok(StrLists::List {
+            list: a,
+            offsets,
+            values: strs,
+        })
+    }
+}
+
+/// A list-of-strings column, or a missing one (all null).
+enum StrLists<'a> {
+    Missing,
+    List {
+        list: &'a dyn Array,
+        offsets: Vec<usize>,
+        values: Strs<'a>,
+    },
+}
+
+impl StrLists<'_> {
+    /// The list at row `i` (null → None); a null item is an error.
+    fn get(&self, i: usize, cx: &Cx<'_>, name: &str) -> Result<Option<Vec<String>>> {
+        let StrLists::List {
+            list,
+            offsets,
+            values,
+        } = self
+        else {
+            return Ok(None);
+        };
+        if list.is_null(i) {
+            return Ok(None);
+        }
+        (offsets[i]..offsets[i + 1])
+            .map(|j| {
+                values
+                    .get(j)
+                    .map(str::to_string)
+                    .ok_or_else(|| cx.bad(i, name, "null item in a list"))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 }
 

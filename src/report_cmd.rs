@@ -318,7 +318,7 @@ pub struct ReportArgs {
     /// Result JSON files (single runs or sweeps).
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// Output file.
+    /// Output file (`-`: standard output, the summary lines then on standard error).
     #[arg(short, long)]
     output: PathBuf,
     /// html or md (default: from the output's extension, else html).
@@ -379,27 +379,47 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
             title: a.title.clone(),
         },
     );
+    // `-o -`: the report on stdout (as `curl -o -` and `tar -f -`), its summary on stderr.
+    let to_stdout = a.output.as_os_str() == "-";
     let format = match a.format {
         Some(f) => f,
+        None if to_stdout => ReportFormat::Html,
         None => report_format_of(&a.output)?,
     };
     let text = match format {
         ReportFormat::Html => reporting::html::render(&data),
         ReportFormat::Md => reporting::document::markdown(&data),
     };
-    store::write_bytes(&a.output, text.into())
-        .with_context(|| format!("writing {}", a.output.display()))?;
+    if to_stdout {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .context("writing the report to stdout")?;
+    } else {
+        store::write_bytes(&a.output, text.into())
+            .with_context(|| format!("writing {}", a.output.display()))?;
+    }
+    let say = |line: &str| {
+        if to_stdout {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
     // A partial result says so first (`llmreplay.interrupted`: a stopped or killed run).
     for p in reporting::document::partial_lines(&data) {
-        println!("{p}");
+        say(&p);
     }
     for ans in &data.answers {
-        println!("{}", ans.sentence);
+        say(&ans.sentence);
     }
     for p in &data.plans {
-        println!("Plan: {}", p.sentence);
+        say(&format!("Plan: {}", p.sentence));
     }
-    eprintln!("report written to {}", a.output.display());
+    if !to_stdout {
+        eprintln!("report written to {}", a.output.display());
+    }
     if let Some(p) = &a.alerts {
         let series = &data.series;
         let yaml = reporting::alerts::rules_yaml(series, &data.answers)?;

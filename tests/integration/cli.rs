@@ -775,3 +775,33 @@ fn a_closed_stdout_ends_a_printing_command_without_a_panic() {
         );
     }
 }
+
+/// `report -o -` writes the report to stdout, as `curl -o -` does, and its summary to stderr:
+/// it wrote an HTML file named `-` into the working directory (one was committed at the root of
+/// the repository by the closed-stdout test above).
+#[test]
+fn report_to_a_dash_writes_stdout_not_a_file_named_dash() {
+    let json = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/sim-replay-300.json");
+    let dir = tmpdir("report-dash");
+    for (format, starts) in [(None, "<!DOCTYPE html>"), (Some("md"), "# ")] {
+        let mut cmd = bin();
+        cmd.current_dir(&dir)
+            .args(["report", json.to_str().unwrap(), "-o", "-"]);
+        if let Some(f) = format {
+            cmd.args(["--format", f]);
+        }
+        let out = cmd.output().expect("run llmreplay");
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stdout.starts_with(starts),
+            "{format:?}: {}",
+            &stdout[..80.min(stdout.len())]
+        );
+        assert!(!stdout.contains("report written to"), "{stdout}");
+        // The capacity sentence goes to stderr, beside the report, not into it.
+        assert!(stderr.contains("req/s"), "{stderr}");
+        assert!(!dir.join("-").exists(), "a file named '-' was written");
+    }
+}

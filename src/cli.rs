@@ -50,6 +50,8 @@ pub(crate) enum Command {
     Merge(crate::merge_cmd::MergeArgs),
     /// A/A fidelity: a capture beside its replay against the same upstream — schedule, load, outcomes and latencies, and which part drifts.
     Fidelity(crate::fidelity_cmd::FidelityArgs),
+    /// Shadow traffic: each candidate of `capture --shadow` beside production, request by request — paired differences with confidence intervals, outcomes that differed, the candidate's SLO verdict.
+    Shadow(crate::shadow_cmd::ShadowArgs),
 }
 
 impl Cli {
@@ -64,6 +66,7 @@ impl Cli {
                 | Command::Compare(_)
                 | Command::Report(_)
                 | Command::Fidelity(_)
+                | Command::Shadow(_)
         )
     }
 }
@@ -99,6 +102,11 @@ pub fn run(cli: Cli) -> Result<ExitStatus> {
                 "the replay does not reproduce the captured load or schedule",
                 ExitStatus::Drift,
             )
+        } else {
+            ExitStatus::Success
+        }),
+        Command::Shadow(a) => Ok(if crate::shadow_cmd::run_shadow(a)? {
+            said("a shadow candidate's verdict is FAIL", ExitStatus::SloFail)
         } else {
             ExitStatus::Success
         }),

@@ -12,6 +12,7 @@ mod merge_cmd;
 mod otel;
 mod replay_cmd;
 mod report_cmd;
+mod shadow_cmd;
 mod signals;
 mod sim_cmd;
 mod trace_cmd;

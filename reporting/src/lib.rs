@@ -10,7 +10,8 @@
 //!   [`compare`]: configurations side by side.
 //! - [`document`] (Markdown), [`html`] and [`svg`]: `llmreplay report`. [`alerts`]:
 //!   Prometheus rules for the SLOs.
-//! - [`fidelity`]: A/A fidelity of a replay against its capture.
+//! - [`fidelity`]: A/A fidelity of a replay against its capture; [`shadow`]: a shadow
+//!   candidate against production, request by request.
 #![deny(missing_docs)]
 
 pub mod alerts;
@@ -24,5 +25,6 @@ pub mod html;
 pub mod outputs;
 pub mod plan;
 pub mod series;
+pub mod shadow;
 pub mod svg;
 pub mod sweep;

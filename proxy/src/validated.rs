@@ -75,6 +75,7 @@ pub struct ValidatedProxyConfig {
     session_header: Option<HeaderName>,
     tls: Option<Arc<rustls::ServerConfig>>,
     upstream_tls: rustls::ClientConfig,
+    shadow: Vec<crate::shadow::ValidTarget>,
 }
 
 /// A [`ValidatedProxyConfig`] taken apart by the server.
@@ -84,6 +85,8 @@ pub(crate) struct Parts {
     pub(crate) session_header: Option<HeaderName>,
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     pub(crate) upstream_tls: rustls::ClientConfig,
+    /// The shadow candidates (empty: no `--shadow`).
+    pub(crate) shadow: Vec<crate::shadow::ValidTarget>,
 }
 
 impl ValidatedProxyConfig {
@@ -124,6 +127,7 @@ impl ValidatedProxyConfig {
             session_header: self.session_header,
             tls: self.tls,
             upstream_tls: self.upstream_tls,
+            shadow: self.shadow,
         }
     }
 }
@@ -171,12 +175,17 @@ impl ProxyConfig {
             None => None,
         };
         let upstream_tls = tls::client_config(self.upstream_ca.as_deref())?;
+        let shadow = match &self.shadow {
+            Some(s) => crate::shadow::validate(s)?,
+            None => Vec::new(),
+        };
         Ok(ValidatedProxyConfig {
             cfg: self,
             upstream,
             session_header,
             tls,
             upstream_tls,
+            shadow,
         })
     }
 }

@@ -339,3 +339,104 @@ fn a_refused_request_and_a_cancelled_one_pair_as_documented() {
     );
     assert!(s.chunk_times_us.len() < 50, "{}", s.chunk_times_us.len());
 }
+
+/// `--shadow-sample-by session` keeps conversations whole: sessions named by the session
+/// header, and chat conversations without one (drawn by their messages up to the first user
+/// message), are each mirrored in every turn or in none, and the sample takes some but not all.
+#[test]
+fn a_session_sample_mirrors_whole_conversations() {
+    let prod = SimProc::fixed(BIN, 2, 1);
+    let cand = SimProc::fixed(BIN, 2, 1);
+    let (listen, admin, out) = (free_addr(), free_addr(), tmpdir("shadow-sessions"));
+    let shadow = format!("cand={}", cand.url());
+    let flags = [
+        "--shadow",
+        &shadow,
+        "--shadow-sample",
+        "0.5",
+        "--shadow-sample-by",
+        "session",
+        "--session-header",
+        "x-session",
+    ];
+    let mut cap = CaptureProc::spawn_admin(BIN, listen, admin, &prod.url(), &out, &flags);
+    cap.wait_for("listening on");
+    let (sessions, turns) = (12, 3);
+    for s in 0..sessions {
+        for _ in 0..turns {
+            let (status, _) = post(listen, STREAM, &format!("x-session: s{s}\r\n"));
+            assert_eq!(status, 200);
+        }
+    }
+    // Chat conversations without a header: turn k carries the turns before it.
+    for c in 0..sessions {
+        let mut messages = vec![
+            serde_json::json!({"role": "system", "content": "be brief"}),
+            serde_json::json!({"role": "user", "content": format!("question {c}")}),
+        ];
+        for t in 0..turns {
+            let body = serde_json::json!({"model": "m", "messages": messages, "max_tokens": 4});
+            let (status, _) = http(listen, "POST", "/v1/chat/completions", &body.to_string());
+            assert_eq!(status, 200);
+            messages.push(serde_json::json!({"role": "assistant", "content": format!("a{t}")}));
+            messages.push(serde_json::json!({"role": "user", "content": format!("more {t}")}));
+        }
+    }
+    let total = 2 * sessions * turns;
+    metrics_until(admin, |t| {
+        let sent = series(t, "llmreplay_shadow_sent_total{target=\"cand\"}").unwrap_or(0.0);
+        let done = series(t, "llmreplay_shadow_completed_total{target=\"cand\"}").unwrap_or(-1.0);
+        sent == done
+            && series(t, "llmreplay_capture_requests_total{outcome=\"ok\"}") == Some(total as f64)
+    });
+    let (status, _) = cap.terminate();
+    assert!(status.success());
+    let all = rows(&out);
+    let mirrored: std::collections::HashSet<&str> = all
+        .iter()
+        .filter_map(|r| r.pair_request_id.as_deref())
+        .collect();
+    let prods: Vec<&TraceRecord> = all.iter().filter(|r| r.target.is_none()).collect();
+    assert_eq!(prods.len(), total);
+    // Conversations: the header's sessions by session_id; the chat ones (their fake answers
+    // link no turns) by the order they were sent in, one after another.
+    let mut by_session: HashMap<String, Vec<bool>> = HashMap::new();
+    let mut chats: Vec<&&TraceRecord> = prods
+        .iter()
+        .filter(|p| p.endpoint.ends_with("/chat/completions"))
+        .collect();
+    chats.sort_by_key(|p| p.arrival_time_us);
+    for (i, p) in chats.iter().enumerate() {
+        by_session
+            .entry(format!("chat{}", i / turns))
+            .or_default()
+            .push(mirrored.contains(p.request_id.as_str()));
+    }
+    for p in prods
+        .iter()
+        .filter(|p| !p.endpoint.ends_with("/chat/completions"))
+    {
+        let key = p.session_id.clone().expect("the header's session");
+        by_session
+            .entry(key)
+            .or_default()
+            .push(mirrored.contains(p.request_id.as_str()));
+    }
+    assert_eq!(by_session.len(), 2 * sessions, "{by_session:?}");
+    let mut taken = [0, 0];
+    for (s, turns_mirrored) in &by_session {
+        assert_eq!(turns_mirrored.len(), turns, "{s}");
+        let all_in = turns_mirrored.iter().all(|m| *m);
+        assert!(
+            all_in || turns_mirrored.iter().all(|m| !*m),
+            "{s}: {turns_mirrored:?}"
+        );
+        taken[usize::from(s.starts_with("chat"))] += usize::from(all_in);
+    }
+    for t in taken {
+        assert!(
+            0 < t && t < sessions,
+            "{taken:?} of {sessions} sessions each"
+        );
+    }
+}

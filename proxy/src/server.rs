@@ -241,6 +241,9 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         Ok(t) => t,
         Err(e) => {
             let _ = hard_tx.send(true);
+            if let Some(s) = &shared.shadow {
+                s.stop().await;
+            }
             return Err(ProxyError::Io(e));
         }
     };

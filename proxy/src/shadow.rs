@@ -32,14 +32,13 @@ use trace_format::tracectx::{TraceContext, TRACEPARENT};
 use trace_format::{Outcome, TraceRecord};
 
 use crate::config::{ProxyConfig, RecordBodies, ShadowConfig, ShadowSampleBy};
-use crate::error::ConfigError;
 use crate::forward::{ClientAddr, Forward};
 use crate::metrics::Metrics;
 use crate::observe::Strip;
 use crate::record::{ObservedBody, Recorder, Recording};
 use crate::request::RequestInfo;
 use crate::sink::Sink;
-use crate::validated::{Upstream, SECRET_HEADERS};
+use crate::validated::{ValidTarget, SECRET_HEADERS};
 
 /// Why a mirrored request did not complete, as `llmreplay_shadow_dropped_total{reason}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,99 +100,6 @@ impl Dropped {
 
 /// The error of a shadow row whose production request's client cancelled it.
 const CANCELLED: &str = "its production request was cancelled by the client";
-
-/// A candidate as [`validate`] accepted it.
-#[derive(Debug, Clone)]
-pub(crate) struct ValidTarget {
-    name: String,
-    url: String,
-    upstream: Upstream,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    model: Option<String>,
-}
-
-/// Headers a candidate's `--shadow-header` may not set: capture frames the request itself.
-const FRAMING: &[&str] = &[
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "te",
-    "upgrade",
-];
-
-/// Checks the shadow settings: at least one candidate, each named `[A-Za-z0-9._-]+` once,
-/// with a URL as `--upstream` takes, its headers valid (none that frames the request), the
-/// sample in (0, 1] and the in-flight limit positive.
-pub(crate) fn validate(cfg: &ShadowConfig) -> Result<Vec<ValidTarget>, ConfigError> {
-    let bad = |flag, value: &str, why: &str| ConfigError::Shadow {
-        flag,
-        value: value.to_string(),
-        why: why.to_string(),
-    };
-    if cfg.targets.is_empty() {
-        return Err(bad("--shadow", "", "needs at least one NAME=URL"));
-    }
-    if !(cfg.sample > 0.0 && cfg.sample <= 1.0) {
-        return Err(bad(
-            "--shadow-sample",
-            &cfg.sample.to_string(),
-            "must be in (0, 1]",
-        ));
-    }
-    if cfg.max_in_flight == 0 {
-        return Err(bad("--shadow-max-in-flight", "0", "must be > 0"));
-    }
-    let mut out: Vec<ValidTarget> = Vec::new();
-    for t in &cfg.targets {
-        let shown = format!("{}={}", t.name, t.url);
-        let name_ok = !t.name.is_empty()
-            && t.name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-        if !name_ok {
-            return Err(bad(
-                "--shadow",
-                &shown,
-                "NAME must be letters, digits, '.', '_' or '-'",
-            ));
-        }
-        if out.iter().any(|o| o.name == t.name) {
-            return Err(bad("--shadow", &shown, "NAME given twice"));
-        }
-        let upstream = Upstream::parse(&t.url).map_err(|e| match e {
-            ConfigError::Upstream { why, .. } => bad("--shadow", &shown, why),
-            other => other,
-        })?;
-        let mut headers = Vec::with_capacity(t.headers.len());
-        for (n, v) in &t.headers {
-            let shown = format!("{}:{n}={v}", t.name);
-            let name = HeaderName::from_bytes(n.as_bytes())
-                .map_err(|_| bad("--shadow-header", &shown, "not a header name"))?;
-            if FRAMING.contains(&name.as_str()) {
-                return Err(bad(
-                    "--shadow-header",
-                    &shown,
-                    "capture sets this header itself",
-                ));
-            }
-            let value = HeaderValue::from_str(v)
-                .map_err(|_| bad("--shadow-header", &shown, "not a header value"))?;
-            headers.push((name, value));
-        }
-        if t.model.as_deref() == Some("") {
-            return Err(bad("--shadow-model", &t.name, "the model name is empty"));
-        }
-        out.push(ValidTarget {
-            name: t.name.clone(),
-            url: t.url.clone(),
-            upstream,
-            headers,
-            model: t.model.clone(),
-        });
-    }
-    Ok(out)
-}
 
 /// One candidate: its route, what it gets instead of the client's credentials, and its counts.
 struct Candidate {
@@ -624,51 +530,6 @@ fn with_model(body: &[u8], model: &str) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ShadowTarget;
-
-    fn target(name: &str, url: &str) -> ShadowTarget {
-        ShadowTarget {
-            name: name.into(),
-            url: url.into(),
-            headers: vec![],
-            model: None,
-        }
-    }
-
-    #[test]
-    fn validation_names_the_flag_and_what_it_refused() {
-        let ok = ShadowConfig::new(vec![target("cand", "http://127.0.0.1:9")]);
-        assert_eq!(validate(&ok).unwrap()[0].name, "cand");
-        let why = |c: &ShadowConfig| match validate(c) {
-            Err(ConfigError::Shadow { flag, why, .. }) => (flag, why),
-            other => panic!("{other:?}"),
-        };
-        let mut c = ok.clone();
-        c.targets.push(target("cand", "http://127.0.0.1:10"));
-        assert_eq!(why(&c), ("--shadow", "NAME given twice".into()));
-        let c = ShadowConfig::new(vec![target("a b", "http://x:1")]);
-        assert_eq!(why(&c).0, "--shadow");
-        let c = ShadowConfig::new(vec![target("a", "ftp://x:1")]);
-        assert_eq!(
-            why(&c),
-            ("--shadow", "only http and https are supported".into())
-        );
-        let mut c = ok.clone();
-        c.sample = 0.0;
-        assert_eq!(why(&c).0, "--shadow-sample");
-        let mut c = ok.clone();
-        c.max_in_flight = 0;
-        assert_eq!(why(&c).0, "--shadow-max-in-flight");
-        let mut c = ok.clone();
-        c.targets[0].headers.push(("Host".into(), "x".into()));
-        assert_eq!(
-            why(&c),
-            ("--shadow-header", "capture sets this header itself".into())
-        );
-        let mut c = ok;
-        c.targets[0].headers.push(("bad name".into(), "x".into()));
-        assert_eq!(why(&c), ("--shadow-header", "not a header name".into()));
-    }
 
     /// Every turn of a conversation has the same root (so a session is drawn whole); another
     /// conversation's first question gives another; a completion has none.

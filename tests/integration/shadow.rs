@@ -440,3 +440,49 @@ fn a_session_sample_mirrors_whole_conversations() {
         );
     }
 }
+
+/// Shadow flags that cannot work are refused at start, naming the flag and why.
+#[test]
+fn bad_shadow_flags_are_refused_by_name() {
+    let out = tmpdir("shadow-flags");
+    for (args, says) in [
+        (
+            &["--shadow", "noeq"][..],
+            "--shadow \"noeq\": expected NAME=URL",
+        ),
+        (
+            &["--shadow", "a=ftp://x"],
+            "only http and https are supported",
+        ),
+        (
+            &["--shadow", "a=http://x:1", "--shadow", "a=http://y:1"],
+            "NAME given twice",
+        ),
+        (
+            &["--shadow", "a=http://x:1", "--shadow-header", "b:x=y"],
+            "no --shadow named \"b\"",
+        ),
+        (
+            &["--shadow", "a=http://x:1", "--shadow-header", "a:host=y"],
+            "capture sets this header itself",
+        ),
+        (
+            &["--shadow", "a=http://x:1", "--shadow-sample", "2"],
+            "--shadow-sample \"2\": must be in (0, 1]",
+        ),
+        (&["--shadow-sample", "0.5"], "--shadow"),
+    ] {
+        let o = std::process::Command::new(BIN)
+            .args(["capture", "--no-admin", "--listen", "127.0.0.1:0"])
+            .args(["--upstream", "http://127.0.0.1:9", "--out"])
+            .arg(&out)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run llmreplay capture");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

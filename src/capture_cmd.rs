@@ -189,6 +189,103 @@ pub struct CaptureArgs {
     /// Trace context and OTLP export.
     #[command(flatten)]
     otel: crate::otel::OtelArgs,
+    /// Shadow traffic.
+    #[command(flatten)]
+    shadow: ShadowArgs,
+}
+
+/// `--shadow` and its settings (README: "Shadow traffic").
+#[derive(Args, Debug)]
+pub struct ShadowArgs {
+    /// Mirror recorded generation requests to candidate NAME at URL (repeatable): each is
+    /// sent the production request's body, its answer measured, recorded as a row with
+    /// target=NAME and pair_request_id = the production row's request_id, and discarded. The
+    /// client only ever gets production's answer.
+    #[arg(long, value_name = "NAME=URL")]
+    shadow: Vec<String>,
+    /// A header candidate NAME gets (repeatable), e.g. its own credentials; the client's
+    /// credential headers (Authorization, api-key, ...) are never mirrored.
+    #[arg(long, value_name = "NAME:HEADER=VALUE", requires = "shadow")]
+    shadow_header: Vec<String>,
+    /// The model name candidate NAME is asked for in place of the client's.
+    #[arg(long, value_name = "NAME:MODEL", requires = "shadow")]
+    shadow_model: Vec<String>,
+    /// Fraction of recorded generation requests mirrored, in (0, 1].
+    #[arg(long, default_value_t = 1.0, requires = "shadow")]
+    shadow_sample: f64,
+    /// What the sample draws: each request, or whole sessions (the --session-header value,
+    /// else a chat conversation's messages up to its first user message).
+    #[arg(long, value_enum, default_value_t = ShadowSampleByArg::Request, requires = "shadow")]
+    shadow_sample_by: ShadowSampleByArg,
+    /// Mirrored requests in flight per candidate; more are dropped and counted
+    /// (llmreplay_shadow_dropped_total{reason="max_in_flight"}).
+    #[arg(long, default_value_t = 64, requires = "shadow")]
+    shadow_max_in_flight: usize,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ShadowSampleByArg {
+    Request,
+    Session,
+}
+
+impl ShadowArgs {
+    /// The proxy's shadow settings (None without --shadow).
+    fn config(self) -> Result<Option<proxy::ShadowConfig>> {
+        if self.shadow.is_empty() {
+            return Ok(None);
+        }
+        let mut targets = Vec::with_capacity(self.shadow.len());
+        for s in &self.shadow {
+            let (name, url) = s
+                .split_once('=')
+                .ok_or_else(|| anyhow!("--shadow {s:?}: expected NAME=URL"))?;
+            targets.push(proxy::ShadowTarget {
+                name: name.to_string(),
+                url: url.to_string(),
+                headers: Vec::new(),
+                model: None,
+            });
+        }
+        let named = |flag: &str, v: &str| -> Result<(usize, String)> {
+            let (name, rest) = v
+                .split_once(':')
+                .ok_or_else(|| anyhow!("{flag} {v:?}: expected NAME:..."))?;
+            let i = targets
+                .iter()
+                .position(|t| t.name == name)
+                .ok_or_else(|| anyhow!("{flag} {v:?}: no --shadow named {name:?}"))?;
+            Ok((i, rest.to_string()))
+        };
+        let mut headers = Vec::new();
+        for h in &self.shadow_header {
+            let (i, rest) = named("--shadow-header", h)?;
+            let (k, v) = rest
+                .split_once('=')
+                .ok_or_else(|| anyhow!("--shadow-header {h:?}: expected NAME:HEADER=VALUE"))?;
+            headers.push((i, k.trim().to_string(), v.trim().to_string()));
+        }
+        let mut models = Vec::new();
+        for m in &self.shadow_model {
+            models.push(named("--shadow-model", m)?);
+        }
+        for (i, k, v) in headers {
+            targets[i].headers.push((k, v));
+        }
+        for (i, m) in models {
+            if targets[i].model.replace(m).is_some() {
+                bail!("--shadow-model given twice for {:?}", targets[i].name);
+            }
+        }
+        let mut c = proxy::ShadowConfig::new(targets);
+        c.sample = self.shadow_sample;
+        c.sample_by = match self.shadow_sample_by {
+            ShadowSampleByArg::Request => proxy::ShadowSampleBy::Request,
+            ShadowSampleByArg::Session => proxy::ShadowSampleBy::Session,
+        };
+        c.max_in_flight = self.shadow_max_in_flight;
+        Ok(Some(c))
+    }
 }
 
 impl CaptureArgs {
@@ -288,6 +385,7 @@ impl CaptureArgs {
         c.phase_log = self.phase_log;
         c.traceparent = !self.otel.no_traceparent;
         c.otlp = self.otel.config(telemetry::Role::Capture)?;
+        c.shadow = self.shadow.config()?;
         c.threads = self
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

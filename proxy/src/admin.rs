@@ -1,26 +1,52 @@
 //! The admin endpoints: `/metrics` (Prometheus text), `/healthz` (liveness: 503 while
 //! draining or for 2 s after the proxy listener failed an accept) and `/readyz` (readiness:
-//! as `/healthz`, and 503 while the upstream is unreachable, see [`crate::reach`]). The admin
-//! listener's accept loop is in [`crate::server`].
+//! as `/healthz`, and 503 while the upstream is unreachable, see [`crate::reach`]), and
+//! `POST /shadow/off` / `POST /shadow/on` (shadow traffic stopped or resumed live, see
+//! [`crate::shadow`]). The admin listener's accept loop is in [`crate::server`].
 
 use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::state::Shared;
 
-/// The answer to an admin request for `path` at `now_us` (µs since the epoch).
-pub(crate) fn admin_response(shared: &Shared, path: &str, now_us: i64) -> Response<Full<Bytes>> {
+/// The answer to an admin request `method` for `path` at `now_us` (µs since the epoch).
+pub(crate) fn admin_response(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    now_us: i64,
+) -> Response<Full<Bytes>> {
     let saturated = now_us - shared.accept_failed_us.load(Relaxed) < 2_000_000;
     let (status, ctype, body) = match path {
-        "/metrics" => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            shared.metrics.render(),
-        ),
+        "/metrics" => {
+            let mut text = shared.metrics.render();
+            if let Some(s) = &shared.shadow {
+                s.render(&mut text);
+            }
+            (StatusCode::OK, "text/plain; version=0.0.4", text)
+        }
+        "/shadow/off" | "/shadow/on" => match &shared.shadow {
+            None => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "no --shadow configured\n".into(),
+            ),
+            Some(_) if method != Method::POST => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "POST only\n".into(),
+            ),
+            Some(s) => {
+                let on = path == "/shadow/on";
+                s.set(on);
+                let body = if on { "shadow on\n" } else { "shadow off\n" };
+                (StatusCode::OK, "text/plain", body.into())
+            }
+        },
         "/healthz" | "/readyz" if shared.draining.load(Relaxed) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",

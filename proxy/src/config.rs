@@ -94,6 +94,58 @@ impl Default for ClientLimits {
     }
 }
 
+/// How `--shadow` chooses the production requests it mirrors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShadowSampleBy {
+    /// Each request drawn on its own.
+    #[default]
+    Request,
+    /// A conversation drawn as a whole: by the session header's value (`session_header`),
+    /// else by a chat request's messages up to its first user message (the root every turn
+    /// of a conversation carries, as [`crate::sessions`] links them); a request with neither
+    /// is drawn on its own.
+    Session,
+}
+
+/// One shadow candidate (`--shadow NAME=URL`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowTarget {
+    /// Its name: the `target` of its rows.
+    pub name: String,
+    /// Its base URL, as `upstream`.
+    pub url: String,
+    /// Headers it gets in place of the client's credentials (`--shadow-header`).
+    pub headers: Vec<(String, String)>,
+    /// The model name it is asked for instead of the client's (`--shadow-model`).
+    pub model: Option<String>,
+}
+
+/// Shadow traffic: production generation requests mirrored to candidates, their answers
+/// measured, recorded as paired rows and discarded (see `proxy/src/shadow.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowConfig {
+    /// The candidates (at least one).
+    pub targets: Vec<ShadowTarget>,
+    /// Fraction of recorded generation requests mirrored, in (0, 1].
+    pub sample: f64,
+    /// What the sample draws.
+    pub sample_by: ShadowSampleBy,
+    /// Mirrored requests in flight per candidate; more are dropped (and counted).
+    pub max_in_flight: usize,
+}
+
+impl ShadowConfig {
+    /// Mirrors every request to `targets`, at most 64 in flight each.
+    pub fn new(targets: Vec<ShadowTarget>) -> Self {
+        ShadowConfig {
+            targets,
+            sample: 1.0,
+            sample_by: ShadowSampleBy::Request,
+            max_in_flight: 64,
+        }
+    }
+}
+
 /// Everything the capture proxy needs; see [`ProxyConfig::new`] for the defaults.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -187,6 +239,8 @@ pub struct ProxyConfig {
     /// Export each recorded row as an OTLP span, and the capture's metrics
     /// (`--otlp-endpoint`); `None`: nothing is exported.
     pub otlp: Option<telemetry::OtlpConfig>,
+    /// Shadow traffic to candidates (`--shadow`); `None`: nothing is mirrored.
+    pub shadow: Option<ShadowConfig>,
 }
 
 impl ProxyConfig {
@@ -230,6 +284,7 @@ impl ProxyConfig {
             warm_heap: crate::heap::WARM_BYTES,
             traceparent: true,
             otlp: None,
+            shadow: None,
         }
     }
 }

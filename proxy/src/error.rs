@@ -65,6 +65,17 @@ pub enum ConfigError {
     /// The session header carries credentials.
     #[error("{0:?} holds credentials and cannot be recorded as the session id")]
     SecretSessionHeader(String),
+    /// A shadow setting (`--shadow`, `--shadow-header`, `--shadow-model`, `--shadow-sample`,
+    /// `--shadow-max-in-flight`) is not one the proxy can use.
+    #[error("{flag} {value:?}: {why}")]
+    Shadow {
+        /// The flag that set it.
+        flag: &'static str,
+        /// What it was given.
+        value: String,
+        /// Why it was refused.
+        why: String,
+    },
     /// The upstream's TLS client could not be configured.
     #[error("TLS client: {0}")]
     TlsClient(String),

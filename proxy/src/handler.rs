@@ -380,6 +380,11 @@ pub(crate) async fn forward_generation(
         None => (body, Default::default()),
     };
     drop(info);
+    if let Some(shadow) = &shared.shadow {
+        if recording.sampled() {
+            shadow.mirror(&mut recording, &parts, &up_body, strip);
+        }
+    }
     let sent = match shared
         .forward
         .send_lean(&parts, &up_body, &mut recording.phases)

@@ -41,13 +41,17 @@ pub mod request;
 mod server;
 mod serving;
 pub mod sessions;
+mod shadow;
 mod sink;
 mod state;
 mod tls;
 mod upstream;
 mod validated;
 
-pub use config::{ClientLimits, ForwardedHeaders, ProxyConfig, RecordBodies, TlsFiles, UsageMode};
+pub use config::{
+    ClientLimits, ForwardedHeaders, ProxyConfig, RecordBodies, ShadowConfig, ShadowSampleBy,
+    ShadowTarget, TlsFiles, UsageMode,
+};
 pub use error::{ConfigError, ProxyError, Result, Setting};
 pub use metrics::Metrics;
 pub use observe::{StreamObserver, Strip};

@@ -73,9 +73,18 @@ pub(crate) struct Recording {
     /// Capture started the request's trace (the client sent no valid `traceparent`): the
     /// row's `span_id` is capture's own span, not the client's.
     pub(crate) trace_started: bool,
+    /// Called once with the finished row, before it is queued (a mirrored request's: its
+    /// shadows' cancellation; a shadow's: its candidate's counters, see [`crate::shadow`]).
+    pub(crate) on_finish: Option<FinishHook>,
+    /// The error of this row when it is dropped unfinished, in place of "client disconnected"
+    /// (a shadow's: its production request was cancelled).
+    pub(crate) cancel_note: Option<&'static str>,
     sampled: bool,
     done: bool,
 }
+
+/// What [`Recording::on_finish`] holds.
+pub(crate) type FinishHook = Box<dyn FnOnce(&TraceRecord) + Send>;
 
 impl Recording {
     /// Starts a record (counts it in flight).
@@ -95,6 +104,8 @@ impl Recording {
             output: None,
             answer: None,
             trace_started: false,
+            on_finish: None,
+            cancel_note: None,
             sampled,
             done: false,
         }
@@ -158,6 +169,9 @@ impl Recording {
                 m.otel_output_tokens.observe(o as f64);
             }
         }
+        if let Some(hook) = self.on_finish.take() {
+            hook(r);
+        }
         if self.sampled {
             let rec = std::mem::replace(r, TraceRecord::new(String::new(), 0, String::new()));
             self.recorder.sink.send(
@@ -178,6 +192,8 @@ impl Recording {
     fn cancelled(&self) -> String {
         if self.recorder.hard_stop.load(Relaxed) {
             "cut by the proxy's shutdown after the drain timeout".into()
+        } else if let Some(note) = self.cancel_note {
+            note.into()
         } else {
             "client disconnected".into()
         }

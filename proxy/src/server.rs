@@ -123,9 +123,11 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         session_header,
         tls,
         upstream_tls,
+        shadow,
     } = cfg.into_parts();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let metrics = Arc::new(Metrics::default());
+    let upstream_tls_for_shadow = upstream_tls.clone();
     let forward = Forward::new(upstream, upstream_tls, &cfg, metrics.clone());
 
     let bind_err = |cause| ProxyError::Bind {
@@ -183,6 +185,18 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         cfg.block_size,
         cfg.recorder_shed_after,
     );
+    let id_prefix = format!("{start_us:x}-{:x}", std::process::id());
+    let shadow = match &cfg.shadow {
+        Some(sc) if !shadow.is_empty() => Some(Arc::new(crate::shadow::Shadow::start(
+            shadow,
+            sc,
+            &cfg,
+            &upstream_tls_for_shadow,
+            sink.clone(),
+            &id_prefix,
+        )?)),
+        _ => None,
+    };
     let recorder = Arc::new(Recorder {
         metrics: metrics.clone(),
         sink,
@@ -196,13 +210,14 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         metrics: metrics.clone(),
         recorder,
         next_id: AtomicU64::new(0),
-        id_prefix: format!("{start_us:x}-{:x}", std::process::id()),
+        id_prefix,
         local_authorities,
         session_header,
         draining: AtomicBool::new(false),
         accept_failed_us: AtomicI64::new(0),
         admin_rescue: Default::default(),
         cut: crate::cut::Cut::new(cfg.threads),
+        shadow,
         cfg,
     });
     let (stop_tx, stop_rx) = oneshot::channel();
@@ -226,6 +241,9 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         Ok(t) => t,
         Err(e) => {
             let _ = hard_tx.send(true);
+            if let Some(s) = &shared.shadow {
+                s.stop().await;
+            }
             return Err(ProxyError::Io(e));
         }
     };
@@ -453,6 +471,10 @@ async fn run(
         }
     })
     .await;
+    // Shadow requests still in flight are cut, their rows queued before the writer closes.
+    if let Some(s) = &shared.shadow {
+        s.stop().await;
+    }
     if let Some(log) = &shared.recorder.phases {
         if let Err(e) = log.write() {
             eprintln!("llmreplay capture: writing the phase log: {e}");
@@ -627,7 +649,7 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                     let (io, phase) = guarded(sock, &s);
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let active = phase.start();
-                        let r = admin_response(&s, req.uri().path(), wire::clock::epoch_us());
+                        let r = admin_response(&s, req.method(), req.uri().path(), wire::clock::epoch_us());
                         async move { Ok::<_, Infallible>(r.map(|b| Guarded::new(b, Some(active)))) }
                     });
                     let conn = hyper::server::conn::http1::Builder::new()

@@ -231,7 +231,7 @@ fn link(rec: &mut TraceRecord, chain: Option<&[u64]>, answer: Option<u64>, linke
 }
 
 /// The sending side; cheap to share.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Sink {
     tx: SyncSender<Msg>,
     metrics: Arc<Metrics>,

@@ -39,4 +39,6 @@ pub(crate) struct Shared {
     /// Cuts the lean path's connections in the shutdown's last stage (hyper's connections
     /// watch the `hard` channel of [`crate::server`]).
     pub(crate) cut: crate::cut::Cut,
+    /// Shadow traffic (`--shadow`), when configured.
+    pub(crate) shadow: Option<Arc<crate::shadow::Shadow>>,
 }

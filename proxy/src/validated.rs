@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
-use http::header::HeaderName;
+use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
-use crate::config::ProxyConfig;
+use crate::config::{ProxyConfig, ShadowConfig};
 use crate::error::{ConfigError, Result, Setting};
 use crate::tls;
 
@@ -66,6 +66,99 @@ impl Upstream {
     }
 }
 
+/// A shadow candidate as [`validate_shadow`] accepted it.
+#[derive(Debug, Clone)]
+pub(crate) struct ValidTarget {
+    pub(crate) name: String,
+    pub(crate) url: String,
+    pub(crate) upstream: Upstream,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) model: Option<String>,
+}
+
+/// Headers a candidate's `--shadow-header` may not set: capture frames the request itself.
+const FRAMING: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "te",
+    "upgrade",
+];
+
+/// Checks the shadow settings: at least one candidate, each named `[A-Za-z0-9._-]+` once,
+/// with a URL as `--upstream` takes, its headers valid (none that frames the request), the
+/// sample in (0, 1] and the in-flight limit positive.
+pub(crate) fn validate_shadow(cfg: &ShadowConfig) -> Result<Vec<ValidTarget>, ConfigError> {
+    let bad = |flag, value: &str, why: &str| ConfigError::Shadow {
+        flag,
+        value: value.to_string(),
+        why: why.to_string(),
+    };
+    if cfg.targets.is_empty() {
+        return Err(bad("--shadow", "", "needs at least one NAME=URL"));
+    }
+    if !(cfg.sample > 0.0 && cfg.sample <= 1.0) {
+        return Err(bad(
+            "--shadow-sample",
+            &cfg.sample.to_string(),
+            "must be in (0, 1]",
+        ));
+    }
+    if cfg.max_in_flight == 0 {
+        return Err(bad("--shadow-max-in-flight", "0", "must be > 0"));
+    }
+    let mut out: Vec<ValidTarget> = Vec::new();
+    for t in &cfg.targets {
+        let shown = format!("{}={}", t.name, t.url);
+        let name_ok = !t.name.is_empty()
+            && t.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !name_ok {
+            return Err(bad(
+                "--shadow",
+                &shown,
+                "NAME must be letters, digits, '.', '_' or '-'",
+            ));
+        }
+        if out.iter().any(|o| o.name == t.name) {
+            return Err(bad("--shadow", &shown, "NAME given twice"));
+        }
+        let upstream = Upstream::parse(&t.url).map_err(|e| match e {
+            ConfigError::Upstream { why, .. } => bad("--shadow", &shown, why),
+            other => other,
+        })?;
+        let mut headers = Vec::with_capacity(t.headers.len());
+        for (n, v) in &t.headers {
+            let shown = format!("{}:{n}={v}", t.name);
+            let name = HeaderName::from_bytes(n.as_bytes())
+                .map_err(|_| bad("--shadow-header", &shown, "not a header name"))?;
+            if FRAMING.contains(&name.as_str()) {
+                return Err(bad(
+                    "--shadow-header",
+                    &shown,
+                    "capture sets this header itself",
+                ));
+            }
+            let value = HeaderValue::from_str(v)
+                .map_err(|_| bad("--shadow-header", &shown, "not a header value"))?;
+            headers.push((name, value));
+        }
+        if t.model.as_deref() == Some("") {
+            return Err(bad("--shadow-model", &t.name, "the model name is empty"));
+        }
+        out.push(ValidTarget {
+            name: t.name.clone(),
+            url: t.url.clone(),
+            upstream,
+            headers,
+            model: t.model.clone(),
+        });
+    }
+    Ok(out)
+}
+
 /// A [`ProxyConfig`] that [`ProxyConfig::validate`] accepted, with what it parsed;
 /// immutable from here on.
 #[derive(Debug, Clone)]
@@ -75,6 +168,7 @@ pub struct ValidatedProxyConfig {
     session_header: Option<HeaderName>,
     tls: Option<Arc<rustls::ServerConfig>>,
     upstream_tls: rustls::ClientConfig,
+    shadow: Vec<ValidTarget>,
 }
 
 /// A [`ValidatedProxyConfig`] taken apart by the server.
@@ -84,6 +178,8 @@ pub(crate) struct Parts {
     pub(crate) session_header: Option<HeaderName>,
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     pub(crate) upstream_tls: rustls::ClientConfig,
+    /// The shadow candidates (empty: no `--shadow`).
+    pub(crate) shadow: Vec<ValidTarget>,
 }
 
 impl ValidatedProxyConfig {
@@ -124,6 +220,7 @@ impl ValidatedProxyConfig {
             session_header: self.session_header,
             tls: self.tls,
             upstream_tls: self.upstream_tls,
+            shadow: self.shadow,
         }
     }
 }
@@ -171,12 +268,17 @@ impl ProxyConfig {
             None => None,
         };
         let upstream_tls = tls::client_config(self.upstream_ca.as_deref())?;
+        let shadow = match &self.shadow {
+            Some(s) => validate_shadow(s)?,
+            None => Vec::new(),
+        };
         Ok(ValidatedProxyConfig {
             cfg: self,
             upstream,
             session_header,
             tls,
             upstream_tls,
+            shadow,
         })
     }
 }
@@ -273,5 +375,49 @@ mod tests {
             key: "/nonexistent/key.pem".into(),
         });
         assert!(matches!(c.validate(), Err(ProxyError::Tls { .. })));
+    }
+
+    fn target(name: &str, url: &str) -> crate::ShadowTarget {
+        crate::ShadowTarget {
+            name: name.into(),
+            url: url.into(),
+            headers: vec![],
+            model: None,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_flag_and_what_it_refused() {
+        let ok = crate::ShadowConfig::new(vec![target("cand", "http://127.0.0.1:9")]);
+        assert_eq!(validate_shadow(&ok).unwrap()[0].name, "cand");
+        let why = |c: &crate::ShadowConfig| match validate_shadow(c) {
+            Err(ConfigError::Shadow { flag, why, .. }) => (flag, why),
+            other => panic!("{other:?}"),
+        };
+        let mut c = ok.clone();
+        c.targets.push(target("cand", "http://127.0.0.1:10"));
+        assert_eq!(why(&c), ("--shadow", "NAME given twice".into()));
+        let c = crate::ShadowConfig::new(vec![target("a b", "http://x:1")]);
+        assert_eq!(why(&c).0, "--shadow");
+        let c = crate::ShadowConfig::new(vec![target("a", "ftp://x:1")]);
+        assert_eq!(
+            why(&c),
+            ("--shadow", "only http and https are supported".into())
+        );
+        let mut c = ok.clone();
+        c.sample = 0.0;
+        assert_eq!(why(&c).0, "--shadow-sample");
+        let mut c = ok.clone();
+        c.max_in_flight = 0;
+        assert_eq!(why(&c).0, "--shadow-max-in-flight");
+        let mut c = ok.clone();
+        c.targets[0].headers.push(("Host".into(), "x".into()));
+        assert_eq!(
+            why(&c),
+            ("--shadow-header", "capture sets this header itself".into())
+        );
+        let mut c = ok;
+        c.targets[0].headers.push(("bad name".into(), "x".into()));
+        assert_eq!(why(&c), ("--shadow-header", "not a header name".into()));
     }
 }

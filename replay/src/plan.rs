@@ -125,6 +125,11 @@ impl Selector {
             return Step::Done;
         }
         self.rows += 1;
+        // A shadow row (capture's `--shadow`) measured a candidate on a production request,
+        // whose own row is in the trace: it is no demand of its own, and is never replayed.
+        if rec.pair_request_id.is_some() {
+            return Step::Pass;
+        }
         let t = rec.arrival_time_us;
         let (lo, hi) = *self.window.get_or_insert_with(|| {
             let lo = t.saturating_add(self.sel.start_offset.as_micros() as i64);
@@ -407,6 +412,16 @@ mod tests {
     fn offsets(rs: &[TraceRecord], arrivals: Arrivals, seed: u64) -> Vec<Duration> {
         let s = schedule(rs, &Selection::default(), arrivals, SessionMode::Open, seed);
         s.unwrap().items.iter().map(|i| i.offset).collect()
+    }
+
+    #[test]
+    fn shadow_rows_are_never_replayed() {
+        let mut shadow = rec("a-cand", 10_000, None);
+        shadow.pair_request_id = Some("a".into());
+        shadow.target = Some("cand".into());
+        let rs = [rec("a", 10_000, None), shadow, rec("b", 10_500, None)];
+        let s = open_plan(&rs).unwrap();
+        assert_eq!(ids(&s), vec!["a", "b"]);
     }
 
     #[test]

@@ -55,5 +55,6 @@ mod polish;
 mod recorder;
 mod secrets;
 mod sessions;
+mod shadow;
 mod shard;
 mod verdict;

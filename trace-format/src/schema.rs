@@ -92,7 +92,8 @@ pub mod col {
     pub const NEW_CONNECTION: &str = "new_connection";
     /// Replay: time spent connecting when the connection was new, µs (not part of TTFT).
     pub const CONNECT_US: &str = "connect_us";
-    /// Replay: the target's name.
+    /// Replay: the target's name; capture: a shadow row's candidate (`--shadow NAME=URL`),
+    /// null on production rows.
     pub const TARGET: &str = "target";
     /// Replay: the run's id.
     pub const RUN_ID: &str = "run_id";
@@ -362,7 +363,8 @@ pub struct TraceRecord {
     pub new_connection: Option<bool>,
     /// Replay: time spent connecting, µs (not part of TTFT).
     pub connect_us: Option<i64>,
-    /// Replay: the target's name.
+    /// Replay: the target's name; capture: a shadow row's candidate (`--shadow NAME=URL`),
+    /// null on production rows.
     pub target: Option<String>,
     /// Replay: the run's id.
     pub run_id: Option<String>,

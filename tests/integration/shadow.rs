@@ -142,6 +142,39 @@ fn every_mirrored_request_has_its_pair_row_and_the_slower_candidate_shows() {
             "candidate TTFT {st} µs against production {pt} µs"
         );
     }
+    // `llmreplay shadow` pairs them: the candidate's TTFT is higher, request by request, and
+    // fails the SLO production meets.
+    let json = out.join("shadow.json");
+    let o = std::process::Command::new(BIN)
+        .args(["shadow", out.to_str().unwrap(), "--goodput", "ttft:100"])
+        .args(["--json", json.to_str().unwrap(), "--fail-on-slo"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(6),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        text.contains(&format!(
+            "Candidate cand: {n} requests mirrored, 0 production"
+        )),
+        "{text}"
+    );
+    let ttft = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("TTFT"))
+        .expect(&text);
+    assert!(ttft.contains("HIGHER on the candidate"), "{text}");
+    assert!(text.contains("production, same requests: PASS"), "{text}");
+    assert!(text.contains("VERDICT cand: FAIL — p95 TTFT"), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let d = &doc["candidates"][0]["classes"][0]["metrics"][0];
+    assert_eq!(d["metric"], "ttft");
+    assert!(d["ci"][0].as_f64().unwrap() > 80.0, "{d}");
 }
 
 /// A candidate that never answers and one that cannot be reached: every production request
@@ -338,6 +371,30 @@ fn a_refused_request_and_a_cancelled_one_pair_as_documented() {
         "production {pe} µs, shadow {se} µs"
     );
     assert!(s.chunk_times_us.len() < 50, "{}", s.chunk_times_us.len());
+    // `llmreplay shadow` pairs the outcomes: the same on both sides, neither the candidate's
+    // failure (the 4xx and the cancellation are the client's).
+    let o = std::process::Command::new(BIN)
+        .args(["shadow", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("http_error → http_error: 1"), "{text}");
+    assert!(
+        text.contains("client_cancelled → client_cancelled: 1"),
+        "{text}"
+    );
+    assert!(!text.contains("outcome differed"), "{text}");
+    // Both left out as the client's: nothing the candidate was asked to serve is left to judge.
+    assert!(text.contains("left out: 2 the client's"), "{text}");
+    assert!(
+        text.contains("0 of 0 requests the server was asked to serve failed"),
+        "{text}"
+    );
 }
 
 /// `--shadow-sample-by session` keeps conversations whole: sessions named by the session

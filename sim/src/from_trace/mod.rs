@@ -486,3 +486,63 @@ impl TraceMock {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, at: i64, outcome: Outcome, status: Option<u16>) -> TraceRecord {
+        let mut r = TraceRecord::new(id.to_string(), at, "/v1/completions");
+        r.stream = true;
+        r.outcome = outcome;
+        r.status = status;
+        r.ttft_us = Some(40_000);
+        r.chunk_times_us = vec![40_000, 50_000, 65_000];
+        r.e2el_us = Some(65_000);
+        r.output_tokens = Some(5);
+        r
+    }
+
+    #[test]
+    fn answers_keep_recorded_timing_tokens_and_outcome() {
+        let ok = RecordedAnswer::from_record(&row("a", 0, Outcome::Ok, Some(200)));
+        let times: Vec<u128> = ok.chunks.iter().map(|c| c.0.as_millis()).collect();
+        assert_eq!(times, [40, 50, 65]);
+        assert_eq!(ok.chunks.iter().map(|c| c.1).sum::<u32>(), 5);
+        assert_eq!(ok.ending, Ending::Complete { length: false });
+        let e = RecordedAnswer::from_record(&row("b", 0, Outcome::HttpError, Some(503)));
+        assert!(matches!(e.ending, Ending::Status { status: 503, .. }));
+        let r = RecordedAnswer::from_record(&row("c", 0, Outcome::UpstreamError, None));
+        assert_eq!(r.ending, Ending::Reset { began: false });
+    }
+
+    #[test]
+    fn matches_by_id_then_prompt_then_order_and_counts_the_rest() {
+        let mut rows = vec![
+            row("a", 2, Outcome::Ok, Some(200)),
+            row("b", 1, Outcome::Ok, Some(200)),
+        ];
+        rows[0].body = Some(r#"{"model":"x","prompt":"hello there"}"#.into());
+        let m = TraceMock::new(&rows, &MatchBy::ALL).unwrap();
+        let (r, how) = m.find(Some("a~3"), None).unwrap();
+        assert_eq!((r.request_id.as_str(), how), ("a", MatchBy::Id));
+        let key = prompt_key(br#"{"prompt":"hello there","model":"y","stream":true}"#);
+        let (r, how) = m.find(None, key).unwrap();
+        assert_eq!((r.request_id.as_str(), how), ("a", MatchBy::Prompt));
+        let (r, how) = m.find(Some("zzz"), None).unwrap();
+        assert_eq!((r.request_id.as_str(), how), ("b", MatchBy::Order));
+        let e = m.find(Some("zzz"), None).unwrap_err();
+        assert!(e.0.contains("\"zzz\" is not in the trace"), "{}", e.0);
+        assert_eq!(
+            m.counts(),
+            MatchCounts {
+                id: 1,
+                prompt: 1,
+                order: 1,
+                unmatched: 1
+            }
+        );
+        assert!(TraceMock::new(&[], &MatchBy::ALL).is_err());
+        assert!(MatchBy::parse_list("id,bogus").is_err());
+    }
+}

@@ -193,7 +193,7 @@ fn run_ground_truth(a: &SimArgs) -> Result<()> {
     use std::io::Write;
     let (ttft, itl) = match a.sim.config()?.timing {
         sim::Timing::Fixed { ttft, itl } => (ttft, itl),
-        sim::Timing::Engine(_) | sim::Timing::Slots { .. } => {
+        sim::Timing::Engine(_) | sim::Timing::Slots { .. } | sim::Timing::Trace(_) => {
             (Duration::from_millis(50), Duration::from_millis(10))
         }
     };

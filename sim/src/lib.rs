@@ -14,6 +14,8 @@
 //! - [`Timing::Slots`] serves `slots` requests at a time for a fixed service time each, the
 //!   rest waiting first come first served: a server whose capacity is known exactly
 //!   (`slots / service` requests per second), to test capacity answers against.
+//! - [`Timing::Trace`] answers each request with a recorded trace row's timing, tokens and
+//!   outcome, matched by request id, prompt or order ([`from_trace`]).
 //!
 //! # Tokenization
 //! There is no real tokenizer: **one token per whitespace-separated word** of the prompt
@@ -40,6 +42,7 @@
 #![deny(missing_docs)]
 
 pub mod engine;
+pub mod from_trace;
 pub mod groundtruth;
 pub mod metrics;
 mod openai;
@@ -50,6 +53,7 @@ pub mod tokens;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -109,6 +113,9 @@ pub enum Timing {
         /// Time each request holds its slot (> 0).
         service: Duration,
     },
+    /// Each request answered with a recorded row's timing, tokens and outcome
+    /// ([`from_trace`]: `llmreplay sim --from-trace`).
+    Trace(Arc<from_trace::TraceMock>),
 }
 
 /// Fault injection rates (each in `[0, 1]`, summing to at most 1), drawn per request from a

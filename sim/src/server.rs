@@ -2,7 +2,6 @@
 //! body that turns engine emissions into vLLM-shaped SSE chunks.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -26,6 +25,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
 use crate::engine::{Emit, Engine};
+use crate::from_trace::{answer, TraceMock, REQUEST_ID_HEADER};
 use crate::metrics::{FinishReason, Metrics};
 use crate::openai::{self, ApiError, Formatter, GenRequest, Kind};
 use crate::slots::Slots;
@@ -34,8 +34,8 @@ use crate::{Faults, SimConfig, SimError, Timing};
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 << 20;
-/// Stall length when `Faults::stall` is zero.
-const DEFAULT_STALL: Duration = Duration::from_secs(3600);
+/// Stall length when `Faults::stall` is zero (and the longest a `--from-trace` hold lasts).
+pub(crate) const DEFAULT_STALL: Duration = Duration::from_secs(3600);
 /// Content chunks a `reset` fault sends before dropping the connection.
 const RESET_AFTER_CHUNKS: u32 = 2;
 /// Pause before a `reset` fault drops the connection, so the chunks before it are flushed.
@@ -55,17 +55,18 @@ enum Backend {
     Engine { engine: Engine, max_model_len: u32 },
     Fixed { ttft: Duration, itl: Duration },
     Slots(Arc<Slots>),
+    Trace(Arc<TraceMock>),
 }
 
-struct AppState {
-    model: String,
-    seed: u64,
+pub(crate) struct AppState {
+    pub(crate) model: String,
+    pub(crate) seed: u64,
     tokens_per_chunk: u32,
     faults: Faults,
     backend: Backend,
     metrics: Arc<Metrics>,
     rng: Mutex<ChaCha8Rng>,
-    next_id: AtomicU64,
+    pub(crate) next_id: AtomicU64,
 }
 
 pub(crate) fn validate(cfg: &SimConfig) -> Result<(), SimError> {
@@ -125,6 +126,7 @@ pub(crate) async fn serve(
             Backend::Slots(Arc::new(Slots::new(slots, service, Instant::now()))),
             None,
         ),
+        Timing::Trace(mock) => (Backend::Trace(mock), None),
     };
     let state = Arc::new(AppState {
         model: cfg.model_name,
@@ -158,7 +160,17 @@ pub(crate) async fn serve(
                 let st = Arc::clone(&state);
                 let svc = hyper::service::service_fn(move |req| {
                     let st = Arc::clone(&st);
-                    async move { Ok::<_, Infallible>(handle(st, req).await) }
+                    async move {
+                        let r = handle(st, req).await;
+                        if r.extensions().get::<DropConnection>().is_some() {
+                            // A service error: hyper closes the connection, answering nothing.
+                            return Err(io::Error::new(
+                                io::ErrorKind::ConnectionAborted,
+                                "connection dropped without an answer",
+                            ));
+                        }
+                        Ok(r)
+                    }
                 });
                 let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
                 let conn = graceful.watch(conn);
@@ -180,7 +192,19 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-fn json_response(status: StatusCode, body: Bytes) -> Response<SimBody> {
+/// Marks a response that is not sent: the connection is closed instead (a recorded
+/// connection failure, `--from-trace`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DropConnection;
+
+/// A response that is not sent: the connection is dropped.
+pub(crate) fn drop_connection() -> Response<SimBody> {
+    let mut r = Response::new(SimBody::Full(None));
+    r.extensions_mut().insert(DropConnection);
+    r
+}
+
+pub(crate) fn json_response(status: StatusCode, body: Bytes) -> Response<SimBody> {
     let mut r = Response::new(SimBody::Full(Some(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -190,7 +214,7 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<SimBody> {
     r
 }
 
-fn error_response(e: &ApiError) -> Response<SimBody> {
+pub(crate) fn error_response(e: &ApiError) -> Response<SimBody> {
     json_response(e.status, e.body())
 }
 
@@ -215,7 +239,7 @@ fn method_not_allowed(allow: &'static str) -> Response<SimBody> {
     r
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     (wire::clock::epoch_us() / 1_000_000) as u64
 }
 
@@ -237,7 +261,7 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Response<SimBody> 
         "/v1/models" if get => {
             let max_model_len = match &st.backend {
                 Backend::Engine { max_model_len, .. } => Some(*max_model_len),
-                Backend::Fixed { .. } | Backend::Slots(_) => None,
+                Backend::Fixed { .. } | Backend::Slots(_) | Backend::Trace(_) => None,
             };
             let body = serde_json::json!({
                 "object": "list",
@@ -254,7 +278,11 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Response<SimBody> 
             json_response(StatusCode::OK, Bytes::from(body.to_string()))
         }
         "/metrics" if get => {
-            let mut r = Response::new(SimBody::Full(Some(Bytes::from(st.metrics.render()))));
+            let mut text = st.metrics.render();
+            if let Backend::Trace(mock) = &st.backend {
+                text.push_str(&mock.render_metrics());
+            }
+            let mut r = Response::new(SimBody::Full(Some(Bytes::from(text))));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -341,6 +369,13 @@ fn fault_response(st: &AppState, fault: Option<Fault>) -> Option<Response<SimBod
 }
 
 async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Response<SimBody> {
+    // t0 of a recorded answer: the request's headers read, as capture's t0.
+    let t0 = Instant::now();
+    let request_id = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let forced = match header_fault(&req) {
         Ok(f) => f,
         Err(e) => return error_response(&e),
@@ -357,6 +392,16 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
         Ok(g) => g,
         Err(e) => return error_response(&e),
     };
+    if let Backend::Trace(mock) = &st.backend {
+        let ask = answer::Asked {
+            kind,
+            req: &g,
+            request_id: request_id.as_deref(),
+            prompt_key: crate::from_trace::prompt_key(&body),
+            t0,
+        };
+        return answer::respond(&st, mock, ask).await;
+    }
     let prompt_tokens = u32::try_from(g.prompt.len()).unwrap_or(u32::MAX);
     if let Backend::Engine { max_model_len, .. } = &st.backend {
         let prompt_eff = prompt_tokens.max(1);
@@ -421,6 +466,15 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
                 fixed_stream(t, k, prompt_tokens, target, finish, metrics)
             })
         }
+        // Answered from the trace above; never reached.
+        Backend::Trace(_) => {
+            return error_response(&ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: "no recorded answer".into(),
+                kind: "server_error",
+                code: None,
+            })
+        }
         Backend::Slots(slots) => {
             let slots = Arc::clone(slots);
             let metrics = Arc::clone(&st.metrics);
@@ -448,39 +502,71 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
     });
     let reset_after =
         (fault == Some(Fault::Reset)).then_some(if g.stream { RESET_AFTER_CHUNKS } else { 0 });
-    let body = GenBody {
+    gen_response(GenSpec {
         stream: g.stream,
         chat: kind == Kind::Chat,
         include_usage: g.include_usage,
         fmt,
-        start: Some(start),
+        start,
         stall,
-        rx: None,
-        out: 0,
+        reset_after,
         target,
         finish,
+    })
+}
+
+/// What a generation's response is made of (see [`GenBody`]).
+pub(crate) struct GenSpec {
+    pub(crate) stream: bool,
+    pub(crate) chat: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) fmt: Formatter,
+    /// Starts the emissions when the body is first polled.
+    pub(crate) start: StartFn,
+    pub(crate) stall: Option<Pin<Box<Sleep>>>,
+    /// Content chunks before the connection is reset (0: at once).
+    pub(crate) reset_after: Option<u32>,
+    /// Output tokens at which the response is complete.
+    pub(crate) target: u32,
+    pub(crate) finish: FinishReason,
+}
+
+/// The response of a generation: its headers, and a body streaming its emissions.
+pub(crate) fn gen_response(s: GenSpec) -> Response<SimBody> {
+    let stream = s.stream;
+    let body = GenBody {
+        stream: s.stream,
+        chat: s.chat,
+        include_usage: s.include_usage,
+        fmt: s.fmt,
+        start: Some(s.start),
+        stall: s.stall,
+        rx: None,
+        out: 0,
+        target: s.target,
+        finish: s.finish,
         pending: VecDeque::new(),
-        reset_after,
+        reset_after: s.reset_after,
         reset_wait: None,
         chunks: 0,
         phase: Phase::Active,
     };
     let mut r = Response::new(SimBody::Gen(Box::new(body)));
-    let ct = if g.stream {
+    let ct = if stream {
         "text/event-stream; charset=utf-8"
     } else {
         "application/json"
     };
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    if g.stream {
+    if stream {
         r.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
     r
 }
 
-fn far(t0: Instant, d: Duration) -> Instant {
+pub(crate) fn far(t0: Instant, d: Duration) -> Instant {
     t0.checked_add(d)
         .unwrap_or_else(|| t0 + Duration::from_secs(365 * 86_400))
 }
@@ -547,7 +633,7 @@ fn fixed_stream(
     rx
 }
 
-type StartFn = Box<dyn FnOnce() -> UnboundedReceiver<Emit> + Send>;
+pub(crate) type StartFn = Box<dyn FnOnce() -> UnboundedReceiver<Emit> + Send>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -558,7 +644,7 @@ enum Phase {
 
 /// Streams one generation: optional stall, then engine emissions as SSE chunks (or one JSON
 /// body), then `[DONE]`; or an abrupt error for the `reset` fault.
-struct GenBody {
+pub(crate) struct GenBody {
     stream: bool,
     chat: bool,
     include_usage: bool,
@@ -651,7 +737,7 @@ impl GenBody {
 }
 
 /// Response body of every route: a fixed body or a generation.
-enum SimBody {
+pub(crate) enum SimBody {
     Full(Option<Bytes>),
     Gen(Box<GenBody>),
 }

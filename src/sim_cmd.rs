@@ -156,6 +156,30 @@ pub(crate) struct SimArgs {
     /// With --ground-truth: write the per-request chunk log here (JSON lines) on exit.
     #[arg(long, requires = "ground_truth")]
     chunk_log: Option<PathBuf>,
+    /// Answer each request with a recorded row's cadence instead: the TTFT, chunk gaps,
+    /// tokens per chunk, output length and outcome (a non-2xx status at its E2EL, a reset,
+    /// a cancelled or timed-out stream left silent) of the row it matches in this capture or
+    /// replay's --results (files, directories or globs). A request that matches no row gets
+    /// a 404 (`no_recorded_request`), counted in /metrics. Not reproduced: reasoning timing,
+    /// Retry-After, the sim's vLLM metrics.
+    #[arg(
+        long,
+        num_args = 1..,
+        value_name = "TRACE",
+        conflicts_with_all = ["ground_truth", "fixed_timing", "slot_timing", "profile"]
+    )]
+    from_trace: Vec<String>,
+    /// With --from-trace: how a request finds its row, tried in this order: `id` (its
+    /// `x-request-id`, which replay sends: the row's request_id), `prompt` (its messages or
+    /// prompt, against rows captured with --record-bodies full), `order` (the earliest row not
+    /// answered yet).
+    #[arg(
+        long = "match",
+        value_name = "LIST",
+        default_value = "id,prompt,order",
+        requires = "from_trace"
+    )]
+    match_by: String,
     #[command(flatten)]
     sim: SimOpts,
 }
@@ -171,7 +195,25 @@ pub(crate) fn run_sim(a: SimArgs) -> Result<()> {
     if a.ground_truth {
         return run_ground_truth(&a);
     }
-    let cfg = a.sim.config()?;
+    let mut cfg = a.sim.config()?;
+    let mock = if a.from_trace.is_empty() {
+        None
+    } else {
+        let methods = sim::from_trace::MatchBy::parse_list(&a.match_by).context("--match")?;
+        let trace = store::read_traces(&a.from_trace)
+            .with_context(|| format!("--from-trace: reading {}", a.from_trace.join(" ")))?;
+        let mock = std::sync::Arc::new(
+            sim::from_trace::TraceMock::new(&trace.records, &methods)
+                .with_context(|| format!("--from-trace {}", a.from_trace.join(" ")))?,
+        );
+        eprintln!(
+            "llmreplay sim: answering with the {} rows of {}",
+            mock.rows().len(),
+            a.from_trace.join(" ")
+        );
+        cfg.timing = sim::Timing::Trace(mock.clone());
+        Some(mock)
+    };
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
     // The first signal stops it, the second exits at once.
     let mut stopped = signals::watch("sim", vec![signals::graceful()])?;
@@ -185,6 +227,9 @@ pub(crate) fn run_sim(a: SimArgs) -> Result<()> {
         );
         stopped.wait().await;
         handle.shutdown().await;
+        if let Some(m) = &mock {
+            eprintln!("llmreplay sim: {}", m.counts());
+        }
         Ok(())
     })
 }

@@ -44,6 +44,7 @@ mod conn;
 mod exits;
 mod fidelity;
 mod first_send;
+mod from_trace;
 mod importers;
 mod interrupt;
 mod keepalive;

@@ -1,6 +1,8 @@
 //! The HTTP front end: routing, request handling, fault injection, and the streaming response
 //! body that turns engine emissions into vLLM-shaped SSE chunks.
 
+mod answer;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -25,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
 use crate::engine::{Emit, Engine};
-use crate::from_trace::{answer, TraceMock, REQUEST_ID_HEADER};
+use crate::from_trace::{TraceMock, REQUEST_ID_HEADER};
 use crate::metrics::{FinishReason, Metrics};
 use crate::openai::{self, ApiError, Formatter, GenRequest, Kind};
 use crate::slots::Slots;

@@ -31,8 +31,10 @@ use std::time::Duration;
 use serde_json::Value;
 use trace_format::{Outcome, TraceRecord};
 
-pub(crate) mod answer;
-pub use answer::{MATCH_HEADER, ROW_HEADER};
+/// Header naming how a request was matched (`id`, `prompt`, `order`, or `unmatched`).
+pub const MATCH_HEADER: &str = "x-llmreplay-match";
+/// Header naming the recorded row a request was answered with (its `request_id`).
+pub const ROW_HEADER: &str = "x-llmreplay-row";
 
 /// The header a request id is read from (`llmreplay replay` sends each row's id in it).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";

@@ -8,20 +8,15 @@ use http::{HeaderValue, Response, StatusCode};
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::time::Instant;
 
-use super::{Ending, RecordedAnswer, TraceMock, Unmatched};
-use crate::engine::Emit;
-use crate::metrics::FinishReason;
-use crate::openai::{ApiError, Formatter, GenRequest, Kind};
-use crate::server::{
+use super::{
     drop_connection, error_response, far, gen_response, json_response, unix_now, AppState, GenSpec,
     SimBody, DEFAULT_STALL,
 };
+use crate::engine::Emit;
+use crate::from_trace::{Ending, RecordedAnswer, TraceMock, Unmatched, MATCH_HEADER, ROW_HEADER};
+use crate::metrics::FinishReason;
+use crate::openai::{ApiError, Formatter, GenRequest, Kind};
 use crate::tokens::{combine, mix};
-
-/// Header naming how a request was matched (`id`, `prompt`, `order`, or `unmatched`).
-pub const MATCH_HEADER: &str = "x-llmreplay-match";
-/// Header naming the recorded row a request was answered with (its `request_id`).
-pub const ROW_HEADER: &str = "x-llmreplay-row";
 
 /// What a request asked, as the server parsed it.
 pub(crate) struct Asked<'a> {

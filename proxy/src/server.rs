@@ -40,6 +40,9 @@ use crate::sink::{self, WriterThread};
 use crate::state::Shared;
 use crate::validated::{Parts, ValidatedProxyConfig};
 
+/// How long shadow requests still in flight when production has drained may take to finish.
+const SHADOW_GRACE: Duration = Duration::from_secs(5);
+
 /// What a finished proxy did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
@@ -442,6 +445,7 @@ async fn run(
     let _ = accepting.send(false);
     shared.draining.store(true, Relaxed);
     let _ = graceful_tx.send(true);
+    let drain_until = Instant::now() + drain;
     let drained = tokio::time::timeout(drain, conns_done.recv()).await.is_ok();
     if !drained {
         shared.recorder.hard_stop.store(true, Relaxed);
@@ -471,8 +475,16 @@ async fn run(
         }
     })
     .await;
-    // Shadow requests still in flight are cut, their rows queued before the writer closes.
+    // Shadow requests still in flight finish within what is left of the drain, at most
+    // SHADOW_GRACE (a candidate slower than production is still answering the last requests;
+    // a stalled one must not hold the exit), then are cut, their rows queued before the
+    // writer closes.
     if let Some(s) = &shared.shadow {
+        s.mirror_off();
+        let until = drain_until.min(Instant::now() + SHADOW_GRACE);
+        while drained && s.in_flight() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         s.stop().await;
     }
     if let Some(log) = &shared.recorder.phases {

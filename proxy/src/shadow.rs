@@ -426,6 +426,19 @@ impl Shadow {
         }
     }
 
+    /// Stops mirroring new requests (those in flight go on).
+    pub(crate) fn mirror_off(&self) {
+        self.on.store(false, Relaxed);
+    }
+
+    /// Mirrored requests in flight, over every candidate.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.candidates
+            .iter()
+            .map(|c| c.max_in_flight - c.slots.available_permits())
+            .sum()
+    }
+
     /// Stops mirroring and cuts what is in flight (rows `client_cancelled`, reason
     /// `shutdown`), before the trace writer closes.
     pub(crate) async fn stop(&self) {

@@ -367,13 +367,18 @@ fn candidate(
         .collect();
     // The candidate's rows judged as a replay's are: with what production did with the same
     // request as their captured outcome, so a 4xx production also got, or a cancellation its
-    // client made, is the client's and not the candidate's failure.
+    // client made, is the client's and not the candidate's failure. A shadow cancelled is
+    // always capture's doing (its production request's client went away, or capture shut
+    // down before the candidate finished), never the candidate's.
     let cand: Vec<TraceRecord> = pairs
         .iter()
         .map(|(p, c)| {
             let mut c = (*c).clone();
             c.captured_status = p.status;
-            c.captured_outcome = Some(p.outcome);
+            c.captured_outcome = Some(match c.outcome {
+                Outcome::ClientCancelled => Outcome::ClientCancelled,
+                _ => p.outcome,
+            });
             c
         })
         .collect();

@@ -543,3 +543,32 @@ fn bad_shadow_flags_are_refused_by_name() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// Capture stopped right after production's last answer: the candidate, slower, was still
+/// answering those requests, and they were cut ("cut by the proxy's shutdown", 9 of 200 in a
+/// user's run) and counted against it. Shadows in flight now finish within the drain (at most
+/// 5 s) before the files close.
+#[test]
+fn a_stop_right_after_production_answered_lets_the_slower_candidate_finish() {
+    let prod = SimProc::fixed(BIN, 10, 2);
+    let cand = SimProc::fixed(BIN, 400, 5);
+    let (listen, out) = (free_addr(), tmpdir("shadow-stop"));
+    let shadow = format!("cand={}", cand.url());
+    let mut cap = CaptureProc::spawn(listen, &prod.url(), &out, &["--shadow", &shadow]);
+    cap.wait_for("listening on");
+    for _ in 0..3 {
+        assert_eq!(post(listen, STREAM, "").0, 200);
+    }
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "{log:#?}");
+    let all = rows(&out);
+    let shadows: Vec<&TraceRecord> = all.iter().filter(|r| r.target.is_some()).collect();
+    assert_eq!(shadows.len(), 3, "{all:#?}");
+    for s in shadows {
+        assert_eq!(
+            (s.outcome, s.output_tokens),
+            (Outcome::Ok, Some(8)),
+            "{s:?}"
+        );
+    }
+}

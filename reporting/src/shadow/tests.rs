@@ -102,10 +102,15 @@ fn outcomes_are_paired_and_the_clients_failures_are_not_the_candidates() {
     let mut fail_s = shadow_of(&fail, "cand", 0.0, 0.0, 0);
     (fail_s.status, fail_s.outcome) = (Some(503), Outcome::HttpError);
     fail_s.error = Some("overloaded".into());
-    rows.extend([bad, bad_s, gone, gone_s, fail, fail_s]);
+    // Served by production, cut by capture's shutdown before the candidate finished.
+    let late = row("late", 500, 100.0, 10.0, 10);
+    let mut late_s = shadow_of(&late, "cand", 110.0, 10.0, 4);
+    late_s.outcome = Outcome::ClientCancelled;
+    late_s.error = Some("cut by the proxy's shutdown after the drain timeout".into());
+    rows.extend([bad, bad_s, gone, gone_s, fail, fail_s, late, late_s]);
     let rep = assess(&rows, &[], 95.0).unwrap();
     let c = &rep.candidates[0];
-    assert_eq!(c.paired, 13);
+    assert_eq!(c.paired, 14);
     let count = |p: Outcome, k: Outcome| {
         c.outcomes
             .iter()
@@ -116,11 +121,13 @@ fn outcomes_are_paired_and_the_clients_failures_are_not_the_candidates() {
     assert_eq!(count(Outcome::HttpError, Outcome::HttpError), 1);
     assert_eq!(count(Outcome::ClientCancelled, Outcome::ClientCancelled), 1);
     assert_eq!(count(Outcome::Ok, Outcome::HttpError), 1);
-    assert_eq!(c.differed_total, 1);
+    assert_eq!(count(Outcome::Ok, Outcome::ClientCancelled), 1);
+    assert_eq!(c.differed_total, 2);
     assert_eq!(c.differed[0].request_id, "fail");
+    assert_eq!(c.differed[1].request_id, "late");
     assert_eq!(c.differed[0].candidate, (Outcome::HttpError, Some(503)));
-    // The candidate failed 1 of the 11 it was asked to serve (the 4xx and the cancellation
-    // are the client's): over the 5% budget. Production failed none.
+    // The candidate failed 1 of the 11 it was asked to serve (the 4xx and the cancellations,
+    // the client's and capture's, are not its doing): over the budget. Production failed none.
     assert!(!c.verdict.pass, "{:?}", c.verdict);
     assert!(
         c.verdict.reason.contains("1 of 11 requests"),

@@ -106,7 +106,8 @@ impl SweepArgs {
         let mut want = vec![PercentileMetric::Ttft, PercentileMetric::Tpot];
         for s in &cfg.goodput {
             want.push(match s.metric {
-                SloMetric::Ttft => PercentileMetric::Ttft,
+                // TTFAT's keys come with TTFT's (results::build).
+                SloMetric::Ttft | SloMetric::Ttfat => PercentileMetric::Ttft,
                 SloMetric::Tpot => PercentileMetric::Tpot,
                 SloMetric::E2el => PercentileMetric::E2el,
             });

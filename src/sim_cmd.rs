@@ -48,6 +48,17 @@ pub(crate) struct SimOpts {
     /// How long a stall lasts.
     #[arg(long, value_parser = parse_duration, default_value = "1h")]
     stall: Duration,
+    /// A reasoning model: this share of chat requests reason before they answer
+    /// (`delta.reasoning_content`, then `content`, as vLLM's reasoning parsers stream it).
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE")]
+    reasoning_share: f64,
+    /// Share of a reasoning request's output tokens that are reasoning.
+    #[arg(long, default_value_t = 0.5, value_name = "SHARE")]
+    reasoning_fraction: f64,
+    /// `usage` counts the reasoning tokens apart
+    /// (`completion_tokens_details.reasoning_tokens`, as OpenAI's API does; vLLM's does not).
+    #[arg(long)]
+    reasoning_details: bool,
 }
 
 /// The engine profile of `sim` and `replay` without `--profile`.
@@ -78,6 +89,9 @@ impl SimOpts {
             "--served-model-name",
         );
         flag(self.error_rate != 0.0, "--error-rate");
+        flag(self.reasoning_share != 0.0, "--reasoning-share");
+        flag(self.reasoning_fraction != 0.5, "--reasoning-fraction");
+        flag(self.reasoning_details, "--reasoning-details");
         flag(self.rate_limit_rate != 0.0, "--rate-limit-rate");
         flag(self.reset_rate != 0.0, "--reset-rate");
         flag(self.stall_rate != 0.0, "--stall-rate");
@@ -137,6 +151,11 @@ impl SimOpts {
                 stall: self.stall,
             },
             model_name: self.served_model_name.clone(),
+            reasoning: sim::Reasoning {
+                share: self.reasoning_share,
+                fraction: self.reasoning_fraction,
+                details: self.reasoning_details,
+            },
         })
     }
 }

@@ -232,7 +232,7 @@ async fn completion(c: &TestClient, url: &str, body: &Value, id: &str) -> Seen {
         };
         if stream {
             parser.feed(&d, |ev| match classify(ev) {
-                StreamEvent::Chunk { usage, output } => {
+                StreamEvent::Chunk { usage, output, .. } => {
                     if output {
                         seen.ttft_us
                             .get_or_insert(now.duration_since(t0).as_micros() as i64);

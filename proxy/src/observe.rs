@@ -92,6 +92,9 @@ pub struct StreamObserver {
     /// tokenizer counts when the upstream sends no usage. None when not kept, or once it
     /// passed [`OUTPUT_TEXT_CAP`].
     pub output_text: Option<String>,
+    /// The reasoning text so far, kept with the output text (same bound): what the
+    /// tokenizer counts as reasoning tokens when the upstream reports none.
+    pub reasoning_text: Option<String>,
     /// The hash of the answer so far (see [`StreamObserver::keep_answer_hash`]): what session
     /// linking needs of the answer, without its text.
     pub answer: Option<TextHash>,
@@ -131,6 +134,7 @@ impl StreamObserver {
     /// Keep the generated text of output chunks (bounded by [`OUTPUT_TEXT_CAP`]).
     pub fn keep_output_text(&mut self) {
         self.output_text = Some(String::new());
+        self.reasoning_text = Some(String::new());
     }
 
     /// Hash the answer's content as it streams ([`crate::sessions::push_answer_text`]), for
@@ -295,16 +299,17 @@ impl StreamObserver {
             parser,
             tally,
             output_text,
+            reasoning_text,
             answer,
             text_buf,
             ..
         } = self;
-        let keep = output_text.is_some() || answer.is_some();
+        let keep = output_text.is_some() || reasoning_text.is_some() || answer.is_some();
         parser.feed(bytes, |ev| {
             let kind = read_event(ev, keep.then_some(&mut *text_buf));
             on_kind(&kind);
             if tally.note(t_us, kind) {
-                keep_text(text_buf, output_text, answer);
+                keep_text(text_buf, [output_text, reasoning_text], answer);
             }
         });
     }
@@ -350,13 +355,22 @@ fn usage_cut(raw: &[u8]) -> Action {
     }
 }
 
-/// Keeps the text of an output chunk: its generated text (up to [`OUTPUT_TEXT_CAP`]) and
-/// its answer's hash, when kept.
-fn keep_text(text: &ChunkText, output_text: &mut Option<String>, answer: &mut Option<TextHash>) {
-    if let Some(out) = output_text.as_mut() {
-        out.push_str(&text.output);
-        if out.len() > OUTPUT_TEXT_CAP {
-            *output_text = None;
+/// Keeps the text of an output chunk: its generated text and its reasoning (each up to
+/// [`OUTPUT_TEXT_CAP`]) and its answer's hash, when kept.
+fn keep_text(
+    text: &ChunkText,
+    [output_text, reasoning_text]: [&mut Option<String>; 2],
+    answer: &mut Option<TextHash>,
+) {
+    for (kept, piece) in [
+        (output_text, &text.output),
+        (reasoning_text, &text.reasoning),
+    ] {
+        if let Some(out) = kept.as_mut() {
+            out.push_str(piece);
+            if out.len() > OUTPUT_TEXT_CAP {
+                *kept = None;
+            }
         }
     }
     if let Some(h) = answer.as_mut() {

@@ -20,6 +20,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
+use trace_format::reasoning::Reasoning;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
 
@@ -28,7 +29,7 @@ use crate::observe::{StreamObserver, Strip};
 use crate::phases::{PhaseLog, Phases};
 use crate::prompts::PendingPrompt;
 use crate::sessions::{push_answer_text, TextHash};
-use crate::sink::{OutputText, Sink};
+use crate::sink::{Generated, OutputText, Sink};
 use crate::upstream::LeanBody;
 
 /// Error type of response bodies.
@@ -66,8 +67,8 @@ pub(crate) struct Recording {
     pub(crate) phases: Phases,
     /// The prompt's tokenization, running on a prompt runner ([`crate::prompts`]) (sampled rows only).
     pub(crate) prompt: Option<PendingPrompt>,
-    /// The generated text of a response without usage, for the writer thread to count.
-    output: Option<OutputText>,
+    /// What the writer thread still has to count of the response (texts without usage).
+    output: Generated,
     /// The answer's [`TextHash`], for session linking.
     answer: Option<u64>,
     /// Capture started the request's trace (the client sent no valid `traceparent`): the
@@ -101,7 +102,7 @@ impl Recording {
             rec,
             phases: Phases::new(t0),
             prompt: None,
-            output: None,
+            output: Generated::default(),
             answer: None,
             trace_started: false,
             on_finish: None,
@@ -177,7 +178,7 @@ impl Recording {
             self.recorder.sink.send(
                 rec,
                 self.prompt.take(),
-                self.output.take(),
+                std::mem::take(&mut self.output),
                 self.answer,
                 self.trace_started,
             );
@@ -347,9 +348,23 @@ impl ObservedBody {
                 if let Some(last) = o.last_chunk_us {
                     r.e2el_us = Some(last);
                 }
-                if v.completion_tokens.is_none() {
-                    // No usage: the writer thread counts the text with the tokenizer.
-                    self.rec.output = o.output_text.take().map(OutputText::Text);
+                r.ttfat_us = o.first_answer_us;
+                // No usage: the writer thread counts the texts with the tokenizer.
+                let output = o
+                    .output_text
+                    .take()
+                    .filter(|_| v.completion_tokens.is_none());
+                let reasoning = o.reasoning_text.take().filter(|_| o.reasoning_chunks > 0);
+                self.rec.output.reasoning = match v.reasoning_tokens {
+                    Some(n) => Some(Reasoning::Reported(n)),
+                    None if o.reasoning_chunks == 0 => Some(Reasoning::Absent),
+                    // The text was not kept (past its bound): the chunks estimate it.
+                    None if reasoning.is_none() => Some(Reasoning::Estimated(o.reasoning_chunks)),
+                    None => None,
+                };
+                let reasoning = reasoning.filter(|_| self.rec.output.reasoning.is_none());
+                if output.is_some() || reasoning.is_some() {
+                    self.rec.output.text = Some(OutputText::Text { output, reasoning });
                 }
                 self.rec.answer = o.answer.map(|h| h.finish());
                 v
@@ -360,9 +375,23 @@ impl ObservedBody {
                 if v.outcome == verdict::Outcome::Ok {
                     if self.rec.sampled {
                         self.rec.answer = answer_of_body(copy);
-                        if v.completion_tokens.is_none() {
-                            // No usage: the writer thread counts the text with the tokenizer.
-                            self.rec.output = Some(OutputText::Body(std::mem::take(copy)));
+                        // Reasoning text is looked for only where the body names it (one
+                        // SIMD search), so plain answers are not read again.
+                        let reasoning = v.reasoning_tokens.is_none()
+                            && memchr::memmem::find(copy, b"\"reasoning").is_some();
+                        self.rec.output.reasoning = match v.reasoning_tokens {
+                            Some(n) => Some(Reasoning::Reported(n)),
+                            None if !reasoning => Some(Reasoning::Absent),
+                            None => None,
+                        };
+                        let output = v.completion_tokens.is_none();
+                        if output || reasoning {
+                            // No usage: the writer thread counts the texts with the tokenizer.
+                            self.rec.output.text = Some(OutputText::Body {
+                                body: std::mem::take(copy),
+                                output,
+                                reasoning,
+                            });
                         }
                     }
                     // Not streamed: E2EL only; there is no first token to time.

@@ -42,6 +42,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokenize::Tokenizer;
+use trace_format::reasoning::Reasoning;
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{Outcome, TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
@@ -62,22 +63,50 @@ pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 /// shed budget still gets this long; a starved runner cannot stall the writer beyond it).
 const PROMPT_WAIT_MIN: Duration = Duration::from_millis(1);
 
-/// The generated text of a response that carried no usage, for the tokenizer to count.
+/// The generated texts of a response whose usage did not count them, for the tokenizer.
 #[derive(Debug)]
 pub(crate) enum OutputText {
-    /// The text of a stream's output chunks.
-    Text(String),
-    /// A whole (non-streamed) JSON response body.
-    Body(Vec<u8>),
+    /// A stream's texts: its output chunks' (None: usage counted them, or the text was not
+    /// kept) and its reasoning's (None: nothing to count).
+    Text {
+        output: Option<String>,
+        reasoning: Option<String>,
+    },
+    /// A whole (non-streamed) JSON response body, and which of its texts to count.
+    Body {
+        body: Vec<u8>,
+        output: bool,
+        reasoning: bool,
+    },
 }
 
 impl OutputText {
-    fn text(self) -> Option<String> {
+    /// (output text, reasoning text) to count.
+    fn texts(self) -> (Option<String>, Option<String>) {
         match self {
-            OutputText::Text(t) => Some(t),
-            OutputText::Body(b) => wire::sse::response_text(&b),
+            OutputText::Text { output, reasoning } => (output, reasoning),
+            OutputText::Body {
+                body,
+                output,
+                reasoning,
+            } => (
+                output.then(|| wire::sse::response_text(&body)).flatten(),
+                reasoning
+                    .then(|| wire::sse::response_reasoning_text(&body))
+                    .flatten(),
+            ),
         }
     }
+}
+
+/// What a finished response generated, as far as the writer thread still has to count it.
+#[derive(Debug, Default)]
+pub(crate) struct Generated {
+    /// Texts for the tokenizer (none when the usage counted everything).
+    pub(crate) text: Option<OutputText>,
+    /// The reasoning tokens as decided where the response was observed (reported, absent,
+    /// estimated); None: count the reasoning text, if any.
+    pub(crate) reasoning: Option<Reasoning>,
 }
 
 /// A further output of the recorder: every row written (or dropped by the writer), in the
@@ -98,7 +127,7 @@ struct Queued {
     /// Capture started the request's trace.
     trace_started: bool,
     prompt: Option<PendingPrompt>,
-    output: Option<OutputText>,
+    output: Generated,
     /// The hash of the answer's text, for session linking.
     answer: Option<u64>,
     /// When it was queued for this thread.
@@ -134,19 +163,36 @@ impl Resolver<'_> {
         } = q;
         let behind = queued_at.elapsed() > self.shed_after;
         let shed = &self.metrics.shed;
+        let (output_text, reasoning_text) = output.text.map(OutputText::texts).unwrap_or_default();
+        let count = |t: &str| {
+            let counted = (!behind).then(|| self.tokenizer.count(t).ok()).flatten();
+            if counted.is_none() {
+                shed.output_tokens.fetch_add(1, Relaxed);
+            }
+            counted.ok_or_else(|| estimate_text(t))
+        };
         if rec.output_tokens.is_none() {
-            if let Some(t) = output.and_then(OutputText::text).filter(|t| !t.is_empty()) {
-                let counted = (!behind).then(|| self.tokenizer.count(&t).ok()).flatten();
-                let (n, source) = match counted {
-                    Some(n) => (n, TokenSource::Tokenizer),
-                    None => {
-                        shed.output_tokens.fetch_add(1, Relaxed);
-                        (estimate_text(&t), TokenSource::Estimate)
-                    }
+            if let Some(t) = output_text.filter(|t| !t.is_empty()) {
+                let (n, source) = match count(&t) {
+                    Ok(n) => (n, TokenSource::Tokenizer),
+                    Err(n) => (n, TokenSource::Estimate),
                 };
                 rec.output_tokens = Some(n as i64);
                 rec.output_tokens_source = Some(source);
             }
+        }
+        // Reasoning tokens by the rule replay records them with (trace_format::reasoning),
+        // once the output's count (which a response without reasoning takes its 0's source
+        // from) is known.
+        let reasoning = output.reasoning.or_else(|| {
+            let t = reasoning_text.filter(|t| !t.is_empty())?;
+            Some(match count(&t) {
+                Ok(n) => Reasoning::Counted(n),
+                Err(n) => Reasoning::Estimated(n),
+            })
+        });
+        if let Some(r) = reasoning {
+            r.fill(&mut rec);
         }
         // The prompt is waited for until the row's shed budget is spent: a runner starved of
         // CPU costs the row its hashes (and counts), never the writer its pace.
@@ -453,7 +499,7 @@ impl Sink {
         &self,
         rec: TraceRecord,
         prompt: Option<PendingPrompt>,
-        output: Option<OutputText>,
+        output: Generated,
         answer: Option<u64>,
         trace_started: bool,
     ) {
@@ -592,7 +638,13 @@ mod tests {
         )
         .unwrap();
         let (tx, rx) = mpsc::sync_channel(1);
-        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None, false);
+        sink.send(
+            chat("a", 0, 10, Outcome::Ok),
+            Some(rx),
+            Generated::default(),
+            None,
+            false,
+        );
         assert_eq!(m.recorder_queue.len(), 1);
         let later = Instant::now() + Duration::from_secs(5);
         assert!(m.recorder_queue.lag(later) >= Duration::from_secs(5));
@@ -634,7 +686,13 @@ mod tests {
         let budget = Duration::from_millis(20);
         let (sink, writer, _) = start(cfg, 16, true, budget, tok, m.clone(), Vec::new()).unwrap();
         let (tx, rx) = mpsc::sync_channel::<crate::prompts::PromptInfo>(1);
-        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None, false);
+        sink.send(
+            chat("a", 0, 10, Outcome::Ok),
+            Some(rx),
+            Generated::default(),
+            None,
+            false,
+        );
         let deadline = Instant::now() + Duration::from_secs(60);
         while m.shed.prefix_hashes.load(Relaxed) == 0 {
             assert!(Instant::now() < deadline, "the writer is still waiting");

@@ -59,6 +59,8 @@ pub struct Exchange {
     pub error: Option<String>,
     /// First chunk − t0, µs.
     pub ttft_us: Option<i64>,
+    /// First chunk carrying answer output (not reasoning only) − t0, µs.
+    pub ttfat_us: Option<i64>,
     /// Last chunk (or full response) − t0, µs.
     pub e2el_us: Option<i64>,
     /// Every chunk's offset from t0, µs.
@@ -72,6 +74,13 @@ pub struct Exchange {
     /// The generated text, when the client was asked to keep it (a tokenizer is configured)
     /// and the server sent no `usage.completion_tokens`: what the tokenizer counts.
     pub output_text: Option<String>,
+    /// `usage.completion_tokens_details.reasoning_tokens`.
+    pub reasoning_tokens: Option<i64>,
+    /// What was seen of the reasoning when the server reported no count: how many
+    /// reasoning-only chunks, and their text when the client keeps text (a tokenizer will
+    /// count it); for a whole body, its reasoning text (its length estimates the count
+    /// without a tokenizer). None: nothing observed (an error, a cut before any output).
+    pub reasoning_seen: Option<(usize, Option<String>)>,
     /// Response body bytes.
     pub response_bytes: i64,
     /// Instant the exchange ended.
@@ -370,6 +379,7 @@ impl Exchange {
         self.prompt_tokens = v.prompt_tokens;
         self.completion_tokens = v.completion_tokens;
         self.chunk_tokens = v.chunk_tokens;
+        self.reasoning_tokens = v.reasoning_tokens;
     }
 
     fn failed(
@@ -387,12 +397,15 @@ impl Exchange {
             outcome,
             error: Some(error),
             ttft_us: None,
+            ttfat_us: None,
             e2el_us: None,
             chunk_times_us: Vec::new(),
             chunk_tokens: None,
             prompt_tokens: None,
             completion_tokens: None,
             output_text: None,
+            reasoning_tokens: None,
+            reasoning_seen: None,
             response_bytes: 0,
             end: Instant::now(),
         }
@@ -490,6 +503,13 @@ async fn read_response(
             if want_text && v.completion_tokens.is_none() {
                 ex.output_text = wire::sse::response_text(&buf);
             }
+            if v.reasoning_tokens.is_none() {
+                // Read only when the body names reasoning at all (one SIMD search).
+                let text = memchr::memmem::find(&buf, b"\"reasoning")
+                    .and_then(|_| wire::sse::response_reasoning_text(&buf))
+                    .filter(|t| !t.is_empty());
+                ex.reasoning_seen = Some((usize::from(text.is_some()), text));
+            }
         }
         // Asked for a stream, got something else: the connection is not reused.
         let reusable = reusable && !(ok_status && stream);
@@ -503,6 +523,7 @@ async fn read_response(
     let mut tally = StreamTally::with_capacity(128);
     let mut bytes = 0i64;
     let mut text = want_text.then(String::new);
+    let mut reasoning = want_text.then(String::new);
     // Each event's text, read in the parse that classifies it (a buffer reused per event).
     let mut text_buf = want_text.then(wire::sse::ChunkText::default);
     let read = with_deadline(
@@ -512,8 +533,11 @@ async fn read_response(
             bytes += data.len() as i64;
             parser.feed(data, |ev| {
                 if tally.note(t, wire::sse::read_event(ev, text_buf.as_mut())) {
-                    if let (Some(text), Some(b)) = (text.as_mut(), &text_buf) {
+                    if let (Some(text), Some(r), Some(b)) =
+                        (text.as_mut(), reasoning.as_mut(), &text_buf)
+                    {
                         text.push_str(&b.output);
+                        r.push_str(&b.reasoning);
                     }
                 }
             });
@@ -546,6 +570,10 @@ async fn read_response(
     ex.response_bytes = bytes;
     let v = judge_stream(status, &tally, how, Rules::REPLAY);
     ex.ttft_us = tally.chunk_times_us.first().copied();
+    ex.ttfat_us = tally.first_answer_us;
+    if v.reasoning_tokens.is_none() && !tally.chunk_times_us.is_empty() {
+        ex.reasoning_seen = Some((tally.reasoning_chunks, reasoning));
+    }
     ex.e2el_us = tally
         .last_chunk_us
         .or_else(|| (v.outcome == verdict::Outcome::Ok).then(|| us_since(t0, ex.end)));

@@ -240,6 +240,8 @@ pub struct Slo {
 pub enum SloMetric {
     /// Time to first token.
     Ttft,
+    /// Time to first answer token (after a reasoning model's reasoning; TTFT without it).
+    Ttfat,
     /// Time per output token.
     Tpot,
     /// End-to-end latency.
@@ -251,6 +253,7 @@ impl SloMetric {
     pub fn key(self) -> &'static str {
         match self {
             SloMetric::Ttft => "ttft",
+            SloMetric::Ttfat => "ttfat",
             SloMetric::Tpot => "tpot",
             SloMetric::E2el => "e2el",
         }
@@ -265,11 +268,12 @@ impl FromStr for Slo {
             .ok_or_else(|| format!("--goodput {s:?}: expected KEY:MS, e.g. ttft:500"))?;
         let metric = match k {
             "ttft" => SloMetric::Ttft,
+            "ttfat" => SloMetric::Ttfat,
             "tpot" => SloMetric::Tpot,
             "e2el" => SloMetric::E2el,
             _ => {
                 return Err(format!(
-                    "--goodput {s:?}: unknown key {k:?} (expected ttft, tpot or e2el)"
+                    "--goodput {s:?}: unknown key {k:?} (expected ttft, ttfat, tpot or e2el)"
                 ))
             }
         };

@@ -51,6 +51,13 @@ pub struct Metrics {
     /// TTFT, ms, over completed streamed requests (a request that is not streamed has no
     /// observable first token).
     pub ttft: Summary,
+    /// Time to first answer token, ms, over completed streamed requests: the first output
+    /// that is not reasoning ([`ttfat_ms`]); None when no completed request reasoned (it
+    /// would equal TTFT).
+    pub ttfat: Option<Summary>,
+    /// Σ reasoning tokens of completed requests (part of `total_output_tokens`), when some
+    /// completed request reasoned.
+    pub total_reasoning_tokens: Option<i64>,
     /// TPOT, ms, over completed streamed requests with more than one output token.
     pub tpot: Summary,
     /// ITL, ms, pooled chunk gaps of completed streamed requests.
@@ -112,6 +119,9 @@ pub struct ClassMetrics {
     pub output_tokens: i64,
     /// TTFT, ms (None when not streamed: it does not apply).
     pub ttft: Option<Summary>,
+    /// TTFAT, ms (None when not streamed, or when no request of the run reasoned).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttfat: Option<Summary>,
     /// TPOT, ms (None when not streamed).
     pub tpot: Option<Summary>,
     /// ITL, ms (None when not streamed).
@@ -152,8 +162,9 @@ pub fn meets_slos(r: &TraceRecord, slos: &[Slo]) -> bool {
         return false;
     }
     slos.iter().all(|s| match s.metric {
-        SloMetric::Ttft | SloMetric::Tpot if !r.stream => true,
+        SloMetric::Ttft | SloMetric::Ttfat | SloMetric::Tpot if !r.stream => true,
         SloMetric::Ttft => ttft_ms(r).is_some_and(|v| v <= s.limit_ms),
+        SloMetric::Ttfat => ttfat_ms(r).is_some_and(|v| v <= s.limit_ms),
         SloMetric::E2el => r.e2el_us.map(ms).is_some_and(|v| v <= s.limit_ms),
         SloMetric::Tpot => tpot_ms(r).unwrap_or(0.0) <= s.limit_ms,
     })
@@ -166,6 +177,25 @@ pub fn ttft_ms(r: &TraceRecord) -> Option<f64> {
         return None;
     }
     r.ttft_us.map(ms)
+}
+
+/// Time to first answer token of one request, ms: streamed requests only. A row without
+/// `ttfat_us` that had no reasoning (or was recorded before schema 1.4) answered with its
+/// first token; one that reasoned and never answered has none.
+pub fn ttfat_ms(r: &TraceRecord) -> Option<f64> {
+    if !r.stream {
+        return None;
+    }
+    match r.ttfat_us {
+        Some(t) => Some(ms(t)),
+        None if r.reasoning_tokens.unwrap_or(0) == 0 => r.ttft_us.map(ms),
+        None => None,
+    }
+}
+
+/// Whether a row reasoned before (or instead of) answering.
+pub fn reasoned(r: &TraceRecord) -> bool {
+    r.reasoning_tokens.is_some_and(|n| n > 0) || (r.ttfat_us.is_some() && r.ttfat_us != r.ttft_us)
 }
 
 /// The chunk gaps (ITL) of one request, ms: streamed requests only.
@@ -223,6 +253,9 @@ pub struct MetricsBuilder {
     good: usize,
     causes: CauseCounts,
     ttft: Quantiles,
+    ttfat: Quantiles,
+    reasoned: usize,
+    total_reasoning_tokens: i64,
     tpot: Quantiles,
     itl: Quantiles,
     e2el: Quantiles,
@@ -260,6 +293,9 @@ impl MetricsBuilder {
             good: 0,
             causes: CauseCounts::default(),
             ttft: Quantiles::new(),
+            ttfat: Quantiles::new(),
+            reasoned: 0,
+            total_reasoning_tokens: 0,
             tpot: Quantiles::new(),
             itl: Quantiles::new(),
             e2el: Quantiles::new(),
@@ -282,8 +318,10 @@ impl MetricsBuilder {
     /// Adds one row of the run.
     pub fn add(&mut self, r: &TraceRecord) {
         // Before the run-wide samples take this row: they may seed the first class's.
-        self.classes
-            .add(r, [&self.ttft, &self.tpot, &self.itl, &self.e2el]);
+        self.classes.add(
+            r,
+            [&self.ttft, &self.tpot, &self.itl, &self.e2el, &self.ttfat],
+        );
         self.requests += 1;
         let span = r
             .e2el_us
@@ -322,6 +360,8 @@ impl MetricsBuilder {
         self.completed += 1;
         self.total_input_tokens += r.prompt_tokens.unwrap_or(0);
         self.total_output_tokens += r.output_tokens.unwrap_or(0);
+        self.total_reasoning_tokens += r.reasoning_tokens.unwrap_or(0);
+        self.reasoned += usize::from(reasoned(r));
         count(
             &mut self.output_token_sources,
             r.output_tokens_source.map_or("unknown", |s| s.as_str()),
@@ -340,6 +380,9 @@ impl MetricsBuilder {
         }
         if let Some(t) = ttft_ms(r) {
             self.ttft.add(t);
+        }
+        if let Some(t) = ttfat_ms(r) {
+            self.ttfat.add(t);
         }
         if let Some(t) = tpot_ms(r) {
             self.tpot.add(t);
@@ -376,6 +419,7 @@ impl MetricsBuilder {
     pub fn retained(&self) -> usize {
         [
             &self.ttft,
+            &self.ttfat,
             &self.tpot,
             &self.itl,
             &self.e2el,
@@ -420,6 +464,8 @@ impl MetricsBuilder {
             total_token_throughput: (total_input_tokens + total_output_tokens) as f64 / duration_s,
             max_concurrent_requests: self.overlap.max(),
             ttft: summary(&self.ttft, p),
+            ttfat: (self.reasoned > 0).then(|| summary(&self.ttfat, p)),
+            total_reasoning_tokens: (self.reasoned > 0).then_some(self.total_reasoning_tokens),
             tpot: summary(&self.tpot, p),
             itl: summary(&self.itl, p),
             e2el: summary(&self.e2el, p),
@@ -439,7 +485,7 @@ impl MetricsBuilder {
             lag_allowance_ms: lag_allowance,
             late_dispatches: self.lag.count_above(lag_allowance),
             served: self.served.finish(),
-            by_class: self.classes.finish(p),
+            by_class: self.classes.finish(p, self.reasoned > 0),
             dispatch_lag: summary(&self.lag, &[50.0, 99.0]),
             queue: summary(&self.queue, &[50.0, 99.0]),
             new_connections: self.new_connections,
@@ -511,8 +557,8 @@ struct ClassAcc {
     requests: usize,
     completed: usize,
     output_tokens: i64,
-    /// TTFT, TPOT, ITL, E2EL.
-    samples: [Quantiles; 4],
+    /// TTFT, TPOT, ITL, E2EL, TTFAT.
+    samples: [Quantiles; 5],
 }
 
 /// Rows by (endpoint, streamed). While the run has one class its latencies are the
@@ -525,7 +571,7 @@ struct Classes {
 }
 
 impl Classes {
-    fn add(&mut self, r: &TraceRecord, run_wide: [&Quantiles; 4]) {
+    fn add(&mut self, r: &TraceRecord, run_wide: [&Quantiles; 5]) {
         if !self.by.contains_key(r.endpoint.as_str()) {
             self.by.insert(r.endpoint.clone(), [None, None]);
         }
@@ -566,9 +612,12 @@ impl Classes {
         if !mixed {
             return;
         }
-        let [ttft, tpot, itl, e2el] = &mut c.samples;
+        let [ttft, tpot, itl, e2el, ttfat] = &mut c.samples;
         if let Some(v) = ttft_ms(r) {
             ttft.add(v);
+        }
+        if let Some(v) = ttfat_ms(r) {
+            ttfat.add(v);
         }
         if let Some(v) = tpot_ms(r) {
             tpot.add(v);
@@ -588,7 +637,8 @@ impl Classes {
             .sum()
     }
 
-    fn finish(self, p: &[f64]) -> Vec<ClassMetrics> {
+    /// The classes' metrics; `reasoned`: some request of the run reasoned (TTFAT shown).
+    fn finish(self, p: &[f64], reasoned: bool) -> Vec<ClassMetrics> {
         if !self.mixed {
             return Vec::new();
         }
@@ -602,7 +652,7 @@ impl Classes {
         for (endpoint, slots) in self.by {
             for (stream, c) in [false, true].into_iter().zip(slots) {
                 let Some(c) = c else { continue };
-                let [ttft, tpot, itl, e2el] = &c.samples;
+                let [ttft, tpot, itl, e2el, ttfat] = &c.samples;
                 let summary = |q: &Quantiles| Summary::from_quantiles(q, p);
                 out.push(ClassMetrics {
                     endpoint: endpoint.clone(),
@@ -611,6 +661,7 @@ impl Classes {
                     completed: c.completed,
                     output_tokens: c.output_tokens,
                     ttft: stream.then(|| summary(ttft)),
+                    ttfat: (stream && reasoned).then(|| summary(ttfat)),
                     tpot: stream.then(|| summary(tpot)),
                     itl: stream.then(|| summary(itl)),
                     e2el: summary(e2el),

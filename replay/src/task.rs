@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch, Semaphore};
+use trace_format::reasoning::Reasoning;
 use trace_format::tracectx::TraceContext;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 
@@ -258,6 +259,30 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
         }
         (None, None) => {}
     }
+    // Reasoning tokens by the rule capture records them with (trace_format::reasoning).
+    let reasoning = match (ex.reasoning_tokens, ex.reasoning_seen) {
+        (Some(n), _) => Some(Reasoning::Reported(n)),
+        (None, Some((0, _))) => Some(Reasoning::Absent),
+        (None, Some((chunks, text))) => {
+            let counted = text.as_deref().and_then(|t| {
+                let tok = sh.tokenizer.as_ref()?;
+                tok.tokenizer().count(t).ok()
+            });
+            Some(match (counted, text) {
+                (Some(n), _) => Reasoning::Counted(n),
+                // A whole body's text (one "chunk"): about four bytes a token.
+                (None, Some(t)) if chunks == 1 && !rec.stream => {
+                    Reasoning::Estimated(t.len().div_ceil(4))
+                }
+                (None, _) => Reasoning::Estimated(chunks),
+            })
+        }
+        (None, None) => None,
+    };
+    if let Some(r) = reasoning {
+        r.fill(&mut rec);
+    }
+    rec.ttfat_us = ex.ttfat_us;
     rec.max_tokens = item.req.max_tokens;
     rec.status = ex.status;
     rec.outcome = ex.outcome;

@@ -25,13 +25,16 @@ use wire::vllm_metrics::{
 pub const BURN_WINDOWS: &[(&str, &str, f64, &str)] =
     &[("1h", "5m", 14.4, "page"), ("6h", "30m", 6.0, "ticket")];
 
-fn histogram(m: SloMetric) -> (&'static str, &'static [f64], &'static str) {
-    match m {
+/// The server histogram an SLO is watched on; None for TTFAT, which no server exports
+/// (vLLM's TTFT histogram counts the reasoning's first token).
+fn histogram(m: SloMetric) -> Option<(&'static str, &'static [f64], &'static str)> {
+    Some(match m {
         SloMetric::Ttft => (vllm::TTFT, TTFT_BUCKETS, "TTFT"),
+        SloMetric::Ttfat => return None,
         // vLLM's per-token decode latency histogram (TPOT is its per-request mean).
         SloMetric::Tpot => (vllm::ITL, ITL_BUCKETS, "TPOT"),
         SloMetric::E2el => (vllm::E2E, E2E_BUCKETS, "E2EL"),
-    }
+    })
 }
 
 /// The Prometheus `le` label of a bucket bound, as the client library writes it.
@@ -74,7 +77,14 @@ pub fn rules_yaml(series: &[Series], answers: &[CapacityAnswer]) -> Result<Strin
         let _ = writeln!(y, "  - name: {}", yq(&format!("llmreplay-slo-{}", s.name)));
         y.push_str("    rules:\n");
         for slo in &s.slos {
-            let (hist, buckets, name) = histogram(slo.metric);
+            let Some((hist, buckets, name)) = histogram(slo.metric) else {
+                let _ = writeln!(
+                    y,
+                    "      # {}: no server histogram measures it, so no rule watches it",
+                    slo.metric.key()
+                );
+                continue;
+            };
             let limit_s = slo.limit_ms / 1000.0;
             let bound = buckets
                 .iter()

@@ -222,15 +222,51 @@ fn latencies(out: &mut String, cfg: &ReplayConfig, m: &Metrics) {
             &format!("Median {name} (ms):"),
             format!("{:.2}", s.median),
         );
-        line(out, &format!("Std {name} (ms):"), format!("{:.2}", s.std));
-        for (p, v) in &s.percentiles {
-            line(
-                out,
-                &format!("P{} {name} (ms):", percentile_label(*p)),
-                format!("{v:.2}"),
-            );
+        summary_lines(out, name, s);
+        if let (true, Some(t)) = (pm.key() == "ttft", &m.ttfat) {
+            reasoning(out, m, t);
         }
     }
+}
+
+/// Mean, median, std and the percentiles of one metric's summary.
+fn summary_lines(out: &mut String, name: &str, s: &Summary) {
+    line(out, &format!("Std {name} (ms):"), format!("{:.2}", s.std));
+    for (p, v) in &s.percentiles {
+        line(
+            out,
+            &format!("P{} {name} (ms):", percentile_label(*p)),
+            format!("{v:.2}"),
+        );
+    }
+}
+
+/// Time to first answer token and the reasoning's share of the output, after TTFT, when
+/// some request reasoned.
+fn reasoning(out: &mut String, m: &Metrics, s: &Summary) {
+    section(out, "Time to First Answer Token (after reasoning)");
+    line(
+        out,
+        "Requests in TTFAT:",
+        format!("{} of {}", s.count, m.completed),
+    );
+    if let Some(r) = m.total_reasoning_tokens {
+        let share = match m.total_output_tokens {
+            0 => 0.0,
+            o => 100.0 * r as f64 / o as f64,
+        };
+        line(
+            out,
+            "Reasoning tokens:",
+            format!("{r} ({share:.1}% of output tokens)"),
+        );
+    }
+    if s.count == 0 {
+        return;
+    }
+    line(out, "Mean TTFAT (ms):", format!("{:.2}", s.mean));
+    line(out, "Median TTFAT (ms):", format!("{:.2}", s.median));
+    summary_lines(out, "TTFAT", s);
 }
 
 /// Latency per class of request, when the run mixed classes.
@@ -244,11 +280,13 @@ fn by_class(out: &mut String, m: &Metrics) {
             Some(_) => "none".into(),
             None => "n/a".into(),
         };
-        let rows: Vec<[String; 6]> = m
+        // TTFAT's column only when some request reasoned.
+        let ttfat = m.ttfat.is_some();
+        let rows: Vec<Vec<String>> = m
             .by_class
             .iter()
             .map(|c| {
-                [
+                let mut row = vec![
                     format!(
                         "{} {}",
                         c.endpoint,
@@ -256,14 +294,24 @@ fn by_class(out: &mut String, m: &Metrics) {
                     ),
                     format!("{}/{}", c.completed, c.requests),
                     cell(c.ttft.as_ref()),
+                ];
+                if ttfat {
+                    row.push(cell(c.ttfat.as_ref()));
+                }
+                row.extend([
                     cell(c.tpot.as_ref()),
                     cell(c.itl.as_ref()),
                     cell(Some(&c.e2el)),
-                ]
+                ]);
+                row
             })
             .collect();
-        let head = ["class", "ok/sent", "TTFT", "TPOT", "ITL", "E2EL"];
-        let widths: Vec<usize> = (0..6)
+        let mut head = vec!["class", "ok/sent", "TTFT"];
+        if ttfat {
+            head.push("TTFAT");
+        }
+        head.extend(["TPOT", "ITL", "E2EL"]);
+        let widths: Vec<usize> = (0..head.len())
             .map(|i| {
                 rows.iter()
                     .map(|r| r[i].chars().count())

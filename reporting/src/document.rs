@@ -228,10 +228,19 @@ pub fn class_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
         }
         format!("{:.1} / {:.1}", v.median, v.get(99.0).unwrap_or(v.max))
     };
+    // TTFAT's column only when some run reasoned.
+    let ttfat = d
+        .classes
+        .iter()
+        .any(|(_, _, c)| c.iter().any(|k| k.ttfat_ms.is_some()));
+    let mut head = head;
+    if ttfat {
+        head.insert(5, "TTFAT p50 / p99 ms".into());
+    }
     let mut rows = Vec::new();
     for (name, level, c) in &d.classes {
         for k in c {
-            rows.push(vec![
+            let mut row = vec![
                 name.clone(),
                 fmt_num(*level),
                 format!(
@@ -244,8 +253,40 @@ pub fn class_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
                 cell(k.tpot_ms.as_ref()),
                 cell(k.itl_ms.as_ref()),
                 cell(Some(&k.e2el_ms)),
-            ]);
+            ];
+            if ttfat {
+                row.insert(5, cell(k.ttfat_ms.as_ref()));
+            }
+            rows.push(row);
         }
+    }
+    (head, rows)
+}
+
+/// The reasoning table: per run where some request reasoned, the time to first answer token
+/// (after the reasoning) and the reasoning's tokens.
+pub fn reasoning_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
+    let head: Vec<String> = [
+        "configuration",
+        "level",
+        "requests in TTFAT",
+        "TTFAT p50 / p99 ms",
+        "reasoning tokens",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut rows = Vec::new();
+    for (name, level, v) in &d.verdicts {
+        let Some(t) = &v.ttfat_ms else { continue };
+        rows.push(vec![
+            name.clone(),
+            fmt_num(*level),
+            t.count.to_string(),
+            format!("{:.1} / {:.1}", t.median, t.get(99.0).unwrap_or(t.max)),
+            v.total_reasoning_tokens
+                .map_or("–".into(), |n| n.to_string()),
+        ]);
     }
     (head, rows)
 }
@@ -586,6 +627,7 @@ pub fn markdown(d: &ReportData) -> String {
             verdict_rows(d),
         ),
         ("Latency by class of request", class_rows(d)),
+        ("Reasoning (time to first answer token)", reasoning_rows(d)),
     ] {
         if rows.is_empty() {
             continue;

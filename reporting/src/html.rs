@@ -537,6 +537,11 @@ pub fn render(d: &ReportData) -> String {
         o.push_str("<h2>Latency by class of request</h2><p class=\"note\">n/a: TTFT, TPOT and ITL do not apply to requests that are not streamed.</p>");
         table(&mut o, &h, &r);
     }
+    let (h, r) = crate::document::reasoning_rows(d);
+    if !r.is_empty() {
+        o.push_str("<h2>Reasoning</h2><p class=\"note\">Time to first answer token: the first output that is not reasoning, where some request of the run reasoned first (TTFT counts the reasoning's first token).</p>");
+        table(&mut o, &h, &r);
+    }
     server_section(&mut o, d);
     if !d.slices.is_empty() {
         o.push_str("<h2>Drift over the run</h2>");

@@ -11,7 +11,7 @@ use crate::doc::{
     TrendDoc, VllmFields,
 };
 use crate::settings::RunSettings;
-use replay::config::{Arrivals, ReplayConfig};
+use replay::config::{Arrivals, ReplayConfig, SloMetric};
 use replay::metrics::Metrics;
 use replay::run::RunOutput;
 
@@ -233,14 +233,26 @@ fn extras(cfg: &ReplayConfig, m: &Metrics) -> Extras {
     for (k, v) in &cfg.metadata {
         extras.metadata.insert(k.clone(), Value::String(v.clone()));
     }
-    for pm in &cfg.percentile_metrics {
+    // TTFAT's keys go with TTFT's, when some request reasoned (else they would equal them).
+    // An SLO on TTFAT needs its keys in every run (a sweep judges levels by them): without
+    // reasoning they are TTFT's.
+    let slo = cfg.goodput.iter().any(|s| s.metric == SloMetric::Ttfat);
+    let with_ttft = cfg.percentile_metrics.iter().any(|pm| pm.key() == "ttft");
+    let ttfat = match &m.ttfat {
+        Some(s) if with_ttft || slo => Some(s),
+        _ => slo.then_some(&m.ttft),
+    }
+    .map(|s| ("ttfat", s));
+    let asked = cfg.percentile_metrics.iter().map(|pm| {
         let s = match pm.key() {
             "ttft" => &m.ttft,
             "tpot" => &m.tpot,
             "itl" => &m.itl,
             _ => &m.e2el,
         };
-        let key = pm.key();
+        (pm.key(), s)
+    });
+    for (key, s) in asked.chain(ttfat) {
         let l = &mut extras.latency;
         l.insert(format!("mean_{key}_ms"), s.mean);
         l.insert(format!("median_{key}_ms"), s.median);
@@ -463,6 +475,7 @@ fn extension(i: &ResultInputs, settings: &RunSettings) -> Extension {
                     completed: c.completed as u64,
                     output_tokens: c.output_tokens,
                     ttft_ms: c.ttft.as_ref().map(SummaryDoc::of),
+                    ttfat_ms: c.ttfat.as_ref().map(SummaryDoc::of),
                     tpot_ms: c.tpot.as_ref().map(SummaryDoc::of),
                     itl_ms: c.itl.as_ref().map(SummaryDoc::of),
                     e2el_ms: SummaryDoc::of(&c.e2el),
@@ -470,6 +483,8 @@ fn extension(i: &ResultInputs, settings: &RunSettings) -> Extension {
                 .collect()
         }),
         itl_per_token_ms: m.itl_per_token.as_ref().map(SummaryDoc::of),
+        ttfat_ms: m.ttfat.as_ref().map(SummaryDoc::of),
+        total_reasoning_tokens: m.total_reasoning_tokens,
         outcomes: m
             .outcomes
             .iter()

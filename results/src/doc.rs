@@ -378,6 +378,9 @@ pub struct ClassDoc {
     pub output_tokens: i64,
     /// TTFT (streamed classes).
     pub ttft_ms: Option<SummaryDoc>,
+    /// Time to first answer token (streamed classes of a run where some request reasoned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttfat_ms: Option<SummaryDoc>,
     /// TPOT (streamed classes).
     pub tpot_ms: Option<SummaryDoc>,
     /// ITL (streamed classes).
@@ -519,6 +522,13 @@ pub struct Extension {
     /// ITL per token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub itl_per_token_ms: Option<SummaryDoc>,
+    /// Time to first answer token of completed streamed requests, when some reasoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttfat_ms: Option<SummaryDoc>,
+    /// Σ reasoning tokens of completed requests (part of `total_output_tokens`), when some
+    /// reasoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_reasoning_tokens: Option<i64>,
     /// Requests per outcome.
     pub outcomes: BTreeMap<String, u64>,
     /// The most frequent errors.

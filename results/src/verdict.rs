@@ -102,6 +102,8 @@ fn point_of(m: &Metrics, pct: f64) -> LevelPoint {
     let mut values = BTreeMap::new();
     for (key, s) in [
         ("ttft", &m.ttft),
+        // Without reasoning the first answer token is the first token.
+        ("ttfat", m.ttfat.as_ref().unwrap_or(&m.ttft)),
         ("tpot", &m.tpot),
         ("itl", &m.itl),
         ("e2el", &m.e2el),

@@ -77,6 +77,43 @@ pub struct SimConfig {
     /// Model name reported by `/v1/models`, in responses and as the metrics label
     /// (default `"llmreplay-sim"`). Requests may name any model.
     pub model_name: String,
+    /// Chat requests that reason before they answer ([`Reasoning`]; none by default).
+    pub reasoning: Reasoning,
+}
+
+/// A reasoning model's output, simulated: for a share of chat requests (drawn per request
+/// content and seed), the first part of the output tokens is reasoning, streamed as
+/// `delta.reasoning_content` (vLLM's reasoning parser's field) and answered whole as
+/// `message.reasoning_content`, before the answer's `content`. Like vLLM's, its `usage`
+/// does not count the reasoning apart unless [`Reasoning::details`] asks for OpenAI's
+/// `completion_tokens_details.reasoning_tokens`. The reasoning of a request
+/// of `n` output tokens is `round(n × fraction)` tokens, leaving at least one answer token
+/// (none when `n` is 1). Timing is unchanged: the answer's first token is the reasoning's
+/// count of tokens after the first token.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reasoning {
+    /// Share of chat requests that reason, in `[0, 1]`.
+    pub share: f64,
+    /// Share of a reasoning request's output tokens that are reasoning, in `[0, 1]`.
+    pub fraction: f64,
+    /// `usage` reports the reasoning tokens (`completion_tokens_details.reasoning_tokens`),
+    /// as OpenAI's API does; vLLM's does not.
+    pub details: bool,
+}
+
+impl Reasoning {
+    /// Reasoning tokens of a chat request whose content hash is `content` and whose output
+    /// is `target` tokens, under `seed`.
+    pub fn tokens(&self, seed: u64, content: u64, target: u32) -> u32 {
+        if self.share <= 0.0 || target < 2 {
+            return 0;
+        }
+        let draw = tokens::mix(seed ^ content ^ 0x7265_6173_6f6e) as f64 / u64::MAX as f64;
+        if draw >= self.share {
+            return 0;
+        }
+        ((f64::from(target) * self.fraction).round() as u32).min(target - 1)
+    }
 }
 
 impl Default for SimConfig {
@@ -87,6 +124,7 @@ impl Default for SimConfig {
             seed: 0,
             faults: Faults::default(),
             model_name: "llmreplay-sim".into(),
+            reasoning: Reasoning::default(),
         }
     }
 }

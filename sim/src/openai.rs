@@ -229,6 +229,10 @@ pub(crate) struct Formatter {
     prompt_tokens: u32,
     text_start: u64,
     continuous_usage: bool,
+    /// Output tokens `0..reasoning` are reasoning (`reasoning_content`), the rest answer.
+    reasoning: u32,
+    /// `usage` says how many were reasoning.
+    reasoning_details: bool,
 }
 
 impl Formatter {
@@ -262,16 +266,48 @@ impl Formatter {
             prompt_tokens,
             text_start,
             continuous_usage,
+            reasoning: 0,
+            reasoning_details: false,
         }
     }
 
+    /// The first `tokens` output tokens are reasoning ([`crate::Reasoning`]), counted apart
+    /// in `usage` when `details`.
+    pub(crate) fn with_reasoning(mut self, tokens: u32, details: bool) -> Self {
+        self.reasoning = tokens;
+        self.reasoning_details = details;
+        self
+    }
+
     fn usage_json(&self, completion: u32) -> String {
+        let details = if self.reasoning > 0 && self.reasoning_details {
+            format!(
+                ",\"completion_tokens_details\":{{\"reasoning_tokens\":{}}}",
+                self.reasoning.min(completion)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "{{\"prompt_tokens\":{},\"total_tokens\":{},\"completion_tokens\":{}}}",
+            "{{\"prompt_tokens\":{},\"total_tokens\":{},\"completion_tokens\":{}{details}}}",
             self.prompt_tokens,
             u64::from(self.prompt_tokens) + u64::from(completion),
             completion
         )
+    }
+
+    /// The JSON strings of output tokens `from..to`: (reasoning, answer), each None when
+    /// the range has none of it.
+    fn texts(&self, from: u32, to: u32) -> (Option<String>, Option<String>) {
+        let split = self.reasoning.clamp(from, to);
+        let text = |a: u32, b: u32| {
+            (a < b).then(|| {
+                let mut t = String::new();
+                push_output_text(self.text_start, a, b, &mut t);
+                Value::from(t).to_string()
+            })
+        };
+        (text(from, split), text(split, to))
     }
 
     fn sse(&self, choices: &str, usage: Option<u32>) -> Bytes {
@@ -299,20 +335,24 @@ impl Formatter {
 
     /// A content chunk carrying output tokens `from..to`.
     pub(crate) fn content_chunk(&self, from: u32, to: u32, finish: Option<FinishReason>) -> Bytes {
-        let mut text = String::new();
-        push_output_text(self.text_start, from, to, &mut text);
-        let text = Value::from(text).to_string();
+        let (reasoning, answer) = self.texts(from, to);
         let fin = match finish {
             Some(f) => format!("\"{}\",\"stop_reason\":null", f.as_str()),
             None => "null".to_owned(),
         };
+        let delta = match (&reasoning, &answer) {
+            (Some(r), Some(a)) => format!("\"reasoning_content\":{r},\"content\":{a}"),
+            (Some(r), None) => format!("\"reasoning_content\":{r}"),
+            (None, a) => format!("\"content\":{}", a.as_deref().unwrap_or("\"\"")),
+        };
+        let text = answer.unwrap_or_else(|| "\"\"".into());
         let choice = match self.kind {
             Kind::Chat => format!(
-                "{{\"index\":0,\"delta\":{{\"content\":{text}}},\"logprobs\":null,\"finish_reason\":{fin}}}"
+                "{{\"index\":0,\"delta\":{{{delta}}},\"logprobs\":null,\"finish_reason\":{fin}}}"
             ),
-            Kind::Completion => format!(
-                "{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":{fin}}}"
-            ),
+            Kind::Completion => {
+                format!("{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":{fin}}}")
+            }
         };
         self.sse(&choice, self.continuous_usage.then_some(to))
     }
@@ -329,14 +369,14 @@ impl Formatter {
 
     /// The whole non-streamed response.
     pub(crate) fn full_response(&self, completion: u32, finish: FinishReason) -> Bytes {
-        let mut text = String::new();
-        push_output_text(self.text_start, 0, completion, &mut text);
-        let text = Value::from(text).to_string();
+        let (reasoning, answer) = self.texts(0, completion);
+        let text = answer.unwrap_or_else(|| "\"\"".into());
+        let reasoning = reasoning.map_or(String::new(), |r| format!("\"reasoning_content\":{r},"));
         let (object, choice) = match self.kind {
             Kind::Chat => (
                 "chat.completion",
                 format!(
-                    "{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":{text},\"tool_calls\":[]}},\"logprobs\":null,\"finish_reason\":\"{}\",\"stop_reason\":null}}",
+                    "{{\"index\":0,\"message\":{{\"role\":\"assistant\",{reasoning}\"content\":{text},\"tool_calls\":[]}},\"logprobs\":null,\"finish_reason\":\"{}\",\"stop_reason\":null}}",
                     finish.as_str()
                 ),
             ),

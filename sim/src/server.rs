@@ -65,6 +65,7 @@ pub(crate) struct AppState {
     pub(crate) seed: u64,
     tokens_per_chunk: u32,
     faults: Faults,
+    reasoning: crate::Reasoning,
     backend: Backend,
     metrics: Arc<Metrics>,
     rng: Mutex<ChaCha8Rng>,
@@ -85,6 +86,16 @@ pub(crate) fn validate(cfg: &SimConfig) -> Result<(), SimError> {
         if !(0.0..=1.0).contains(&r) {
             return Err(SimError::Config(format!(
                 "{name} must be in [0, 1], got {r}"
+            )));
+        }
+    }
+    for (name, v) in [
+        ("reasoning share", cfg.reasoning.share),
+        ("reasoning fraction", cfg.reasoning.fraction),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(SimError::Config(format!(
+                "{name} must be in [0, 1], got {v}"
             )));
         }
     }
@@ -135,6 +146,7 @@ pub(crate) async fn serve(
         seed: cfg.seed,
         tokens_per_chunk: cfg.tokens_per_chunk,
         faults: cfg.faults,
+        reasoning: cfg.reasoning,
         backend,
         metrics,
         rng: Mutex::new(ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x6661_756c_7473)),
@@ -447,6 +459,13 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
         combine(st.seed, content),
         g.continuous_usage,
     );
+    let fmt = match kind {
+        Kind::Chat => fmt.with_reasoning(
+            st.reasoning.tokens(st.seed, content, target),
+            st.reasoning.details,
+        ),
+        Kind::Completion => fmt,
+    };
 
     let k = st.tokens_per_chunk;
     let start: StartFn = match &st.backend {

@@ -53,6 +53,7 @@ mod mixed_traffic;
 mod otel;
 mod outputs;
 mod polish;
+mod reasoning;
 mod recorder;
 mod secrets;
 mod sessions;

@@ -21,6 +21,7 @@ pub mod order;
 pub mod prefix_cache;
 pub mod quantiles;
 pub mod reader;
+pub mod reasoning;
 pub mod redact;
 pub mod schema;
 pub mod sessions;

@@ -204,13 +204,42 @@ impl SseParser {
 
 /// Token counts of an OpenAI `usage` object.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "RawUsage")]
 pub struct Usage {
     /// `usage.prompt_tokens`.
-    #[serde(default)]
     pub prompt_tokens: Option<i64>,
     /// `usage.completion_tokens`.
-    #[serde(default)]
     pub completion_tokens: Option<i64>,
+    /// `usage.completion_tokens_details.reasoning_tokens`: the part of `completion_tokens`
+    /// spent on reasoning, when the server reports it (OpenAI, and servers that copy it).
+    pub reasoning_tokens: Option<i64>,
+}
+
+/// `usage` as sent: the reasoning tokens sit one object down.
+#[derive(Deserialize)]
+struct RawUsage {
+    #[serde(default)]
+    prompt_tokens: Option<i64>,
+    #[serde(default)]
+    completion_tokens: Option<i64>,
+    #[serde(default)]
+    completion_tokens_details: Option<TokenDetails>,
+}
+
+#[derive(Deserialize)]
+struct TokenDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<i64>,
+}
+
+impl From<RawUsage> for Usage {
+    fn from(u: RawUsage) -> Usage {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            reasoning_tokens: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
+        }
+    }
 }
 
 /// What one SSE `data` payload of an OpenAI-style stream is.
@@ -224,6 +253,10 @@ pub enum StreamEvent {
         /// `delta.reasoning_content` / `delta.reasoning`, or a `delta.tool_calls` /
         /// `delta.function_call`. A role-only or empty chunk does not.
         output: bool,
+        /// Some choice carries answer output: output other than reasoning (non-empty `text`,
+        /// `delta.content`, a tool call or a function call). A chunk with `output` and
+        /// without `answer` carries reasoning only: the answer has not begun (TTFAT).
+        answer: bool,
     },
     /// A usage-only event (`choices` empty or absent, `usage` present).
     Usage(Usage),
@@ -249,6 +282,17 @@ pub struct ChunkText {
     /// The answer a client shows and resends: the first choice's (`index` 0)
     /// `delta.content`, `message.content` and `text`.
     pub answer: String,
+    /// The reasoning text over every choice (`delta.reasoning_content`, `delta.reasoning`):
+    /// what a tokenizer counts as reasoning tokens when the server reports none.
+    pub reasoning: String,
+}
+
+impl ChunkText {
+    fn clear(&mut self) {
+        self.output.clear();
+        self.answer.clear();
+        self.reasoning.clear();
+    }
 }
 
 /// Classifies one SSE `data` payload.
@@ -261,14 +305,12 @@ pub fn classify(data: &[u8]) -> StreamEvent {
 /// unescaped string is copied but into `text`.
 pub fn read_event(data: &[u8], mut text: Option<&mut ChunkText>) -> StreamEvent {
     if let Some(t) = text.as_deref_mut() {
-        t.output.clear();
-        t.answer.clear();
+        t.clear();
     }
     let kind = parse_event(data, text.as_deref_mut());
     if !matches!(kind, StreamEvent::Chunk { output: true, .. }) {
         if let Some(t) = text {
-            t.output.clear();
-            t.answer.clear();
+            t.clear();
         }
     }
     kind
@@ -293,6 +335,7 @@ fn parse_event(data: &[u8], text: Option<&mut ChunkText>) -> StreamEvent {
         }) if c.count > 0 => StreamEvent::Chunk {
             usage,
             output: c.output,
+            answer: c.answer,
         },
         Ok(RawEvent { usage: Some(u), .. }) => StreamEvent::Usage(u),
         Ok(_) => StreamEvent::Other,
@@ -306,11 +349,13 @@ struct RawEvent {
     error: Option<serde_json::Value>,
 }
 
-/// What a `choices` array holds: how many, and whether any carries output.
+/// What a `choices` array holds: how many, and whether any carries output, and answer
+/// output.
 #[derive(Debug, Clone, Copy, Default)]
 struct Choices {
     count: usize,
     output: bool,
+    answer: bool,
 }
 
 /// A key of an object, as its position in `names` (None: another key); escaped keys too.
@@ -405,11 +450,12 @@ impl<'de> Visitor<'de> for ChoicesSeed<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut c = Choices::default();
         let mut text = self.text;
-        while let Some(output) = seq.next_element_seed(ChoiceSeed {
+        while let Some((output, answer)) = seq.next_element_seed(ChoiceSeed {
             text: text.as_deref_mut(),
         })? {
             c.count += 1;
             c.output |= output;
+            c.answer |= answer;
         }
         Ok(Some(c))
     }
@@ -421,24 +467,25 @@ impl<'de> Visitor<'de> for ChoicesSeed<'_> {
     }
 }
 
-/// One choice: says whether it carries output, and adds its text to `text`.
+/// One choice: says whether it carries output and answer output, and adds its text to
+/// `text`.
 struct ChoiceSeed<'t> {
     text: Option<&'t mut ChunkText>,
 }
 
 impl<'de> DeserializeSeed<'de> for ChoiceSeed<'_> {
-    type Value = bool;
+    type Value = (bool, bool);
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for ChoiceSeed<'_> {
-    type Value = bool;
+    type Value = (bool, bool);
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a choice object")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(bool, bool), A::Error> {
         const NAMES: &[&str] = &["text", "delta", "message", "index"];
         let collect = self.text.is_some();
         let mut seen = 0u8;
@@ -465,6 +512,7 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
             }
         }
         let output = text.non_empty || delta.as_ref().is_some_and(|d| d.output);
+        let answer = text.non_empty || delta.as_ref().is_some_and(|d| d.answer);
         if let Some(t) = self.text {
             // A chunk without output keeps none of this (see read_event).
             let out = &mut t.output;
@@ -477,6 +525,12 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
                         .chain(&d.tools)
                         .map(|t| &**t),
                 );
+                t.reasoning.extend(
+                    [&d.reasoning_content, &d.reasoning]
+                        .into_iter()
+                        .flatten()
+                        .map(|t| &**t),
+                );
             }
             if index == 0 {
                 let answer = &mut t.answer;
@@ -485,14 +539,16 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
                 answer.extend(text.text.as_deref());
             }
         }
-        Ok(output)
+        Ok((output, answer))
     }
 }
 
-/// A choice's `delta`: whether it carries output, and its texts.
+/// A choice's `delta`: whether it carries output, and answer output (content or a call),
+/// and its texts.
 #[derive(Default)]
 struct Delta<'de> {
     output: bool,
+    answer: bool,
     content: Option<Cow<'de, str>>,
     reasoning_content: Option<Cow<'de, str>>,
     reasoning: Option<Cow<'de, str>>,
@@ -545,7 +601,10 @@ impl<'de> Visitor<'de> for DeltaSeed {
                 0..=2 => {
                     let v = map.next_value_seed(Lenient::Text(collect))?;
                     match i {
-                        0 => d.content = v.text,
+                        0 => {
+                            d.content = v.text;
+                            d.answer |= v.non_empty;
+                        }
                         1 => d.reasoning_content = v.text,
                         _ => d.reasoning = v.text,
                     }
@@ -554,11 +613,13 @@ impl<'de> Visitor<'de> for DeltaSeed {
                 3 => {
                     let v = map.next_value_seed(Lenient::ToolCalls(collect))?;
                     d.tools = v.texts;
+                    d.answer |= v.non_empty;
                     v.non_empty
                 }
                 _ => {
                     let v = map.next_value_seed(Lenient::FunctionCall(collect))?;
                     function_call = v.texts;
+                    d.answer |= v.non_empty;
                     v.non_empty
                 }
             };
@@ -760,6 +821,27 @@ fn push_choice_text(choice: &serde_json::Value, inner: &str, out: &mut String) {
     }
 }
 
+/// The reasoning text of a whole (non-streamed) OpenAI response:
+/// `choices[].message.reasoning_content` and `.reasoning`, in order (empty when it has none).
+/// None when the body is not JSON.
+pub fn response_reasoning_text(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut out = String::new();
+    for c in v
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+    {
+        for k in ["reasoning_content", "reasoning"] {
+            if let Some(s) = c.pointer(&format!("/message/{k}")).and_then(|t| t.as_str()) {
+                out.push_str(s);
+            }
+        }
+    }
+    Some(out)
+}
+
 /// Reads `usage` from a whole (non-streamed) OpenAI response body.
 pub fn response_usage(body: &[u8]) -> Option<Usage> {
     #[derive(Deserialize)]
@@ -804,6 +886,7 @@ mod tests {
         let mut reused = ChunkText {
             output: "left from before".into(),
             answer: "x".into(),
+            reasoning: "y".into(),
         };
         assert_eq!(read_event(b"[DONE]", Some(&mut reused)), StreamEvent::Done);
         assert_eq!(reused, ChunkText::default());
@@ -898,7 +981,8 @@ mod tests {
             classify(chat_role),
             StreamEvent::Chunk {
                 usage: None,
-                output: false
+                output: false,
+                answer: false,
             }
         );
         let with_usage = br#"{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
@@ -907,9 +991,11 @@ mod tests {
             StreamEvent::Chunk {
                 usage: Some(Usage {
                     prompt_tokens: Some(3),
-                    completion_tokens: Some(2)
+                    completion_tokens: Some(2),
+                    reasoning_tokens: None,
                 }),
-                output: true
+                output: true,
+                answer: true,
             }
         );
         let usage_only = br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}"#;
@@ -917,7 +1003,8 @@ mod tests {
             classify(usage_only),
             StreamEvent::Usage(Usage {
                 prompt_tokens: Some(3),
-                completion_tokens: Some(7)
+                completion_tokens: Some(7),
+                reasoning_tokens: None,
             })
         );
         assert_eq!(classify(b" [DONE] "), StreamEvent::Done);
@@ -935,9 +1022,15 @@ mod tests {
 
     /// What the one-pass parse must agree with: the payload read as a tree (serde_json's
     /// `Value`), its kind by the rules of [`classify`], its text by [`push_choice_text`]
-    /// and its answer by the first choice's `delta.content`, `message.content` and `text`.
-    fn tree_reading(p: &str) -> (StreamEvent, String, String) {
-        let invalid = (StreamEvent::Invalid, String::new(), String::new());
+    /// its answer by the first choice's `delta.content`, `message.content` and `text`, and
+    /// its reasoning by every choice's `delta.reasoning_content` and `delta.reasoning`.
+    fn tree_reading(p: &str) -> (StreamEvent, String, String, String) {
+        let invalid = (
+            StreamEvent::Invalid,
+            String::new(),
+            String::new(),
+            String::new(),
+        );
         let Ok(v) = serde_json::from_str::<serde_json::Value>(p) else {
             return invalid;
         };
@@ -956,19 +1049,24 @@ mod tests {
             Some(serde_json::Value::Array(a)) => Some(a),
             Some(_) => return invalid,
         };
-        let mut output = false;
+        let (mut output, mut answer_out) = (false, false);
         for c in choices.into_iter().flatten() {
             let Some(c) = c.as_object() else {
                 return invalid;
             };
-            output |= c.get("text").is_some_and(non_empty);
+            let text = c.get("text").is_some_and(non_empty);
+            output |= text;
+            answer_out |= text;
             match c.get("delta") {
                 None | Some(serde_json::Value::Null) => {}
                 Some(serde_json::Value::Object(d)) => {
-                    output |= ["content", "reasoning_content", "reasoning", "tool_calls"]
+                    let has = |k: &&str| d.get(*k).is_some_and(non_empty);
+                    let answers = ["content", "tool_calls", "function_call"];
+                    answer_out |= answers.iter().any(has);
+                    output |= answers
                         .iter()
-                        .chain(&["function_call"])
-                        .any(|k| d.get(*k).is_some_and(non_empty))
+                        .chain(&["reasoning_content", "reasoning"])
+                        .any(has);
                 }
                 Some(_) => return invalid,
             }
@@ -980,14 +1078,21 @@ mod tests {
         };
         let kind = match (obj.get("error"), choices, usage) {
             (Some(e), _, _) if !e.is_null() => StreamEvent::Error(error_message(e)),
-            (_, Some(c), usage) if !c.is_empty() => StreamEvent::Chunk { usage, output },
+            (_, Some(c), usage) if !c.is_empty() => StreamEvent::Chunk {
+                usage,
+                output,
+                answer: answer_out,
+            },
             (_, _, Some(u)) => StreamEvent::Usage(u),
             _ => StreamEvent::Other,
         };
-        let (mut text, mut answer) = (String::new(), String::new());
+        let (mut text, mut answer, mut reasoning) = (String::new(), String::new(), String::new());
         if let StreamEvent::Chunk { output: true, .. } = kind {
             for c in choices.into_iter().flatten() {
                 push_choice_text(c, "delta", &mut text);
+                for ptr in ["/delta/reasoning_content", "/delta/reasoning"] {
+                    reasoning.push_str(c.pointer(ptr).and_then(|t| t.as_str()).unwrap_or(""));
+                }
                 if c.get("index").and_then(|i| i.as_u64()).unwrap_or(0) == 0 {
                     for ptr in ["/delta/content", "/message/content", "/text"] {
                         answer.push_str(c.pointer(ptr).and_then(|t| t.as_str()).unwrap_or(""));
@@ -995,7 +1100,7 @@ mod tests {
                 }
             }
         }
-        (kind, text, answer)
+        (kind, text, answer, reasoning)
     }
 
     /// The one-pass parse reads every payload as the tree does: thousands of chunks drawn
@@ -1114,6 +1219,10 @@ mod tests {
             }
             match pick(5) {
                 0 => top.push("\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}".into()),
+                1 if pick(2) == 0 => top.push(
+                    "\"usage\":{\"completion_tokens\":9,\"completion_tokens_details\":{\"reasoning_tokens\":7}}"
+                        .into(),
+                ),
                 1 => top.push("\"usage\":null".into()),
                 2 => top.push("\"usage\":\"x\"".into()),
                 _ => {}
@@ -1126,11 +1235,12 @@ mod tests {
             top.rotate_left(pick(n + 1).min(n));
             let p = format!("{{{}}}", top.join(","));
             let kind = read_event(p.as_bytes(), Some(&mut text));
-            let (want_kind, want_text, want_answer) = tree_reading(&p);
+            let (want_kind, want_text, want_answer, want_reasoning) = tree_reading(&p);
             assert_eq!(kind, want_kind, "{p}");
             assert_eq!(classify(p.as_bytes()), want_kind, "{p}");
             assert_eq!(text.output, want_text, "{p}");
             assert_eq!(text.answer, want_answer, "{p}");
+            assert_eq!(text.reasoning, want_reasoning, "{p}");
             checked += 1;
             with_text += usize::from(!want_text.is_empty());
         }
@@ -1191,6 +1301,61 @@ mod tests {
         ] {
             assert!(!output(j), "{j}");
         }
+    }
+
+    /// Answer output is text, content or a call; reasoning alone is output but no answer,
+    /// and its text is read apart.
+    #[test]
+    fn a_chunk_says_whether_it_carries_answer_output() {
+        let read = |j: &str| {
+            let mut t = ChunkText::default();
+            match read_event(j.as_bytes(), Some(&mut t)) {
+                StreamEvent::Chunk { output, answer, .. } => (output, answer, t.reasoning),
+                other => panic!("{j}: {other:?}"),
+            }
+        };
+        let reasoning_only = [
+            r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"hmm","content":null}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"hm","reasoning":"m","content":""}}]}"#,
+        ];
+        for j in reasoning_only {
+            let (output, answer, reasoning) = read(j);
+            assert!(output && !answer, "{j}");
+            assert!(reasoning.starts_with("hm"), "{j}: {reasoning:?}");
+        }
+        for j in [
+            r#"{"choices":[{"text":"a"}]}"#,
+            r#"{"choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"x","content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"f"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"function_call":{"name":"f"}}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"x"}},{"delta":{"content":"y"}}]}"#,
+        ] {
+            let (output, answer, _) = read(j);
+            assert!(output && answer, "{j}");
+        }
+        let (output, answer, reasoning) = read(r#"{"choices":[{"delta":{"role":"assistant"}}]}"#);
+        assert!(!output && !answer && reasoning.is_empty());
+    }
+
+    #[test]
+    fn reasoning_tokens_from_usage_details() {
+        let body = br#"{"choices":[{"message":{"reasoning_content":"let me think","content":"4"}}],
+            "usage":{"prompt_tokens":10,"completion_tokens":40,"completion_tokens_details":{"reasoning_tokens":38}}}"#;
+        let u = response_usage(body).unwrap();
+        assert_eq!(
+            (u.completion_tokens, u.reasoning_tokens),
+            (Some(40), Some(38))
+        );
+        assert_eq!(
+            response_reasoning_text(body).as_deref(),
+            Some("let me think")
+        );
+        let plain = br#"{"choices":[{"message":{"content":"4"}}],"usage":{"completion_tokens":1,"completion_tokens_details":null}}"#;
+        assert_eq!(response_usage(plain).unwrap().reasoning_tokens, None);
+        assert_eq!(response_reasoning_text(plain).as_deref(), Some(""));
+        assert_eq!(response_reasoning_text(b"<html>"), None);
     }
 
     #[test]

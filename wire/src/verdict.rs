@@ -111,6 +111,8 @@ pub struct Verdict {
     pub completion_tokens: Option<i64>,
     /// Tokens of each output chunk, when every output chunk carried cumulative usage.
     pub chunk_tokens: Option<Vec<i32>>,
+    /// `usage.completion_tokens_details.reasoning_tokens`, when the server reported it.
+    pub reasoning_tokens: Option<i64>,
 }
 
 impl Verdict {
@@ -121,6 +123,7 @@ impl Verdict {
             prompt_tokens: None,
             completion_tokens: None,
             chunk_tokens: None,
+            reasoning_tokens: None,
         }
     }
 }
@@ -133,6 +136,12 @@ pub struct StreamTally {
     pub chunk_times_us: Vec<i64>,
     /// Offset from t0 of the last chunk of any kind, µs (E2EL).
     pub last_chunk_us: Option<i64>,
+    /// Offset from t0 of the first chunk carrying answer output (content, text or a call),
+    /// µs: the time to first answer token (TTFAT). Equal to the first output chunk's when
+    /// no reasoning came before the answer.
+    pub first_answer_us: Option<i64>,
+    /// Output chunks that carried reasoning only (no answer output).
+    pub reasoning_chunks: usize,
     /// Cumulative `completion_tokens` of every output chunk that carried usage.
     pub cumulative_tokens: Vec<i64>,
     /// The last usage seen (chunk or usage-only event).
@@ -159,10 +168,19 @@ impl StreamTally {
     #[inline]
     pub fn note(&mut self, t_us: i64, event: StreamEvent) -> bool {
         match event {
-            StreamEvent::Chunk { usage, output } => {
+            StreamEvent::Chunk {
+                usage,
+                output,
+                answer,
+            } => {
                 self.last_chunk_us = Some(t_us);
                 if output {
                     self.chunk_times_us.push(t_us);
+                    if !answer {
+                        self.reasoning_chunks += 1;
+                    } else if self.first_answer_us.is_none() {
+                        self.first_answer_us = Some(t_us);
+                    }
                 }
                 if let Some(u) = usage {
                     // Tokens of a chunk without output count with the next one that has some.
@@ -241,6 +259,7 @@ pub fn judge_stream(status: u16, tally: &StreamTally, end: End, rules: Rules) ->
             .completion_tokens
             .or_else(|| tally.cumulative_tokens.last().copied()),
         chunk_tokens: tally.chunk_tokens(),
+        reasoning_tokens: usage.reasoning_tokens,
     }
 }
 
@@ -279,6 +298,7 @@ pub fn judge_whole(
         Some(u) => Verdict {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
+            reasoning_tokens: u.reasoning_tokens,
             ..Verdict::of(Outcome::Ok, None)
         },
         None if rules.strict_body
@@ -337,8 +357,39 @@ data: [DONE]\n\n";
                 prompt_tokens: Some(5),
                 completion_tokens: Some(5),
                 chunk_tokens: Some(vec![2, 3]),
+                reasoning_tokens: None,
             }
         );
+        assert_eq!((t.first_answer_us, t.reasoning_chunks), (Some(20), 0));
+    }
+
+    /// A reasoning model's stream: reasoning chunks are output (TTFT is the first of them),
+    /// the answer starts later (TTFAT), and the reasoning tokens come from the usage's
+    /// details; a stream cut before any answer has no answer time.
+    #[test]
+    fn reasoning_before_the_answer() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"Let\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"reasoning_content\":\" me think\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"content\":\"4\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"content\":\".\"}}]}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":6,\"completion_tokens_details\":{\"reasoning_tokens\":4}}}\n\n\
+data: [DONE]\n\n";
+        let t = tally(stream);
+        assert_eq!(t.chunk_times_us, vec![20, 30, 40, 50]);
+        assert_eq!((t.first_answer_us, t.reasoning_chunks), (Some(40), 2));
+        let (c, r) = both(|rules| judge_stream(200, &t, End::Complete, rules));
+        assert_eq!(c, r);
+        assert_eq!(
+            (c.completion_tokens, c.reasoning_tokens),
+            (Some(6), Some(4))
+        );
+        let cut = stream
+            .split("data: {\"choices\":[{\"delta\":{\"content")
+            .next()
+            .unwrap();
+        let t = tally(cut);
+        assert_eq!((t.first_answer_us, t.reasoning_chunks), (None, 2));
     }
 
     /// Without usage nothing is counted here (the callers count the text); with usage only
@@ -538,14 +589,16 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             1,
             StreamEvent::Chunk {
                 usage: None,
-                output: false
+                output: false,
+                answer: false,
             }
         ));
         assert!(t.note(
             2,
             StreamEvent::Chunk {
                 usage: None,
-                output: true
+                output: true,
+                answer: true,
             }
         ));
         assert!(!t.note(3, StreamEvent::Error("a".into())));

@@ -527,6 +527,11 @@ fn bad_shadow_flags_are_refused_by_name() {
             &["--shadow", "a=http://x:1", "--shadow-sample", "2"],
             "--shadow-sample \"2\": must be in (0, 1]",
         ),
+        (
+            &["--shadow", "a=http://x:1", "--shadow-timeout", "0s"],
+            "--shadow-timeout \"0\": must be > 0",
+        ),
+        (&["--shadow-timeout", "5s"], "--shadow"),
         (&["--shadow-sample", "0.5"], "--shadow"),
     ] {
         let o = std::process::Command::new(BIN)

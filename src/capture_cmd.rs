@@ -221,6 +221,12 @@ pub struct ShadowArgs {
     /// (llmreplay_shadow_dropped_total{reason="max_in_flight"}).
     #[arg(long, default_value_t = 64, requires = "shadow")]
     shadow_max_in_flight: usize,
+    /// Longest a mirrored request may take, from when it is sent to the end of its answer:
+    /// then it is cut, its row a timeout of the candidate, its in-flight place freed
+    /// (llmreplay_shadow_dropped_total{reason="timeout"}). Raise it above your longest
+    /// answers: a candidate still streaming at the deadline is cut all the same.
+    #[arg(long, value_parser = parse_duration, default_value = "60s", requires = "shadow")]
+    shadow_timeout: Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -284,6 +290,7 @@ impl ShadowArgs {
             ShadowSampleByArg::Session => proxy::ShadowSampleBy::Session,
         };
         c.max_in_flight = self.shadow_max_in_flight;
+        c.timeout = self.shadow_timeout;
         Ok(Some(c))
     }
 }

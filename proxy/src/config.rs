@@ -132,16 +132,20 @@ pub struct ShadowConfig {
     pub sample_by: ShadowSampleBy,
     /// Mirrored requests in flight per candidate; more are dropped (and counted).
     pub max_in_flight: usize,
+    /// Longest a mirrored request may take, from when it is sent to the end of its answer;
+    /// then it is cut and recorded as the candidate's `timeout` (its slot freed).
+    pub timeout: Duration,
 }
 
 impl ShadowConfig {
-    /// Mirrors every request to `targets`, at most 64 in flight each.
+    /// Mirrors every request to `targets`, at most 64 in flight each, each cut after 60 s.
     pub fn new(targets: Vec<ShadowTarget>) -> Self {
         ShadowConfig {
             targets,
             sample: 1.0,
             sample_by: ShadowSampleBy::Request,
             max_in_flight: 64,
+            timeout: Duration::from_secs(60),
         }
     }
 }

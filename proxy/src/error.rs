@@ -66,7 +66,7 @@ pub enum ConfigError {
     #[error("{0:?} holds credentials and cannot be recorded as the session id")]
     SecretSessionHeader(String),
     /// A shadow setting (`--shadow`, `--shadow-header`, `--shadow-model`, `--shadow-sample`,
-    /// `--shadow-max-in-flight`) is not one the proxy can use.
+    /// `--shadow-max-in-flight`, `--shadow-timeout`) is not one the proxy can use.
     #[error("{flag} {value:?}: {why}")]
     Shadow {
         /// The flag that set it.

@@ -313,6 +313,15 @@ impl ObservedBody {
         }
     }
 
+    /// Cuts the response now as timed out with `why` (a shadow past its `--shadow-timeout`,
+    /// [`crate::shadow`]): the row is finished with what was observed, outcome `timeout`.
+    pub(crate) fn time_out(&mut self, why: String) {
+        if !self.ended {
+            self.end(End::TimedOut(why), Instant::now());
+            self.ended = true;
+        }
+    }
+
     /// The upstream body ended normally at `now`.
     fn complete(&mut self, now: Instant) {
         if let Mode::Sse(o) = &mut self.mode {

@@ -49,7 +49,8 @@ pub(crate) enum Dropped {
     MaxInFlight,
     /// No connection to the candidate (row: `upstream_error`).
     Connect,
-    /// No response head, or a gap in its body, within the timeouts (row: `timeout`).
+    /// No response head, or a gap in its body, within capture's timeouts, or no end of the
+    /// answer within `--shadow-timeout` (row: `timeout`).
     Timeout,
     /// Any other failure of the candidate's connection or stream (row: `upstream_error`).
     UpstreamError,
@@ -168,6 +169,8 @@ pub(crate) struct Shadow {
     scope: Option<String>,
     idle_timeout: Duration,
     max_sse_event: usize,
+    /// `--shadow-timeout`: each mirrored request's deadline, from when it is sent.
+    timeout: Duration,
 }
 
 impl Shadow {
@@ -238,6 +241,7 @@ impl Shadow {
             scope: cfg.traceparent.then(|| id_prefix.to_string()),
             idle_timeout: cfg.idle_timeout,
             max_sse_event: cfg.max_sse_event,
+            timeout: sc.timeout,
         })
     }
 
@@ -329,9 +333,11 @@ impl Shadow {
         }
     }
 
-    /// Sends `job` to candidate `c` and reads the answer to its end; the row finishes as
-    /// production's do (dropped unfinished: `client_cancelled`).
+    /// Sends `job` to candidate `c` and reads the answer to its end, within `--shadow-timeout`
+    /// (past it: a `timeout` row, the candidate's); the row finishes as production's do
+    /// (dropped unfinished: `client_cancelled`).
     async fn one(&self, c: &Arc<Candidate>, job: &Job, slot: OwnedSemaphorePermit) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let body = match &c.model {
             Some(m) => with_model(&job.body, m).unwrap_or_else(|| job.body.clone()),
             None => job.body.clone(),
@@ -382,22 +388,37 @@ impl Shadow {
         if let Some(a) = job.client {
             parts.extensions.insert(a);
         }
-        let sent = match c
-            .forward
-            .send_lean(&parts, &body, &mut recording.phases)
-            .await
-        {
-            Some(sent) => sent,
-            None => {
-                let len = body.len();
-                let Some(up) =
-                    c.forward
-                        .request(&parts, Either::Left(Full::new(body.clone())), Some(len))
-                else {
-                    recording.finish(Outcome::HttpError, Some("bad path".into()), Instant::now());
-                    return;
-                };
-                c.forward.send_generation(up).await
+        let send = async {
+            match c
+                .forward
+                .send_lean(&parts, &body, &mut recording.phases)
+                .await
+            {
+                Some(sent) => Some(sent),
+                None => {
+                    let len = body.len();
+                    let up = c.forward.request(
+                        &parts,
+                        Either::Left(Full::new(body.clone())),
+                        Some(len),
+                    )?;
+                    Some(c.forward.send_generation(up).await)
+                }
+            }
+        };
+        let sent = match tokio::time::timeout_at(deadline, send).await {
+            Ok(Some(sent)) => sent,
+            Ok(None) => {
+                recording.finish(Outcome::HttpError, Some("bad path".into()), Instant::now());
+                return;
+            }
+            Err(_) => {
+                let why = format!(
+                    "no response head within --shadow-timeout {:?}",
+                    self.timeout
+                );
+                recording.finish(Outcome::Timeout, Some(why), Instant::now());
+                return;
             }
         };
         match sent {
@@ -416,10 +437,19 @@ impl Shadow {
                     self.idle_timeout,
                     self.max_sse_event,
                 ));
-                while let Some(frame) = observed.frame().await {
-                    if frame.is_err() {
-                        break;
+                let read = async {
+                    while let Some(frame) = observed.frame().await {
+                        if frame.is_err() {
+                            break;
+                        }
                     }
+                };
+                if tokio::time::timeout_at(deadline, read).await.is_err() {
+                    let why = format!(
+                        "answer not finished within --shadow-timeout {:?}",
+                        self.timeout
+                    );
+                    observed.as_mut().get_mut().time_out(why);
                 }
             }
             Err((outcome, _, msg)) => recording.finish(outcome, Some(msg), Instant::now()),

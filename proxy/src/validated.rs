@@ -88,7 +88,7 @@ const FRAMING: &[&str] = &[
 
 /// Checks the shadow settings: at least one candidate, each named `[A-Za-z0-9._-]+` once,
 /// with a URL as `--upstream` takes, its headers valid (none that frames the request), the
-/// sample in (0, 1] and the in-flight limit positive.
+/// sample in (0, 1], the in-flight limit and the timeout positive.
 pub(crate) fn validate_shadow(cfg: &ShadowConfig) -> Result<Vec<ValidTarget>, ConfigError> {
     let bad = |flag, value: &str, why: &str| ConfigError::Shadow {
         flag,
@@ -107,6 +107,9 @@ pub(crate) fn validate_shadow(cfg: &ShadowConfig) -> Result<Vec<ValidTarget>, Co
     }
     if cfg.max_in_flight == 0 {
         return Err(bad("--shadow-max-in-flight", "0", "must be > 0"));
+    }
+    if cfg.timeout.is_zero() {
+        return Err(bad("--shadow-timeout", "0", "must be > 0"));
     }
     let mut out: Vec<ValidTarget> = Vec::new();
     for t in &cfg.targets {
@@ -410,6 +413,9 @@ mod tests {
         let mut c = ok.clone();
         c.max_in_flight = 0;
         assert_eq!(why(&c).0, "--shadow-max-in-flight");
+        c.max_in_flight = 1;
+        c.timeout = std::time::Duration::ZERO;
+        assert_eq!(why(&c).0, "--shadow-timeout");
         let mut c = ok.clone();
         c.targets[0].headers.push(("Host".into(), "x".into()));
         assert_eq!(

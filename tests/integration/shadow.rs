@@ -527,6 +527,11 @@ fn bad_shadow_flags_are_refused_by_name() {
             &["--shadow", "a=http://x:1", "--shadow-sample", "2"],
             "--shadow-sample \"2\": must be in (0, 1]",
         ),
+        (
+            &["--shadow", "a=http://x:1", "--shadow-timeout", "0s"],
+            "--shadow-timeout \"0\": must be > 0",
+        ),
+        (&["--shadow-timeout", "5s"], "--shadow"),
         (&["--shadow-sample", "0.5"], "--shadow"),
     ] {
         let o = std::process::Command::new(BIN)
@@ -571,4 +576,120 @@ fn a_stop_right_after_production_answered_lets_the_slower_candidate_finish() {
             "{s:?}"
         );
     }
+}
+
+/// `--shadow-timeout`: a candidate that stalls, before its response head or after two events,
+/// holds its in-flight places only until the deadline (not capture's 10-minute timeouts): then
+/// its shadows are cut as the candidate's timeouts (counted with that reason, rows `timeout`),
+/// the places are freed, and later production requests are mirrored again. `llmreplay shadow`
+/// counts the timeouts against the candidate.
+#[test]
+fn a_stalled_candidate_is_cut_at_the_shadow_timeout_and_its_places_freed() {
+    let _alone = serial();
+    let prod = SimProc::fixed(BIN, 5, 2);
+    let head = FaultUpstream::always(Act::StallBeforeHead);
+    let body = FaultUpstream::always(Act::StallAfter { events: 2 });
+    let (listen, admin, out) = (free_addr(), free_addr(), tmpdir("shadow-timeout"));
+    let flags = [
+        "--shadow".to_string(),
+        format!("head={}", head.url()),
+        "--shadow".into(),
+        format!("body={}", body.url()),
+        "--shadow-max-in-flight".into(),
+        "2".into(),
+        "--shadow-timeout".into(),
+        "1s".into(),
+        "--threads".into(),
+        "1".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut cap = CaptureProc::spawn_admin(BIN, listen, admin, &prod.url(), &out, &flags);
+    cap.wait_for("listening on");
+    let count = |t: &str, target: &str, reason: &str| {
+        series(
+            t,
+            &format!("llmreplay_shadow_dropped_total{{target=\"{target}\",reason=\"{reason}\"}}"),
+        )
+    };
+    let each = |t: &str, what: &dyn Fn(&str, &str) -> Option<f64>, want: f64| {
+        ["head", "body"].iter().all(|c| what(t, c) == Some(want))
+    };
+    let in_flight =
+        |t: &str, c: &str| series(t, &format!("llmreplay_shadow_in_flight{{target=\"{c}\"}}"));
+    let sent =
+        |t: &str, c: &str| series(t, &format!("llmreplay_shadow_sent_total{{target=\"{c}\"}}"));
+
+    // Two requests take both places of each candidate; a third, well within the deadline,
+    // finds them busy.
+    let start = Instant::now();
+    for _ in 0..3 {
+        let (status, took) = post(listen, STREAM, "");
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_millis(500), "{took:?}");
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(900),
+        "too slow to test the deadline"
+    );
+    let m = metrics_until(admin, |t| each(t, &in_flight, 2.0));
+    assert!(each(&m, &in_flight, 2.0), "{m}");
+    assert!(each(&m, &|t, c| count(t, c, "max_in_flight"), 1.0), "{m}");
+    // At the deadline both are cut: the candidate's timeouts, the places free.
+    let timed_out = |want: f64| {
+        move |t: &str| each(t, &|t, c| count(t, c, "timeout"), want) && each(t, &in_flight, 0.0)
+    };
+    let m = metrics_until(admin, timed_out(2.0));
+    assert!(timed_out(2.0)(&m), "{m}");
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "cut before the deadline"
+    );
+    // Later requests are mirrored again (and cut again).
+    for _ in 0..2 {
+        assert_eq!(post(listen, STREAM, "").0, 200);
+    }
+    let m = metrics_until(admin, timed_out(4.0));
+    assert!(timed_out(4.0)(&m), "{m}");
+    assert!(each(&m, &sent, 4.0), "{m}");
+    assert!(each(&m, &|t, c| count(t, c, "max_in_flight"), 1.0), "{m}");
+    assert_eq!(
+        series(&m, "llmreplay_capture_requests_total{outcome=\"ok\"}"),
+        Some(5.0)
+    );
+
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "{log:#?}");
+    let all = rows(&out);
+    assert_eq!(all.iter().filter(|r| r.target.is_none()).count(), 5);
+    for (target, status, chunks) in [("head", None, 0), ("body", Some(200), 2)] {
+        let of: Vec<&TraceRecord> = all
+            .iter()
+            .filter(|r| r.target.as_deref() == Some(target))
+            .collect();
+        assert_eq!(of.len(), 4, "{target}");
+        for r in of {
+            assert_eq!(r.outcome, Outcome::Timeout, "{r:?}");
+            assert_eq!(r.status, status, "{r:?}");
+            assert_eq!(r.chunk_times_us.len(), chunks, "{r:?}");
+            let e = r.error.as_deref().unwrap_or("");
+            assert!(e.contains("within --shadow-timeout 1s"), "{r:?}");
+        }
+    }
+
+    // `llmreplay shadow` judges them as the candidate's timeouts: production ok, candidate
+    // timeout, and the candidate fails.
+    let o = std::process::Command::new(BIN)
+        .args(["shadow", out.to_str().unwrap(), "--fail-on-slo"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(6),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("ok → timeout: 4"), "{text}");
+    assert!(text.contains("VERDICT head: FAIL"), "{text}");
+    assert!(text.contains("VERDICT body: FAIL"), "{text}");
 }

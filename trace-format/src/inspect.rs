@@ -4,7 +4,8 @@
 //! prompt a prefix cache could serve ([`crate::prefix_cache`]).
 //!
 //! [`summarize`] computes a [`TraceSummary`]; it prints as a console block (`Display`) and
-//! serializes to JSON (`serde::Serialize`).
+//! serializes to JSON (`serde::Serialize`). Its figures are production's: shadow rows (a
+//! `--shadow` candidate's answers, with `pair_request_id`) are only counted, per candidate.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -27,8 +28,12 @@ pub const UNKNOWN_MODEL: &str = "(unknown)";
 /// Summary of a trace.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TraceSummary {
-    /// Number of requests.
+    /// Number of requests (production's: shadow rows are not among them).
     pub rows: usize,
+    /// Shadow rows (with `pair_request_id`: a `capture --shadow` candidate's answer to a
+    /// production request) per candidate (`target`); left out of every other figure.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub shadow_rows: BTreeMap<String, usize>,
     /// Number of files read.
     pub files: usize,
     /// Files per producer (`capture`, `import`, …).
@@ -200,6 +205,7 @@ pub struct Summarizer {
     files: usize,
     producers: BTreeMap<String, usize>,
     rows: usize,
+    shadow_rows: BTreeMap<String, usize>,
     first: Option<i64>,
     last: Option<i64>,
     rate: RateAcc,
@@ -232,6 +238,7 @@ impl Summarizer {
             files: files.len(),
             producers,
             rows: 0,
+            shadow_rows: BTreeMap::new(),
             first: None,
             last: None,
             rate: RateAcc::default(),
@@ -247,8 +254,15 @@ impl Summarizer {
         }
     }
 
-    /// One record; records come in arrival order.
+    /// One record; records come in arrival order. A shadow row is only counted.
     pub fn add(&mut self, r: &TraceRecord) {
+        if r.pair_request_id.is_some() {
+            count(
+                &mut self.shadow_rows,
+                r.target.as_deref().unwrap_or("(unnamed)"),
+            );
+            return;
+        }
         let at = r.arrival_time_us;
         self.rows += 1;
         self.first.get_or_insert(at);
@@ -287,6 +301,7 @@ impl Summarizer {
         };
         TraceSummary {
             rows,
+            shadow_rows: self.shadow_rows,
             files: self.files,
             producers: self.producers,
             first_arrival: self.first.map(rfc3339),
@@ -464,6 +479,15 @@ impl fmt::Display for TraceSummary {
             write!(f, ")")?;
         }
         writeln!(f)?;
+        if !self.shadow_rows.is_empty() {
+            let n: usize = self.shadow_rows.values().sum();
+            write!(f, "{:<14} {n} left out of every figure (", "shadow rows")?;
+            counts(f, &self.shadow_rows, true)?;
+            writeln!(
+                f,
+                "): --shadow candidates' answers, not production's requests"
+            )?;
+        }
         match (&self.first_arrival, &self.last_arrival) {
             (Some(a), Some(b)) => writeln!(
                 f,
@@ -651,6 +675,55 @@ mod tests {
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["in_flight"]["peak"], 3);
         assert_eq!(json["arrival_rate"]["peak_per_s"], 2);
+    }
+
+    /// A capture with `--shadow`: each production row has a candidate's row beside it (same
+    /// arrival, its own outcome, tokens and latency). The figures are production's alone,
+    /// the shadow rows counted per candidate.
+    #[test]
+    fn shadow_rows_are_counted_apart_from_production() {
+        let prod = four();
+        let mut t = four();
+        for (i, p) in prod.records.iter().enumerate() {
+            for target in ["next", "other"].iter().take(1 + i % 2) {
+                let mut s = p.clone();
+                s.request_id = format!("{}-{target}", p.request_id);
+                s.target = Some(target.to_string());
+                s.pair_request_id = Some(p.request_id.clone());
+                s.outcome = Outcome::Timeout;
+                s.e2el_us = Some(60_000_000);
+                s.prompt_tokens = Some(1000);
+                s.session_id = None;
+                s.model = Some("cand-model".into());
+                t.records.push(s);
+            }
+        }
+        let (want, got) = (summarize(&prod), summarize(&t));
+        assert_eq!(
+            got.shadow_rows,
+            BTreeMap::from([("next".to_string(), 4), ("other".to_string(), 2)])
+        );
+        assert_eq!(
+            TraceSummary {
+                shadow_rows: BTreeMap::new(),
+                ..got.clone()
+            },
+            want
+        );
+        let text = got.to_string();
+        assert!(
+            text.contains("shadow rows    6 left out of every figure (next 4, other 2)"),
+            "{text}"
+        );
+        assert!(text.contains("4 rows in 1 file"), "{text}");
+        assert_eq!(
+            serde_json::to_value(&got).unwrap()["shadow_rows"]["next"],
+            4
+        );
+        assert!(serde_json::to_value(&want)
+            .unwrap()
+            .get("shadow_rows")
+            .is_none());
     }
 
     /// The old whole-trace figure: every start and end as an event, sorted (ends first at

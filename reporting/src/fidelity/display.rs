@@ -68,6 +68,19 @@ impl fmt::Display for Fidelity {
             "Requests: {} captured, {} replayed, {} in both ({} only captured, {} only replayed)",
             self.captured, self.replayed, self.matched, self.only_captured, self.only_replayed
         )?;
+        if !self.shadow_rows.is_empty() {
+            let each: Vec<String> = self
+                .shadow_rows
+                .iter()
+                .map(|(t, n)| format!("{t} {n}"))
+                .collect();
+            writeln!(
+                f,
+                "Shadow rows left out: {} ({}): a --shadow candidate's answers, never replayed",
+                self.shadow_rows.values().sum::<usize>(),
+                each.join(", ")
+            )?;
+        }
         if let Some(n) = self.noise_matched {
             writeln!(
                 f,

@@ -25,6 +25,7 @@
 //! server's state (same requests at the same times, different latencies, slower or faster —
 //! the explanation follows the direction). Two inputs with no request in common are refused.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
@@ -144,8 +145,13 @@ pub enum FidelityError {
 /// The whole comparison.
 #[derive(Debug, Clone, Serialize)]
 pub struct Fidelity {
-    /// Captured rows.
+    /// Captured rows (production's: shadow rows left out).
     pub captured: usize,
+    /// Captured shadow rows (with `pair_request_id`: a `--shadow` candidate's answers to
+    /// production's requests) per candidate (`target`), left out of every figure: replay
+    /// never sends them, and they are no demand of production's.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub shadow_rows: BTreeMap<String, usize>,
     /// Replayed rows.
     pub replayed: usize,
     /// Rows present in both (by `request_id`).
@@ -384,13 +390,32 @@ fn replay_changed(c: &TraceRecord, r: &TraceRecord) -> bool {
 }
 
 /// Compares a captured trace with the result rows of its replay (and, with `opts.noise`,
-/// with a second run of it, for the engine's own noise). Refuses inputs that share no
-/// request.
+/// with a second run of it, for the engine's own noise). The captured trace's shadow rows
+/// (`--shadow`: with `pair_request_id`) are left out, counted per candidate: replay never
+/// sends them. Refuses inputs that share no request.
 pub fn assess(
     captured: &[TraceRecord],
     replayed: &[TraceRecord],
     opts: Options<'_>,
 ) -> Result<Fidelity, FidelityError> {
+    let mut shadow_rows: BTreeMap<String, usize> = BTreeMap::new();
+    for r in captured.iter().filter(|r| r.pair_request_id.is_some()) {
+        let target = r.target.as_deref().unwrap_or("(unnamed)");
+        *shadow_rows.entry(target.to_string()).or_default() += 1;
+    }
+    // Copied only when there are shadow rows to leave out.
+    let production: Cow<'_, [TraceRecord]> = if shadow_rows.is_empty() {
+        Cow::Borrowed(captured)
+    } else {
+        Cow::Owned(
+            captured
+                .iter()
+                .filter(|r| r.pair_request_id.is_none())
+                .cloned()
+                .collect(),
+        )
+    };
+    let captured: &[TraceRecord] = &production;
     let speedup = if opts.speedup > 0.0 {
         opts.speedup
     } else {
@@ -473,6 +498,7 @@ pub fn assess(
     });
     Ok(Fidelity {
         captured: captured.len(),
+        shadow_rows,
         replayed: replayed.len(),
         matched: pairs.len(),
         only_captured: captured.len() - pairs.len(),
@@ -768,6 +794,43 @@ mod tests {
         assert!(html.contains("<title>A/A &lt;test&gt;</title>"));
         assert_eq!(html.matches("<svg").count(), 4, "TTFT, TPOT, ITL, E2EL");
         assert!(html.contains("captured (40 values)") && html.contains("replayed (40 values)"));
+    }
+
+    /// A capture with `--shadow` holds a candidate's row beside each production row: replay
+    /// never sends them, so they are left out (counted per candidate), and an exact replay of
+    /// production still reproduces it.
+    #[test]
+    fn shadow_rows_are_left_out_of_the_capture() {
+        let prod = trace();
+        let mut c = prod.clone();
+        for p in &prod {
+            let mut s = cap(
+                &format!("{}-cand", p.request_id),
+                p.arrival_time_us / 1000 - T0 / 1000,
+                400,
+                30,
+                5,
+            );
+            s.target = Some("cand".into());
+            s.pair_request_id = Some(p.request_id.clone());
+            s.outcome = Outcome::Timeout;
+            c.push(s);
+        }
+        let r: Vec<_> = prod.iter().map(|x| rep(x, 0, 1)).collect();
+        let f = assess(&c, &r, Options::default()).unwrap();
+        assert_eq!((f.captured, f.matched, f.only_captured), (40, 40, 0));
+        assert_eq!(f.shadow_rows, BTreeMap::from([("cand".to_string(), 40)]));
+        assert_eq!(f.outcomes["timeout"], (0, 0));
+        assert_eq!(f.classes[0].requests, (40, 40));
+        assert_eq!(f.classes[0].prompt_tokens, (4000, 4000));
+        assert!(f.load_reproduced && f.latencies_reproduced, "{f}");
+        assert!(
+            f.to_string().contains("Shadow rows left out: 40 (cand 40)"),
+            "{f}"
+        );
+        // Without shadow rows, nothing is said of them.
+        let f = assess(&prod, &r, Options::default()).unwrap();
+        assert!(f.shadow_rows.is_empty() && !f.to_string().contains("Shadow rows"));
     }
 
     #[test]

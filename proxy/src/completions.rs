@@ -18,8 +18,9 @@
 //! Runs on the writer thread, which sees rows in the order their requests finished (a parent
 //! before its child); the prompt's text comes from the prompt runner with the row and is
 //! dropped once hashed: no text is kept, so it works under `--record-bodies hashes`. Cost: one
-//! pass over the prompt's bytes, plus, for each matching key (usually one: the parent), a pass
-//! over at most its answer's length.
+//! pass over the prompt's bytes and over the registered lengths up to the prompt's (at most
+//! `max_keys` of them), plus, for each matching key (usually one: the parent), a pass over at
+//! most its answer's length.
 //!
 //! Memory: the keys of the last `max_keys` finished completions ([`DEFAULT_MAX_KEYS`], ~150
 //! bytes each), at most [`MAX_CANDIDATES`] per key.

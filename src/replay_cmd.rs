@@ -103,7 +103,9 @@ pub(crate) struct ReplayArgs {
     /// Cap on requests in flight; waiting for a slot is client queue time, not latency.
     #[arg(long)]
     max_concurrency: Option<usize>,
-    /// Session pacing: open (recorded times) or closed (next turn after the candidate answers + think time).
+    /// Session pacing: open (every request at its recorded time) or closed (a request after the
+    /// candidate answered its parent — `parent_request_id`, else its session's previous turn —
+    /// plus the recorded think time; with neither, at its recorded time).
     #[arg(long, default_value = "open")]
     session_mode: SessionMode,
     /// Endpoint for rows without a recorded body: completions or chat (default: the row's own;

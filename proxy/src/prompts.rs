@@ -42,6 +42,9 @@ pub(crate) struct PromptInfo {
     pub(crate) blocks: Option<PromptBlocks>,
     /// The chat chain for session linking ([`chat_chain`]; None for non-chat requests).
     pub(crate) chain: Option<Vec<u64>>,
+    /// A completion's prompt (a string), for [`crate::completions`]' linking on the writer
+    /// thread, which drops it once hashed (None for chat and anything else).
+    pub(crate) completion: Option<String>,
     /// Set when the prompt was not tokenized: the job waited past the shed budget
     /// (`estimate` is the prompt's tokens by [`estimate_tokens`]), or it was queued with
     /// no tokenizing wanted.
@@ -118,16 +121,23 @@ fn info(
     cache: &PrefixCache,
 ) -> PromptInfo {
     match serde_json::from_slice::<Value>(&job.body) {
-        Ok(Value::Object(obj)) => PromptInfo {
-            blocks: tokenize
-                .then(|| prompt_blocks_cached(&obj, block_size, tok, cache))
-                .flatten(),
-            chain: chat_chain(&obj),
-            shed: (!tokenize).then(|| Shed {
-                estimate: estimate_tokens(&obj),
-                body: (!job.tokenize).then(|| job.body.clone()),
-            }),
-        },
+        Ok(Value::Object(mut obj)) => {
+            let mut info = PromptInfo {
+                blocks: tokenize
+                    .then(|| prompt_blocks_cached(&obj, block_size, tok, cache))
+                    .flatten(),
+                chain: chat_chain(&obj),
+                completion: None,
+                shed: (!tokenize).then(|| Shed {
+                    estimate: estimate_tokens(&obj),
+                    body: (!job.tokenize).then(|| job.body.clone()),
+                }),
+            };
+            if info.chain.is_none() {
+                info.completion = crate::completions::take_prompt(&mut obj);
+            }
+            info
+        }
         _ => PromptInfo::default(),
     }
 }

@@ -19,8 +19,7 @@
 //! is never held for linking), and the chain mixes role and text hash; linking works under
 //! `--record-bodies hashes`. Content given as parts counts its `text` parts in order; other
 //! parts (images, audio) and tool calls do not enter the hash. Completions (`prompt`
-//! strings) are not linked: a completion prompt has no message boundaries to hash at; a
-//! session header (`--session-header`) names them.
+//! strings) have no message boundaries to hash at: [`crate::completions`] links them.
 //!
 //! Memory: the [`Linker`] remembers the answer keys of the last `max_keys` finished chat
 //! requests ([`DEFAULT_MAX_KEYS`], ~150 bytes each) and at most [`MAX_CANDIDATES`] requests

@@ -46,6 +46,7 @@ use trace_format::reasoning::Reasoning;
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{Outcome, TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
+use crate::completions::CompletionLinker;
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
 use crate::prefix::{estimate_text, prompt_tokens};
@@ -147,6 +148,8 @@ struct Resolver<'a> {
     shed_after: Duration,
     metrics: &'a Metrics,
     linker: Linker,
+    /// Completions turns ([`crate::completions`]).
+    completions: CompletionLinker,
 }
 
 impl Resolver<'_> {
@@ -249,6 +252,9 @@ impl Resolver<'_> {
             }
         }
         link(&mut rec, info.chain.as_deref(), answer, &mut self.linker);
+        if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
+            crate::completions::link(&mut rec, &p, answer, &mut self.completions);
+        }
         rec
     }
 }
@@ -315,6 +321,7 @@ pub(crate) fn start(
                 shed_after,
                 metrics: &m,
                 linker: Linker::new(DEFAULT_MAX_KEYS),
+                completions: CompletionLinker::new(crate::completions::DEFAULT_MAX_KEYS),
             };
             run(writer, rx, tick, resolver, &m, taps)
         })?;

@@ -192,7 +192,8 @@ impl FromStr for OutputLen {
 pub enum SessionMode {
     /// Every request at its recorded time.
     Open,
-    /// A session's next turn when the candidate finished the previous one, plus think time.
+    /// A request when the candidate finished its parent (`parent_request_id`, else its
+    /// session's previous turn), plus think time ([`crate::graph`]).
     Closed,
 }
 

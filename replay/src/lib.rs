@@ -10,6 +10,7 @@ pub mod cpu;
 mod dispatch;
 pub mod error;
 pub mod feed;
+pub mod graph;
 pub mod metrics;
 pub mod output;
 pub mod pacer;

@@ -1,14 +1,13 @@
 //! The schedule of a run, computed row by row as the trace is read: which rows are replayed
 //! ([`Selector`]: window, sample, max, shard), when each is sent (recorded arrivals ÷ the
 //! speedup, or the gamma process drawn lazily), and, in closed session mode, which turns wait
-//! for which ([`Assembler`]). Nothing here needs the whole trace: the feed
+//! for which ([`Assembler`], by [`crate::graph`]: the parent, else the session's previous turn). Nothing here needs the whole trace: the feed
 //! ([`crate::feed`]) runs these steps on its threads ahead of the clock.
 //!
 //! Offsets are absolute from the run's start (`start + offset`), never gaps to the previous
 //! send, so timing errors do not accumulate. Request bodies are built before their send time,
 //! so nothing but sending happens at send time.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use trace_format::arrivals::GammaArrivals;
@@ -16,6 +15,7 @@ use trace_format::TraceRecord;
 
 use crate::config::{Arrivals, Selection, SessionMode};
 use crate::error::ReplayError;
+use crate::graph::Graph;
 use crate::prompt::stable_hash;
 use crate::request::BuiltRequest;
 
@@ -31,11 +31,12 @@ pub struct PlannedRequest {
     /// Scheduled send offset from the run start (open mode, and first turns in closed mode;
     /// for a later turn, the offset its row would have had open, which bounds the look-ahead).
     pub offset: Duration,
-    /// Closed mode: think time between the previous turn's end and this one.
+    /// Closed mode: think time between the end of the turn this one waits for and this one.
     pub think: Duration,
-    /// Closed mode: the turn (its `seq`) this one waits for.
+    /// Closed mode: the turn (its `seq`) this one waits for: its parent (`parent_request_id`)
+    /// when assembled earlier in this run, else its session's previous turn ([`crate::graph`]).
     pub waits_for: Option<u64>,
-    /// Closed mode: whether a later turn may wait for this one (it has a session).
+    /// Closed mode: whether a later turn may wait for this one (it has a session or a parent).
     pub chained: bool,
     /// The request to send.
     pub req: BuiltRequest,
@@ -243,14 +244,13 @@ impl Skipped {
 
 /// Turns selected rows and their built requests into the schedule's items, in order:
 /// numbers them, keeps the rows that could not be built (reported, never silently dropped:
-/// the others keep their offsets), and in closed mode chains each session's turns.
+/// the others keep their offsets), and in closed mode links each turn to the one it waits for.
 #[derive(Debug)]
 pub struct Assembler {
-    closed: bool,
     speedup: f64,
     next_seq: u64,
-    /// Closed mode: each session's last turn: (its seq, its recorded end, µs since epoch).
-    last_of: HashMap<String, (u64, i64)>,
+    /// Closed mode: the turns that can be waited for (None: open mode).
+    graph: Option<Graph>,
     /// Selected rows that could not become a request.
     pub skipped: Skipped,
     /// Requests that send their row's recorded body (the others' prompts are synthesized).
@@ -261,13 +261,12 @@ impl Assembler {
     /// An assembler for `session_mode`, with offsets from `arrivals`.
     pub fn new(session_mode: SessionMode, arrivals: Arrivals) -> Self {
         Assembler {
-            closed: session_mode == SessionMode::Closed,
             speedup: match arrivals {
                 Arrivals::Recorded { speedup } => speedup,
                 Arrivals::Rate { .. } => 1.0,
             },
             next_seq: 0,
-            last_of: HashMap::new(),
+            graph: (session_mode == SessionMode::Closed).then(Graph::default),
             skipped: Skipped::default(),
             bodies: 0,
         }
@@ -300,14 +299,14 @@ impl Assembler {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.bodies += usize::from(rec.body.is_some());
-        let (mut think, mut waits_for) = (Duration::ZERO, None);
-        let chained = self.closed && rec.session_id.is_some();
-        if let (true, Some(sid)) = (self.closed, rec.session_id.as_deref()) {
-            let end = rec.arrival_time_us + rec.e2el_us.unwrap_or(0).max(0);
-            if let Some((prev, prev_end)) = self.last_of.insert(sid.to_string(), (seq, end)) {
-                let think_us = (rec.arrival_time_us - prev_end).max(0);
+        let (mut think, mut waits_for, mut chained) = (Duration::ZERO, None, false);
+        if let Some(g) = &mut self.graph {
+            let (wait, c) = g.add(seq, &rec);
+            chained = c;
+            if let Some(w) = wait {
+                let think_us = rec.arrival_time_us.saturating_sub(w.end_us).max(0);
                 think = Duration::from_secs_f64(think_us as f64 / 1e6 / self.speedup);
-                waits_for = Some(prev);
+                waits_for = Some(w.seq);
             }
         }
         Some(PlannedRequest {
@@ -330,6 +329,7 @@ mod tests {
     use super::*;
     use crate::config::{OutputLen, RequestOptions, Shard};
     use crate::request::build_request;
+    use std::collections::HashMap;
 
     fn rec(id: &str, t_ms: i64, session: Option<&str>) -> TraceRecord {
         let mut r = TraceRecord::new(id, 1_700_000_000_000_000 + t_ms * 1000, "/v1/completions");
@@ -749,5 +749,87 @@ mod tests {
             .items
             .iter()
             .all(|i| i.waits_for.is_none() && !i.chained));
+    }
+
+    fn closed(rs: &[TraceRecord], sel: &Selection, speedup: f64) -> Schedule {
+        schedule(
+            rs,
+            sel,
+            Arrivals::Recorded { speedup },
+            SessionMode::Closed,
+            0,
+        )
+        .unwrap()
+    }
+
+    fn child(id: &str, t_ms: i64, session: &str, parent: &str) -> TraceRecord {
+        let mut r = rec(id, t_ms, Some(session));
+        r.parent_request_id = Some(parent.into());
+        r
+    }
+
+    #[test]
+    fn a_sub_agent_in_another_session_waits_for_its_parent() {
+        // The main agent's call a1 (ends at 400 ms) spawns a sub-agent (session s) at 700 ms
+        // and continues at 1000 ms; the sub-agent's second call follows its first.
+        let mut rs = vec![
+            rec("a1", 0, Some("a")),
+            rec("x", 100, None),
+            child("s1", 700, "s", "a1"),
+            child("a2", 1000, "a", "a1"),
+            child("s2", 1300, "s", "s1"),
+        ];
+        rs[0].e2el_us = Some(400_000);
+        rs[2].e2el_us = Some(200_000);
+        let p = closed(&rs, &Selection::default(), 2.0);
+        let w: Vec<_> = p.items.iter().map(|i| (i.waits_for, i.think)).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            w,
+            vec![
+                (None, ms(0)),
+                (None, ms(0)),
+                (Some(0), ms(150)), // (700 - 400) / 2
+                (Some(0), ms(300)), // one parent, two children
+                (Some(2), ms(200)), // (1300 - 900) / 2
+            ]
+        );
+        assert_eq!(
+            p.items.iter().map(|i| i.chained).collect::<Vec<_>>(),
+            vec![true, false, true, true, true]
+        );
+        // Open mode keeps every recorded offset.
+        let open = open_plan(&rs).unwrap();
+        assert!(open.items.iter().all(|i| i.waits_for.is_none()));
+        assert_eq!(open.items[2].offset, ms(700));
+    }
+
+    #[test]
+    fn a_parent_outside_the_selection_falls_back_to_the_session_then_the_offset() {
+        let rs = vec![
+            rec("a1", 0, Some("a")),
+            rec("b1", 600, Some("b")),
+            child("s1", 700, "s", "a1"),
+            child("b2", 900, "b", "a1"),
+            child("s2", 1300, "s", "s1"),
+        ];
+        // The window starts after a1: s1 has neither parent nor previous turn (its open
+        // offset), b2 follows b1, s2 still waits for s1.
+        let sel = Selection {
+            start_offset: Duration::from_millis(500),
+            ..Default::default()
+        };
+        let p = closed(&rs, &sel, 1.0);
+        assert_eq!(ids(&p), vec!["b1", "s1", "b2", "s2"]);
+        let w: Vec<_> = p.items.iter().map(|i| i.waits_for).collect();
+        assert_eq!(w, vec![None, None, Some(0), Some(1)]);
+        assert_eq!(p.items[1].offset, Duration::from_millis(100));
+        assert_eq!(p.items[2].think, Duration::from_millis(300));
+        // A parent whose request could not be built is not waited for either.
+        let mut rs = rs;
+        rs[0].prompt_tokens = None;
+        let p = closed(&rs, &Selection::default(), 1.0);
+        assert_eq!(ids(&p)[0], "b1");
+        assert_eq!(p.items[1].waits_for, None, "s1's parent was skipped");
     }
 }

@@ -9,7 +9,6 @@
 //! The client runs on its own tokio runtime (threads named `llmreplay-client`) so its CPU
 //! can be measured apart from anything else in the process, such as an in-process sim.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -24,6 +23,7 @@ use crate::cpu;
 use crate::dispatch::Dispatch;
 use crate::error::ReplayError;
 use crate::feed::{Fed, FeedMsg, ToPacer};
+use crate::graph::Ends;
 use crate::metrics::Metrics;
 use crate::metrics::MetricsBuilder;
 pub use crate::output::{ClientLoad, RunOutput, TargetInfo};
@@ -307,7 +307,7 @@ fn run_fed(
     progress(pr);
     // The schedule is over: the pacer ends once nothing can be sent to it any more.
     lp.successors = None;
-    lp.waiting.clear();
+    lp.ends.clear_waiting();
     feed.cancel();
     let _ = pacer.join();
     while let Ok(msg) = rx.try_recv() {
@@ -500,10 +500,9 @@ struct Loop<'a> {
     passes: usize,
     /// To the pacer: successors of finished turns.
     successors: Option<Sender<Vec<ToPacer>>>,
-    /// Closed sessions: turns waiting for their predecessor (by the predecessor's seq).
-    waiting: HashMap<u64, Box<Fed>>,
-    /// Closed sessions: turns that finished before their successor was fed: when they ended.
-    ended: HashMap<u64, Instant>,
+    /// Closed mode: turns waiting for the turn they follow, and the ends of the last
+    /// [`crate::graph::WINDOW`] chained turns that finished.
+    ends: Ends<Box<Fed>>,
     /// Requests in the schedule, once the feed has fed them all.
     total: Option<u64>,
     pacer_end: Option<PacerEnd>,
@@ -539,8 +538,7 @@ impl<'a> Loop<'a> {
             endpoints: Default::default(),
             passes: 0,
             successors: Some(successors),
-            waiting: HashMap::new(),
-            ended: HashMap::new(),
+            ends: Ends::default(),
             total,
             pacer_end: None,
             finished: 0,
@@ -658,13 +656,11 @@ impl<'a> Loop<'a> {
                 if rec.outcome != Outcome::Ok {
                     self.failed += 1;
                 }
-                // Closed sessions: a finished turn schedules its successor after its think time.
+                // Closed mode: a finished turn schedules the turns that follow it (its session's
+                // next, its children) after their think time.
                 if chained && self.stopped_at.is_none() {
-                    match self.waiting.remove(&seq) {
-                        Some(next) => self.release(end, next),
-                        None => {
-                            self.ended.insert(seq, end);
-                        }
+                    for next in self.ends.finished(seq, end) {
+                        self.release(end, next);
                     }
                 }
                 for (s, r) in self.bursts.finished(gid, Some((seq, *rec, waited))) {
@@ -685,11 +681,8 @@ impl<'a> Loop<'a> {
             }
             RunMsg::Feed(FeedMsg::Waiting(fed)) => {
                 let prev = fed.item.waits_for.unwrap_or(u64::MAX);
-                match self.ended.remove(&prev) {
-                    Some(end) => self.release(end, fed),
-                    None => {
-                        self.waiting.insert(prev, fed);
-                    }
+                if let Some((end, fed)) = self.ends.wait(prev, fed) {
+                    self.release(end, fed);
                 }
             }
             RunMsg::Feed(FeedMsg::Done(n)) => self.total = Some(n),

@@ -226,6 +226,55 @@ fn closed_sessions_finish_when_the_look_ahead_holds_one_request() {
     }
 }
 
+#[test]
+fn closed_graphs_finish_when_the_look_ahead_holds_one_request() {
+    // 40 sessions of turns, and every 5th row a sub-agent's opening in a session of its own
+    // whose parent is a turn 13 rows back in another session (which then has two children):
+    // with one built request in the look-ahead, children wait for parents far behind them.
+    let gt = server(1);
+    let mut cfg = config(&gt);
+    cfg.session_mode = SessionMode::Closed;
+    cfg.lookahead = Lookahead {
+        time: Duration::from_millis(1),
+        bytes: 1,
+        ..Default::default()
+    };
+    let mut rows = trace(200, 1_000, 2);
+    for (i, r) in rows.iter_mut().enumerate() {
+        r.e2el_us = Some(40_000);
+        if i >= 40 && i % 5 == 0 {
+            r.session_id = Some(format!("sub{i}"));
+            r.parent_request_id = Some(format!("req-{:05}", i - 13));
+        } else {
+            r.session_id = Some(format!("s{}", i % 40));
+        }
+    }
+    let parents: Vec<(String, String)> = rows
+        .iter()
+        .filter_map(|r| Some((r.request_id.clone(), r.parent_request_id.clone()?)))
+        .collect();
+    let runs = replay::replay(
+        &cfg.validate().unwrap(),
+        &rows,
+        None,
+        &|_, _| {},
+        &mut replay::sink::NoSink,
+        &Stop::new(),
+    )
+    .unwrap();
+    let (run, m) = &runs[0];
+    assert_eq!(m.completed, 200, "{:?}", m.outcomes);
+    let by_id = ids_once(&run.records);
+    assert_eq!(parents.len(), 32);
+    for (child, parent) in &parents {
+        let (p, c) = (by_id[parent.as_str()], by_id[child.as_str()]);
+        assert!(
+            c.arrival_time_us >= p.arrival_time_us + p.e2el_us.unwrap(),
+            "{child} sent before its parent {parent} ended"
+        );
+    }
+}
+
 /// Runs `rows` and requests a stop (`twice`: two) `after` the first progress report.
 /// Replays `rows` and stops the run `after` its launch, or, with `from_first`, `after` the
 /// server has answered its first request (the schedule's clock starts only once the pool is

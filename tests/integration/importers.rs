@@ -380,3 +380,78 @@ fn agent_samples_replay_in_closed_sessions_and_baseten_exports() {
     };
     assert_eq!(tokens(&again), tokens(&recs));
 }
+
+/// Closed mode follows the graph: each Dynamo request whose parent (`parent_request_id`: the
+/// previous call of its trajectory, or, for a subagent's first call, its parent trajectory's
+/// latest call) was replayed is sent once that parent's response ended plus the recorded think
+/// time ÷ the speedup, not before, and soon after; a subagent runs beside its parent's
+/// trajectory instead of after the session's previous turn.
+#[test]
+fn closed_mode_sends_each_child_after_its_parent_ended_plus_think_time() {
+    let _serial = support::env::serial();
+    let dir = tmpdir("importers-graph");
+    let t = dir.join("dynamo.parquet");
+    let (recs, _) = import(&sample("dynamo-agent.jsonl"), &t);
+    let rows = dir.join("rows.parquet");
+    let speedup = 20.0;
+    ok(&run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--session-mode",
+        "closed",
+        "--speedup",
+        &speedup.to_string(),
+        "--results",
+        rows.to_str().unwrap(),
+        "-q",
+        "--timeout",
+        "60s",
+    ]));
+    let got = read_traces(&[rows.to_str().unwrap()]).unwrap().records;
+    assert_eq!(got.len(), recs.len());
+    let sent: HashMap<&str, &TraceRecord> =
+        got.iter().map(|r| (r.request_id.as_str(), r)).collect();
+    let by_id: HashMap<&str, &TraceRecord> =
+        recs.iter().map(|r| (r.request_id.as_str(), r)).collect();
+    let (mut children, mut subagents, mut late) = (0, 0, Vec::new());
+    for r in &recs {
+        let Some(p) = r.parent_request_id.as_deref() else {
+            continue;
+        };
+        let (c, pr) = (sent[r.request_id.as_str()], sent[p]);
+        let parent_end = pr.arrival_time_us + pr.e2el_us.unwrap();
+        let rec_p = by_id[p];
+        let think = r.arrival_time_us - (rec_p.arrival_time_us + rec_p.e2el_us.unwrap());
+        let due = parent_end + (think.max(0) as f64 / speedup) as i64;
+        // The end is the loop's (monotonic) stamp, the row's the wall clock's: 2 ms apart at most.
+        assert!(
+            c.arrival_time_us >= due - 2_000,
+            "{} sent {} µs before its parent {p} ended plus think time",
+            r.request_id,
+            due - c.arrival_time_us
+        );
+        late.push(c.arrival_time_us - due);
+        children += 1;
+        subagents += usize::from(
+            r.session_id == rec_p.session_id && {
+                // a subagent's first call: the previous call of the session is not its parent
+                let prev = recs
+                    .iter()
+                    .filter(|q| {
+                        q.session_id == r.session_id && q.arrival_time_us < r.arrival_time_us
+                    })
+                    .max_by_key(|q| q.arrival_time_us);
+                prev.is_some_and(|q| q.request_id != p)
+            },
+        );
+    }
+    late.sort();
+    assert!(children >= 20 && subagents >= 1, "{children} {subagents}");
+    // Sent soon after it was due (the median, on a loaded 2-core machine).
+    let median = late[late.len() / 2];
+    eprintln!(
+        "closed-mode children sent after their parent's end + think: {children} ({subagents} subagent openings), late by p50 {median} µs, max {} µs",
+        late[late.len() - 1]
+    );
+    assert!(median < 50_000, "{late:?}");
+}

@@ -40,6 +40,7 @@ mod capture;
 mod capture_disk;
 mod capture_faults;
 mod cli;
+mod completions_sessions;
 mod conn;
 mod exits;
 mod fidelity;

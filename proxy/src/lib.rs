@@ -20,6 +20,7 @@
 
 mod accept;
 mod admin;
+pub mod agents;
 pub mod config;
 mod cut;
 pub mod error;

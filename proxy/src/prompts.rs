@@ -30,6 +30,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokenize::Tokenizer;
 
+use crate::agents::{request_tools, RequestTools};
 use crate::prefix::{
     estimate_tokens, prompt_blocks_cached, PrefixCache, PromptBlocks, PREFIX_CACHE_HASHES,
 };
@@ -42,6 +43,9 @@ pub(crate) struct PromptInfo {
     pub(crate) blocks: Option<PromptBlocks>,
     /// The chat chain for session linking ([`chat_chain`]; None for non-chat requests).
     pub(crate) chain: Option<Vec<u64>>,
+    /// The tools it offers and what agent linking needs of its messages (None when the
+    /// body is not a JSON object).
+    pub(crate) tools: Option<RequestTools>,
     /// Set when the prompt was not tokenized: the job waited past the shed budget
     /// (`estimate` is the prompt's tokens by [`estimate_tokens`]), or it was queued with
     /// no tokenizing wanted.
@@ -123,6 +127,7 @@ fn info(
                 .then(|| prompt_blocks_cached(&obj, block_size, tok, cache))
                 .flatten(),
             chain: chat_chain(&obj),
+            tools: Some(request_tools(&obj)),
             shed: (!tokenize).then(|| Shed {
                 estimate: estimate_tokens(&obj),
                 body: (!job.tokenize).then(|| job.body.clone()),
@@ -406,10 +411,12 @@ mod tests {
         let q = PromptQueue::new(Arc::new(Tokenizer::words()), 16, SHED);
         for b in [&br#"{"model":"m"}"#[..], b"not json", b"[1]"] {
             let rx = q.submit(Bytes::from_static(b), true);
-            assert_eq!(
-                rx.recv_timeout(Duration::from_secs(10)).unwrap(),
-                PromptInfo::default()
-            );
+            let want = PromptInfo {
+                // A JSON object offers tools (none here) all the same.
+                tools: b.starts_with(b"{").then(Default::default),
+                ..Default::default()
+            };
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), want);
         }
     }
 }

@@ -43,8 +43,10 @@ use std::time::{Duration, Instant};
 
 use tokenize::Tokenizer;
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
-use trace_format::{Outcome, TokenSource, TraceRecord, TraceWriter, WriterConfig};
+use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
+use crate::agents::{fill_tools, Agents, Links, Seen, DEFAULT_MAX_REQUESTS};
+use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
 use crate::prefix::{estimate_text, prompt_tokens};
@@ -99,8 +101,8 @@ struct Queued {
     trace_started: bool,
     prompt: Option<PendingPrompt>,
     output: Option<OutputText>,
-    /// The hash of the answer's text, for session linking.
-    answer: Option<u64>,
+    /// What linking needs of the response (its answer's hash, its tool calls, its client).
+    seen: Seen,
     /// When it was queued for this thread.
     queued_at: Instant,
 }
@@ -113,11 +115,13 @@ enum Msg {
 /// What the writer thread needs to finish a row.
 struct Resolver<'a> {
     keep_hashes: bool,
+    /// Tool names are kept (`--record-bodies full`), else hashed.
+    full_names: bool,
     tokenizer: &'a Tokenizer,
     /// A row queued longer than this gets estimates instead of token counts.
     shed_after: Duration,
     metrics: &'a Metrics,
-    linker: Linker,
+    links: Links,
 }
 
 impl Resolver<'_> {
@@ -128,7 +132,7 @@ impl Resolver<'_> {
             mut rec,
             prompt,
             output,
-            answer,
+            seen,
             queued_at,
             trace_started: _,
         } = q;
@@ -202,32 +206,16 @@ impl Resolver<'_> {
                 }
             }
         }
-        link(&mut rec, info.chain.as_deref(), answer, &mut self.linker);
+        fill_tools(
+            &mut rec,
+            info.tools.as_ref(),
+            seen.calls.as_ref(),
+            self.full_names,
+        );
+        self.links
+            .link(&mut rec, info.chain.as_deref(), info.tools.as_ref(), &seen);
         rec
     }
-}
-
-/// Links a chat row into its session (rows without a chat chain keep their header session,
-/// if any, and no parent). Only a complete answer can be continued.
-fn link(rec: &mut TraceRecord, chain: Option<&[u64]>, answer: Option<u64>, linker: &mut Linker) {
-    if chain.is_none() {
-        return;
-    }
-    let end_us = rec
-        .arrival_time_us
-        .saturating_add(rec.e2el_us.unwrap_or(0).max(0));
-    let answer = answer.filter(|_| rec.outcome == Outcome::Ok);
-    let l = linker.observe(
-        &rec.request_id,
-        rec.arrival_time_us,
-        end_us,
-        chain,
-        answer,
-        rec.session_id.as_deref(),
-    );
-    rec.session_id = Some(l.session_id);
-    rec.parent_request_id = l.parent_request_id;
-    rec.think_time_us = l.think_time_us;
 }
 
 /// The sending side; cheap to share.
@@ -249,7 +237,7 @@ pub(crate) struct WriterThread {
 pub(crate) fn start(
     cfg: WriterConfig,
     capacity: usize,
-    keep_hashes: bool,
+    record_bodies: RecordBodies,
     shed_after: Duration,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
@@ -264,11 +252,15 @@ pub(crate) fn start(
         .spawn(move || {
             crate::serving::background();
             let resolver = Resolver {
-                keep_hashes,
+                keep_hashes: record_bodies != RecordBodies::None,
+                full_names: record_bodies == RecordBodies::Full,
                 tokenizer: &tokenizer,
                 shed_after,
                 metrics: &m,
-                linker: Linker::new(DEFAULT_MAX_KEYS),
+                links: Links {
+                    sessions: Linker::new(DEFAULT_MAX_KEYS),
+                    agents: Agents::new(DEFAULT_MAX_REQUESTS),
+                },
             };
             run(writer, rx, tick, resolver, &m, taps)
         })?;
@@ -447,14 +439,14 @@ impl ErrorLog {
 }
 
 impl Sink {
-    /// Queues a record (with its prompt's pending tokenization and its answer's hash), or drops and counts it when
-    /// the queue is full.
+    /// Queues a record (with its prompt's pending tokenization and what linking needs of its
+    /// response), or drops and counts it when the queue is full.
     pub(crate) fn send(
         &self,
         rec: TraceRecord,
         prompt: Option<PendingPrompt>,
         output: Option<OutputText>,
-        answer: Option<u64>,
+        seen: Seen,
         trace_started: bool,
     ) {
         let queued_at = Instant::now();
@@ -463,7 +455,7 @@ impl Sink {
             trace_started,
             prompt,
             output,
-            answer,
+            seen,
             queued_at,
         }));
         // Full or disconnected (closing): the row is dropped and counted.
@@ -503,6 +495,21 @@ impl WriterThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trace_format::{Outcome, ParentLink};
+
+    fn links() -> Links {
+        Links {
+            sessions: Linker::new(100),
+            agents: Agents::new(100),
+        }
+    }
+
+    fn answered(answer: Option<u64>) -> Seen {
+        Seen {
+            answer,
+            ..Default::default()
+        }
+    }
 
     fn chat(id: &str, at: i64, e2el: i64, outcome: Outcome) -> TraceRecord {
         let mut r = TraceRecord::new(id, at, "/v1/chat/completions");
@@ -525,16 +532,16 @@ mod tests {
                 .collect();
             chat_chain(serde_json::json!({"messages": m}).as_object().unwrap()).unwrap()
         };
-        let mut l = Linker::new(100);
+        let mut l = links();
         let t1 = body(&[("user", "hi")]);
         let t2 = body(&[("user", "hi"), ("assistant", "hello"), ("user", "more")]);
         let answer = Some(TextHash::of("hello"));
 
         let mut first = chat("a1", 1_000, 2_000, Outcome::Ok);
-        link(&mut first, Some(&t1), answer, &mut l);
+        l.link(&mut first, Some(&t1), None, &answered(answer));
         assert_eq!(first.session_id.as_deref(), Some("a1"));
         let mut second = chat("a2", 3_500, 1_000, Outcome::Ok);
-        link(&mut second, Some(&t2), None, &mut l);
+        l.link(&mut second, Some(&t2), None, &answered(None));
         assert_eq!(
             (
                 second.session_id.as_deref(),
@@ -543,28 +550,30 @@ mod tests {
             (Some("a1"), Some("a1"))
         );
         assert_eq!(second.think_time_us, Some(500), "3.5 ms − (1 ms + 2 ms)");
+        assert_eq!(second.parent_link, Some(ParentLink::ChatPrefix));
+        assert_eq!(first.parent_link, None);
 
-        let mut l = Linker::new(100);
+        let mut l = links();
         for (id, outcome) in [
             ("b0", Outcome::UpstreamError),
             ("b1", Outcome::ClientCancelled),
         ] {
             let mut failed = chat(id, 0, 100, outcome);
-            link(&mut failed, Some(&t1), answer, &mut l);
+            l.link(&mut failed, Some(&t1), None, &answered(answer));
         }
         let mut next = chat("b2", 1_000, 100, Outcome::Ok);
-        link(&mut next, Some(&t2), None, &mut l);
+        l.link(&mut next, Some(&t2), None, &answered(None));
         assert_eq!(
             next.parent_request_id, None,
             "a failed answer is not continued"
         );
 
         let mut completion = TraceRecord::new("c1", 0, "/v1/completions");
-        link(&mut completion, None, answer, &mut l);
+        l.link(&mut completion, None, None, &answered(answer));
         assert_eq!(completion.session_id, None);
         let mut named = chat("d1", 0, 10, Outcome::Ok);
         named.session_id = Some("H".into());
-        link(&mut named, Some(&t1), answer, &mut l);
+        l.link(&mut named, Some(&t1), None, &answered(answer));
         assert_eq!(named.session_id.as_deref(), Some("H"));
     }
 
@@ -584,7 +593,7 @@ mod tests {
         let (sink, writer, _) = start(
             cfg,
             16,
-            true,
+            RecordBodies::Hashes,
             Duration::from_secs(3600),
             tok,
             m.clone(),
@@ -592,7 +601,13 @@ mod tests {
         )
         .unwrap();
         let (tx, rx) = mpsc::sync_channel(1);
-        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None, false);
+        sink.send(
+            chat("a", 0, 10, Outcome::Ok),
+            Some(rx),
+            None,
+            Seen::default(),
+            false,
+        );
         assert_eq!(m.recorder_queue.len(), 1);
         let later = Instant::now() + Duration::from_secs(5);
         assert!(m.recorder_queue.lag(later) >= Duration::from_secs(5));
@@ -632,9 +647,24 @@ mod tests {
         let m = Arc::new(Metrics::default());
         let tok = Arc::new(Tokenizer::words());
         let budget = Duration::from_millis(20);
-        let (sink, writer, _) = start(cfg, 16, true, budget, tok, m.clone(), Vec::new()).unwrap();
+        let (sink, writer, _) = start(
+            cfg,
+            16,
+            RecordBodies::Hashes,
+            budget,
+            tok,
+            m.clone(),
+            Vec::new(),
+        )
+        .unwrap();
         let (tx, rx) = mpsc::sync_channel::<crate::prompts::PromptInfo>(1);
-        sink.send(chat("a", 0, 10, Outcome::Ok), Some(rx), None, None, false);
+        sink.send(
+            chat("a", 0, 10, Outcome::Ok),
+            Some(rx),
+            None,
+            Seen::default(),
+            false,
+        );
         let deadline = Instant::now() + Duration::from_secs(60);
         while m.shed.prefix_hashes.load(Relaxed) == 0 {
             assert!(Instant::now() < deadline, "the writer is still waiting");

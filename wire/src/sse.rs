@@ -249,6 +249,79 @@ pub struct ChunkText {
     /// The answer a client shows and resends: the first choice's (`index` 0)
     /// `delta.content`, `message.content` and `text`.
     pub answer: String,
+    /// The pieces of the first choice's tool calls in this chunk (`delta.tool_calls`), as
+    /// ranges of `tool_text`: read them with [`ChunkText::tool_calls`].
+    calls: Vec<CallRanges>,
+    /// The ids, names and arguments the `calls` ranges point into.
+    tool_text: String,
+}
+
+/// Where one tool call piece's strings are in [`ChunkText`]'s `tool_text`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct CallRanges {
+    index: Option<u64>,
+    id: std::ops::Range<usize>,
+    name: std::ops::Range<usize>,
+    arguments: std::ops::Range<usize>,
+}
+
+/// One piece of a streamed tool call (an element of the first choice's `delta.tool_calls`):
+/// the call's `index` (None when the server sent none), and what this piece carries of its
+/// `id`, `function.name` and `function.arguments` (empty when absent). The id and name
+/// arrive in the first piece of each call, the arguments in pieces after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ToolCallPiece<'a> {
+    /// The call's `index` in the response.
+    pub index: Option<u64>,
+    /// Its `id`, in the piece that carries it.
+    pub id: &'a str,
+    /// Its `function.name`, in the piece that carries it.
+    pub name: &'a str,
+    /// This piece of its `function.arguments` (JSON text, in pieces).
+    pub arguments: &'a str,
+}
+
+impl ChunkText {
+    /// The tool call pieces of the first choice in this chunk, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = ToolCallPiece<'_>> {
+        self.calls.iter().map(|c| ToolCallPiece {
+            index: c.index,
+            id: &self.tool_text[c.id.clone()],
+            name: &self.tool_text[c.name.clone()],
+            arguments: &self.tool_text[c.arguments.clone()],
+        })
+    }
+
+    fn clear(&mut self) {
+        self.output.clear();
+        self.answer.clear();
+        self.calls.clear();
+        self.tool_text.clear();
+    }
+
+    fn push_call(&mut self, c: &CallPiece<'_>) {
+        let mut put = |s: &Option<Cow<'_, str>>| {
+            let start = self.tool_text.len();
+            self.tool_text.push_str(s.as_deref().unwrap_or(""));
+            start..self.tool_text.len()
+        };
+        let r = CallRanges {
+            index: c.index,
+            id: put(&c.id),
+            name: put(&c.name),
+            arguments: put(&c.arguments),
+        };
+        self.calls.push(r);
+    }
+}
+
+/// One element of a `delta.tool_calls` array, borrowed from the payload where it can be.
+#[derive(Debug, Default)]
+struct CallPiece<'de> {
+    index: Option<u64>,
+    id: Option<Cow<'de, str>>,
+    name: Option<Cow<'de, str>>,
+    arguments: Option<Cow<'de, str>>,
 }
 
 /// Classifies one SSE `data` payload.
@@ -261,14 +334,12 @@ pub fn classify(data: &[u8]) -> StreamEvent {
 /// unescaped string is copied but into `text`.
 pub fn read_event(data: &[u8], mut text: Option<&mut ChunkText>) -> StreamEvent {
     if let Some(t) = text.as_deref_mut() {
-        t.output.clear();
-        t.answer.clear();
+        t.clear();
     }
     let kind = parse_event(data, text.as_deref_mut());
     if !matches!(kind, StreamEvent::Chunk { output: true, .. }) {
         if let Some(t) = text {
-            t.output.clear();
-            t.answer.clear();
+            t.clear();
         }
     }
     kind
@@ -483,6 +554,9 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
                 answer.extend(delta.as_ref().and_then(|d| d.content.as_deref()));
                 answer.extend(message.as_deref());
                 answer.extend(text.text.as_deref());
+                for c in delta.iter().flat_map(|d| &d.calls) {
+                    t.push_call(c);
+                }
             }
         }
         Ok(output)
@@ -498,6 +572,8 @@ struct Delta<'de> {
     reasoning: Option<Cow<'de, str>>,
     /// Tool-call names and arguments, then the function call's, in order.
     tools: Vec<Cow<'de, str>>,
+    /// The `tool_calls` elements (when collected).
+    calls: Vec<CallPiece<'de>>,
 }
 
 struct DeltaSeed(bool);
@@ -554,6 +630,7 @@ impl<'de> Visitor<'de> for DeltaSeed {
                 3 => {
                     let v = map.next_value_seed(Lenient::ToolCalls(collect))?;
                     d.tools = v.texts;
+                    d.calls = v.calls;
                     v.non_empty
                 }
                 _ => {
@@ -581,9 +658,10 @@ enum Lenient {
     Index,
     /// `message`: its `content` string.
     Content(bool),
-    /// `tool_calls`: every element's `function.name` and `function.arguments`.
+    /// `tool_calls`: every element's `function.name` and `function.arguments` (and, when
+    /// collected, each element as a [`CallPiece`]).
     ToolCalls(bool),
-    /// A tool call: its `function`'s `name` and `arguments`.
+    /// A tool call: its `function`'s `name` and `arguments`, its `index` and `id`.
     ToolCall(bool),
     /// `function_call` (or a tool call's `function`): its `name` and `arguments`.
     FunctionCall(bool),
@@ -595,6 +673,12 @@ struct LenientVal<'de> {
     index: u64,
     text: Option<Cow<'de, str>>,
     texts: Vec<Cow<'de, str>>,
+    /// A tool call's (or a function call's) pieces; `index` set when `indexed`.
+    name: Option<Cow<'de, str>>,
+    arguments: Option<Cow<'de, str>>,
+    indexed: bool,
+    /// `tool_calls`' elements, when collected.
+    calls: Vec<CallPiece<'de>>,
 }
 
 impl LenientVal<'_> {
@@ -657,7 +741,15 @@ impl<'de> Visitor<'de> for Lenient {
             Lenient::ToolCalls(collect) => {
                 while let Some(call) = seq.next_element_seed(Lenient::ToolCall(collect))? {
                     v.non_empty = true;
-                    v.texts.extend(call.texts);
+                    if collect {
+                        v.texts.extend(call.texts);
+                        v.calls.push(CallPiece {
+                            index: call.indexed.then_some(call.index),
+                            id: call.text,
+                            name: call.name,
+                            arguments: call.arguments,
+                        });
+                    }
                 }
             }
             _ => {
@@ -672,7 +764,7 @@ impl<'de> Visitor<'de> for Lenient {
         let mut v = LenientVal::flag(true);
         let (names, collect): (&'static [&'static str], bool) = match self {
             Lenient::Content(c) => (&["content"], c),
-            Lenient::ToolCall(c) => (&["function"], c),
+            Lenient::ToolCall(c) => (&["function", "index", "id"], c),
             Lenient::FunctionCall(c) => (&["name", "arguments"], c),
             Lenient::Text(_) | Lenient::Index | Lenient::ToolCalls(_) => (&[], false),
         };
@@ -684,8 +776,16 @@ impl<'de> Visitor<'de> for Lenient {
                 (Lenient::Content(_), Some(_)) => {
                     v.text = map.next_value_seed(Lenient::Text(collect))?.text
                 }
+                (Lenient::ToolCall(_), Some(0)) => {
+                    let f = map.next_value_seed(Lenient::FunctionCall(collect))?;
+                    (v.texts, v.name, v.arguments) = (f.texts, f.name, f.arguments);
+                }
+                (Lenient::ToolCall(_), Some(1)) => {
+                    v.index = map.next_value_seed(Lenient::Index)?.index;
+                    v.indexed = true;
+                }
                 (Lenient::ToolCall(_), Some(_)) => {
-                    v.texts = map.next_value_seed(Lenient::FunctionCall(collect))?.texts
+                    v.text = map.next_value_seed(Lenient::Text(collect))?.text
                 }
                 (Lenient::FunctionCall(_), Some(0)) => {
                     name = map.next_value_seed(Lenient::Text(collect))?.text
@@ -699,7 +799,8 @@ impl<'de> Visitor<'de> for Lenient {
             }
         }
         if matches!(self, Lenient::FunctionCall(_)) {
-            v.texts.extend(name.into_iter().chain(arguments));
+            v.texts.extend(name.iter().chain(&arguments).cloned());
+            (v.name, v.arguments) = (name, arguments);
         }
         Ok(v)
     }
@@ -804,6 +905,7 @@ mod tests {
         let mut reused = ChunkText {
             output: "left from before".into(),
             answer: "x".into(),
+            ..Default::default()
         };
         assert_eq!(read_event(b"[DONE]", Some(&mut reused)), StreamEvent::Done);
         assert_eq!(reused, ChunkText::default());
@@ -820,6 +922,59 @@ mod tests {
             Some("abc")
         );
         assert_eq!(response_text(b"not json"), None);
+    }
+
+    /// Tool calls stream as pieces: the first of each call (by `index`) carries its id and
+    /// name, the arguments follow in pieces; only the first choice's are read, escapes
+    /// unescaped, and the buffer is reused clean.
+    #[test]
+    fn tool_call_pieces_of_the_first_choice() {
+        let mut t = ChunkText::default();
+        let pieces = |j: &str, t: &mut ChunkText| {
+            let kind = read_event(j.as_bytes(), Some(t));
+            let got: Vec<_> = t
+                .tool_calls()
+                .map(|p| {
+                    (
+                        p.index,
+                        p.id.to_string(),
+                        p.name.to_string(),
+                        p.arguments.to_string(),
+                    )
+                })
+                .collect();
+            (kind, got)
+        };
+        let (kind, got) = pieces(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"task","arguments":""}},{"id":"c\u0032","function":{"arguments":"{\"p\":\"a\\\"b\"}","name":"read"},"index":1}]}}]}"#,
+            &mut t,
+        );
+        assert!(
+            matches!(kind, StreamEvent::Chunk { output: true, .. }),
+            "{kind:?}"
+        );
+        assert_eq!(
+            got,
+            vec![
+                (Some(0), "call_1".into(), "task".into(), "".into()),
+                (
+                    Some(1),
+                    "c2".into(),
+                    "read".into(),
+                    r#"{"p":"a\"b"}"#.into()
+                ),
+            ]
+        );
+        assert_eq!(t.output, r#"taskread{"p":"a\"b"}"#);
+        let (_, got) = pieces(
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\"x\""}}]},"index":0},{"index":1,"delta":{"tool_calls":[{"index":0,"id":"other","function":{"name":"no"}}]}}]}"#,
+            &mut t,
+        );
+        assert_eq!(got, vec![(None, "".into(), "".into(), r#"{"x""#.into())]);
+        let (_, got) = pieces(r#"{"choices":[{"delta":{"content":"hi"}}]}"#, &mut t);
+        assert!(got.is_empty(), "{got:?}");
+        assert_eq!(read_event(b"[DONE]", Some(&mut t)), StreamEvent::Done);
+        assert_eq!(t, ChunkText::default());
     }
 
     #[test]

@@ -982,4 +982,271 @@ mod tests {
             "r999"
         );
     }
+
+    /// One agent of the synthetic workload, as its client plays it.
+    struct Agent {
+        messages: Vec<Value>,
+        client: u64,
+        loops_left: u32,
+        followup: bool,
+        /// The agent and call slot whose result this sub-agent makes.
+        parent_call: Option<(usize, usize)>,
+        depth: u8,
+        /// Results of the last answer's calls, by slot (None: a sub-agent still working).
+        results: Vec<Option<Value>>,
+        waiting: usize,
+        ready_at: i64,
+        last_request: String,
+        next_parent: Option<(String, ParentLink)>,
+    }
+
+    /// The workload's events: (time, sequence, agent or request slot, is a finish).
+    type Events = std::collections::BinaryHeap<std::cmp::Reverse<(i64, u64, usize, bool)>>;
+
+    /// Agent `a` has every result of its last answer's calls: it sends them, each tool
+    /// message naming its call, when the last is in.
+    fn send_results(agents: &mut [Agent], a: usize, events: &mut Events, seq: &mut u64) {
+        let ag = &mut agents[a];
+        let ids: Vec<String> = ag.messages.last().unwrap()["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect();
+        for (slot, r) in ag.results.drain(..).enumerate() {
+            let mut r = r.expect("every result is in");
+            r["tool_call_id"] = json!(ids[slot]);
+            ag.messages.push(r);
+        }
+        ag.next_parent = Some((ag.last_request.clone(), ParentLink::ToolCall));
+        *seq += 1;
+        events.push(std::cmp::Reverse((ag.ready_at, *seq, a, false)));
+    }
+
+    /// The issue's figure on the linker alone (`tests/integration/agents.rs` sends a smaller
+    /// one through capture): 100 agents of 25 clients, started over 10 s and interleaved,
+    /// each looping 1–6 times through answers of 1–3 tool calls (random ids, as vLLM's and
+    /// OpenAI's) and requests carrying their results, a quarter of the top-level calls a
+    /// `task` whose prompt opens a sub-agent (with 0–3 loops of its own; its result goes
+    /// back when it is done), 30% of the agents continuing with a user follow-up after their
+    /// final answer. Every 10th agent opens like the others of its kind (same system prompt
+    /// and task) and every answer with tool calls has the same (empty) content, so the chat
+    /// prefix alone is ambiguous; one task prompt in ten is one shared text, which agents of
+    /// one client may have pending at once (a sub-agent that cannot be told apart).
+    #[test]
+    fn synthetic_agent_workload_links_tool_results_exactly() {
+        use rand::{Rng, SeedableRng};
+        use std::cmp::Reverse;
+        const MS: i64 = 1_000;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+        let new_agent = |messages: Vec<Value>, client: u64, loops: u32, depth: u8| Agent {
+            messages,
+            client,
+            loops_left: loops,
+            followup: false,
+            parent_call: None,
+            depth,
+            results: Vec::new(),
+            waiting: 0,
+            ready_at: 0,
+            last_request: String::new(),
+            next_parent: None,
+        };
+        let mut agents: Vec<Agent> = Vec::new();
+        let mut events = Events::new();
+        let mut seq = 0u64;
+        for a in 0..100usize {
+            let task = if a % 10 == 0 {
+                "Fix the failing build.".to_string()
+            } else {
+                format!("Task {a}: {}", rng.gen::<u64>())
+            };
+            let messages = vec![
+                json!({"role": "system", "content": "You are a coding agent."}),
+                json!({"role": "user", "content": task}),
+            ];
+            let mut ag = new_agent(messages, (a % 25) as u64, rng.gen_range(1..=6), 0);
+            ag.followup = rng.gen_bool(0.3);
+            agents.push(ag);
+            seq += 1;
+            events.push(Reverse((rng.gen_range(0..10_000 * MS), seq, a, false)));
+        }
+        struct InFlight {
+            id: String,
+            agent: usize,
+            arrival: i64,
+            end: i64,
+            messages: Vec<Value>,
+            truth: Option<(String, ParentLink)>,
+        }
+        let mut flights: Vec<InFlight> = Vec::new();
+        let mut l = Links {
+            sessions: Linker::new(crate::sessions::DEFAULT_MAX_KEYS),
+            agents: Agents::new(DEFAULT_MAX_REQUESTS),
+        };
+        let mut tally: HashMap<ParentLink, (usize, usize)> = HashMap::new();
+        let mut false_parents = 0usize;
+        let mut wrong = Vec::new();
+        while let Some(Reverse((now, _, who, finish))) = events.pop() {
+            if !finish {
+                let a = &mut agents[who];
+                flights.push(InFlight {
+                    id: format!("req-{}", flights.len()),
+                    agent: who,
+                    arrival: now,
+                    end: now + rng.gen_range(50 * MS..3_000 * MS),
+                    messages: a.messages.clone(),
+                    truth: a.next_parent.take(),
+                });
+                seq += 1;
+                events.push(Reverse((
+                    flights.last().unwrap().end,
+                    seq,
+                    flights.len() - 1,
+                    true,
+                )));
+                continue;
+            }
+            let f = &flights[who];
+            let (id, a, arrival, end) = (f.id.clone(), f.agent, f.arrival, f.end);
+            // The model's answer: tool calls while the agent loops, else a final answer.
+            let mut made: Vec<(String, String, String)> = Vec::new();
+            let mut tasks: Vec<(usize, String)> = Vec::new();
+            let final_text = if agents[a].loops_left > 0 {
+                for j in 0..rng.gen_range(1..=3usize) {
+                    let cid = format!("call_{:024x}", rng.gen::<u128>() >> 32);
+                    if agents[a].depth == 0 && rng.gen_bool(0.25) {
+                        let prompt = if rng.gen_bool(0.1) {
+                            "Run the whole test suite and summarize the failures.".to_string()
+                        } else {
+                            format!("Investigate part {j} for agent {a}: {}", rng.gen::<u32>())
+                        };
+                        let args = json!({"description": "look", "prompt": prompt, "subagent_type": "general-purpose"});
+                        made.push((cid, "task".into(), args.to_string()));
+                        tasks.push((j, prompt));
+                    } else {
+                        let args = json!({"path": format!("src/module_{}.rs", rng.gen::<u16>())});
+                        made.push((cid, "read_file".into(), args.to_string()));
+                    }
+                }
+                None
+            } else {
+                Some(format!("final answer of agent {a}: {}", rng.gen::<u64>()))
+            };
+            let list: Vec<(&str, &str, &str)> = made
+                .iter()
+                .map(|(i, n, g)| (i.as_str(), n.as_str(), g.as_str()))
+                .collect();
+            let mut rec = chat_row(&id, arrival, end - arrival);
+            let body = obj(json!({"messages": f.messages}));
+            let seen = Seen {
+                answer: Some(TextHash::of(final_text.as_deref().unwrap_or(""))),
+                calls: Some(calls(&list)),
+                client: agents[a].client,
+            };
+            let req = request_tools(&body);
+            l.link(&mut rec, chat_chain(&body).as_deref(), Some(&req), &seen);
+            match &f.truth {
+                Some((p, how)) => {
+                    let t = tally.entry(*how).or_default();
+                    t.0 += 1;
+                    let right = rec.parent_request_id.as_deref() == Some(p.as_str())
+                        && rec.parent_link == Some(*how);
+                    if right {
+                        t.1 += 1;
+                    } else {
+                        wrong.push(format!(
+                            "{id} ({how:?}): got {:?} {:?}, want {p}",
+                            rec.parent_request_id, rec.parent_link
+                        ));
+                    }
+                }
+                None => false_parents += usize::from(rec.parent_request_id.is_some()),
+            }
+            agents[a].last_request = id.clone();
+            if let Some(text) = final_text {
+                let ag = &mut agents[a];
+                ag.messages
+                    .push(json!({"role": "assistant", "content": text}));
+                if let Some((p, slot)) = ag.parent_call {
+                    let result =
+                        json!({"role": "tool", "content": format!("sub-agent {a}: {text}")});
+                    let back = end + rng.gen_range(MS..20 * MS);
+                    let pa = &mut agents[p];
+                    pa.results[slot] = Some(result);
+                    pa.ready_at = pa.ready_at.max(back);
+                    pa.waiting -= 1;
+                    if pa.waiting == 0 {
+                        send_results(&mut agents, p, &mut events, &mut seq);
+                    }
+                } else if ag.followup {
+                    ag.followup = false;
+                    ag.loops_left = rng.gen_range(1..=3);
+                    let q = format!("follow-up {}", rng.gen::<u64>());
+                    ag.messages.push(json!({"role": "user", "content": q}));
+                    ag.next_parent = Some((id, ParentLink::ChatPrefix));
+                    seq += 1;
+                    let at = end + rng.gen_range(500 * MS..5_000 * MS);
+                    events.push(Reverse((at, seq, a, false)));
+                }
+                continue;
+            }
+            let ag = &mut agents[a];
+            ag.loops_left -= 1;
+            let tool_calls: Vec<Value> = made
+                .iter()
+                .map(|(i, n, g)| json!({"id": i, "type": "function", "function": {"name": n, "arguments": g}}))
+                .collect();
+            ag.messages
+                .push(json!({"role": "assistant", "content": null, "tool_calls": tool_calls}));
+            ag.results = (0..made.len())
+                .map(|_| Some(json!({"role": "tool", "content": "ok"})))
+                .collect();
+            ag.waiting = tasks.len();
+            ag.ready_at = end + rng.gen_range(MS..300 * MS);
+            let client = ag.client;
+            for (slot, prompt) in tasks {
+                agents[a].results[slot] = None;
+                let messages = vec![
+                    json!({"role": "system", "content": "You are a sub-agent."}),
+                    json!({"role": "user", "content": prompt}),
+                ];
+                let mut sub = new_agent(messages, client, rng.gen_range(0..=3), 1);
+                sub.parent_call = Some((a, slot));
+                sub.next_parent = Some((id.clone(), ParentLink::Subagent));
+                agents.push(sub);
+                seq += 1;
+                let at = end + rng.gen_range(MS..50 * MS);
+                events.push(Reverse((at, seq, agents.len() - 1, false)));
+            }
+            if agents[a].waiting == 0 {
+                send_results(&mut agents, a, &mut events, &mut seq);
+            }
+        }
+        let share = |how: ParentLink| {
+            let (n, right) = tally.get(&how).copied().unwrap_or_default();
+            (right, n, right as f64 / n.max(1) as f64)
+        };
+        let (tr, tn, ts) = share(ParentLink::ToolCall);
+        let (sr, sn, ss) = share(ParentLink::Subagent);
+        let (cr, cn, cs) = share(ParentLink::ChatPrefix);
+        eprintln!(
+            "agent linking: {} requests of {} agents ({} sub-agents); tool results {tr} of {tn} \
+             parents right ({ts:.4}); sub-agents {sr} of {sn} ({ss:.4}); follow-ups by chat \
+             prefix {cr} of {cn} ({cs:.4}); {false_parents} openings given a parent",
+            flights.len(),
+            agents.len(),
+            agents.len() - 100,
+        );
+        assert_eq!(
+            flights.len(),
+            tally.values().map(|t| t.0).sum::<usize>() + 100
+        );
+        assert!(tn > 500 && sn > 100 && cn > 10, "{tn} {sn} {cn}");
+        assert!(ts >= 0.995, "tool results: {tr} of {tn}; wrong: {wrong:#?}");
+        assert_eq!(tr, tn, "tool results are exact: {wrong:#?}");
+        assert!(ss >= 0.95, "sub-agents: {sr} of {sn}; wrong: {wrong:#?}");
+        assert_eq!(cr, cn, "follow-ups: {wrong:#?}");
+        assert_eq!(false_parents, 0);
+    }
 }

@@ -482,7 +482,13 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
                     [&d.reasoning_content, &d.reasoning, &d.content]
                         .into_iter()
                         .flatten()
-                        .chain(&d.tools)
+                        .chain(
+                            d.calls
+                                .iter()
+                                .flat_map(|c| [&c.name, &c.arguments])
+                                .flatten(),
+                        )
+                        .chain(d.function_call.iter().flatten())
                         .map(|t| &**t),
                 );
             }
@@ -507,10 +513,10 @@ struct Delta<'de> {
     content: Option<Cow<'de, str>>,
     reasoning_content: Option<Cow<'de, str>>,
     reasoning: Option<Cow<'de, str>>,
-    /// Tool-call names and arguments, then the function call's, in order.
-    tools: Vec<Cow<'de, str>>,
-    /// The `tool_calls` elements (when collected).
+    /// The `tool_calls` elements (when collected): names and arguments, in order.
     calls: Vec<CallPiece<'de>>,
+    /// The function call's name and arguments (when collected).
+    function_call: [Option<Cow<'de, str>>; 2],
 }
 
 struct DeltaSeed(bool);
@@ -547,7 +553,6 @@ impl<'de> Visitor<'de> for DeltaSeed {
         let collect = self.0;
         let mut d = Delta::default();
         let mut seen = 0u8;
-        let mut function_call = Vec::new();
         while let Some(key) = map.next_key_seed(Field(NAMES))? {
             let Some(i) = key else {
                 map.next_value::<IgnoredAny>()?;
@@ -566,19 +571,17 @@ impl<'de> Visitor<'de> for DeltaSeed {
                 }
                 3 => {
                     let v = map.next_value_seed(Lenient::ToolCalls(collect))?;
-                    d.tools = v.texts;
                     d.calls = v.calls;
                     v.non_empty
                 }
                 _ => {
                     let v = map.next_value_seed(Lenient::FunctionCall(collect))?;
-                    function_call = v.texts;
+                    d.function_call = [v.name, v.arguments];
                     v.non_empty
                 }
             };
             d.output |= v;
         }
-        d.tools.append(&mut function_call);
         Ok(Some(d))
     }
 }
@@ -609,7 +612,6 @@ struct LenientVal<'de> {
     non_empty: bool,
     index: u64,
     text: Option<Cow<'de, str>>,
-    texts: Vec<Cow<'de, str>>,
     /// A tool call's (or a function call's) pieces; `index` set when `indexed`.
     name: Option<Cow<'de, str>>,
     arguments: Option<Cow<'de, str>>,
@@ -679,7 +681,6 @@ impl<'de> Visitor<'de> for Lenient {
                 while let Some(call) = seq.next_element_seed(Lenient::ToolCall(collect))? {
                     v.non_empty = true;
                     if collect {
-                        v.texts.extend(call.texts);
                         v.calls.push(CallPiece {
                             index: call.indexed.then_some(call.index),
                             id: call.text,
@@ -715,7 +716,7 @@ impl<'de> Visitor<'de> for Lenient {
                 }
                 (Lenient::ToolCall(_), Some(0)) => {
                     let f = map.next_value_seed(Lenient::FunctionCall(collect))?;
-                    (v.texts, v.name, v.arguments) = (f.texts, f.name, f.arguments);
+                    (v.name, v.arguments) = (f.name, f.arguments);
                 }
                 (Lenient::ToolCall(_), Some(1)) => {
                     v.index = map.next_value_seed(Lenient::Index)?.index;
@@ -736,7 +737,6 @@ impl<'de> Visitor<'de> for Lenient {
             }
         }
         if matches!(self, Lenient::FunctionCall(_)) {
-            v.texts.extend(name.iter().chain(&arguments).cloned());
             (v.name, v.arguments) = (name, arguments);
         }
         Ok(v)

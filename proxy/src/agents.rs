@@ -961,6 +961,62 @@ mod tests {
         assert_eq!(late.session_id.as_deref(), Some("late"));
     }
 
+    /// The tool columns: counts always, names kept under `--record-bodies full` and hashed
+    /// otherwise; nothing for what was not read (a shed prompt, an unobserved body).
+    #[test]
+    fn tool_columns_name_or_hash() {
+        let req = request_tools(&obj(json!({"tools": [
+            {"type": "function", "function": {"name": "read_file"}},
+            {"type": "function", "function": {"name": "task"}}
+        ], "messages": [{"role": "user", "content": "x"}]})));
+        let made = calls(&[
+            ("a", "task", "{}"),
+            ("b", "task", "{}"),
+            ("c", "read_file", "{}"),
+        ]);
+        let mut full = chat_row("r", 0, 1);
+        fill_tools(&mut full, Some(&req), Some(&made), true);
+        assert_eq!((full.tools_offered, full.tool_calls), (Some(2), Some(3)));
+        assert_eq!(
+            full.tool_names,
+            Some(vec!["read_file".to_string(), "task".into()])
+        );
+        assert_eq!(
+            full.tool_call_names,
+            Some(vec!["task".to_string(), "task".into(), "read_file".into()])
+        );
+        let mut hashed = chat_row("r", 0, 1);
+        fill_tools(&mut hashed, Some(&req), Some(&made), false);
+        let h = |n: &str| tool_name(n, false);
+        assert_eq!(hashed.tool_names, Some(vec![h("read_file"), h("task")]));
+        assert_eq!(
+            hashed.tool_call_names,
+            Some(vec![h("task"), h("task"), h("read_file")])
+        );
+        assert!(hashed
+            .tool_names
+            .iter()
+            .flatten()
+            .all(|n| n.starts_with("h:") && n.len() == 18));
+        let mut none = chat_row("r", 0, 1);
+        fill_tools(&mut none, None, None, false);
+        assert_eq!(
+            (none.tools_offered, none.tool_names, none.tool_calls),
+            (None, None, None)
+        );
+        let mut no_tools = chat_row("r", 0, 1);
+        fill_tools(
+            &mut no_tools,
+            Some(&RequestTools::default()),
+            Some(&ResponseCalls::default()),
+            false,
+        );
+        assert_eq!(
+            (no_tools.tools_offered, no_tools.tool_calls),
+            (Some(0), Some(0))
+        );
+    }
+
     /// Memory stays bounded: the oldest responses are forgotten, with their index entries.
     #[test]
     fn agents_forget_the_oldest_responses() {

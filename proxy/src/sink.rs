@@ -33,7 +33,9 @@
 //! Rows reach this thread in the order their requests finished, so it also links chat turns
 //! into sessions ([`crate::sessions::Linker`]): a turn's parent finished before the turn was
 //! sent, and is always linked first. The row gets `session_id` (the header's, else the
-//! conversation's first request id), `parent_request_id` and `think_time_us`.
+//! conversation's first request id), `parent_request_id`, `think_time_us` and `parent_link`;
+//! an agent's tool results and sub-agents are linked by tool call first
+//! ([`crate::agents::Links`]), and the tool columns filled ([`crate::agents::fill_tools`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};

@@ -147,8 +147,7 @@ impl Play {
         messages: &[Value],
         answer: Value,
         stream: bool,
-        parent: Option<(String, ParentLink)>,
-        gap: Option<Duration>,
+        (parent, gap): (Option<(String, ParentLink)>, Option<Duration>),
     ) -> Instant {
         let body = json!({
             "model": "m", "messages": messages, "tools": tools(), "stream": stream,
@@ -204,8 +203,7 @@ impl Play {
                     &messages,
                     answer,
                     stream,
-                    parent.take(),
-                    gap,
+                    (parent.take(), gap),
                 );
                 return text;
             }
@@ -230,8 +228,7 @@ impl Play {
                 &messages,
                 answer,
                 stream,
-                parent.take(),
-                gap,
+                (parent.take(), gap),
             );
             messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls.iter().map(|c| json!({
                 "id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}

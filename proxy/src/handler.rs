@@ -24,7 +24,7 @@ use hyper::body::Incoming;
 use trace_format::{Outcome, TraceRecord};
 
 use crate::config::RecordBodies;
-use crate::forward::strip_hop_by_hop;
+use crate::forward::{strip_hop_by_hop, ClientAddr};
 use crate::limits::{BodyTimeout, TimedBody};
 use crate::record::{BoxError, ObservedBody, Recording};
 use crate::request::{inject_usage, RequestInfo};
@@ -279,6 +279,10 @@ where
         sampled(n, shared.cfg.sample_rate),
     );
     recording.phases.accepted = accepted;
+    if recording.sampled() {
+        let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0);
+        recording.seen.client = crate::agents::client_key(peer, &parts.headers);
+    }
     recording.trace_started = trace_context(
         &mut parts.headers,
         shared.cfg.traceparent.then_some(shared.id_prefix.as_str()),

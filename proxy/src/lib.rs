@@ -20,6 +20,7 @@
 
 mod accept;
 mod admin;
+pub mod agents;
 pub mod completions;
 pub mod config;
 mod cut;

@@ -38,6 +38,7 @@ use bytes::{Bytes, BytesMut};
 use wire::sse::{read_event, ChunkText, SseParser, StreamEvent, DEFAULT_MAX_EVENT};
 use wire::verdict::StreamTally;
 
+use crate::agents::CallsSeen;
 use crate::jsonscan::member_removal_range;
 use crate::sessions::TextHash;
 
@@ -98,6 +99,8 @@ pub struct StreamObserver {
     /// The hash of the answer so far (see [`StreamObserver::keep_answer_hash`]): what session
     /// linking needs of the answer, without its text.
     pub answer: Option<TextHash>,
+    /// The first choice's tool calls so far (see [`StreamObserver::keep_tool_calls`]).
+    pub calls: Option<CallsSeen>,
 }
 
 /// Most generated text kept per stream for counting, bytes (~250k tokens): past it the text
@@ -141,6 +144,12 @@ impl StreamObserver {
     /// session linking; no text is kept for it.
     pub fn keep_answer_hash(&mut self) {
         self.answer = Some(TextHash::default());
+    }
+
+    /// Gather the first choice's tool calls as they stream (ids, names, arguments up to
+    /// [`crate::agents::ARGS_CAP`] a call), for the tool columns and agent linking.
+    pub fn keep_tool_calls(&mut self) {
+        self.calls = Some(CallsSeen::default());
     }
 
     /// Observes one frame received `t_us` after t0 and pushes the bytes to forward onto `out`
@@ -301,15 +310,22 @@ impl StreamObserver {
             output_text,
             reasoning_text,
             answer,
+            calls,
             text_buf,
             ..
         } = self;
-        let keep = output_text.is_some() || reasoning_text.is_some() || answer.is_some();
+        let keep = output_text.is_some()
+            || reasoning_text.is_some()
+            || answer.is_some()
+            || calls.is_some();
         parser.feed(bytes, |ev| {
             let kind = read_event(ev, keep.then_some(&mut *text_buf));
             on_kind(&kind);
             if tally.note(t_us, kind) {
                 keep_text(text_buf, [output_text, reasoning_text], answer);
+                if let Some(c) = calls.as_mut() {
+                    text_buf.tool_calls().for_each(|p| c.piece(p));
+                }
             }
         });
     }

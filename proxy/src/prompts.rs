@@ -30,6 +30,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokenize::Tokenizer;
 
+use crate::agents::{request_tools, RequestTools};
 use crate::prefix::{
     estimate_tokens, prompt_blocks_cached, PrefixCache, PromptBlocks, PREFIX_CACHE_HASHES,
 };
@@ -45,6 +46,9 @@ pub(crate) struct PromptInfo {
     /// A completion's prompt (a string), for [`crate::completions`]' linking on the writer
     /// thread, which drops it once hashed (None for chat and anything else).
     pub(crate) completion: Option<String>,
+    /// The tools it offers and what agent linking needs of its messages (None when the
+    /// body is not a JSON object).
+    pub(crate) tools: Option<RequestTools>,
     /// Set when the prompt was not tokenized: the job waited past the shed budget
     /// (`estimate` is the prompt's tokens by [`estimate_tokens`]), or it was queued with
     /// no tokenizing wanted.
@@ -128,6 +132,7 @@ fn info(
                     .flatten(),
                 chain: chat_chain(&obj),
                 completion: None,
+                tools: Some(request_tools(&obj)),
                 shed: (!tokenize).then(|| Shed {
                     estimate: estimate_tokens(&obj),
                     body: (!job.tokenize).then(|| job.body.clone()),
@@ -416,10 +421,12 @@ mod tests {
         let q = PromptQueue::new(Arc::new(Tokenizer::words()), 16, SHED);
         for b in [&br#"{"model":"m"}"#[..], b"not json", b"[1]"] {
             let rx = q.submit(Bytes::from_static(b), true);
-            assert_eq!(
-                rx.recv_timeout(Duration::from_secs(10)).unwrap(),
-                PromptInfo::default()
-            );
+            let want = PromptInfo {
+                // A JSON object offers tools (none here) all the same.
+                tools: b.starts_with(b"{").then(Default::default),
+                ..Default::default()
+            };
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), want);
         }
     }
 }

@@ -24,6 +24,7 @@ use trace_format::reasoning::Reasoning;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
 
+use crate::agents::{CallsSeen, Seen};
 use crate::metrics::Metrics;
 use crate::observe::{StreamObserver, Strip};
 use crate::phases::{PhaseLog, Phases};
@@ -69,8 +70,9 @@ pub(crate) struct Recording {
     pub(crate) prompt: Option<PendingPrompt>,
     /// What the writer thread still has to count of the response (texts without usage).
     output: Generated,
-    /// The answer's [`TextHash`], for session linking.
-    answer: Option<u64>,
+    /// What linking needs of the response (its answer's [`TextHash`], its tool calls) and
+    /// who sent the request ([`crate::agents::client_key`]).
+    pub(crate) seen: Seen,
     /// Capture started the request's trace (the client sent no valid `traceparent`): the
     /// row's `span_id` is capture's own span, not the client's.
     pub(crate) trace_started: bool,
@@ -103,7 +105,7 @@ impl Recording {
             phases: Phases::new(t0),
             prompt: None,
             output: Generated::default(),
-            answer: None,
+            seen: Seen::default(),
             trace_started: false,
             on_finish: None,
             cancel_note: None,
@@ -179,7 +181,7 @@ impl Recording {
                 rec,
                 self.prompt.take(),
                 std::mem::take(&mut self.output),
-                self.answer,
+                std::mem::take(&mut self.seen),
                 self.trace_started,
             );
         }
@@ -215,12 +217,13 @@ impl Drop for Recording {
     }
 }
 
-/// The [`TextHash`] of a whole JSON response's answer (None when it is not JSON).
-fn answer_of_body(body: &[u8]) -> Option<u64> {
+/// The [`TextHash`] of a whole JSON response's answer and the tool calls it made (None when
+/// it is not JSON).
+fn answer_of_body(body: &[u8]) -> Option<(u64, CallsSeen)> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let mut h = TextHash::default();
     push_answer_text(&v, &mut h);
-    Some(h.finish())
+    Some((h.finish(), CallsSeen::of_response(&v)))
 }
 
 /// The upstream's response body: from hyper's client, or read in this task
@@ -292,6 +295,7 @@ impl ObservedBody {
             if rec.sampled() {
                 o.keep_output_text();
                 o.keep_answer_hash();
+                o.keep_tool_calls();
             }
             Mode::Sse(Box::new(o))
         } else {
@@ -375,7 +379,8 @@ impl ObservedBody {
                 if output.is_some() || reasoning.is_some() {
                     self.rec.output.text = Some(OutputText::Text { output, reasoning });
                 }
-                self.rec.answer = o.answer.map(|h| h.finish());
+                self.rec.seen.answer = o.answer.map(|h| h.finish());
+                self.rec.seen.calls = o.calls.take().map(CallsSeen::finish);
                 v
             }
             Mode::Whole { copy, bytes } => {
@@ -383,7 +388,9 @@ impl ObservedBody {
                 let v = judge_whole(status, copy, self.rec.rec.stream, how, Rules::CAPTURE);
                 if v.outcome == verdict::Outcome::Ok {
                     if self.rec.sampled {
-                        self.rec.answer = answer_of_body(copy);
+                        let (answer, calls) = answer_of_body(copy).unzip();
+                        self.rec.seen.answer = answer;
+                        self.rec.seen.calls = calls.map(CallsSeen::finish);
                         // Reasoning text is looked for only where the body names it (one
                         // SIMD search), so plain answers are not read again.
                         let reasoning = v.reasoning_tokens.is_none()

@@ -159,7 +159,7 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
     let out = cfg.out.clone();
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
-    let keep_hashes = cfg.record_bodies != RecordBodies::None;
+    let record_bodies = cfg.record_bodies;
     let shed_after = cfg.recorder_shed_after;
     let tok = cfg.tokenizer.clone();
     // Further outputs of the recorder, beside the trace files.
@@ -172,7 +172,7 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         )?));
     }
     let (sink, writer, recovered) = tokio::task::spawn_blocking(move || {
-        sink::start(wcfg, capacity, keep_hashes, shed_after, tok, m2, taps)
+        sink::start(wcfg, capacity, record_bodies, shed_after, tok, m2, taps)
     })
     .await
     .map_err(|e| ProxyError::WriterThread(e.to_string()))??;

@@ -29,6 +29,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use serde_json::{Map, Value};
+use trace_format::ParentLink;
 
 use crate::prefix::{fnv, FNV_OFFSET};
 
@@ -100,7 +101,8 @@ fn step(parent: u64, role: &str, text: u64) -> u64 {
     fnv(h, &[0x1e])
 }
 
-fn content_hash(content: &Value) -> u64 {
+/// The [`TextHash`] of a message's `content`: a string, or its `text` parts in order.
+pub fn content_hash(content: &Value) -> u64 {
     let mut h = TextHash::default();
     match content {
         Value::String(s) => h.push(s),
@@ -163,6 +165,19 @@ pub fn push_answer_text(payload: &Value, h: &mut TextHash) {
             h.push(t);
         }
     }
+}
+
+/// A request's parent, as linking found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parent {
+    /// The parent's request id.
+    pub request_id: String,
+    /// The parent's session.
+    pub session_id: String,
+    /// When the parent's response ended (µs since the epoch).
+    pub end_us: i64,
+    /// How it was found.
+    pub how: ParentLink,
 }
 
 /// What linking says about one request.
@@ -235,26 +250,14 @@ impl Linker {
         answer: Option<u64>,
         header_session: Option<&str>,
     ) -> Link {
-        let parent = chain.and_then(|c| self.parent_of(c, arrival_us));
+        let parent = chain.and_then(|c| self.find_parent(c, arrival_us));
         let session_id = match (header_session, &parent) {
             (Some(s), _) => s.to_string(),
             (None, Some(p)) => p.session_id.clone(),
             (None, None) => request_id.to_string(),
         };
         if let (Some(c), Some(a)) = (chain, answer) {
-            if let Some(key) = answer_key(c, a) {
-                self.seq += 1;
-                self.remember(
-                    key,
-                    Candidate {
-                        seq: self.seq,
-                        request_id: request_id.to_string(),
-                        session_id: session_id.clone(),
-                        end_us,
-                        continued: false,
-                    },
-                );
-            }
+            self.remember_answer(request_id, &session_id, end_us, c, a);
         }
         Link {
             session_id,
@@ -262,6 +265,57 @@ impl Linker {
                 .as_ref()
                 .map(|p| arrival_us.saturating_sub(p.end_us).max(0)),
             parent_request_id: parent.map(|p| p.request_id),
+        }
+    }
+
+    /// Remembers a finished request's answer (the [`TextHash`] of a complete answer to the
+    /// prompt whose chain is `chain`) for the turns that will continue it.
+    pub fn remember_answer(
+        &mut self,
+        request_id: &str,
+        session_id: &str,
+        end_us: i64,
+        chain: &[u64],
+        answer: u64,
+    ) {
+        if let Some(key) = answer_key(chain, answer) {
+            self.seq += 1;
+            self.remember(
+                key,
+                Candidate {
+                    seq: self.seq,
+                    request_id: request_id.to_string(),
+                    session_id: session_id.to_string(),
+                    end_us,
+                    continued: false,
+                },
+            );
+        }
+    }
+
+    /// The parent of a request with this chain arriving at `arrival_us`, by chat prefix
+    /// (see the module); it counts as continued.
+    pub fn find_parent(&mut self, chain: &[u64], arrival_us: i64) -> Option<Parent> {
+        self.parent_of(chain, arrival_us).map(|c| Parent {
+            request_id: c.request_id,
+            session_id: c.session_id,
+            end_us: c.end_us,
+            how: ParentLink::ChatPrefix,
+        })
+    }
+
+    /// A request with this chain has `request_id` as its parent, found otherwise (by tool
+    /// call): that candidate, where the chain passes one, counts as continued, so an
+    /// ambiguous prefix does not give it to another turn.
+    pub fn mark_continued(&mut self, chain: &[u64], request_id: &str) {
+        let upto = chain.len().saturating_sub(1);
+        for h in &chain[..upto] {
+            if let Some(cands) = self.index.get_mut(h) {
+                if let Some(c) = cands.iter_mut().find(|c| c.request_id == request_id) {
+                    c.continued = true;
+                    return;
+                }
+            }
         }
     }
 

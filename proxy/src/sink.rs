@@ -33,7 +33,9 @@
 //! Rows reach this thread in the order their requests finished, so it also links chat turns
 //! into sessions ([`crate::sessions::Linker`]): a turn's parent finished before the turn was
 //! sent, and is always linked first. The row gets `session_id` (the header's, else the
-//! conversation's first request id), `parent_request_id` and `think_time_us`.
+//! conversation's first request id), `parent_request_id`, `think_time_us` and `parent_link`;
+//! an agent's tool results and sub-agents are linked by tool call first
+//! ([`crate::agents::Links`]), and the tool columns filled ([`crate::agents::fill_tools`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -44,9 +46,11 @@ use std::time::{Duration, Instant};
 use tokenize::Tokenizer;
 use trace_format::reasoning::Reasoning;
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
-use trace_format::{Outcome, TokenSource, TraceRecord, TraceWriter, WriterConfig};
+use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
+use crate::agents::{fill_tools, Agents, Links, Seen, DEFAULT_MAX_REQUESTS};
 use crate::completions::CompletionLinker;
+use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
 use crate::prefix::{estimate_text, prompt_tokens};
@@ -129,8 +133,8 @@ struct Queued {
     trace_started: bool,
     prompt: Option<PendingPrompt>,
     output: Generated,
-    /// The hash of the answer's text, for session linking.
-    answer: Option<u64>,
+    /// What linking needs of the response (its answer's hash, its tool calls, its client).
+    seen: Seen,
     /// When it was queued for this thread.
     queued_at: Instant,
 }
@@ -143,11 +147,13 @@ enum Msg {
 /// What the writer thread needs to finish a row.
 struct Resolver<'a> {
     keep_hashes: bool,
+    /// Tool names are kept (`--record-bodies full`), else hashed.
+    full_names: bool,
     tokenizer: &'a Tokenizer,
     /// A row queued longer than this gets estimates instead of token counts.
     shed_after: Duration,
     metrics: &'a Metrics,
-    linker: Linker,
+    links: Links,
     /// Completions turns ([`crate::completions`]).
     completions: CompletionLinker,
 }
@@ -160,7 +166,7 @@ impl Resolver<'_> {
             mut rec,
             prompt,
             output,
-            answer,
+            seen,
             queued_at,
             trace_started: _,
         } = q;
@@ -251,35 +257,19 @@ impl Resolver<'_> {
                 }
             }
         }
-        link(&mut rec, info.chain.as_deref(), answer, &mut self.linker);
+        fill_tools(
+            &mut rec,
+            info.tools.as_ref(),
+            seen.calls.as_ref(),
+            self.full_names,
+        );
+        self.links
+            .link(&mut rec, info.chain.as_deref(), info.tools.as_ref(), &seen);
         if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
-            crate::completions::link(&mut rec, &p, answer, &mut self.completions);
+            crate::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
         }
         rec
     }
-}
-
-/// Links a chat row into its session (rows without a chat chain keep their header session,
-/// if any, and no parent). Only a complete answer can be continued.
-fn link(rec: &mut TraceRecord, chain: Option<&[u64]>, answer: Option<u64>, linker: &mut Linker) {
-    if chain.is_none() {
-        return;
-    }
-    let end_us = rec
-        .arrival_time_us
-        .saturating_add(rec.e2el_us.unwrap_or(0).max(0));
-    let answer = answer.filter(|_| rec.outcome == Outcome::Ok);
-    let l = linker.observe(
-        &rec.request_id,
-        rec.arrival_time_us,
-        end_us,
-        chain,
-        answer,
-        rec.session_id.as_deref(),
-    );
-    rec.session_id = Some(l.session_id);
-    rec.parent_request_id = l.parent_request_id;
-    rec.think_time_us = l.think_time_us;
 }
 
 /// The sending side; cheap to share.
@@ -301,7 +291,7 @@ pub(crate) struct WriterThread {
 pub(crate) fn start(
     cfg: WriterConfig,
     capacity: usize,
-    keep_hashes: bool,
+    record_bodies: RecordBodies,
     shed_after: Duration,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
@@ -316,11 +306,15 @@ pub(crate) fn start(
         .spawn(move || {
             crate::serving::background();
             let resolver = Resolver {
-                keep_hashes,
+                keep_hashes: record_bodies != RecordBodies::None,
+                full_names: record_bodies == RecordBodies::Full,
                 tokenizer: &tokenizer,
                 shed_after,
                 metrics: &m,
-                linker: Linker::new(DEFAULT_MAX_KEYS),
+                links: Links {
+                    sessions: Linker::new(DEFAULT_MAX_KEYS),
+                    agents: Agents::new(DEFAULT_MAX_REQUESTS),
+                },
                 completions: CompletionLinker::new(crate::completions::DEFAULT_MAX_KEYS),
             };
             run(writer, rx, tick, resolver, &m, taps)
@@ -500,14 +494,14 @@ impl ErrorLog {
 }
 
 impl Sink {
-    /// Queues a record (with its prompt's pending tokenization and its answer's hash), or drops and counts it when
-    /// the queue is full.
+    /// Queues a record (with its prompt's pending tokenization and what linking needs of its
+    /// response), or drops and counts it when the queue is full.
     pub(crate) fn send(
         &self,
         rec: TraceRecord,
         prompt: Option<PendingPrompt>,
         output: Generated,
-        answer: Option<u64>,
+        seen: Seen,
         trace_started: bool,
     ) {
         let queued_at = Instant::now();
@@ -516,7 +510,7 @@ impl Sink {
             trace_started,
             prompt,
             output,
-            answer,
+            seen,
             queued_at,
         }));
         // Full or disconnected (closing): the row is dropped and counted.
@@ -556,6 +550,21 @@ impl WriterThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trace_format::{Outcome, ParentLink};
+
+    fn links() -> Links {
+        Links {
+            sessions: Linker::new(100),
+            agents: Agents::new(100),
+        }
+    }
+
+    fn answered(answer: Option<u64>) -> Seen {
+        Seen {
+            answer,
+            ..Default::default()
+        }
+    }
 
     fn chat(id: &str, at: i64, e2el: i64, outcome: Outcome) -> TraceRecord {
         let mut r = TraceRecord::new(id, at, "/v1/chat/completions");
@@ -578,16 +587,16 @@ mod tests {
                 .collect();
             chat_chain(serde_json::json!({"messages": m}).as_object().unwrap()).unwrap()
         };
-        let mut l = Linker::new(100);
+        let mut l = links();
         let t1 = body(&[("user", "hi")]);
         let t2 = body(&[("user", "hi"), ("assistant", "hello"), ("user", "more")]);
         let answer = Some(TextHash::of("hello"));
 
         let mut first = chat("a1", 1_000, 2_000, Outcome::Ok);
-        link(&mut first, Some(&t1), answer, &mut l);
+        l.link(&mut first, Some(&t1), None, &answered(answer));
         assert_eq!(first.session_id.as_deref(), Some("a1"));
         let mut second = chat("a2", 3_500, 1_000, Outcome::Ok);
-        link(&mut second, Some(&t2), None, &mut l);
+        l.link(&mut second, Some(&t2), None, &answered(None));
         assert_eq!(
             (
                 second.session_id.as_deref(),
@@ -596,28 +605,30 @@ mod tests {
             (Some("a1"), Some("a1"))
         );
         assert_eq!(second.think_time_us, Some(500), "3.5 ms − (1 ms + 2 ms)");
+        assert_eq!(second.parent_link, Some(ParentLink::ChatPrefix));
+        assert_eq!(first.parent_link, None);
 
-        let mut l = Linker::new(100);
+        let mut l = links();
         for (id, outcome) in [
             ("b0", Outcome::UpstreamError),
             ("b1", Outcome::ClientCancelled),
         ] {
             let mut failed = chat(id, 0, 100, outcome);
-            link(&mut failed, Some(&t1), answer, &mut l);
+            l.link(&mut failed, Some(&t1), None, &answered(answer));
         }
         let mut next = chat("b2", 1_000, 100, Outcome::Ok);
-        link(&mut next, Some(&t2), None, &mut l);
+        l.link(&mut next, Some(&t2), None, &answered(None));
         assert_eq!(
             next.parent_request_id, None,
             "a failed answer is not continued"
         );
 
         let mut completion = TraceRecord::new("c1", 0, "/v1/completions");
-        link(&mut completion, None, answer, &mut l);
+        l.link(&mut completion, None, None, &answered(answer));
         assert_eq!(completion.session_id, None);
         let mut named = chat("d1", 0, 10, Outcome::Ok);
         named.session_id = Some("H".into());
-        link(&mut named, Some(&t1), answer, &mut l);
+        l.link(&mut named, Some(&t1), None, &answered(answer));
         assert_eq!(named.session_id.as_deref(), Some("H"));
     }
 
@@ -637,7 +648,7 @@ mod tests {
         let (sink, writer, _) = start(
             cfg,
             16,
-            true,
+            RecordBodies::Hashes,
             Duration::from_secs(3600),
             tok,
             m.clone(),
@@ -649,7 +660,7 @@ mod tests {
             chat("a", 0, 10, Outcome::Ok),
             Some(rx),
             Generated::default(),
-            None,
+            Seen::default(),
             false,
         );
         assert_eq!(m.recorder_queue.len(), 1);
@@ -691,13 +702,22 @@ mod tests {
         let m = Arc::new(Metrics::default());
         let tok = Arc::new(Tokenizer::words());
         let budget = Duration::from_millis(20);
-        let (sink, writer, _) = start(cfg, 16, true, budget, tok, m.clone(), Vec::new()).unwrap();
+        let (sink, writer, _) = start(
+            cfg,
+            16,
+            RecordBodies::Hashes,
+            budget,
+            tok,
+            m.clone(),
+            Vec::new(),
+        )
+        .unwrap();
         let (tx, rx) = mpsc::sync_channel::<crate::prompts::PromptInfo>(1);
         sink.send(
             chat("a", 0, 10, Outcome::Ok),
             Some(rx),
             Generated::default(),
-            None,
+            Seen::default(),
             false,
         );
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -36,6 +36,7 @@
 
 mod support;
 
+mod agents;
 mod capture;
 mod capture_disk;
 mod capture_faults;

@@ -20,6 +20,11 @@ use std::borrow::Cow;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+mod tools;
+
+pub use tools::ToolCallPiece;
+use tools::{CallPiece, CallRanges};
+
 /// Default bound on the bytes of one event a parser holds ([`SseParser::with_max_event`]).
 pub const DEFAULT_MAX_EVENT: usize = 1024 * 1024;
 
@@ -285,14 +290,11 @@ pub struct ChunkText {
     /// The reasoning text over every choice (`delta.reasoning_content`, `delta.reasoning`):
     /// what a tokenizer counts as reasoning tokens when the server reports none.
     pub reasoning: String,
-}
-
-impl ChunkText {
-    fn clear(&mut self) {
-        self.output.clear();
-        self.answer.clear();
-        self.reasoning.clear();
-    }
+    /// The pieces of the first choice's tool calls in this chunk (`delta.tool_calls`), as
+    /// ranges of `tool_text`: read them with [`ChunkText::tool_calls`].
+    calls: Vec<CallRanges>,
+    /// The ids, names and arguments the `calls` ranges point into.
+    tool_text: String,
 }
 
 /// Classifies one SSE `data` payload.
@@ -522,7 +524,13 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
                     [&d.reasoning_content, &d.reasoning, &d.content]
                         .into_iter()
                         .flatten()
-                        .chain(&d.tools)
+                        .chain(
+                            d.calls
+                                .iter()
+                                .flat_map(|c| [&c.name, &c.arguments])
+                                .flatten(),
+                        )
+                        .chain(d.function_call.iter().flatten())
                         .map(|t| &**t),
                 );
                 t.reasoning.extend(
@@ -537,6 +545,9 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_> {
                 answer.extend(delta.as_ref().and_then(|d| d.content.as_deref()));
                 answer.extend(message.as_deref());
                 answer.extend(text.text.as_deref());
+                for c in delta.iter().flat_map(|d| &d.calls) {
+                    t.push_call(c);
+                }
             }
         }
         Ok((output, answer))
@@ -552,8 +563,10 @@ struct Delta<'de> {
     content: Option<Cow<'de, str>>,
     reasoning_content: Option<Cow<'de, str>>,
     reasoning: Option<Cow<'de, str>>,
-    /// Tool-call names and arguments, then the function call's, in order.
-    tools: Vec<Cow<'de, str>>,
+    /// The `tool_calls` elements (when collected): names and arguments, in order.
+    calls: Vec<CallPiece<'de>>,
+    /// The function call's name and arguments (when collected).
+    function_call: [Option<Cow<'de, str>>; 2],
 }
 
 struct DeltaSeed(bool);
@@ -590,7 +603,6 @@ impl<'de> Visitor<'de> for DeltaSeed {
         let collect = self.0;
         let mut d = Delta::default();
         let mut seen = 0u8;
-        let mut function_call = Vec::new();
         while let Some(key) = map.next_key_seed(Field(NAMES))? {
             let Some(i) = key else {
                 map.next_value::<IgnoredAny>()?;
@@ -612,20 +624,19 @@ impl<'de> Visitor<'de> for DeltaSeed {
                 }
                 3 => {
                     let v = map.next_value_seed(Lenient::ToolCalls(collect))?;
-                    d.tools = v.texts;
+                    d.calls = v.calls;
                     d.answer |= v.non_empty;
                     v.non_empty
                 }
                 _ => {
                     let v = map.next_value_seed(Lenient::FunctionCall(collect))?;
-                    function_call = v.texts;
+                    d.function_call = [v.name, v.arguments];
                     d.answer |= v.non_empty;
                     v.non_empty
                 }
             };
             d.output |= v;
         }
-        d.tools.append(&mut function_call);
         Ok(Some(d))
     }
 }
@@ -642,9 +653,10 @@ enum Lenient {
     Index,
     /// `message`: its `content` string.
     Content(bool),
-    /// `tool_calls`: every element's `function.name` and `function.arguments`.
+    /// `tool_calls`: every element's `function.name` and `function.arguments` (and, when
+    /// collected, each element as a [`CallPiece`]).
     ToolCalls(bool),
-    /// A tool call: its `function`'s `name` and `arguments`.
+    /// A tool call: its `function`'s `name` and `arguments`, its `index` and `id`.
     ToolCall(bool),
     /// `function_call` (or a tool call's `function`): its `name` and `arguments`.
     FunctionCall(bool),
@@ -655,7 +667,12 @@ struct LenientVal<'de> {
     non_empty: bool,
     index: u64,
     text: Option<Cow<'de, str>>,
-    texts: Vec<Cow<'de, str>>,
+    /// A tool call's (or a function call's) pieces; `index` set when `indexed`.
+    name: Option<Cow<'de, str>>,
+    arguments: Option<Cow<'de, str>>,
+    indexed: bool,
+    /// `tool_calls`' elements, when collected.
+    calls: Vec<CallPiece<'de>>,
 }
 
 impl LenientVal<'_> {
@@ -718,7 +735,14 @@ impl<'de> Visitor<'de> for Lenient {
             Lenient::ToolCalls(collect) => {
                 while let Some(call) = seq.next_element_seed(Lenient::ToolCall(collect))? {
                     v.non_empty = true;
-                    v.texts.extend(call.texts);
+                    if collect {
+                        v.calls.push(CallPiece {
+                            index: call.indexed.then_some(call.index),
+                            id: call.text,
+                            name: call.name,
+                            arguments: call.arguments,
+                        });
+                    }
                 }
             }
             _ => {
@@ -733,7 +757,7 @@ impl<'de> Visitor<'de> for Lenient {
         let mut v = LenientVal::flag(true);
         let (names, collect): (&'static [&'static str], bool) = match self {
             Lenient::Content(c) => (&["content"], c),
-            Lenient::ToolCall(c) => (&["function"], c),
+            Lenient::ToolCall(c) => (&["function", "index", "id"], c),
             Lenient::FunctionCall(c) => (&["name", "arguments"], c),
             Lenient::Text(_) | Lenient::Index | Lenient::ToolCalls(_) => (&[], false),
         };
@@ -745,8 +769,16 @@ impl<'de> Visitor<'de> for Lenient {
                 (Lenient::Content(_), Some(_)) => {
                     v.text = map.next_value_seed(Lenient::Text(collect))?.text
                 }
+                (Lenient::ToolCall(_), Some(0)) => {
+                    let f = map.next_value_seed(Lenient::FunctionCall(collect))?;
+                    (v.name, v.arguments) = (f.name, f.arguments);
+                }
+                (Lenient::ToolCall(_), Some(1)) => {
+                    v.index = map.next_value_seed(Lenient::Index)?.index;
+                    v.indexed = true;
+                }
                 (Lenient::ToolCall(_), Some(_)) => {
-                    v.texts = map.next_value_seed(Lenient::FunctionCall(collect))?.texts
+                    v.text = map.next_value_seed(Lenient::Text(collect))?.text
                 }
                 (Lenient::FunctionCall(_), Some(0)) => {
                     name = map.next_value_seed(Lenient::Text(collect))?.text
@@ -760,7 +792,7 @@ impl<'de> Visitor<'de> for Lenient {
             }
         }
         if matches!(self, Lenient::FunctionCall(_)) {
-            v.texts.extend(name.into_iter().chain(arguments));
+            (v.name, v.arguments) = (name, arguments);
         }
         Ok(v)
     }
@@ -887,6 +919,7 @@ mod tests {
             output: "left from before".into(),
             answer: "x".into(),
             reasoning: "y".into(),
+            ..Default::default()
         };
         assert_eq!(read_event(b"[DONE]", Some(&mut reused)), StreamEvent::Done);
         assert_eq!(reused, ChunkText::default());
@@ -903,6 +936,59 @@ mod tests {
             Some("abc")
         );
         assert_eq!(response_text(b"not json"), None);
+    }
+
+    /// Tool calls stream as pieces: the first of each call (by `index`) carries its id and
+    /// name, the arguments follow in pieces; only the first choice's are read, escapes
+    /// unescaped, and the buffer is reused clean.
+    #[test]
+    fn tool_call_pieces_of_the_first_choice() {
+        let mut t = ChunkText::default();
+        let pieces = |j: &str, t: &mut ChunkText| {
+            let kind = read_event(j.as_bytes(), Some(t));
+            let got: Vec<_> = t
+                .tool_calls()
+                .map(|p| {
+                    (
+                        p.index,
+                        p.id.to_string(),
+                        p.name.to_string(),
+                        p.arguments.to_string(),
+                    )
+                })
+                .collect();
+            (kind, got)
+        };
+        let (kind, got) = pieces(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"task","arguments":""}},{"id":"c\u0032","function":{"arguments":"{\"p\":\"a\\\"b\"}","name":"read"},"index":1}]}}]}"#,
+            &mut t,
+        );
+        assert!(
+            matches!(kind, StreamEvent::Chunk { output: true, .. }),
+            "{kind:?}"
+        );
+        assert_eq!(
+            got,
+            vec![
+                (Some(0), "call_1".into(), "task".into(), "".into()),
+                (
+                    Some(1),
+                    "c2".into(),
+                    "read".into(),
+                    r#"{"p":"a\"b"}"#.into()
+                ),
+            ]
+        );
+        assert_eq!(t.output, r#"taskread{"p":"a\"b"}"#);
+        let (_, got) = pieces(
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\"x\""}}]},"index":0},{"index":1,"delta":{"tool_calls":[{"index":0,"id":"other","function":{"name":"no"}}]}}]}"#,
+            &mut t,
+        );
+        assert_eq!(got, vec![(None, "".into(), "".into(), r#"{"x""#.into())]);
+        let (_, got) = pieces(r#"{"choices":[{"delta":{"content":"hi"}}]}"#, &mut t);
+        assert!(got.is_empty(), "{got:?}");
+        assert_eq!(read_event(b"[DONE]", Some(&mut t)), StreamEvent::Done);
+        assert_eq!(t, ChunkText::default());
     }
 
     #[test]

@@ -321,7 +321,7 @@ fn bad_input_gives_clear_errors_not_panics() {
     assert_eq!(o.status.code(), Some(2));
     assert!(err.contains("open or closed"), "{err}");
     let o = run(&["replay", junk.to_str().unwrap(), "--goodput", "latency:5"]);
-    assert!(text(&o).1.contains("ttft, tpot or e2el"));
+    assert!(text(&o).1.contains("ttft, ttfat, tpot or e2el"));
     // An unreachable target: a clear message and a failing exit code.
     let trace = synth(&dir, "t.parquet", &["--num-prompts", "3"]);
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -624,15 +624,16 @@ impl<'de> Visitor<'de> for DeltaSeed {
                 }
                 3 => {
                     let v = map.next_value_seed(Lenient::ToolCalls(collect))?;
-                    d.calls = v.calls;
+                    d.calls = v.call.map(|c| c.calls).unwrap_or_default();
                     d.answer |= v.non_empty;
                     v.non_empty
                 }
                 _ => {
                     let v = map.next_value_seed(Lenient::FunctionCall(collect))?;
-                    d.function_call = [v.name, v.arguments];
-                    d.answer |= v.non_empty;
-                    v.non_empty
+                    let non_empty = v.non_empty;
+                    d.function_call = v.name_and_arguments();
+                    d.answer |= non_empty;
+                    non_empty
                 }
             };
             d.output |= v;
@@ -667,12 +668,32 @@ struct LenientVal<'de> {
     non_empty: bool,
     index: u64,
     text: Option<Cow<'de, str>>,
-    /// A tool call's (or a function call's) pieces; `index` set when `indexed`.
+    /// A tool call's `index` was given (`index` holds it).
+    indexed: bool,
+    /// A tool call's (or a function call's) pieces, and `tool_calls`' elements, when
+    /// collected: boxed, so the value every member of every chunk is read into stays small
+    /// (it is moved once a member; calls are rare).
+    call: Option<Box<CallVal<'de>>>,
+}
+
+/// The parts of [`LenientVal`] only tool and function calls have.
+#[derive(Default)]
+struct CallVal<'de> {
     name: Option<Cow<'de, str>>,
     arguments: Option<Cow<'de, str>>,
-    indexed: bool,
-    /// `tool_calls`' elements, when collected.
     calls: Vec<CallPiece<'de>>,
+}
+
+impl<'de> LenientVal<'de> {
+    /// The call's parts, made when first needed.
+    fn call(&mut self) -> &mut CallVal<'de> {
+        self.call.get_or_insert_with(Default::default)
+    }
+
+    /// (name, arguments) of a tool or function call.
+    fn name_and_arguments(self) -> [Option<Cow<'de, str>>; 2] {
+        self.call.map_or([None, None], |c| [c.name, c.arguments])
+    }
 }
 
 impl LenientVal<'_> {
@@ -733,14 +754,17 @@ impl<'de> Visitor<'de> for Lenient {
         let mut v = LenientVal::default();
         match self {
             Lenient::ToolCalls(collect) => {
-                while let Some(call) = seq.next_element_seed(Lenient::ToolCall(collect))? {
+                while let Some(mut call) = seq.next_element_seed(Lenient::ToolCall(collect))? {
                     v.non_empty = true;
                     if collect {
-                        v.calls.push(CallPiece {
-                            index: call.indexed.then_some(call.index),
-                            id: call.text,
-                            name: call.name,
-                            arguments: call.arguments,
+                        let index = call.indexed.then_some(call.index);
+                        let id = call.text.take();
+                        let [name, arguments] = call.name_and_arguments();
+                        v.call().calls.push(CallPiece {
+                            index,
+                            id,
+                            name,
+                            arguments,
                         });
                     }
                 }
@@ -771,7 +795,13 @@ impl<'de> Visitor<'de> for Lenient {
                 }
                 (Lenient::ToolCall(_), Some(0)) => {
                     let f = map.next_value_seed(Lenient::FunctionCall(collect))?;
-                    (v.name, v.arguments) = (f.name, f.arguments);
+                    let [name, arguments] = f.name_and_arguments();
+                    if name.is_some() || arguments.is_some() {
+                        let c = v.call();
+                        (c.name, c.arguments) = (name, arguments);
+                    } else if let Some(c) = v.call.as_mut() {
+                        (c.name, c.arguments) = (None, None);
+                    }
                 }
                 (Lenient::ToolCall(_), Some(1)) => {
                     v.index = map.next_value_seed(Lenient::Index)?.index;
@@ -791,8 +821,9 @@ impl<'de> Visitor<'de> for Lenient {
                 }
             }
         }
-        if matches!(self, Lenient::FunctionCall(_)) {
-            (v.name, v.arguments) = (name, arguments);
+        if matches!(self, Lenient::FunctionCall(_)) && (name.is_some() || arguments.is_some()) {
+            let c = v.call();
+            (c.name, c.arguments) = (name, arguments);
         }
         Ok(v)
     }

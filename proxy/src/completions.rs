@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use trace_format::{Outcome, ParentLink, TraceRecord};
 
 use crate::prefix::{fnv, FNV_OFFSET};
-use crate::sessions::{Link, TextHash};
+use crate::sessions::{pick, Link, TextHash};
 
 /// Completion keys kept by default (as the chat linker's).
 pub const DEFAULT_MAX_KEYS: usize = 200_000;
@@ -204,19 +204,12 @@ impl CompletionLinker {
             let ok: Vec<usize> = (0..cands.len())
                 .filter(|&i| carries(rest, cands[i].answer, cands[i].scan))
                 .collect();
-            let ended = |c: &Candidate| c.end_us <= arrival_us;
-            let best = ok
-                .iter()
-                .copied()
-                .filter(|&i| ended(&cands[i]) && !cands[i].continued)
-                .max_by_key(|&i| cands[i].end_us)
-                .or_else(|| {
-                    ok.iter()
-                        .copied()
-                        .filter(|&i| ended(&cands[i]))
-                        .max_by_key(|&i| cands[i].end_us)
-                })
-                .or_else(|| ok.iter().copied().max_by_key(|&i| cands[i].end_us));
+            let best = pick(
+                ok.iter().copied(),
+                arrival_us,
+                |i| cands[i].end_us,
+                |i| cands[i].continued,
+            );
             if let Some(b) = best {
                 cands[b].continued = true;
                 return Some(cands[b].clone());

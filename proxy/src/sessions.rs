@@ -327,16 +327,12 @@ impl Linker {
             let Some(cands) = self.index.get_mut(&h) else {
                 continue;
             };
-            let ended = |c: &Candidate| c.end_us <= arrival_us;
-            let best = (0..cands.len())
-                .filter(|&i| ended(&cands[i]) && !cands[i].continued)
-                .max_by_key(|&i| cands[i].end_us)
-                .or_else(|| {
-                    (0..cands.len())
-                        .filter(|&i| ended(&cands[i]))
-                        .max_by_key(|&i| cands[i].end_us)
-                })
-                .or_else(|| (0..cands.len()).max_by_key(|&i| cands[i].end_us))?;
+            let best = pick(
+                0..cands.len(),
+                arrival_us,
+                |i| cands[i].end_us,
+                |i| cands[i].continued,
+            )?;
             cands[best].continued = true;
             return Some(cands[best].clone());
         }
@@ -366,6 +362,25 @@ impl Linker {
             }
         }
     }
+}
+
+/// Which of the requests remembered under one key a turn continues, when several are
+/// (identical prompts answered identically): the most recently finished one that had
+/// finished by `arrival_us` and that no other turn has continued yet, else the most recently
+/// finished by then, else the most recently finished. `ids` are the candidates; `end_us`
+/// and `continued` read each one. One rule for chat turns and completions turns.
+pub(crate) fn pick(
+    ids: impl Iterator<Item = usize> + Clone,
+    arrival_us: i64,
+    end_us: impl Fn(usize) -> i64,
+    continued: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    let ended = |i: &usize| end_us(*i) <= arrival_us;
+    ids.clone()
+        .filter(|i| ended(i) && !continued(*i))
+        .max_by_key(|&i| end_us(i))
+        .or_else(|| ids.clone().filter(ended).max_by_key(|&i| end_us(i)))
+        .or_else(|| ids.max_by_key(|&i| end_us(i)))
 }
 
 #[cfg(test)]

@@ -151,7 +151,7 @@ fn trace_context(
     }
     let Some(scope) = start else { return false };
     let ctx = TraceContext::derive(scope, &rec.request_id);
-    if let Ok(v) = HeaderValue::from_str(&ctx.to_string()) {
+    if let Ok(v) = HeaderValue::from_bytes(&ctx.value()) {
         headers.insert(TRACEPARENT, v);
         ctx.fill(rec);
         return true;

@@ -375,7 +375,7 @@ impl Shadow {
         }
         if let Some(scope) = &self.scope {
             let ctx = TraceContext::derive(scope, &recording.rec.request_id);
-            if let Ok(v) = HeaderValue::from_str(&ctx.to_string()) {
+            if let Ok(v) = HeaderValue::from_bytes(&ctx.value()) {
                 headers.insert(TRACEPARENT, v);
                 ctx.fill(&mut recording.rec);
                 recording.trace_started = true;

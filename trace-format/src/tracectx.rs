@@ -11,6 +11,9 @@ use crate::fnv::{fnv1a, OFFSET};
 /// The header's name.
 pub const TRACEPARENT: &str = "traceparent";
 
+/// The length of a version-`00` header value.
+pub const VALUE_LEN: usize = 55;
+
 /// A trace id and the parent id sent with it (the span the server's span is a child of).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TraceContext {
@@ -86,6 +89,17 @@ impl TraceContext {
         to_hex(&self.span_id)
     }
 
+    /// The `traceparent` header value (version `00`), as [`fmt::Display`] prints it, in a
+    /// buffer of its own: replay writes it into every request, and so without an allocation.
+    pub fn value(&self) -> [u8; VALUE_LEN] {
+        let mut v = [b'-'; VALUE_LEN];
+        v[..2].copy_from_slice(b"00");
+        hex_into(&self.trace_id, &mut v[3..35]);
+        hex_into(&self.span_id, &mut v[36..52]);
+        hex_into(&[self.flags], &mut v[53..]);
+        v
+    }
+
     /// Sets the row's `trace_id` and `span_id`.
     pub fn fill(&self, row: &mut crate::TraceRecord) {
         row.trace_id = Some(self.trace_hex());
@@ -96,25 +110,24 @@ impl TraceContext {
 /// The `traceparent` header value: `00-<trace id>-<parent id>-<flags>`.
 impl fmt::Display for TraceContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "00-{}-{}-{:02x}",
-            self.trace_hex(),
-            self.span_hex(),
-            self.flags
-        )
+        f.write_str(std::str::from_utf8(&self.value()).map_err(|_| fmt::Error)?)
+    }
+}
+
+/// Writes the lowercase hex of `bytes` into `out` (two digits a byte; `out` is that long).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const D: &[u8; 16] = b"0123456789abcdef";
+    for (b, o) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        o[0] = D[usize::from(b >> 4)];
+        o[1] = D[usize::from(b & 15)];
     }
 }
 
 /// Lowercase hex of `bytes`.
 pub fn to_hex(bytes: &[u8]) -> String {
-    const D: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(D[usize::from(b >> 4)] as char);
-        s.push(D[usize::from(b & 15)] as char);
-    }
-    s
+    let mut v = vec![0; bytes.len() * 2];
+    hex_into(bytes, &mut v);
+    String::from_utf8(v).unwrap_or_default()
 }
 
 /// `N` bytes from `2N` lowercase hex digits (the spec forbids uppercase).
@@ -149,6 +162,10 @@ mod tests {
         assert_eq!(c.span_hex(), "00f067aa0ba902b7");
         assert_eq!(c.flags, 1);
         assert_eq!(c.to_string(), EXAMPLE);
+        assert_eq!(&c.value(), EXAMPLE.as_bytes());
+        let flags = TraceContext { flags: 0xa0, ..c };
+        assert_eq!(TraceContext::parse(&flags.to_string()), Some(flags));
+        assert!(flags.to_string().ends_with("-a0"));
         // A later version may append fields; its first four are read.
         let v2 = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds";
         assert_eq!(TraceContext::parse(v2).unwrap().trace_id, c.trace_id);

@@ -624,11 +624,7 @@ impl Pool {
             });
         }
         let c0 = Instant::now();
-        // Boxed: connecting (resolving, TCP, TLS) is 1.3 KB of state, which would otherwise
-        // sit in every request's task, also when it reuses a connection; a request's task is
-        // written whole when it is spawned, so a burst of them touches that much more memory
-        // per request. A connect costs far more than the allocation.
-        let conn = Box::pin(self.connect()).await?;
+        let conn = self.connect().await?;
         self.stats.opened.fetch_add(1, Relaxed);
         Ok(Lease {
             conn,
@@ -1160,23 +1156,5 @@ mod tests {
         }
         assert!(t.elapsed() >= Duration::from_secs(30), "{:?}", t.elapsed());
         drop(l);
-    }
-
-    /// Connecting is boxed out of the send future, which every request's task holds: 1.3 KB
-    /// of resolving, TCP and TLS state that a request on a pooled connection never uses
-    /// (the send future was 1,480 bytes with it inline, 496 without).
-    #[test]
-    fn the_send_future_does_not_hold_the_connect_state() {
-        let pool = Pool::new(Target::plain("127.0.0.1", 9, "x"), PoolConfig::default());
-        let send = pool.send(b"", Duration::from_secs(1));
-        let connect = pool.connect();
-        let (send, connect) = (
-            std::mem::size_of_val(&send),
-            std::mem::size_of_val(&connect),
-        );
-        assert!(
-            send < connect,
-            "send future {send} bytes, connect {connect}"
-        );
     }
 }

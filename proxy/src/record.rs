@@ -119,8 +119,8 @@ impl Recording {
         self.sampled
     }
 
-    /// Finishes the row with `outcome` at `end`: e2el from the last chunk (or `end` for a
-    /// complete response without chunks), metrics, and the writer queue.
+    /// Finishes the row with `outcome` at `end`: E2EL by the rule replay records it with
+    /// ([`Outcome::e2el_us`]), metrics, and the writer queue.
     pub(crate) fn finish(&mut self, outcome: Outcome, error: Option<String>, end: Instant) {
         if self.done {
             return;
@@ -134,21 +134,11 @@ impl Recording {
         if r.error.is_none() {
             r.error = error;
         }
-        let complete = matches!(outcome, Outcome::Ok | Outcome::HttpError);
         if r.ttft_us.is_none() {
             r.ttft_us = r.chunk_times_us.first().copied();
         }
         if r.e2el_us.is_none() {
-            r.e2el_us = r
-                .chunk_times_us
-                .last()
-                .copied()
-                // A request its client cancelled before any chunk ends at the cancellation:
-                // replay cancels it again at the same point.
-                .or_else(|| {
-                    (complete || outcome == Outcome::ClientCancelled)
-                        .then(|| us_since(self.t0, end))
-                });
+            r.e2el_us = outcome.e2el_us(r.chunk_times_us.last().copied(), us_since(self.t0, end));
         }
         let m = &self.recorder.metrics;
         m.count_outcome(outcome);

@@ -314,7 +314,11 @@ impl Client {
             after_chunks: req.cancel.and_then(|c| c.after_chunks),
         };
         let head = match with_deadline(&mut timer, conn.read_head(MAX_HEAD, is_sse)).await {
-            None if by_cancel => return failed(Outcome::ClientCancelled, ends.cancelled(t0)),
+            None if by_cancel => {
+                let mut ex = failed(Outcome::ClientCancelled, ends.cancelled(t0));
+                ex.e2el_us = ex.outcome.e2el_us(None, us_since(t0, ex.end));
+                return ex;
+            }
             None => {
                 return failed(
                     Outcome::Timeout,
@@ -501,12 +505,11 @@ async fn read_response(
             Some(Err(e)) => (End::Broken(format!("response body: {e}")), false),
             Some(Ok(r)) => (End::Complete, r),
         };
-        // A 2xx answer to a request not streamed, read to its end (JSON or not).
-        let answered = ok_status && !stream && how == End::Complete;
         let v = judge_whole(status, &buf, stream, how, Rules::REPLAY);
-        if answered {
-            // Not streamed: E2EL only; there is no first token to time.
-            ex.e2el_us = Some(us_since(t0, end));
+        // Read whole: E2EL only (there is no first token to time), by the rule capture
+        // records it with.
+        ex.e2el_us = Outcome::from(v.outcome).e2el_us(None, us_since(t0, end));
+        if v.outcome == verdict::Outcome::Ok {
             if want_text && v.completion_tokens.is_none() {
                 ex.output_text = wire::sse::response_text(&buf);
             }
@@ -581,9 +584,7 @@ async fn read_response(
     if v.reasoning_tokens.is_none() && !tally.chunk_times_us.is_empty() {
         ex.reasoning_seen = Some((tally.reasoning_chunks, reasoning));
     }
-    ex.e2el_us = tally
-        .last_chunk_us
-        .or_else(|| (v.outcome == verdict::Outcome::Ok).then(|| us_since(t0, ex.end)));
+    ex.e2el_us = Outcome::from(v.outcome).e2el_us(tally.last_chunk_us, us_since(t0, ex.end));
     if v.completion_tokens.is_none() {
         ex.output_text = text;
     }
@@ -624,6 +625,85 @@ mod tests {
             s.write_all(&response).unwrap();
         });
         (url, server)
+    }
+
+    /// The exchange of one request (`stream` or not) answered with `response`.
+    fn exchange_with(response: &[u8], stream: bool) -> Exchange {
+        let (url, server) = one_response(response.to_vec());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ex = rt.block_on(async {
+            let opts = crate::config::ReplayConfig::new(Vec::new()).request;
+            let client = Client::new(
+                &crate::config::Endpoint::parse(&url).unwrap(),
+                &opts,
+                Duration::from_secs(10),
+            )
+            .unwrap();
+            let req = BuiltRequest {
+                endpoint: "/v1/completions".into(),
+                stream,
+                body: Bytes::from_static(b"{}"),
+                max_tokens: None,
+                cancel: None,
+                captured: crate::request::Captured {
+                    status: None,
+                    outcome: Outcome::Ok,
+                    synthesized_body: false,
+                },
+            };
+            client.execute(&req, None, None).await
+        });
+        server.join().unwrap();
+        ex
+    }
+
+    /// Responses judged by the rule capture records them with: a 2xx that is not what was
+    /// asked for is the server's failure, with no E2EL (it did not end as a response);
+    /// an HTTP error read whole has the E2EL of its end (replay left it empty, capture set it).
+    #[test]
+    fn outcomes_and_e2el_by_the_rule_capture_records() {
+        let html = b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 6\r\n\r\n<html>";
+        let ex = exchange_with(html, false);
+        assert_eq!(
+            (ex.outcome, ex.error.as_deref(), ex.e2el_us),
+            (Outcome::UpstreamError, Some("response is not JSON"), None)
+        );
+        let json = br#"{"choices":[{"text":"x"}]}"#;
+        let whole = [
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                json.len()
+            )
+            .into_bytes(),
+            json.to_vec(),
+        ]
+        .concat();
+        let ex = exchange_with(&whole, true);
+        assert_eq!(ex.outcome, Outcome::UpstreamError);
+        assert_eq!(
+            ex.error.as_deref(),
+            Some("streamed request answered without text/event-stream")
+        );
+        assert_eq!(ex.e2el_us, None);
+        let ex = exchange_with(&whole, false);
+        assert_eq!(ex.outcome, Outcome::Ok);
+        assert!(ex.e2el_us.is_some_and(|e| e >= 0), "{:?}", ex.e2el_us);
+        let busy = br#"{"error":{"message":"busy"}}"#;
+        let err = [
+            format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                busy.len()
+            )
+            .into_bytes(),
+            busy.to_vec(),
+        ]
+        .concat();
+        let ex = exchange_with(&err, true);
+        assert_eq!((ex.outcome, ex.status), (Outcome::HttpError, Some(503)));
+        assert!(ex.e2el_us.is_some_and(|e| e >= 0), "{:?}", ex.e2el_us);
     }
 
     /// A stream whose last usage event has no `completion_tokens`: the count stands at the

@@ -512,6 +512,75 @@ fn malformed_and_non_utf8_sse_pass_through_byte_for_byte() {
     assert_eq!(row(&rows, "afterwards").outcome, Outcome::Ok);
 }
 
+/// A 2xx that is not what was asked for (an HTML page from a gateway; JSON for a streamed
+/// request) reaches the client byte for byte, and its row is the server's failure with the
+/// error replay gives the same response (`wire::verdict`): capture recorded `ok`, so the
+/// request read `ok` in the capture and `upstream_error` in its replay, which `fidelity`
+/// called drift. An HTTP error's row has the E2EL of its end, as replay's has.
+#[test]
+fn a_2xx_that_is_not_what_was_asked_for_is_recorded_as_replay_judges_it() {
+    let json = br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#;
+    let whole = |ctype: &str, body: &[u8]| {
+        let mut v = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        v.extend_from_slice(body);
+        v
+    };
+    let html = whole("text/html", b"<html>bad gateway</html>");
+    let as_json = whole("application/json", json);
+    let (h, j) = (html.clone(), as_json.clone());
+    let up = FaultUpstream::start(move |r| {
+        marker_act(
+            r,
+            &[
+                ("html200", Act::Raw(h.clone())),
+                ("jsonforstream", Act::Raw(j.clone())),
+                (
+                    "busy",
+                    Act::Status {
+                        code: 503,
+                        headers: vec![],
+                    },
+                ),
+            ],
+        )
+    });
+    let cap = Capture::start("bodies", &up.url(), &[]);
+    let got_html = cap.send(&gen("/v1/completions", "html200", false, &[]));
+    let got_json = cap.send(&gen("/v1/completions", "jsonforstream", true, &[]));
+    let got_busy = cap.send(&gen("/v1/completions", "busy", false, &[]));
+    let rows = cap.stop();
+
+    for (m, got, sent, error) in [
+        ("html200", &got_html, &html, "response is not JSON"),
+        (
+            "jsonforstream",
+            &got_json,
+            &as_json,
+            "streamed request answered without text/event-stream",
+        ),
+    ] {
+        let resp = got.first();
+        assert_eq!((resp.status, resp.complete), (200, true), "{m}");
+        let body_at = sent.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        assert_eq!(resp.body, sent[body_at..], "{m}: the client's bytes differ");
+        assert_eq!(up.count(m), 1, "{m}");
+        let r = row(&rows, m);
+        assert_eq!(
+            (r.outcome, r.status, r.error.as_deref(), r.e2el_us),
+            (Outcome::UpstreamError, Some(200), Some(error), None),
+            "{m}: {r:?}"
+        );
+    }
+    assert_eq!(got_busy.statuses(), vec![503]);
+    let r = row(&rows, "busy");
+    assert_eq!(r.outcome, Outcome::HttpError, "{r:?}");
+    assert!(r.e2el_us.is_some_and(|e| e >= 0), "{r:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Client disconnect
 // ---------------------------------------------------------------------------------------

@@ -199,6 +199,23 @@ pub enum Outcome {
     Timeout,
 }
 
+impl Outcome {
+    /// A request's E2EL, µs after its write, by the one rule capture and replay record it
+    /// with: its last chunk of any kind (as vLLM's client times it); without a chunk,
+    /// `ended_us` when the response ended as it should (`ok`, or an HTTP error read whole) or
+    /// when the client cancelled (a replay cancels it at that point again); none when it was
+    /// cut, timed out or failed, for it did not end.
+    pub fn e2el_us(self, last_chunk_us: Option<i64>, ended_us: i64) -> Option<i64> {
+        last_chunk_us.or_else(|| {
+            matches!(
+                self,
+                Outcome::Ok | Outcome::HttpError | Outcome::ClientCancelled
+            )
+            .then_some(ended_us)
+        })
+    }
+}
+
 /// Where a token count came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

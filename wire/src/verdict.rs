@@ -25,8 +25,8 @@ pub enum Outcome {
     Ok,
     /// Any other status.
     HttpError,
-    /// [`End::Broken`]; an error event or no `[DONE]` in a stream; by
-    /// [`Rules::strict_body`], a 2xx that is not what was asked for.
+    /// [`End::Broken`]; an error event or no `[DONE]` in a stream; a 2xx that is not what
+    /// was asked for (see [`judge_whole`] and [`judge_stream`]).
     UpstreamError,
     /// [`End::Cancelled`].
     ClientCancelled,
@@ -69,31 +69,33 @@ pub enum ErrorText {
     Message,
 }
 
-/// What capture and replay deliberately judge differently (or did before this verdict was
-/// shared, see each side's constant).
+/// What capture and replay deliberately word differently: only an error's text. Every
+/// outcome is judged by one rule on both sides, so a fidelity report never reads a difference
+/// of rules as drift.
+///
+/// A 2xx is `ok` only when it is what was asked for, on both sides (both judge only
+/// generation requests, `POST …/completions`): JSON for a request not streamed (else "response
+/// is not JSON"), an event stream for a streamed one (else "streamed request answered without
+/// text/event-stream"), and a stream with no output chunk must have had some JSON event (else
+/// "N events were not JSON"); all `upstream_error`. Capture judged such a 2xx `ok` until
+/// 2026-12 (its client got a 200): the same response then read `ok` in the capture and
+/// `upstream_error` in its replay, which `fidelity` called drift, and an HTML error page from a
+/// gateway in front of the engine counted as served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
     /// What an HTTP error's text says.
     pub http_error_text: ErrorText,
-    /// A 2xx response must be what was asked for to be `ok`: JSON for a non-streamed request
-    /// (else "response is not JSON"), an event stream for a streamed one (else "streamed
-    /// request answered without text/event-stream"), and a stream with no output chunk must
-    /// have had some JSON event (else "N events were not JSON"); all `upstream_error`.
-    pub strict_body: bool,
 }
 
 impl Rules {
-    /// Capture records what its client got: the error's message (it keeps the whole error
-    /// body), and a 2xx whatever its body.
+    /// Capture keeps the whole error body, so its text is the error's message.
     pub const CAPTURE: Rules = Rules {
         http_error_text: ErrorText::Message,
-        strict_body: false,
     };
     /// Replay keeps only the first KiB of an error body (bounded memory), so its text is the
-    /// body as sent; it judges a 2xx by what it asked for.
+    /// body as sent.
     pub const REPLAY: Rules = Rules {
         http_error_text: ErrorText::AsSent,
-        strict_body: true,
     };
 }
 
@@ -243,7 +245,7 @@ pub fn judge_stream(status: u16, tally: &StreamTally, end: End, rules: Rules) ->
                 Outcome::UpstreamError,
                 Some(format!("stream ended without [DONE] after {n} chunks")),
             ),
-            None if rules.strict_body && tally.invalid > 0 && n == 0 => (
+            None if tally.invalid > 0 && n == 0 => (
                 Outcome::UpstreamError,
                 Some(format!("{} events were not JSON", tally.invalid)),
             ),
@@ -288,7 +290,7 @@ pub fn judge_whole(
         };
         return Verdict::of(Outcome::HttpError, Some(format!("HTTP {status}: {text}")));
     }
-    if rules.strict_body && stream_asked {
+    if stream_asked {
         return Verdict::of(
             Outcome::UpstreamError,
             Some("streamed request answered without text/event-stream".into()),
@@ -301,9 +303,7 @@ pub fn judge_whole(
             reasoning_tokens: u.reasoning_tokens,
             ..Verdict::of(Outcome::Ok, None)
         },
-        None if rules.strict_body
-            && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() =>
-        {
+        None if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() => {
             Verdict::of(Outcome::UpstreamError, Some("response is not JSON".into()))
         }
         None => Verdict::of(Outcome::Ok, None),
@@ -546,21 +546,21 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         assert_eq!(c, Verdict::of(Outcome::Ok, None));
     }
 
-    /// What the two sides judge differently, by their rules: replay asks that a 2xx be what
-    /// it asked for; capture records what its client got.
+    /// A 2xx that is not what was asked for is the server's failure on both sides (capture
+    /// judged it `ok`, replay `upstream_error`: the same response read as drift).
     #[test]
-    fn strict_bodies_are_replays_rule() {
+    fn a_2xx_that_is_not_what_was_asked_for_fails_on_both_sides() {
         let (c, r) = both(|rules| judge_whole(200, b"<html>", false, End::Complete, rules));
-        assert_eq!(c, Verdict::of(Outcome::Ok, None));
+        assert_eq!(c, r);
         assert_eq!(
-            r,
+            c,
             Verdict::of(Outcome::UpstreamError, Some("response is not JSON".into()))
         );
         let json = br#"{"choices":[{"text":"x"}]}"#;
         let (c, r) = both(|rules| judge_whole(200, json, true, End::Complete, rules));
-        assert_eq!(c.outcome, Outcome::Ok);
+        assert_eq!(c, r);
         assert_eq!(
-            r,
+            c,
             Verdict::of(
                 Outcome::UpstreamError,
                 Some("streamed request answered without text/event-stream".into())
@@ -570,15 +570,30 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             tally("data: nope\n\ndata: {\"choices\":[]}\n\ndata: still not\n\ndata: [DONE]\n\n");
         assert_eq!(t.invalid, 2);
         let (c, r) = both(|rules| judge_stream(200, &t, End::Complete, rules));
-        assert_eq!(c.outcome, Outcome::Ok);
+        assert_eq!(c, r);
         assert_eq!(
-            (r.outcome, r.error.as_deref()),
+            (c.outcome, c.error.as_deref()),
             (Outcome::UpstreamError, Some("2 events were not JSON"))
         );
         // With an output chunk, events that are not JSON are passed over by both.
         let t = tally("data: nope\n\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n");
         let (c, r) = both(|rules| judge_stream(200, &t, End::Complete, rules));
         assert_eq!((c.outcome, r.outcome), (Outcome::Ok, Outcome::Ok));
+        // An error is the one thing worded differently.
+        let (c, r) = both(|rules| {
+            judge_whole(
+                503,
+                br#"{"error":{"message":"busy"}}"#,
+                false,
+                End::Complete,
+                rules,
+            )
+        });
+        assert_eq!(
+            (c.outcome, r.outcome),
+            (Outcome::HttpError, Outcome::HttpError)
+        );
+        assert_eq!(c.error.as_deref(), Some("HTTP 503: busy"));
     }
 
     /// A tally notes only what it is told, and says which events carry output.

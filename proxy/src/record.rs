@@ -342,7 +342,7 @@ impl ObservedBody {
                         .sse_oversized_events
                         .fetch_add(oversized, Relaxed);
                 }
-                let v = judge_stream(status, o, how, Rules::CAPTURE);
+                let v = judge_stream(status, o, how);
                 let r = &mut self.rec.rec;
                 r.response_bytes = o.bytes_out as i64;
                 r.chunk_times_us = std::mem::take(&mut o.chunk_times_us);

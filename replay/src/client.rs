@@ -578,7 +578,7 @@ async fn read_response(
     };
     ex.end = Instant::now();
     ex.response_bytes = bytes;
-    let v = judge_stream(status, &tally, how, Rules::REPLAY);
+    let v = judge_stream(status, &tally, how);
     ex.ttft_us = tally.chunk_times_us.first().copied();
     ex.ttfat_us = tally.first_answer_us;
     if v.reasoning_tokens.is_none() && !tally.chunk_times_us.is_empty() {

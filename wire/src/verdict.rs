@@ -8,8 +8,8 @@
 //! read to its end and judged from the bytes kept of it. [`judge_stream`] and [`judge_whole`]
 //! then give the [`Verdict`]. How the body ended ([`End`]) is worded by the side that saw it
 //! (capture: the client went away, the upstream's idle timeout; replay: the recorded
-//! cancellation, the request timeout); what the two sides deliberately judge differently is
-//! an explicit input ([`Rules`]).
+//! cancellation, the request timeout). The one thing the two sides word differently, an
+//! HTTP error's text, is an explicit input of [`judge_whole`] ([`Rules`]).
 //!
 //! The outcomes are the trace's (`trace-format`'s `Outcome` converts from [`Outcome`] variant
 //! by variant), so the names written to traces and read by its outcome taxonomy do not change.
@@ -231,7 +231,7 @@ fn is_ok_status(status: u16) -> bool {
 /// The verdict on a streamed (`text/event-stream`) response with HTTP `status`, observed
 /// into `tally`, that ended as `end`. Its usage and chunk tokens are kept whatever the
 /// outcome: what arrived before a cut is still what the server sent.
-pub fn judge_stream(status: u16, tally: &StreamTally, end: End, rules: Rules) -> Verdict {
+pub fn judge_stream(status: u16, tally: &StreamTally, end: End) -> Verdict {
     let n = tally.chunk_times_us.len();
     let (outcome, error) = match end.failure() {
         Some((o, e)) => (o, Some(e)),
@@ -347,8 +347,7 @@ data: [DONE]\n\n";
         assert_eq!(t.chunk_times_us, vec![20, 40]);
         assert_eq!(t.last_chunk_us, Some(40));
         assert!(t.done);
-        let (c, r) = both(|rules| judge_stream(200, &t, End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(200, &t, End::Complete);
         assert_eq!(
             c,
             Verdict {
@@ -378,8 +377,7 @@ data: [DONE]\n\n";
         let t = tally(stream);
         assert_eq!(t.chunk_times_us, vec![20, 30, 40, 50]);
         assert_eq!((t.first_answer_us, t.reasoning_chunks), (Some(40), 2));
-        let (c, r) = both(|rules| judge_stream(200, &t, End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(200, &t, End::Complete);
         assert_eq!(
             (c.completion_tokens, c.reasoning_tokens),
             (Some(6), Some(4))
@@ -397,14 +395,13 @@ data: [DONE]\n\n";
     #[test]
     fn no_usage_and_a_usage_only_last_event() {
         let plain = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n";
-        let v = judge_stream(200, &tally(plain), End::Complete, Rules::REPLAY);
+        let v = judge_stream(200, &tally(plain), End::Complete);
         assert_eq!(v, Verdict::of(Outcome::Ok, None));
         let last = plain.replace(
             "data: [DONE]",
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]",
         );
-        let (c, r) = both(|rules| judge_stream(200, &tally(&last), End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(200, &tally(&last), End::Complete);
         assert_eq!((c.prompt_tokens, c.completion_tokens), (Some(3), Some(2)));
         assert_eq!(c.chunk_tokens, None, "no output chunk carried usage");
         assert_eq!(c.outcome, Outcome::Ok);
@@ -416,8 +413,7 @@ data: [DONE]\n\n";
         let s = "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":{\"completion_tokens\":1}}\n\n\
 data: {\"choices\":[{\"text\":\"b\"}],\"usage\":{\"completion_tokens\":2}}\n\n\
 data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
-        let (c, r) = both(|rules| judge_stream(200, &tally(s), End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(200, &tally(s), End::Complete);
         assert_eq!((c.prompt_tokens, c.completion_tokens), (Some(3), Some(2)));
         assert_eq!(c.chunk_tokens, Some(vec![1, 1]));
     }
@@ -427,8 +423,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
     #[test]
     fn missing_done_error_events_and_cut_streams() {
         let no_done = CHAT_USAGE.replace("data: [DONE]\n\n", "");
-        let (c, r) = both(|rules| judge_stream(200, &tally(&no_done), End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(200, &tally(&no_done), End::Complete);
         assert_eq!(c.outcome, Outcome::UpstreamError);
         assert_eq!(
             c.error.as_deref(),
@@ -437,8 +432,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         assert_eq!(c.chunk_tokens, Some(vec![2, 3]));
 
         let err = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"error\":{\"message\":\"overloaded\"}}\n\ndata: [DONE]\n\n";
-        let (c, r) = both(|rules| judge_stream(200, &tally(err), End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(200, &tally(err), End::Complete);
         assert_eq!(c.outcome, Outcome::UpstreamError);
         assert_eq!(
             c.error.as_deref(),
@@ -449,15 +443,11 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             .find("data: {\"choices\":[{\"delta\":{}}]}")
             .unwrap()];
         let t = tally(cut);
-        let (c, r) = both(|rules| {
-            judge_stream(
-                200,
-                &t,
-                End::Broken("stream broken after 1 chunks: reset".into()),
-                rules,
-            )
-        });
-        assert_eq!(c, r);
+        let c = judge_stream(
+            200,
+            &t,
+            End::Broken("stream broken after 1 chunks: reset".into()),
+        );
         assert_eq!(c.outcome, Outcome::UpstreamError);
         assert_eq!(
             c.error.as_deref(),
@@ -482,8 +472,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             ),
             (End::TimedOut("no data for 1s".into()), Outcome::Timeout),
         ] {
-            let (c, r) = both(|rules| judge_stream(200, &t, end.clone(), rules));
-            assert_eq!(c, r);
+            let c = judge_stream(200, &t, end.clone());
             assert_eq!(
                 (c.outcome, c.error.clone()),
                 (outcome, end.clone().failure().map(|f| f.1))
@@ -516,8 +505,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         let c = judge_whole(429, plain, false, End::Complete, Rules::CAPTURE);
         assert_eq!(c.error.as_deref(), Some("HTTP 429: busy"));
         let t = tally(CHAT_USAGE);
-        let (c, r) = both(|rules| judge_stream(500, &t, End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(500, &t, End::Complete);
         assert_eq!(
             (c.outcome, c.error.as_deref()),
             (Outcome::HttpError, Some("HTTP 500"))
@@ -569,16 +557,14 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         let t =
             tally("data: nope\n\ndata: {\"choices\":[]}\n\ndata: still not\n\ndata: [DONE]\n\n");
         assert_eq!(t.invalid, 2);
-        let (c, r) = both(|rules| judge_stream(200, &t, End::Complete, rules));
-        assert_eq!(c, r);
+        let c = judge_stream(200, &t, End::Complete);
         assert_eq!(
             (c.outcome, c.error.as_deref()),
             (Outcome::UpstreamError, Some("2 events were not JSON"))
         );
         // With an output chunk, events that are not JSON are passed over by both.
         let t = tally("data: nope\n\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n");
-        let (c, r) = both(|rules| judge_stream(200, &t, End::Complete, rules));
-        assert_eq!((c.outcome, r.outcome), (Outcome::Ok, Outcome::Ok));
+        assert_eq!(judge_stream(200, &t, End::Complete).outcome, Outcome::Ok);
         // An error is the one thing worded differently.
         let (c, r) = both(|rules| {
             judge_whole(

@@ -671,16 +671,15 @@ mod tests {
             (ex.outcome, ex.error.as_deref(), ex.e2el_us),
             (Outcome::UpstreamError, Some("response is not JSON"), None)
         );
-        let json = br#"{"choices":[{"text":"x"}]}"#;
-        let whole = [
-            format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        // A whole JSON response with this status line.
+        let answer = |status: &str, json: &[u8]| {
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
                 json.len()
-            )
-            .into_bytes(),
-            json.to_vec(),
-        ]
-        .concat();
+            );
+            [head.as_bytes(), json].concat()
+        };
+        let whole = answer("200 OK", br#"{"choices":[{"text":"x"}]}"#);
         let ex = exchange_with(&whole, true);
         assert_eq!(ex.outcome, Outcome::UpstreamError);
         assert_eq!(
@@ -691,16 +690,10 @@ mod tests {
         let ex = exchange_with(&whole, false);
         assert_eq!(ex.outcome, Outcome::Ok);
         assert!(ex.e2el_us.is_some_and(|e| e >= 0), "{:?}", ex.e2el_us);
-        let busy = br#"{"error":{"message":"busy"}}"#;
-        let err = [
-            format!(
-                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                busy.len()
-            )
-            .into_bytes(),
-            busy.to_vec(),
-        ]
-        .concat();
+        let err = answer(
+            "503 Service Unavailable",
+            br#"{"error":{"message":"busy"}}"#,
+        );
         let ex = exchange_with(&err, true);
         assert_eq!((ex.outcome, ex.status), (Outcome::HttpError, Some(503)));
         assert!(ex.e2el_us.is_some_and(|e| e >= 0), "{:?}", ex.e2el_us);
@@ -720,34 +713,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             BODY.len()
         )
         .into_bytes();
-        let (url, server) = one_response(response);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let ex = rt.block_on(async {
-            let opts = crate::config::ReplayConfig::new(Vec::new()).request;
-            let client = Client::new(
-                &crate::config::Endpoint::parse(&url).unwrap(),
-                &opts,
-                Duration::from_secs(10),
-            )
-            .unwrap();
-            let req = BuiltRequest {
-                endpoint: "/v1/completions".into(),
-                stream: true,
-                body: Bytes::from_static(b"{}"),
-                max_tokens: None,
-                cancel: None,
-                captured: crate::request::Captured {
-                    status: None,
-                    outcome: Outcome::Ok,
-                    synthesized_body: false,
-                },
-            };
-            client.execute(&req, None, None).await
-        });
-        server.join().unwrap();
+        let ex = exchange_with(&response, true);
         assert_eq!(ex.outcome, Outcome::Ok, "{:?}", ex.error);
         assert_eq!(ex.chunk_times_us.len(), 2);
         assert_eq!((ex.prompt_tokens, ex.completion_tokens), (Some(3), Some(2)));

@@ -12,7 +12,7 @@
 
 use serde::Serialize;
 
-use super::{shape_drifts, LatencyFidelity, RATIO_TOL};
+use super::{quantile_beyond, shape_drifts, LatencyFidelity, RATIO_TOL};
 
 /// Two-sided 95% quantiles of Student's t for 1..=30 degrees of freedom; 1.96 beyond.
 const T975: [f64; 30] = [
@@ -127,7 +127,16 @@ pub fn judge(l: &LatencyFidelity) -> Status {
     let shape = shape_drifts(l.ks, &l.captured_ms, &l.replayed_ms);
     let tol = RATIO_TOL.ln();
     let paired_out = l.paired.is_some_and(|p| p.beyond(tol));
-    if !shape && !paired_out && l.quantiles.iter().all(|q| within_tol(q.3)) {
+    // A quantile past the tolerance counts only when sampling alone cannot put it there.
+    let beyond = |q: &(f64, f64, f64, f64), by: f64| {
+        quantile_beyond(&l.captured_ms, &l.replayed_ms, q.0, by)
+    };
+    if !shape
+        && !paired_out
+        && l.quantiles
+            .iter()
+            .all(|q| within_tol(q.3) || !beyond(q, RATIO_TOL))
+    {
         return Status::Reproduced;
     }
     let Some(n) = &l.noise else {
@@ -137,7 +146,7 @@ pub fn judge(l: &LatencyFidelity) -> Status {
     let q_out = l
         .quantiles
         .iter()
-        .any(|q| q.3.is_finite() && q.3 > 0.0 && q.3.ln().abs() > bound);
+        .any(|q| q.3.is_finite() && q.3 > 0.0 && q.3.ln().abs() > bound && beyond(q, n.bound));
     let p_out = l.paired.is_some_and(|p| p.beyond(bound));
     let shape_out = shape && l.ks > NOISE_MARGIN * n.ks;
     if q_out || p_out || shape_out {

@@ -194,12 +194,18 @@ pub(super) fn verdict(f: &Facts<'_>) -> (Vec<String>, bool, bool, bool) {
         .iter()
         .flat_map(|c| &c.latencies)
         .any(|l| l.status == Status::WithinNoise);
+    let too_few = classes
+        .iter()
+        .flat_map(|c| &c.latencies)
+        .any(|l| l.status == Status::Reproduced && l.quantiles.iter().any(|q| !within_tol(q.3)));
     let head = if load_ok && schedule_ok && lat_ok && !changes.by_server() {
         format!(
             "The replay reproduces the capture: same requests, tokens and outcomes, sent within \
              the schedule bound, with latencies {}.",
             if noise_said {
                 "within the engine's own noise (measured by the noise run)"
+            } else if too_few {
+                "within tolerance, or too few requests to tell (below)"
             } else {
                 "within tolerance"
             }
@@ -268,12 +274,24 @@ fn latency_findings(
     let mut findings = Vec::new();
     let mut lat_ok = true;
     let mut within_noise = Vec::new();
+    let mut too_few = Vec::new();
     let (mut prefill, mut decode, mut stalls) = (Vec::new(), Vec::new(), Vec::new());
     let (mut prefill_r, mut all_r) = (Vec::new(), Vec::new());
     for c in classes {
         for l in &c.latencies {
             match l.status {
-                Status::Reproduced => continue,
+                Status::Reproduced => {
+                    // Past the tolerance, but no further than sampling gives at these sizes.
+                    if let Some(&(q, _, _, r)) = l.quantiles.iter().find(|q| !within_tol(q.3)) {
+                        too_few.push(format!(
+                            "{} {} ×{r:.2} at p{q:.0} ({} requests a side)",
+                            class_name(c),
+                            l.metric.to_uppercase(),
+                            l.samples.0.min(l.samples.1)
+                        ));
+                    }
+                    continue;
+                }
                 Status::WithinNoise => {
                     within_noise.push(moved(c, l));
                     continue;
@@ -319,6 +337,14 @@ fn latency_findings(
              against one server are not that far apart; check that it replayed the same \
              capture against the same server — against another one, every difference reads \
              as noise."
+        ));
+    }
+    if !too_few.is_empty() {
+        findings.push(format!(
+            "Too few requests to tell: {}: past the tolerance, but no further than sampling \
+             alone gives with so few (the quantiles' 95% intervals reach within it, and no \
+             paired interval excludes it); replay more requests to judge these.",
+            too_few.join(", ")
         ));
     }
     if !within_noise.is_empty() {

@@ -161,6 +161,7 @@ impl fmt::Display for Fidelity {
                         Status::Reproduced => "",
                         Status::WithinNoise => "  [within noise]",
                         Status::Drifts => "  [drifts]",
+                        Status::TooFew => "  [too few to tell]",
                     }
                 )?;
                 if let Some(p) = l.paired {

@@ -1355,7 +1355,8 @@ mod tests {
             Paired::of(pairs),
         );
         assert!(!within_tol(few.quantiles[0].3), "{:?}", few.quantiles);
-        assert_ne!(few.status, Status::Drifts, "{:?}", few.quantiles);
+        assert_eq!(few.status, Status::TooFew, "{:?}", few.quantiles);
+        assert!(few.reproduced, "too few to tell is not a drift");
         let cap: Vec<f64> = (0..200).map(|i| 10.0 + f64::from(i % 20)).collect();
         let rep: Vec<f64> = cap.iter().map(|v| v * 0.5).collect();
         let many = latency("e2el", cap, rep, None);

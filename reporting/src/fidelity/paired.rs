@@ -114,6 +114,9 @@ pub enum Status {
     WithinNoise,
     /// Beyond the tolerance and (when measured) beyond the engine's own noise.
     Drifts,
+    /// A quantile past the tolerance, but no further than sampling alone gives with so few
+    /// requests ([`super::quantile_beyond`]), and nothing else says it moved.
+    TooFew,
 }
 
 /// A ratio within [1/RATIO_TOL, RATIO_TOL] (NaN: no captured value to compare).
@@ -137,7 +140,11 @@ pub fn judge(l: &LatencyFidelity) -> Status {
             .iter()
             .all(|q| within_tol(q.3) || !beyond(q, RATIO_TOL))
     {
-        return Status::Reproduced;
+        return if l.quantiles.iter().all(|q| within_tol(q.3)) {
+            Status::Reproduced
+        } else {
+            Status::TooFew
+        };
     }
     let Some(n) = &l.noise else {
         return Status::Drifts;

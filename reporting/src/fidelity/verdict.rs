@@ -197,7 +197,7 @@ pub(super) fn verdict(f: &Facts<'_>) -> (Vec<String>, bool, bool, bool) {
     let too_few = classes
         .iter()
         .flat_map(|c| &c.latencies)
-        .any(|l| l.status == Status::Reproduced && l.quantiles.iter().any(|q| !within_tol(q.3)));
+        .any(|l| l.status == Status::TooFew);
     let head = if load_ok && schedule_ok && lat_ok && !changes.by_server() {
         format!(
             "The replay reproduces the capture: same requests, tokens and outcomes, sent within \
@@ -280,7 +280,8 @@ fn latency_findings(
     for c in classes {
         for l in &c.latencies {
             match l.status {
-                Status::Reproduced => {
+                Status::Reproduced => continue,
+                Status::TooFew => {
                     // Past the tolerance, but no further than sampling gives at these sizes.
                     if let Some(&(q, _, _, r)) = l.quantiles.iter().find(|q| !within_tol(q.3)) {
                         too_few.push(format!(

@@ -21,6 +21,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#BINS[@]} -ge 1 ] || { sed -n 2,13p "$0"; exit 2; }
+for bin in "${BINS[@]}"; do
+  [ -x "$bin" ] || { echo "send-path: not an executable llmreplay build: $bin" >&2; exit 2; }
+done
 command -v strace >/dev/null && command -v valgrind >/dev/null || { echo "needs strace and valgrind" >&2; exit 2; }
 OUT=$PWD/bench/out/send-path-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"

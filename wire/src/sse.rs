@@ -844,20 +844,17 @@ pub fn error_message(e: &serde_json::Value) -> String {
 /// `choices[].message` (content, reasoning, tool-call arguments). None when the body is not
 /// JSON.
 pub fn response_text(body: &[u8]) -> Option<String> {
-    let mut out = String::new();
-    each_choice(body, |c| push_choice_text(c, "message", &mut out))?;
-    Some(out)
-}
-
-/// Calls `f` with each of `choices[]` of a whole response body; None when it is not JSON.
-fn each_choice(body: &[u8], f: impl FnMut(&serde_json::Value)) -> Option<()> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    v.get("choices")
+    let mut out = String::new();
+    for c in v
+        .get("choices")
         .and_then(|c| c.as_array())
         .into_iter()
         .flatten()
-        .for_each(f);
-    Some(())
+    {
+        push_choice_text(c, "message", &mut out);
+    }
+    Some(out)
 }
 
 fn push_choice_text(choice: &serde_json::Value, inner: &str, out: &mut String) {
@@ -891,18 +888,20 @@ fn push_choice_text(choice: &serde_json::Value, inner: &str, out: &mut String) {
 /// `choices[].message.reasoning_content` and `.reasoning`, in order (empty when it has none).
 /// None when the body is not JSON.
 pub fn response_reasoning_text(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let mut out = String::new();
-    each_choice(body, |c| {
+    for c in v
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+    {
         for k in ["reasoning_content", "reasoning"] {
-            if let Some(s) = c
-                .get("message")
-                .and_then(|m| m.get(k))
-                .and_then(|t| t.as_str())
-            {
+            if let Some(s) = c.pointer(&format!("/message/{k}")).and_then(|t| t.as_str()) {
                 out.push_str(s);
             }
         }
-    })?;
+    }
     Some(out)
 }
 

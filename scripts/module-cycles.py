@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Report import cycles between the modules of each crate in the workspace.
 
-A module's dependencies are the sibling modules it names as `crate::m`, `super::m`
-(from a top-level module) or, in the binary, `crate::m`. Test modules (`#[cfg(test)]`
-to the end of a file) are ignored: tests may reach anywhere. Exit 1 if any crate has
-a cycle; print each strongly connected component of more than one module.
+Checked at every level: among a crate's top-level modules, and among the children of every
+folder module (a crate's rooms, e.g. proxy's `serving/`, `recording/`). A module depends on
+a sibling when any file inside it names something inside the sibling (`crate::a::b`,
+`super::b`, `self::b`, `use crate::{a, b}`). Test modules (`#[cfg(test)]` to the end of a
+file, and files named `tests.rs` or `*_tests.rs`) are ignored: tests may reach anywhere.
+Exit 1 if any crate has a cycle; print each strongly connected component of more than one
+module.
 
     python3 scripts/module-cycles.py            # all crates
 """
@@ -21,21 +24,21 @@ def crates():
     yield "llmreplay (bin)", os.path.join(ROOT, "src")
 
 
-def modules(src):
-    mods = {}
-    for dirpath, _, files in os.walk(src):
-        for f in files:
+def files(src):
+    """Every source file of a crate with its module path (a tuple; `mod.rs` is its folder's)."""
+    for dirpath, _, fs in os.walk(src):
+        for f in fs:
             if not f.endswith(".rs"):
                 continue
             path = os.path.join(dirpath, f)
-            rel = os.path.relpath(path, src)
-            parts = rel[:-3].split(os.sep)
+            parts = tuple(os.path.relpath(path, src)[:-3].split(os.sep))
             if parts[-1] == "mod":
                 parts = parts[:-1]
-            if parts in (["lib"], ["main"]) or not parts:
+            if parts in (("lib",), ("main",)) or not parts:
                 continue
-            mods.setdefault(parts[0], []).append(path)
-    return mods
+            if parts[-1] == "tests" or parts[-1].endswith("_tests"):
+                continue
+            yield parts, path
 
 
 def strip_tests(text):
@@ -43,20 +46,43 @@ def strip_tests(text):
     return text[: m.start()] if m else text
 
 
-def deps(paths, names, me):
+def references(me, path):
+    """The module paths a file names: `crate::a::b`, `super::a`, `self::a` and
+    `use crate::{a, b::c}` groups, resolved against the file's own module path `me`."""
+    text = strip_tests(open(path).read())
+    text = re.sub(r"//[^\n]*", "", text)
     out = set()
-    for p in paths:
-        text = strip_tests(open(p).read())
-        text = re.sub(r"//[^\n]*", "", text)
-        for m in re.finditer(r"\bcrate::(\w+)", text):
-            out.add(m.group(1))
-        # `use crate::{a, b::c}` groups
-        for g in re.finditer(r"\bcrate::\{([^}]*)\}", text):
-            for n in re.findall(r"(?:^|[,{\s])(\w+)", g.group(1)):
-                out.add(n)
-        if os.path.dirname(p) == os.path.dirname(paths[0]) and not p.endswith("mod.rs"):
-            pass
-    return {d for d in out if d in names and d != me}
+    for m in re.finditer(r"\b(crate|super|self)((?:::\w+)+)", text):
+        base = {"crate": (), "super": me[:-1], "self": me}[m.group(1)]
+        out.add(base + tuple(m.group(2).split("::")[1:]))
+    for g in re.finditer(r"\bcrate::\{([^}]*)\}", text):
+        for n in re.findall(r"(?:^|[,{\s])(\w+)", g.group(1)):
+            out.add((n,))
+    return out
+
+
+def graphs(src):
+    """For every folder of modules (the crate root included), the import graph among its
+    children: an edge c -> d when a file inside child c names something inside sibling d."""
+    mods = dict(files(src))
+    known = set(mods)
+    for m in list(known):
+        for i in range(1, len(m)):
+            known.add(m[:i])
+    out = {}
+    for parent in {m[:-1] for m in known}:
+        out[parent] = {m[-1]: set() for m in known if m[:-1] == parent}
+    for me, path in mods.items():
+        for r in references(me, path):
+            i = 0
+            while i < len(me) and i < len(r) and me[i] == r[i]:
+                i += 1
+            if i >= len(me) or i >= len(r):
+                continue  # an ancestor of the file, or itself
+            parent = me[:i]
+            if r[: i + 1] in known:
+                out[parent][me[i]].add(r[i])
+    return out
 
 
 def sccs(graph):
@@ -95,15 +121,17 @@ def main():
     for name, src in crates():
         if not os.path.isdir(src):
             continue
-        mods = modules(src)
-        graph = {m: deps(p, set(mods), m) for m, p in mods.items()}
-        cyc = [sorted(c) for c in sccs(graph) if len(c) > 1]
-        if cyc:
-            bad = True
-            for c in cyc:
-                print(f"{name}: cycle among {', '.join(c)}")
-        else:
-            print(f"{name}: {len(mods)} modules, no cycle")
+        gs = graphs(src)
+        found = False
+        for parent, graph in sorted(gs.items()):
+            for c in sccs(graph):
+                if len(c) > 1:
+                    found = bad = True
+                    where = "::".join(parent) or "the crate root"
+                    print(f"{name}: cycle in {where} among {', '.join(sorted(c))}")
+        if not found:
+            n = sum(len(g) for g in gs.values())
+            print(f"{name}: {n} modules, no cycle")
     sys.exit(1 if bad else 0)
 
 

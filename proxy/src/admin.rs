@@ -1,8 +1,8 @@
 //! The admin endpoints: `/metrics` (Prometheus text), `/healthz` (liveness: 503 while
 //! draining or for 2 s after the proxy listener failed an accept) and `/readyz` (readiness:
-//! as `/healthz`, and 503 while the upstream is unreachable, see [`crate::reach`]), and
+//! as `/healthz`, and 503 while the upstream is unreachable, see [`crate::upstream::reach`]), and
 //! `POST /shadow/off` / `POST /shadow/on` (shadow traffic stopped or resumed live, see
-//! [`crate::shadow`]). The admin listener's accept loop is in [`crate::server`].
+//! [`crate::shadow`]). The admin listener's accept loop is in [`crate::lifecycle`].
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -11,7 +11,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::state::Shared;
+use crate::serving::state::Shared;
 
 /// The answer to an admin request `method` for `path` at `now_us` (µs since the epoch).
 pub(crate) fn admin_response(

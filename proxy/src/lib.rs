@@ -14,55 +14,49 @@
 //! - Records go through a bounded queue to the trace writer's own thread; a full queue drops
 //!   and counts, never delays a request.
 //!
+//! # Rooms
+//! Each folder's `mod.rs` says what it owns and what it may call; calls go one way
+//! (`scripts/module-cycles.py` checks it at every level):
+//! - `lifecycle`: [`start`], the listeners, the two-stage shutdown;
+//! - `admin`: `/metrics`, `/healthz`, `/readyz`, shadow on/off;
+//! - `serving/`: the client side, from a connection's accept to its response's last byte;
+//! - `shadow`: recorded requests mirrored to candidates, on a thread of their own;
+//! - [`recording`]: a request's row from its arrival to the trace file;
+//! - [`linking`]: which earlier row a request continues, from hashes, on the writer thread;
+//! - `upstream/`: everything that reaches the one upstream;
+//! - [`config`], [`prefix`], [`metrics`], [`error`], `phases`, `runtime/`: shared by all.
+//!
 //! Validate a [`ProxyConfig`] once ([`ProxyConfig::validate`]), start the proxy on it with
 //! [`start`] and stop it with [`ProxyHandle::shutdown`].
 #![deny(missing_docs)]
 
-mod accept;
 mod admin;
-pub mod agents;
-pub mod completions;
 pub mod config;
-mod cut;
 pub mod error;
-mod forward;
-mod handler;
-mod heap;
-mod http1;
-pub mod jsonscan;
-mod limits;
+mod lifecycle;
+pub mod linking;
 pub mod metrics;
-pub mod observe;
-mod otlp;
 mod phases;
 pub mod prefix;
-mod prompts;
-mod reach;
-mod record;
-pub mod request;
-mod server;
+pub mod recording;
+mod runtime;
 mod serving;
-pub mod sessions;
 mod shadow;
-mod sink;
-mod state;
-mod tls;
 mod upstream;
-mod validated;
 
+pub use config::validated::{ValidatedProxyConfig, SECRET_HEADERS};
 pub use config::{
     ClientLimits, ForwardedHeaders, ProxyConfig, RecordBodies, ShadowConfig, ShadowSampleBy,
     ShadowTarget, TlsFiles, UsageMode,
 };
 pub use error::{ConfigError, ProxyError, Result, Setting};
+pub use lifecycle::{start, ProxyHandle, ShutdownReport};
 pub use metrics::Metrics;
-pub use observe::{StreamObserver, Strip};
-pub use server::{start, ProxyHandle, ShutdownReport};
+pub use recording::observe::{StreamObserver, Strip};
 pub use tokenize::Tokenizer;
-pub use validated::{ValidatedProxyConfig, SECRET_HEADERS};
 
 /// The runtime to run [`start`] on: the caller's thread serves too, as one of the proxy's
 /// serving threads, so it is built as theirs are.
 pub fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    serving::runtime()
+    runtime::threads::runtime()
 }

@@ -29,7 +29,7 @@ pub(crate) struct Phases {
     pub(crate) written: Option<Instant>,
     pub(crate) response_head: Option<Instant>,
     pub(crate) first_byte: Option<Instant>,
-    /// The serving thread that read the head ([`crate::serving::index`]).
+    /// The serving thread that read the head ([`crate::runtime::threads::index`]).
     pub(crate) thread: usize,
 }
 
@@ -44,7 +44,7 @@ impl Phases {
             written: None,
             response_head: None,
             first_byte: None,
-            thread: crate::serving::index(),
+            thread: crate::runtime::threads::index(),
         }
     }
 }

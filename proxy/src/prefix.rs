@@ -32,7 +32,7 @@ pub struct PromptBlocks {
 
 /// FNV-1a 64 of `bytes`, continuing from `h` (the trace's one hash, [`trace_format::fnv`]).
 pub(crate) use trace_format::fnv::fnv1a as fnv;
-/// FNV-1a 64's offset basis (also the seed of [`crate::sessions`]' message chain).
+/// FNV-1a 64's offset basis (also the seed of [`crate::linking::sessions`]' message chain).
 pub(crate) use trace_format::fnv::OFFSET as FNV_OFFSET;
 
 /// Chains tokens into block hashes.
@@ -222,7 +222,7 @@ pub const PREFIX_CACHE_HASHES: usize = 2 << 20;
 /// once, not once per request: the next turn of a conversation repeats the previous request's
 /// messages (kept: the state after its last message), and many conversations open with the
 /// same system prompt (kept: the state after the first message). Keyed by the exact role and
-/// text of the messages (not [`crate::sessions`]' whitespace-tolerant hash), so a hit gives
+/// text of the messages (not [`crate::linking::sessions`]' whitespace-tolerant hash), so a hit gives
 /// exactly the hashes tokenizing would. Bounded by the hashes it holds; the oldest entries go
 /// first.
 #[derive(Debug)]

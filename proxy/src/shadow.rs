@@ -31,14 +31,14 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use trace_format::tracectx::{TraceContext, TRACEPARENT};
 use trace_format::{Outcome, TraceRecord};
 
+use crate::config::validated::{ValidTarget, SECRET_HEADERS};
 use crate::config::{ProxyConfig, RecordBodies, ShadowConfig, ShadowSampleBy};
-use crate::forward::{ClientAddr, Forward};
 use crate::metrics::Metrics;
-use crate::observe::Strip;
-use crate::record::{ObservedBody, Recorder, Recording};
-use crate::request::RequestInfo;
-use crate::sink::Sink;
-use crate::validated::{ValidTarget, SECRET_HEADERS};
+use crate::recording::observe::Strip;
+use crate::recording::request::RequestInfo;
+use crate::recording::row::{ObservedBody, Recorder, Recording};
+use crate::recording::writer::Sink;
+use crate::upstream::route::{ClientAddr, Forward};
 
 /// Why a mirrored request did not complete, as `llmreplay_shadow_dropped_total{reason}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +149,7 @@ struct Job {
     drawn: bool,
 }
 
-/// Shadow traffic of a running proxy (in [`crate::state::Shared`]).
+/// Shadow traffic of a running proxy (in [`crate::serving::state::Shared`]).
 pub(crate) struct Shadow {
     on: AtomicBool,
     sample: f64,
@@ -213,7 +213,7 @@ impl Shadow {
         let thread = std::thread::Builder::new()
             .name("capture-shadow".into())
             .spawn(move || {
-                crate::serving::background();
+                crate::runtime::threads::background();
                 rt.block_on(async move {
                     let _ = stopped.wait_for(|s| *s).await;
                 });
@@ -553,14 +553,16 @@ fn drawn(key: u64, rate: f64) -> bool {
 }
 
 /// A chat request's conversation root: the chain hash of its messages up to its first user
-/// message ([`crate::sessions::chat_chain`]), the same in every turn of the conversation.
+/// message ([`crate::linking::sessions::chat_chain`]), the same in every turn of the conversation.
 fn chat_root(body: &[u8]) -> Option<u64> {
     let obj: Map<String, Value> = serde_json::from_slice(body).ok()?;
     let messages = obj.get("messages")?.as_array()?;
     let first_user = messages
         .iter()
         .position(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
-    crate::sessions::chat_chain(&obj)?.get(first_user).copied()
+    crate::linking::sessions::chat_chain(&obj)?
+        .get(first_user)
+        .copied()
 }
 
 /// The body with `model` in place of the client's (None: not a JSON object).

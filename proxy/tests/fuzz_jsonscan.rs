@@ -5,7 +5,7 @@
 //! around it is fuzzed in `observer_props.rs`.
 
 use proptest::prelude::*;
-use proxy::jsonscan::member_removal_range;
+use proxy::recording::jsonscan::member_removal_range;
 use serde_json::Value;
 
 fn value() -> impl Strategy<Value = Value> {

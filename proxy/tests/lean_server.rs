@@ -1,4 +1,4 @@
-//! The lean HTTP/1.1 server path (`proxy/src/http1.rs`) against a real client socket: one
+//! The lean HTTP/1.1 server path (`proxy/src/serving/lean.rs`) against a real client socket: one
 //! connection carrying pipelined generation requests, a pass-through request that hands the
 //! connection to hyper with the bytes already read, and a generation request hyper then
 //! serves. Every response comes back whole and in order, and every generation has its row.

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use proxy::jsonscan::member_removal_range;
+use proxy::recording::jsonscan::member_removal_range;
 use proxy::{StreamObserver, Strip};
 
 const BOTH: Strip = Strip {

@@ -33,7 +33,7 @@ fn the_repository_documents_and_sources_encode_identically() {
         "ARCHITECTURE.md",
         "bench/README.md",
         "tokenize/src/lib.rs",
-        "proxy/src/sink.rs",
+        "proxy/src/recording/writer.rs",
         "replay/src/prompt/words.rs",
     ];
     for name in ["cl100k_base", "o200k_base"] {

@@ -31,11 +31,11 @@
 //! (which would fill the queue above and cost rows in the trace).
 //!
 //! Rows reach this thread in the order their requests finished, so it also links chat turns
-//! into sessions ([`crate::sessions::Linker`]): a turn's parent finished before the turn was
+//! into sessions ([`crate::linking::sessions::Linker`]): a turn's parent finished before the turn was
 //! sent, and is always linked first. The row gets `session_id` (the header's, else the
 //! conversation's first request id), `parent_request_id`, `think_time_us` and `parent_link`;
 //! an agent's tool results and sub-agents are linked by tool call first
-//! ([`crate::agents::Links`]), and the tool columns filled ([`crate::agents::fill_tools`]).
+//! ([`crate::linking::agents::Links`]), and the tool columns filled ([`crate::linking::agents::fill_tools`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -48,14 +48,14 @@ use trace_format::reasoning::Reasoning;
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
-use crate::agents::{fill_tools, Agents, Links, Seen, DEFAULT_MAX_REQUESTS};
-use crate::completions::CompletionLinker;
 use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
+use crate::linking::agents::{fill_tools, Agents, Links, Seen, DEFAULT_MAX_REQUESTS};
+use crate::linking::completions::CompletionLinker;
+use crate::linking::sessions::{Linker, DEFAULT_MAX_KEYS};
 use crate::metrics::Metrics;
 use crate::prefix::{estimate_text, prompt_tokens};
-use crate::prompts::PendingPrompt;
-use crate::sessions::{Linker, DEFAULT_MAX_KEYS};
+use crate::recording::prompts::PendingPrompt;
 
 /// Longest time a queued record waits for the writer thread: the queue's default 16 Ki
 /// records then absorb over 300k records/s.
@@ -154,7 +154,7 @@ struct Resolver<'a> {
     shed_after: Duration,
     metrics: &'a Metrics,
     links: Links,
-    /// Completions turns ([`crate::completions`]).
+    /// Completions turns ([`crate::linking::completions`]).
     completions: CompletionLinker,
 }
 
@@ -266,7 +266,7 @@ impl Resolver<'_> {
         self.links
             .link(&mut rec, info.chain.as_deref(), info.tools.as_ref(), &seen);
         if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
-            crate::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
+            crate::linking::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
         }
         rec
     }
@@ -304,7 +304,7 @@ pub(crate) fn start(
     let handle = std::thread::Builder::new()
         .name("llmreplay-writer".into())
         .spawn(move || {
-            crate::serving::background();
+            crate::runtime::threads::background();
             let resolver = Resolver {
                 keep_hashes: record_bodies != RecordBodies::None,
                 full_names: record_bodies == RecordBodies::Full,
@@ -315,7 +315,7 @@ pub(crate) fn start(
                     sessions: Linker::new(DEFAULT_MAX_KEYS),
                     agents: Agents::new(DEFAULT_MAX_REQUESTS),
                 },
-                completions: CompletionLinker::new(crate::completions::DEFAULT_MAX_KEYS),
+                completions: CompletionLinker::new(crate::linking::completions::DEFAULT_MAX_KEYS),
             };
             run(writer, rx, tick, resolver, &m, taps)
         })?;
@@ -579,7 +579,7 @@ mod tests {
     /// session stays.
     #[test]
     fn rows_are_linked_in_the_order_they_finish() {
-        use crate::sessions::{chat_chain, TextHash};
+        use crate::linking::sessions::{chat_chain, TextHash};
         let body = |msgs: &[(&str, &str)]| {
             let m: Vec<serde_json::Value> = msgs
                 .iter()
@@ -638,7 +638,7 @@ mod tests {
     #[test]
     fn a_row_waiting_for_its_prompt_counts_in_the_lag() {
         use crate::prefix::PromptBlocks;
-        use crate::prompts::PromptInfo;
+        use crate::recording::prompts::PromptInfo;
         let dir = tempfile::tempdir().unwrap();
         let meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "test");
         let mut cfg = WriterConfig::new(dir.path(), "t", meta);
@@ -712,7 +712,7 @@ mod tests {
             Vec::new(),
         )
         .unwrap();
-        let (tx, rx) = mpsc::sync_channel::<crate::prompts::PromptInfo>(1);
+        let (tx, rx) = mpsc::sync_channel::<crate::recording::prompts::PromptInfo>(1);
         sink.send(
             chat("a", 0, 10, Outcome::Ok),
             Some(rx),

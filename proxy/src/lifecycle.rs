@@ -1,6 +1,6 @@
 //! The listeners and the proxy's life: [`start`] builds the shared state and opens the trace
 //! writer, one accept loop serves HTTP/1.1 and HTTP/2 (hyper-util's auto builder; h2 by ALPN
-//! with TLS or by prior knowledge without) and hands each request to [`crate::handler`],
+//! with TLS or by prior knowledge without) and hands each request to [`crate::serving::handler`],
 //! another serves the admin endpoints ([`crate::admin`]), and [`ProxyHandle::shutdown`]
 //! stops them.
 //!
@@ -25,20 +25,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use trace_format::{FileMeta, Producer, WriterConfig};
 
-use crate::accept::{fd_exhausted, spare_fd, AcceptBackoff, AcceptTurns};
 use crate::admin::admin_response;
+use crate::config::validated::{Parts, ValidatedProxyConfig};
 use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
-use crate::forward::{ClientAddr, Forward};
-use crate::handler::handle;
-use crate::limits::{ConnPhase, Guarded, GuardedIo};
 use crate::metrics::Metrics;
 use crate::phases::PhaseLog;
-use crate::prompts::PromptQueue;
-use crate::record::Recorder;
-use crate::sink::{self, WriterThread};
-use crate::state::Shared;
-use crate::validated::{Parts, ValidatedProxyConfig};
+use crate::recording::prompts::PromptQueue;
+use crate::recording::row::Recorder;
+use crate::recording::writer::{self, WriterThread};
+use crate::serving::accept::{fd_exhausted, spare_fd, AcceptBackoff, AcceptTurns};
+use crate::serving::handler::handle;
+use crate::serving::limits::{ConnPhase, Guarded, GuardedIo};
+use crate::serving::state::Shared;
+use crate::upstream::route::{ClientAddr, Forward};
 
 /// How long shadow requests still in flight when production has drained may take to finish.
 const SHADOW_GRACE: Duration = Duration::from_secs(5);
@@ -163,16 +163,16 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
     let shed_after = cfg.recorder_shed_after;
     let tok = cfg.tokenizer.clone();
     // Further outputs of the recorder, beside the trace files.
-    let mut taps: Vec<Box<dyn sink::Tap>> = Vec::new();
+    let mut taps: Vec<Box<dyn writer::Tap>> = Vec::new();
     if let Some(o) = &cfg.otlp {
-        taps.push(Box::new(crate::otlp::OtlpTap::start(
+        taps.push(Box::new(crate::recording::otlp::OtlpTap::start(
             o.clone(),
             &cfg.upstream,
             &metrics,
         )?));
     }
     let (sink, writer, recovered) = tokio::task::spawn_blocking(move || {
-        sink::start(wcfg, capacity, record_bodies, shed_after, tok, m2, taps)
+        writer::start(wcfg, capacity, record_bodies, shed_after, tok, m2, taps)
     })
     .await
     .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
@@ -219,7 +219,7 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         draining: AtomicBool::new(false),
         accept_failed_us: AtomicI64::new(0),
         admin_rescue: Default::default(),
-        cut: crate::cut::Cut::new(cfg.threads),
+        cut: crate::serving::cut::Cut::new(cfg.threads),
         shadow,
         cfg,
     });
@@ -260,7 +260,7 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
     };
     // This thread serves too (thread 0, the caller's runtime).
     if warm_heap > 0 {
-        crate::heap::warm(warm_heap);
+        crate::runtime::heap::warm(warm_heap);
     }
     let task = tokio::spawn(run(listener, admin, serving, writer, stages));
     Ok(ProxyHandle {
@@ -309,7 +309,7 @@ fn spawn_serving(
     let mut threads = Vec::with_capacity(others.len());
     for (i, l) in others.into_iter().enumerate() {
         let (s, mut accepting) = (serving.clone(), accepting.clone());
-        threads.push(crate::serving::spawn(
+        threads.push(crate::runtime::threads::spawn(
             i + 1,
             warm_heap,
             move || async move {
@@ -364,7 +364,7 @@ fn conn_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // hyper's own header timeout (30 s from when it starts waiting for a head, keep-alive
     // idle included) would override --client-keepalive-timeout and
-    // --client-header-timeout: crate::limits enforces those.
+    // --client-header-timeout: crate::serving::limits enforces those.
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -508,12 +508,12 @@ async fn run(
 }
 
 /// Serves one plain-http client connection, accepted at `accepted`: by the lean path
-/// ([`crate::http1`]) while its requests are lean ones, then by hyper.
+/// ([`crate::serving::lean`]) while its requests are lean ones, then by hyper.
 async fn serve_plain(sock: TcpStream, peer: ClientAddr, accepted: Instant, s: Serving) {
     let (mut io, phase) = guarded(sock, &s.shared);
     let shared = &s.shared;
     let mut graceful = s.graceful.clone();
-    let lean = crate::http1::serve(
+    let lean = crate::serving::lean::serve(
         &mut io,
         &phase,
         shared,
@@ -565,7 +565,7 @@ async fn serve_hyper<I>(
     let svc = service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(peer);
         // The head is read: the connection serves this request until its response body is
-        // done (no client-side read deadline meanwhile; see crate::limits).
+        // done (no client-side read deadline meanwhile; see crate::serving::limits).
         let active = phase.start();
         let (t0, arrival) = (Instant::now(), wire::clock::epoch_us());
         let shared = shared.clone();

@@ -1,16 +1,16 @@
-//! The state every connection of a running proxy shares (built by [`crate::server::start`]).
+//! The state every connection of a running proxy shares (built by [`crate::lifecycle::start`]).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::Arc;
 
 use http::header::HeaderName;
 
-use crate::accept::HoldOff;
 use crate::config::ProxyConfig;
-use crate::forward::Forward;
 use crate::metrics::Metrics;
-use crate::prompts::PromptQueue;
-use crate::record::Recorder;
+use crate::recording::prompts::PromptQueue;
+use crate::recording::row::Recorder;
+use crate::serving::accept::HoldOff;
+use crate::upstream::route::Forward;
 
 /// State shared by every connection.
 pub(crate) struct Shared {
@@ -37,8 +37,8 @@ pub(crate) struct Shared {
     /// goes to the admin connection, not to one more proxy connection.
     pub(crate) admin_rescue: HoldOff,
     /// Cuts the lean path's connections in the shutdown's last stage (hyper's connections
-    /// watch the `hard` channel of [`crate::server`]).
-    pub(crate) cut: crate::cut::Cut,
+    /// watch the `hard` channel of [`crate::lifecycle`]).
+    pub(crate) cut: crate::serving::cut::Cut,
     /// Shadow traffic (`--shadow`), when configured.
     pub(crate) shadow: Option<Arc<crate::shadow::Shadow>>,
 }

@@ -59,7 +59,7 @@ impl std::fmt::Display for SendError {
 }
 
 /// The one upstream (host and port of an `http://` URL) and its keep-alive pools, one per
-/// serving thread ([`crate::serving`]): a connection is registered with the runtime of the
+/// serving thread ([`crate::runtime::threads`]): a connection is registered with the runtime of the
 /// thread that opened it, and only that thread uses it again.
 pub(crate) struct LeanUpstream {
     pools: Vec<Arc<Pool>>,
@@ -117,7 +117,7 @@ impl LeanUpstream {
 
     /// The pool of the serving thread this runs on.
     fn pool(&self) -> &Arc<Pool> {
-        &self.pools[crate::serving::index().min(self.pools.len() - 1)]
+        &self.pools[crate::runtime::threads::index().min(self.pools.len() - 1)]
     }
 
     /// Idle connections in the pool.
@@ -138,7 +138,7 @@ impl LeanUpstream {
         out.extend_from_slice(body);
     }
 
-    /// Sends `request` (encoded by [`crate::forward::Forward::send_lean`]) under the wire's retry rule
+    /// Sends `request` (encoded by [`crate::upstream::route::Forward::send_lean`]) under the wire's retry rule
     /// and reads the response head, stamping `phases`. The caller bounds the whole with its
     /// header timeout.
     pub(crate) async fn send(

@@ -187,7 +187,7 @@ mod tests {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "heap::tests::burst_faults_cold_then_warm",
+                "runtime::heap::tests::burst_faults_cold_then_warm",
                 "--test-threads=1",
                 "--nocapture",
             ])

@@ -1,5 +1,5 @@
 //! The route to the one upstream: its parsed base URL, the pooled clients (the lean
-//! HTTP/1.1 path of [`crate::upstream`] for generation requests to a plain-http HTTP/1.1
+//! HTTP/1.1 path of [`crate::upstream::lean`] for generation requests to a plain-http HTTP/1.1
 //! upstream, hyper-util's client for everything else), the rewrite of a client's request
 //! into the upstream's (the request's own authority is never used for routing), and
 //! sending it with the header timeout.
@@ -22,18 +22,19 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use trace_format::Outcome;
 
+use crate::config::validated::Upstream;
 use crate::config::{ForwardedHeaders, ProxyConfig};
-use crate::limits::TimedBody;
 use crate::metrics::Metrics;
 use crate::phases::Phases;
-use crate::reach::Reach;
-use crate::record::UpstreamBody;
-use crate::upstream::{LeanUpstream, SendError};
-use crate::validated::Upstream;
+use crate::upstream::lean::{LeanUpstream, SendError};
+use crate::upstream::reach::Reach;
+use crate::upstream::{BoxError, UpstreamBody};
 
 /// The body of a request to the upstream: a generation request's, read whole, or a
-/// pass-through request's, streamed under the client's body timeout.
-pub(crate) type UpBody = Either<Full<Bytes>, TimedBody<Incoming>>;
+/// pass-through request's, streamed (under the client's body timeout, which the serving side
+/// sets).
+pub(crate) type UpBody =
+    Either<Full<Bytes>, http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>>;
 type UpClient = Client<hyper_rustls::HttpsConnector<HttpConnector<UpstreamDns>>, UpBody>;
 
 /// The names hyper-util's connector asks for (it opens the connections of pass-through
@@ -117,7 +118,7 @@ pub(crate) struct Forward {
     upstream: Upstream,
     client: UpClient,
     /// Generation requests to a plain-http HTTP/1.1 upstream go this way (see
-    /// [`crate::upstream`]); everything else through `client`.
+    /// [`crate::upstream::lean`]); everything else through `client`.
     lean: Option<Arc<LeanUpstream>>,
     /// How long to wait for the upstream's response head.
     timeout: Duration,

@@ -19,7 +19,7 @@
 //! is never held for linking), and the chain mixes role and text hash; linking works under
 //! `--record-bodies hashes`. Content given as parts counts its `text` parts in order; other
 //! parts (images, audio) and tool calls do not enter the hash. Completions (`prompt`
-//! strings) have no message boundaries to hash at: [`crate::completions`] links them.
+//! strings) have no message boundaries to hash at: [`crate::linking::completions`] links them.
 //!
 //! Memory: the [`Linker`] remembers the answer keys of the last `max_keys` finished chat
 //! requests ([`DEFAULT_MAX_KEYS`], ~150 bytes each) and at most [`MAX_CANDIDATES`] requests

@@ -3,8 +3,8 @@
 //! CONNECT, and absolute-form requests for another host, are refused (this is not an open
 //! proxy). Generation requests (POST `…/completions`) are read whole (they are small), may
 //! get `stream_options` injected, are sent by
-//! [`Forward::send_lean`](crate::forward::Forward::send_lean) (else
-//! [`Forward::send_generation`](crate::forward::Forward::send_generation)) and recorded: a
+//! [`Forward::send_lean`](crate::upstream::route::Forward::send_lean) (else
+//! [`Forward::send_generation`](crate::upstream::route::Forward::send_generation)) and recorded: a
 //! [`Recording`] per request, and the response body an [`ObservedBody`]. Everything else
 //! streams through untouched.
 
@@ -24,11 +24,12 @@ use hyper::body::Incoming;
 use trace_format::{Outcome, TraceRecord};
 
 use crate::config::RecordBodies;
-use crate::forward::{strip_hop_by_hop, ClientAddr};
-use crate::limits::{BodyTimeout, TimedBody};
-use crate::record::{BoxError, ObservedBody, Recording};
-use crate::request::{inject_usage, RequestInfo};
-use crate::state::Shared;
+use crate::recording::request::{inject_usage, RequestInfo};
+use crate::recording::row::{ObservedBody, Recording};
+use crate::serving::limits::{BodyTimeout, TimedBody};
+use crate::serving::state::Shared;
+use crate::upstream::route::{strip_hop_by_hop, ClientAddr};
+use crate::upstream::BoxError;
 
 /// The response body type of the proxy.
 pub(crate) enum ProxyBody {
@@ -203,7 +204,10 @@ async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Pr
     let (parts, body) = req.into_parts();
     let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
     let too_slow = body.fired();
-    let Some(up) = shared.forward.request(&parts, Either::Right(body), None) else {
+    let Some(up) = shared
+        .forward
+        .request(&parts, Either::Right(body.boxed_unsync()), None)
+    else {
         return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad path");
     };
     let sent = shared.forward.send(up).await;
@@ -224,7 +228,7 @@ async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Pr
 /// Answers and records a generation request (`parts`, its body still to be read from
 /// `body`), whose head was read at `t0` (`arrival`, µs since the epoch) on a connection
 /// accepted at `accepted` when it is the connection's first request. hyper's server gives
-/// its `Incoming`, the lean path ([`crate::http1`]) a body read from its own buffer.
+/// its `Incoming`, the lean path ([`crate::serving::lean`]) a body read from its own buffer.
 pub(crate) async fn generation<B>(
     shared: Arc<Shared>,
     parts: http::request::Parts,
@@ -281,7 +285,7 @@ where
     recording.phases.accepted = accepted;
     if recording.sampled() {
         let peer = parts.extensions.get::<ClientAddr>().map(|c| c.0);
-        recording.seen.client = crate::agents::client_key(peer, &parts.headers);
+        recording.seen.client = crate::linking::agents::client_key(peer, &parts.headers);
     }
     recording.trace_started = trace_context(
         &mut parts.headers,
@@ -371,7 +375,7 @@ pub(crate) async fn forward_generation(
         }
     }
     // Tokenizing the prompt for its prefix hashes can take milliseconds: it runs on the
-    // prompt runners (batched, parsed there, see [`crate::prompts`]) while the request is
+    // prompt runners (batched, parsed there, see [`crate::recording::prompts`]) while the request is
     // forwarded, and the writer thread joins it before writing the row. Without hashes to
     // keep, the body is only parsed there (the chat chain); its tokens are counted only when
     // the upstream reports no usage.

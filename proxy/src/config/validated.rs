@@ -9,9 +9,9 @@ use std::sync::Arc;
 use http::header::{HeaderName, HeaderValue};
 use http::Uri;
 
+use crate::config::tls;
 use crate::config::{ProxyConfig, ShadowConfig};
 use crate::error::{ConfigError, Result, Setting};
-use crate::tls;
 
 /// Header values that are credentials: never recorded, logged or used as a label.
 pub const SECRET_HEADERS: &[&str] = &[

@@ -87,7 +87,7 @@ impl<F: Future> Future for Until<'_, F> {
             let (shard, key) = match &this.key {
                 Some((s, k, _)) => (*s, *k),
                 None => (
-                    crate::serving::index() % cut.shards.len(),
+                    crate::runtime::threads::index() % cut.shards.len(),
                     cut.next.fetch_add(1, SeqCst),
                 ),
             };

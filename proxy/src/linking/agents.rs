@@ -8,7 +8,7 @@
 //! that made tool calls, the hash of each call's id ([`Agents`], bounded), and links a request
 //! to it by the id of its newest tool message: `parent_link = tool_call`, the parent's
 //! session, and the tool's time as the think time (this arrival minus the end of that
-//! response). That link wins over the chat-prefix match ([`crate::sessions`]), which cannot
+//! response). That link wins over the chat-prefix match ([`crate::linking::sessions`]), which cannot
 //! tell apart two agents whose histories hash the same (empty answers with tool calls).
 //!
 //! Sub-agents: a conversation that opens (no assistant or tool message, no parent by either
@@ -38,8 +38,8 @@ use serde_json::{Map, Value};
 use trace_format::{ParentLink, TraceRecord};
 use wire::sse::ToolCallPiece;
 
+use crate::linking::sessions::{content_hash, Linker, Parent, TextHash};
 use crate::prefix::{fnv, FNV_OFFSET};
-use crate::sessions::{content_hash, Linker, Parent, TextHash};
 
 /// Bytes of one call's arguments kept while it streams, to hash its string values at the
 /// end; a call with more is counted and linked by id, never to a sub-agent.
@@ -525,7 +525,7 @@ pub(crate) struct Links {
 }
 
 impl Links {
-    /// Links a chat row (`chain`: its [`crate::sessions::chat_chain`]; rows without one
+    /// Links a chat row (`chain`: its [`crate::linking::sessions::chat_chain`]; rows without one
     /// keep their header session, if any, and no parent) and remembers what its response
     /// leaves for later rows: its answer (only a complete one can be continued) and its tool
     /// calls. The parent: by tool call, else by chat prefix, else as a sub-agent.
@@ -599,7 +599,7 @@ pub(crate) fn fill_tools(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sessions::chat_chain;
+    use crate::linking::sessions::chat_chain;
     use serde_json::json;
 
     fn obj(v: Value) -> Map<String, Value> {
@@ -685,7 +685,7 @@ mod tests {
     /// hashed at the end; the same calls as the whole response gives.
     #[test]
     fn streamed_calls_are_gathered_by_index_in_any_split() {
-        use crate::observe::{StreamObserver, Strip};
+        use crate::recording::observe::{StreamObserver, Strip};
         use bytes::Bytes;
         use std::collections::VecDeque;
         let args = r#"{"description":"look","prompt":"Find where the \"parser\" fails","n":3}"#;
@@ -1137,7 +1137,7 @@ mod tests {
         }
         let mut flights: Vec<InFlight> = Vec::new();
         let mut l = Links {
-            sessions: Linker::new(crate::sessions::DEFAULT_MAX_KEYS),
+            sessions: Linker::new(crate::linking::sessions::DEFAULT_MAX_KEYS),
             agents: Agents::new(DEFAULT_MAX_REQUESTS),
         };
         let mut tally: HashMap<ParentLink, (usize, usize)> = HashMap::new();

@@ -10,7 +10,7 @@ use trace_format::TraceRecord;
 
 use crate::error::{ConfigError, ProxyError, Result};
 use crate::metrics::Metrics;
-use crate::sink::Tap;
+use crate::recording::writer::Tap;
 
 /// The exporter, and the upstream its spans name (`server.address`).
 pub(crate) struct OtlpTap {

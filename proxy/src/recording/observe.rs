@@ -38,9 +38,9 @@ use bytes::{Bytes, BytesMut};
 use wire::sse::{read_event, ChunkText, SseParser, StreamEvent, DEFAULT_MAX_EVENT};
 use wire::verdict::StreamTally;
 
-use crate::agents::CallsSeen;
-use crate::jsonscan::member_removal_range;
-use crate::sessions::TextHash;
+use crate::linking::agents::CallsSeen;
+use crate::linking::sessions::TextHash;
+use crate::recording::jsonscan::member_removal_range;
 
 /// What to remove from a stream because the proxy injected it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -140,14 +140,14 @@ impl StreamObserver {
         self.reasoning_text = Some(String::new());
     }
 
-    /// Hash the answer's content as it streams ([`crate::sessions::push_answer_text`]), for
+    /// Hash the answer's content as it streams ([`crate::linking::sessions::push_answer_text`]), for
     /// session linking; no text is kept for it.
     pub fn keep_answer_hash(&mut self) {
         self.answer = Some(TextHash::default());
     }
 
     /// Gather the first choice's tool calls as they stream (ids, names, arguments up to
-    /// [`crate::agents::ARGS_CAP`] a call), for the tool columns and agent linking.
+    /// [`crate::linking::agents::ARGS_CAP`] a call), for the tool columns and agent linking.
     pub fn keep_tool_calls(&mut self) {
         self.calls = Some(CallsSeen::default());
     }

@@ -17,24 +17,22 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 use trace_format::reasoning::Reasoning;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
 
-use crate::agents::{CallsSeen, Seen};
+use crate::linking::agents::{CallsSeen, Seen};
+use crate::linking::sessions::{push_answer_text, TextHash};
 use crate::metrics::Metrics;
-use crate::observe::{StreamObserver, Strip};
 use crate::phases::{PhaseLog, Phases};
-use crate::prompts::PendingPrompt;
-use crate::sessions::{push_answer_text, TextHash};
-use crate::sink::{Generated, OutputText, Sink};
-use crate::upstream::LeanBody;
+use crate::recording::observe::{StreamObserver, Strip};
+use crate::recording::prompts::PendingPrompt;
+use crate::recording::writer::{Generated, OutputText, Sink};
+use crate::upstream::{BoxError, UpstreamBody};
 
 /// Error type of response bodies.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Bytes of a non-streamed response kept to read its usage or error message.
 const WHOLE_BODY_CAP: usize = 8 * 1024 * 1024;
@@ -66,12 +64,12 @@ pub(crate) struct Recording {
     pub(crate) rec: TraceRecord,
     /// Where its time went inside the proxy ([`crate::phases`]).
     pub(crate) phases: Phases,
-    /// The prompt's tokenization, running on a prompt runner ([`crate::prompts`]) (sampled rows only).
+    /// The prompt's tokenization, running on a prompt runner ([`crate::recording::prompts`]) (sampled rows only).
     pub(crate) prompt: Option<PendingPrompt>,
     /// What the writer thread still has to count of the response (texts without usage).
     output: Generated,
     /// What linking needs of the response (its answer's [`TextHash`], its tool calls) and
-    /// who sent the request ([`crate::agents::client_key`]).
+    /// who sent the request ([`crate::linking::agents::client_key`]).
     pub(crate) seen: Seen,
     /// Capture started the request's trace (the client sent no valid `traceparent`): the
     /// row's `span_id` is capture's own span, not the client's.
@@ -214,38 +212,6 @@ fn answer_of_body(body: &[u8]) -> Option<(u64, CallsSeen)> {
     let mut h = TextHash::default();
     push_answer_text(&v, &mut h);
     Some((h.finish(), CallsSeen::of_response(&v)))
-}
-
-/// The upstream's response body: from hyper's client, or read in this task
-/// ([`crate::upstream`]). It lives inside the boxed [`ObservedBody`], so the size of the
-/// larger variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum UpstreamBody {
-    Hyper(Incoming),
-    Lean(LeanBody),
-}
-
-impl UpstreamBody {
-    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self {
-            UpstreamBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
-            UpstreamBody::Lean(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            UpstreamBody::Hyper(b) => b.is_end_stream(),
-            UpstreamBody::Lean(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            UpstreamBody::Hyper(b) => b.size_hint(),
-            UpstreamBody::Lean(b) => b.size_hint(),
-        }
-    }
 }
 
 enum Mode {

@@ -10,7 +10,7 @@
 //! wake or start, up to one per core, so expensive tokenizing still runs in parallel.
 //!
 //! The runners are the proxy's own threads (`capture-prompts`), at a lower CPU priority than
-//! the serving threads ([`crate::serving::background`]): in a burst the request paths get the
+//! the serving threads ([`crate::runtime::threads::background`]): in a burst the request paths get the
 //! CPU first and the tokenizing follows. A runner idle for [`IDLE_EXIT`] exits.
 //!
 //! When the tokenizing cannot keep up, it is shed, never the row: a job that waited longer
@@ -30,11 +30,11 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokenize::Tokenizer;
 
-use crate::agents::{request_tools, RequestTools};
+use crate::linking::agents::{request_tools, RequestTools};
+use crate::linking::sessions::chat_chain;
 use crate::prefix::{
     estimate_tokens, prompt_blocks_cached, PrefixCache, PromptBlocks, PREFIX_CACHE_HASHES,
 };
-use crate::sessions::chat_chain;
 
 /// What the writer thread gets of a request's prompt, computed off the request path.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -43,7 +43,7 @@ pub(crate) struct PromptInfo {
     pub(crate) blocks: Option<PromptBlocks>,
     /// The chat chain for session linking ([`chat_chain`]; None for non-chat requests).
     pub(crate) chain: Option<Vec<u64>>,
-    /// A completion's prompt (a string), for [`crate::completions`]' linking on the writer
+    /// A completion's prompt (a string), for [`crate::linking::completions`]' linking on the writer
     /// thread, which drops it once hashed (None for chat and anything else).
     pub(crate) completion: Option<String>,
     /// The tools it offers and what agent linking needs of its messages (None when the
@@ -139,7 +139,7 @@ fn info(
                 }),
             };
             if info.chain.is_none() {
-                info.completion = crate::completions::take_prompt(&mut obj);
+                info.completion = crate::linking::completions::take_prompt(&mut obj);
             }
             info
         }
@@ -210,7 +210,7 @@ impl PromptQueue {
         let spawned = std::thread::Builder::new()
             .name("capture-prompts".into())
             .spawn(move || {
-                crate::serving::background();
+                crate::runtime::threads::background();
                 q.run()
             });
         if spawned.is_err() {
@@ -373,7 +373,7 @@ mod tests {
             };
             assert_eq!(
                 nice("capture-prompts"),
-                Some(crate::serving::BACKGROUND_NICE)
+                Some(crate::runtime::threads::BACKGROUND_NICE)
             );
         }
     }

@@ -5,7 +5,7 @@
 //! building a tree of it: [`RequestInfo::parse`] walks the top-level object with serde_json's
 //! streaming deserializer, keeps the few members it needs and skips the rest (the messages and
 //! prompt, most of the bytes, are checked and skipped without an allocation). The prompt is
-//! parsed into a tree on the prompt runner's thread ([`crate::prompts`]), off the request path.
+//! parsed into a tree on the prompt runner's thread ([`crate::recording::prompts`]), off the request path.
 //! A body that is not a JSON object is forwarded untouched and recorded with what is known.
 
 use std::fmt;
@@ -14,7 +14,7 @@ use serde::de::{self, Deserializer as _, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 use crate::config::UsageMode;
-use crate::observe::Strip;
+use crate::recording::observe::Strip;
 
 /// What a request body said about `stream_options`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

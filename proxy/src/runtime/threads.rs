@@ -62,7 +62,7 @@ pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Starts serving thread `i` (named `capture-serve-<i>`): faults in `warm_heap` bytes of its
-/// heap ([`crate::heap`]), then a single-threaded runtime runs `work` to its end and drops
+/// heap ([`crate::runtime::heap`]), then a single-threaded runtime runs `work` to its end and drops
 /// whatever tasks are left.
 pub(crate) fn spawn<F, Fut>(
     i: usize,
@@ -79,7 +79,7 @@ where
         .spawn(move || {
             INDEX.with(|c| c.set(i));
             if warm_heap > 0 {
-                crate::heap::warm(warm_heap);
+                crate::runtime::heap::warm(warm_heap);
             }
             rt.block_on(work());
         })

@@ -41,9 +41,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::handler::{self, ProxyBody};
-use crate::limits::{ConnPhase, GuardedIo};
-use crate::state::Shared;
+use crate::serving::handler::{self, ProxyBody};
+use crate::serving::limits::{ConnPhase, GuardedIo};
+use crate::serving::state::Shared;
 
 /// Header fields a lean request may have (more: hyper's, whose limit is 100).
 pub(crate) const MAX_FIELDS: usize = 64;
@@ -70,7 +70,7 @@ pub(crate) async fn serve(
     io: &mut GuardedIo<TcpStream>,
     phase: &Arc<ConnPhase>,
     shared: &Arc<Shared>,
-    (peer, mut accepted): (crate::forward::ClientAddr, Option<Instant>),
+    (peer, mut accepted): (crate::upstream::route::ClientAddr, Option<Instant>),
     graceful: &mut watch::Receiver<bool>,
 ) -> Option<Handoff> {
     let mut buf = BytesMut::new();
@@ -363,7 +363,7 @@ enum Event {
 enum After {
     More,
     Ended,
-    Failed(crate::record::BoxError),
+    Failed(crate::upstream::BoxError),
 }
 
 /// At most this many body frames are taken for one write.

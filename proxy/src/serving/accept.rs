@@ -135,7 +135,7 @@ fn batch_for(turn: Duration) -> usize {
 }
 
 /// How the admin listener's rescue keeps the serving threads' accepts off the descriptor it
-/// frees (see `serve_admin` in [`crate::server`]).
+/// frees (see `serve_admin` in [`crate::lifecycle`]).
 ///
 /// A flag alone was not enough: a serving thread that had read the flag clear and was then
 /// preempted before its `accept(2)` (or was parked in its accept, waiting for the listen
@@ -216,7 +216,7 @@ impl HoldOff {
     }
 }
 
-/// A descriptor to hold in reserve (see `serve_admin` in [`crate::server`]).
+/// A descriptor to hold in reserve (see `serve_admin` in [`crate::lifecycle`]).
 pub(crate) fn spare_fd() -> Option<std::fs::File> {
     std::fs::File::open("/dev/null").ok()
 }

@@ -1,5 +1,12 @@
-//! The proxy's validated configuration: built once (by the CLI or a test) and shared
-//! read-only by every connection.
+//! The proxy's configuration: what the CLI or a test sets ([`ProxyConfig`]), checked once
+//! into the [`ValidatedProxyConfig`](validated::ValidatedProxyConfig) that [`crate::start`]
+//! takes ([`validated`]), with its TLS material ([`tls`]); shared read-only by every
+//! connection.
+//!
+//! It may call: `runtime` (a default), `error`.
+
+pub(crate) mod tls;
+pub(crate) mod validated;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -102,7 +109,7 @@ pub enum ShadowSampleBy {
     Request,
     /// A conversation drawn as a whole: by the session header's value (`session_header`),
     /// else by a chat request's messages up to its first user message (the root every turn
-    /// of a conversation carries, as [`crate::sessions`] links them); a request with neither
+    /// of a conversation carries, as [`crate::linking::sessions`] links them); a request with neither
     /// is drawn on its own.
     Session,
 }
@@ -231,10 +238,10 @@ pub struct ProxyConfig {
     pub phase_log: Option<PathBuf>,
     /// Threads serving client connections. 1: on the caller's runtime. More: each on its
     /// own single-threaded runtime, accepting from the one listening socket, with its own
-    /// upstream pool (see `proxy/src/serving.rs`).
+    /// upstream pool (see `proxy/src/runtime/threads.rs`).
     pub threads: usize,
     /// Heap each serving thread faults in when it starts, for the next connection burst
-    /// (see `proxy/src/heap.rs`); 0: none.
+    /// (see `proxy/src/runtime/heap.rs`); 0: none.
     pub warm_heap: usize,
     /// Start a W3C trace for a generation request whose client sent no valid `traceparent`
     /// (one is added upstream, its ids recorded); false with `--no-traceparent`. A client's
@@ -285,7 +292,7 @@ impl ProxyConfig {
             command: String::new(),
             phase_log: None,
             threads: 1,
-            warm_heap: crate::heap::WARM_BYTES,
+            warm_heap: crate::runtime::heap::WARM_BYTES,
             traceparent: true,
             otlp: None,
             shadow: None,

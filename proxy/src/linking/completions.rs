@@ -12,7 +12,7 @@
 //! [`TextHash`] hashes an answer (surrounding whitespace trimmed), passes through that
 //! candidate's answer hash. The longest such prefix wins: a conversation's earlier turns are
 //! all prefixes of its latest prompt, and the latest is the parent. Identical prompts answered
-//! identically are told apart as chat's are ([`crate::sessions::Linker`]): the most recently
+//! identically are told apart as chat's are ([`crate::linking::sessions::Linker`]): the most recently
 //! finished candidate not yet continued, then the most recent.
 //!
 //! Runs on the writer thread, which sees rows in the order their requests finished (a parent
@@ -29,8 +29,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use trace_format::{Outcome, ParentLink, TraceRecord};
 
+use crate::linking::sessions::{pick, Link, TextHash};
 use crate::prefix::{fnv, FNV_OFFSET};
-use crate::sessions::{pick, Link, TextHash};
 
 /// Completion keys kept by default (as the chat linker's).
 pub const DEFAULT_MAX_KEYS: usize = 200_000;

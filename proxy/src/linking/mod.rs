@@ -1,0 +1,13 @@
+//! Linking: which earlier row a request continues, decided on the writer thread from hashes
+//! only.
+//!
+//! - [`sessions`]: chat turns by their hashed message chains;
+//! - [`completions`]: `/v1/completions` turns, a prompt that carries an earlier answer;
+//! - [`agents`]: tool results to the response that made the call, sub-agents to the pending
+//!   call whose prompt they open with, and the tool columns.
+//!
+//! It may call: `prefix` (the content hashes). The recording side calls it.
+
+pub mod agents;
+pub mod completions;
+pub mod sessions;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use trace_format::tracectx::{self, TraceContext};
 use trace_format::Outcome;
+use wire::api::Api;
 use wire::sse::SseParser;
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules, StreamTally, Verdict};
 use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
@@ -336,7 +337,10 @@ impl Client {
             head,
             t0,
             &mut timer,
-            req.stream,
+            (
+                Api::of_endpoint(&req.endpoint).unwrap_or(Api::Chat),
+                req.stream,
+            ),
             ends,
             self.want_text,
         )
@@ -464,7 +468,7 @@ async fn read_response(
     (head, t_head): (Head<bool>, Instant),
     t0: Instant,
     timer: &mut std::pin::Pin<&mut tokio::time::Sleep>,
-    stream: bool,
+    (api, stream): (Api, bool),
     ends: Ends,
     want_text: bool,
 ) -> (Exchange, bool) {
@@ -505,19 +509,23 @@ async fn read_response(
             Some(Err(e)) => (End::Broken(format!("response body: {e}")), false),
             Some(Ok(r)) => (End::Complete, r),
         };
-        let v = judge_whole(status, &buf, stream, how, Rules::REPLAY);
+        let v = judge_whole(api, status, &buf, stream, how, Rules::REPLAY);
         // Read whole: E2EL only (there is no first token to time), by the rule capture
         // records it with.
         ex.e2el_us = Outcome::from(v.outcome).e2el_us(None, us_since(t0, end));
         if v.outcome == verdict::Outcome::Ok {
-            if want_text && v.completion_tokens.is_none() {
-                ex.output_text = wire::sse::response_text(&buf);
+            let text_wanted = want_text && v.completion_tokens.is_none();
+            // Reasoning is read only when the body names it at all (one SIMD search).
+            let reasoning_named = v.reasoning_tokens.is_none()
+                && memchr::memmem::find(&buf, api.reasoning_marker()).is_some();
+            let whole = (text_wanted || reasoning_named)
+                .then(|| wire::sse::read_whole(api, &buf))
+                .flatten();
+            if text_wanted {
+                ex.output_text = whole.as_ref().map(|w| w.output.clone());
             }
             if v.reasoning_tokens.is_none() {
-                // Read only when the body names reasoning at all (one SIMD search).
-                let text = memchr::memmem::find(&buf, b"\"reasoning")
-                    .and_then(|_| wire::sse::response_reasoning_text(&buf))
-                    .filter(|t| !t.is_empty());
+                let text = whole.map(|w| w.reasoning).filter(|t| !t.is_empty());
                 ex.reasoning_seen = Some((usize::from(text.is_some()), text));
             }
         }
@@ -542,7 +550,7 @@ async fn read_response(
             let t = us_since(t0, at);
             bytes += data.len() as i64;
             parser.feed(data, |ev| {
-                if tally.note(t, wire::sse::read_event(ev, text_buf.as_mut())) {
+                if tally.note(t, wire::sse::read_event_of(api, ev, text_buf.as_mut())) {
                     if let (Some(text), Some(r), Some(b)) =
                         (text.as_mut(), reasoning.as_mut(), &text_buf)
                     {

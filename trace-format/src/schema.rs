@@ -140,8 +140,8 @@ pub mod col {
     /// of utf8, null when unknown; since 1.4).
     pub const TOOL_CALL_NAMES: &str = "tool_call_names";
     /// How `parent_request_id` was found ([`ParentLink`]: `chat_prefix`, `tool_call`,
-    /// `completion_prefix`, `subagent`, `recorded`) (utf8, null when there is no parent;
-    /// since 1.4).
+    /// `completion_prefix`, `subagent`, `recorded`; `previous_response` since 1.5) (utf8,
+    /// null when there is no parent; since 1.4).
     pub const PARENT_LINK: &str = "parent_link";
     /// Shadow traffic: the `request_id` of the production request this row mirrors (its
     /// `target` names the candidate) (utf8, null for a row that is no shadow; since 1.4).
@@ -300,6 +300,10 @@ pub enum ParentLink {
     Subagent,
     /// Taken from an imported trace, or named by the client (a session header).
     Recorded,
+    /// A Responses turn whose `previous_response_id` names the parent's response: the
+    /// server holds the conversation, so a replay must send it after its parent answered,
+    /// naming the id the candidate gave the parent.
+    PreviousResponse,
 }
 
 str_enum!(ParentLink {
@@ -308,6 +312,7 @@ str_enum!(ParentLink {
     CompletionPrefix => "completion_prefix",
     Subagent => "subagent",
     Recorded => "recorded",
+    PreviousResponse => "previous_response",
 });
 
 str_enum!(TokenSource { Usage => "usage", Tokenizer => "tokenizer", Recorded => "recorded", Estimate => "estimate" });

@@ -22,14 +22,17 @@
 //! - [`clock`]: the wall-clock stamp of now and a thread's fine timer slack, for every crate.
 //! - [`listen`]: listening sockets with a listen queue that survives connection bursts, and
 //!   the descriptor limit raised for them.
-//! - [`sse`]: the one OpenAI/SSE stream parser and response classifiers capture, replay
-//!   and the tests read responses with.
+//! - [`api`]: which API a request speaks (completions, chat, Responses, Messages,
+//!   embeddings, rerank, score), from its method and path.
+//! - [`sse`]: the one SSE stream parser and response classifiers capture, replay and the
+//!   tests read responses with, for every API's events.
 //! - [`verdict`]: the one response verdict (outcome, error text, usage, tokens per chunk)
 //!   capture and replay judge a finished response with.
 //! - [`vllm_metrics`]: vLLM's Prometheus latency histogram names and bounds, shared by the
 //!   sim (which exports them), capture and replay's alert rules.
 #![deny(missing_docs)]
 
+pub mod api;
 pub mod clock;
 mod conn;
 pub mod direct;

@@ -20,10 +20,17 @@ use std::borrow::Cow;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+mod messages;
+mod responses;
 mod tools;
+mod typed;
+#[cfg(test)]
+mod typed_tests;
 
 pub use tools::ToolCallPiece;
 use tools::{CallPiece, CallRanges};
+
+use crate::api::Api;
 
 /// Default bound on the bytes of one event a parser holds ([`SseParser::with_max_event`]).
 pub const DEFAULT_MAX_EVENT: usize = 1024 * 1024;
@@ -218,6 +225,23 @@ pub struct Usage {
     /// `usage.completion_tokens_details.reasoning_tokens`: the part of `completion_tokens`
     /// spent on reasoning, when the server reports it (OpenAI, and servers that copy it).
     pub reasoning_tokens: Option<i64>,
+    /// The part of `prompt_tokens` the server read from its prefix cache, when it reports it
+    /// (`usage.prompt_tokens_details.cached_tokens`; Responses'
+    /// `input_tokens_details.cached_tokens`; Messages' `cache_read_input_tokens`).
+    pub cached_tokens: Option<i64>,
+}
+
+impl Usage {
+    /// `self` with every count `later` reports put over it: a stream's usage as it grows
+    /// (Messages report the prompt in `message_start` and the output in `message_delta`).
+    pub fn merged(self, later: Usage) -> Usage {
+        Usage {
+            prompt_tokens: later.prompt_tokens.or(self.prompt_tokens),
+            completion_tokens: later.completion_tokens.or(self.completion_tokens),
+            reasoning_tokens: later.reasoning_tokens.or(self.reasoning_tokens),
+            cached_tokens: later.cached_tokens.or(self.cached_tokens),
+        }
+    }
 }
 
 /// `usage` as sent: the reasoning tokens sit one object down.
@@ -229,12 +253,17 @@ struct RawUsage {
     completion_tokens: Option<i64>,
     #[serde(default)]
     completion_tokens_details: Option<TokenDetails>,
+    #[serde(default)]
+    prompt_tokens_details: Option<TokenDetails>,
 }
 
+/// `*_tokens_details` of any of the APIs: the members any of them uses.
 #[derive(Deserialize)]
-struct TokenDetails {
+pub(crate) struct TokenDetails {
     #[serde(default)]
-    reasoning_tokens: Option<i64>,
+    pub(crate) reasoning_tokens: Option<i64>,
+    #[serde(default)]
+    pub(crate) cached_tokens: Option<i64>,
 }
 
 impl From<RawUsage> for Usage {
@@ -243,6 +272,7 @@ impl From<RawUsage> for Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             reasoning_tokens: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
+            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
         }
     }
 }
@@ -267,6 +297,20 @@ pub enum StreamEvent {
     Usage(Usage),
     /// `[DONE]`.
     Done,
+    /// The opening event of a typed stream (Responses' `response.created` /
+    /// `response.in_progress`, Messages' `message_start`): the response's `id` (what a later
+    /// `previous_response_id` names) and the usage it already reports (Messages: the prompt).
+    Started {
+        /// The response's id.
+        id: Option<String>,
+        /// Usage reported at the start.
+        usage: Option<Usage>,
+    },
+    /// The terminal event of a typed stream: Responses' `response.completed` and
+    /// `response.incomplete` (with the final usage), Messages' `message_stop`. The response
+    /// ended as the server meant it to, as `[DONE]` says of a chat stream, and this event's
+    /// arrival is the response's end (E2EL).
+    Final(Option<Usage>),
     /// An error object sent in the stream (`{"error": ...}`), with its message.
     Error(String),
     /// Valid JSON that is none of the above (e.g. empty `choices` without usage).
@@ -310,6 +354,32 @@ pub fn read_event(data: &[u8], mut text: Option<&mut ChunkText>) -> StreamEvent 
         t.clear();
     }
     let kind = parse_event(data, text.as_deref_mut());
+    if !matches!(kind, StreamEvent::Chunk { output: true, .. }) {
+        if let Some(t) = text {
+            t.clear();
+        }
+    }
+    kind
+}
+
+/// [`read_event`] for a stream of `api`: Responses and Messages streams are typed events
+/// ([`Api::typed_events`]), read into the same [`StreamEvent`]s and text; any other API's
+/// stream is read as OpenAI chunks.
+pub fn read_event_of(api: Api, data: &[u8], mut text: Option<&mut ChunkText>) -> StreamEvent {
+    let typed: fn(&[u8], Option<&mut ChunkText>) -> StreamEvent = match api {
+        Api::Responses => responses::read,
+        Api::Messages => messages::read,
+        _ => return read_event(data, text),
+    };
+    if let Some(t) = text.as_deref_mut() {
+        t.clear();
+    }
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        // Some servers end a typed stream as they end a chat stream, after its final event.
+        return StreamEvent::Done;
+    }
+    let kind = typed(data, text.as_deref_mut());
     if !matches!(kind, StreamEvent::Chunk { output: true, .. }) {
         if let Some(t) = text {
             t.clear();
@@ -845,6 +915,10 @@ pub fn error_message(e: &serde_json::Value) -> String {
 /// JSON.
 pub fn response_text(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    Some(choices_text(&v))
+}
+
+fn choices_text(v: &serde_json::Value) -> String {
     let mut out = String::new();
     for c in v
         .get("choices")
@@ -854,7 +928,7 @@ pub fn response_text(body: &[u8]) -> Option<String> {
     {
         push_choice_text(c, "message", &mut out);
     }
-    Some(out)
+    out
 }
 
 fn push_choice_text(choice: &serde_json::Value, inner: &str, out: &mut String) {
@@ -889,6 +963,10 @@ fn push_choice_text(choice: &serde_json::Value, inner: &str, out: &mut String) {
 /// None when the body is not JSON.
 pub fn response_reasoning_text(body: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    Some(choices_reasoning(&v))
+}
+
+fn choices_reasoning(v: &serde_json::Value) -> String {
     let mut out = String::new();
     for c in v
         .get("choices")
@@ -902,7 +980,53 @@ pub fn response_reasoning_text(body: &[u8]) -> Option<String> {
             }
         }
     }
-    Some(out)
+    out
+}
+
+/// What a whole (non-streamed) response of any generation API says, read once.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Whole {
+    /// The response's `id` (Responses and Messages: what a later turn's
+    /// `previous_response_id` or tool results name).
+    pub id: Option<String>,
+    /// A failure the body reports with a 2xx (a Responses `status: "failed"`, a Messages
+    /// `"type": "error"` body), with its message.
+    pub failed: Option<String>,
+    /// Its usage.
+    pub usage: Option<Usage>,
+    /// Every generated text (answer, reasoning, tool-call names and arguments), what a
+    /// tokenizer counts when the server reports no usage.
+    pub output: String,
+    /// The answer text a client shows and resends.
+    pub answer: String,
+    /// The reasoning text.
+    pub reasoning: String,
+}
+
+/// `body` read as a whole response of `api`; `None` when it is not JSON (not a JSON object,
+/// for Responses and Messages).
+pub fn read_whole(api: Api, body: &[u8]) -> Option<Whole> {
+    match api {
+        Api::Responses => responses::whole(body),
+        Api::Messages => messages::whole(body),
+        _ => {
+            let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+            let answer = v
+                .pointer("/choices/0/message/content")
+                .or_else(|| v.pointer("/choices/0/text"))
+                .and_then(|s| s.as_str())
+                .unwrap_or("")
+                .to_string();
+            Some(Whole {
+                id: v.get("id").and_then(|s| s.as_str()).map(str::to_string),
+                failed: None,
+                usage: v.get("usage").and_then(|u| Usage::deserialize(u).ok()),
+                output: choices_text(&v),
+                answer,
+                reasoning: choices_reasoning(&v),
+            })
+        }
+    }
 }
 
 /// Reads `usage` from a whole (non-streamed) OpenAI response body.
@@ -1110,6 +1234,7 @@ mod tests {
                     prompt_tokens: Some(3),
                     completion_tokens: Some(2),
                     reasoning_tokens: None,
+                    cached_tokens: None,
                 }),
                 output: true,
                 answer: true,
@@ -1122,6 +1247,7 @@ mod tests {
                 prompt_tokens: Some(3),
                 completion_tokens: Some(7),
                 reasoning_tokens: None,
+                cached_tokens: None,
             })
         );
         assert_eq!(classify(b" [DONE] "), StreamEvent::Done);

@@ -14,7 +14,8 @@
 //! The outcomes are the trace's (`trace-format`'s `Outcome` converts from [`Outcome`] variant
 //! by variant), so the names written to traces and read by its outcome taxonomy do not change.
 
-use crate::sse::{error_message, response_usage, StreamEvent, Usage};
+use crate::api::Api;
+use crate::sse::{error_message, read_whole, StreamEvent, Usage};
 
 /// What became of a request: the trace's outcomes, variant for variant (trace-format's
 /// `Outcome` converts from it and a test there holds the two together); here, what the
@@ -115,6 +116,10 @@ pub struct Verdict {
     pub chunk_tokens: Option<Vec<i32>>,
     /// `usage.completion_tokens_details.reasoning_tokens`, when the server reported it.
     pub reasoning_tokens: Option<i64>,
+    /// The part of the prompt read from the server's prefix cache, when it reported it.
+    pub cached_tokens: Option<i64>,
+    /// The response's id (Responses, Messages; a chat completion's too).
+    pub response_id: Option<String>,
 }
 
 impl Verdict {
@@ -126,6 +131,8 @@ impl Verdict {
             completion_tokens: None,
             chunk_tokens: None,
             reasoning_tokens: None,
+            cached_tokens: None,
+            response_id: None,
         }
     }
 }
@@ -146,10 +153,15 @@ pub struct StreamTally {
     pub reasoning_chunks: usize,
     /// Cumulative `completion_tokens` of every output chunk that carried usage.
     pub cumulative_tokens: Vec<i64>,
-    /// The last usage seen (chunk or usage-only event).
+    /// The usage seen, each report's counts over the earlier ones' (chunk, usage-only,
+    /// start or final event).
     pub usage: Option<Usage>,
-    /// `[DONE]` was seen.
+    /// `[DONE]` was seen, or a typed stream's final event.
     pub done: bool,
+    /// The stream is typed events (a start event was seen: Responses, Messages).
+    pub typed: bool,
+    /// The response's id, from its start event.
+    pub response_id: Option<String>,
     /// The first error event's message.
     pub stream_error: Option<String>,
     /// Events whose data was not JSON.
@@ -189,12 +201,29 @@ impl StreamTally {
                     if let (true, Some(c)) = (output, u.completion_tokens) {
                         self.cumulative_tokens.push(c);
                     }
-                    self.usage = Some(u);
+                    self.merge_usage(u);
                 }
                 return output;
             }
-            StreamEvent::Usage(u) => self.usage = Some(u),
+            StreamEvent::Usage(u) => self.merge_usage(u),
             StreamEvent::Done => self.done = true,
+            StreamEvent::Started { id, usage } => {
+                self.typed = true;
+                if self.response_id.is_none() {
+                    self.response_id = id;
+                }
+                if let Some(u) = usage {
+                    self.merge_usage(u);
+                }
+            }
+            StreamEvent::Final(usage) => {
+                self.typed = true;
+                self.done = true;
+                self.last_chunk_us = Some(t_us);
+                if let Some(u) = usage {
+                    self.merge_usage(u);
+                }
+            }
             StreamEvent::Error(m) => {
                 self.stream_error.get_or_insert(m);
             }
@@ -202,6 +231,13 @@ impl StreamTally {
             StreamEvent::Invalid => self.invalid += 1,
         }
         false
+    }
+
+    fn merge_usage(&mut self, u: Usage) {
+        self.usage = Some(match self.usage {
+            Some(before) => before.merged(u),
+            None => u,
+        });
     }
 
     /// Tokens of each output chunk: the differences of the cumulative counts, when every
@@ -241,6 +277,12 @@ pub fn judge_stream(status: u16, tally: &StreamTally, end: End) -> Verdict {
                 Outcome::UpstreamError,
                 Some(format!("error event in stream: {m}")),
             ),
+            None if !tally.done && tally.typed => (
+                Outcome::UpstreamError,
+                Some(format!(
+                    "stream ended without its final event after {n} chunks"
+                )),
+            ),
             None if !tally.done => (
                 Outcome::UpstreamError,
                 Some(format!("stream ended without [DONE] after {n} chunks")),
@@ -262,13 +304,16 @@ pub fn judge_stream(status: u16, tally: &StreamTally, end: End) -> Verdict {
             .or_else(|| tally.cumulative_tokens.last().copied()),
         chunk_tokens: tally.chunk_tokens(),
         reasoning_tokens: usage.reasoning_tokens,
+        cached_tokens: usage.cached_tokens,
+        response_id: tally.response_id.clone(),
     }
 }
 
-/// The verdict on a response read whole (not an event stream) with HTTP `status`: `body` is
-/// what the caller kept of it (all of a 2xx; a bounded prefix of an error), `stream_asked`
-/// whether the request asked for a stream. A cut body has no usage.
+/// The verdict on a response of `api` read whole (not an event stream) with HTTP `status`:
+/// `body` is what the caller kept of it (all of a 2xx; a bounded prefix of an error),
+/// `stream_asked` whether the request asked for a stream. A cut body has no usage.
 pub fn judge_whole(
+    api: Api,
     status: u16,
     body: &[u8],
     stream_asked: bool,
@@ -296,17 +341,24 @@ pub fn judge_whole(
             Some("streamed request answered without text/event-stream".into()),
         );
     }
-    match response_usage(body) {
-        Some(u) => Verdict {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-            reasoning_tokens: u.reasoning_tokens,
-            ..Verdict::of(Outcome::Ok, None)
-        },
-        None if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() => {
-            Verdict::of(Outcome::UpstreamError, Some("response is not JSON".into()))
-        }
-        None => Verdict::of(Outcome::Ok, None),
+    let Some(w) = read_whole(api, body) else {
+        return Verdict::of(Outcome::UpstreamError, Some("response is not JSON".into()));
+    };
+    let u = w.usage.unwrap_or_default();
+    let (outcome, error) = match w.failed {
+        Some(m) => (
+            Outcome::UpstreamError,
+            Some(format!("response failed: {m}")),
+        ),
+        None => (Outcome::Ok, None),
+    };
+    Verdict {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        reasoning_tokens: u.reasoning_tokens,
+        cached_tokens: u.cached_tokens,
+        response_id: w.id,
+        ..Verdict::of(outcome, error)
     }
 }
 
@@ -357,6 +409,8 @@ data: [DONE]\n\n";
                 completion_tokens: Some(5),
                 chunk_tokens: Some(vec![2, 3]),
                 reasoning_tokens: None,
+                cached_tokens: None,
+                response_id: None,
             }
         );
         assert_eq!((t.first_answer_us, t.reasoning_chunks), (Some(20), 0));
@@ -478,7 +532,9 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
                 (outcome, end.clone().failure().map(|f| f.1))
             );
             assert_eq!(c.chunk_tokens, Some(vec![1]));
-            let (c, r) = both(|rules| judge_whole(200, b"{\"usage\":{", false, end.clone(), rules));
+            let (c, r) = both(|rules| {
+                judge_whole(Api::Chat, 200, b"{\"usage\":{", false, end.clone(), rules)
+            });
             assert_eq!(c, r);
             assert_eq!(c, Verdict::of(outcome, end.clone().failure().map(|f| f.1)));
         }
@@ -488,7 +544,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
     #[test]
     fn http_errors_with_json_and_other_bodies() {
         let json = br#"{"error":{"message":"model not found","code":404}}"#;
-        let (c, r) = both(|rules| judge_whole(404, json, false, End::Complete, rules));
+        let (c, r) = both(|rules| judge_whole(Api::Chat, 404, json, false, End::Complete, rules));
         assert_eq!(c.outcome, Outcome::HttpError);
         assert_eq!(c.error.as_deref(), Some("HTTP 404: model not found"));
         assert_eq!(r.outcome, Outcome::HttpError);
@@ -497,12 +553,13 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             Some("HTTP 404: {\"error\":{\"message\":\"model not found\",\"code\":404}}")
         );
         let html = "<html>".to_string() + &"x".repeat(600);
-        let (c, r) = both(|rules| judge_whole(503, html.as_bytes(), true, End::Complete, rules));
+        let (c, r) =
+            both(|rules| judge_whole(Api::Chat, 503, html.as_bytes(), true, End::Complete, rules));
         assert_eq!(c.outcome, Outcome::HttpError);
         assert_eq!(c.error, Some(format!("HTTP 503: {}", &html[..512])));
         assert_eq!(r.error, Some(format!("HTTP 503: {html}")));
         let plain = br#"{"error":"busy"}"#;
-        let c = judge_whole(429, plain, false, End::Complete, Rules::CAPTURE);
+        let c = judge_whole(Api::Chat, 429, plain, false, End::Complete, Rules::CAPTURE);
         assert_eq!(c.error.as_deref(), Some("HTTP 429: busy"));
         let t = tally(CHAT_USAGE);
         let c = judge_stream(500, &t, End::Complete);
@@ -517,7 +574,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
     fn ok_whole_responses() {
         let body =
             br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":10,"completion_tokens":4}}"#;
-        let (c, r) = both(|rules| judge_whole(200, body, false, End::Complete, rules));
+        let (c, r) = both(|rules| judge_whole(Api::Chat, 200, body, false, End::Complete, rules));
         assert_eq!(c, r);
         assert_eq!(
             (
@@ -528,8 +585,16 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
             ),
             (Outcome::Ok, Some(10), Some(4), None)
         );
-        let (c, r) =
-            both(|rules| judge_whole(200, br#"{"choices":[]}"#, false, End::Complete, rules));
+        let (c, r) = both(|rules| {
+            judge_whole(
+                Api::Chat,
+                200,
+                br#"{"choices":[]}"#,
+                false,
+                End::Complete,
+                rules,
+            )
+        });
         assert_eq!(c, r);
         assert_eq!(c, Verdict::of(Outcome::Ok, None));
     }
@@ -538,14 +603,15 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
     /// judged it `ok`, replay `upstream_error`: the same response read as drift).
     #[test]
     fn a_2xx_that_is_not_what_was_asked_for_fails_on_both_sides() {
-        let (c, r) = both(|rules| judge_whole(200, b"<html>", false, End::Complete, rules));
+        let (c, r) =
+            both(|rules| judge_whole(Api::Chat, 200, b"<html>", false, End::Complete, rules));
         assert_eq!(c, r);
         assert_eq!(
             c,
             Verdict::of(Outcome::UpstreamError, Some("response is not JSON".into()))
         );
         let json = br#"{"choices":[{"text":"x"}]}"#;
-        let (c, r) = both(|rules| judge_whole(200, json, true, End::Complete, rules));
+        let (c, r) = both(|rules| judge_whole(Api::Chat, 200, json, true, End::Complete, rules));
         assert_eq!(c, r);
         assert_eq!(
             c,
@@ -568,6 +634,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n";
         // An error is the one thing worded differently.
         let (c, r) = both(|rules| {
             judge_whole(
+                Api::Chat,
                 503,
                 br#"{"error":{"message":"busy"}}"#,
                 false,

@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 use tokio::time::Sleep;
 use trace_format::reasoning::Reasoning;
 use trace_format::{Outcome, TokenSource, TraceRecord};
+use wire::api::Api;
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
 
 use crate::linking::agents::{CallsSeen, Seen};
@@ -341,7 +342,8 @@ impl ObservedBody {
             }
             Mode::Whole { copy, bytes } => {
                 self.rec.rec.response_bytes = *bytes as i64;
-                let v = judge_whole(status, copy, self.rec.rec.stream, how, Rules::CAPTURE);
+                let api = Api::of_endpoint(&self.rec.rec.endpoint).unwrap_or(Api::Chat);
+                let v = judge_whole(api, status, copy, self.rec.rec.stream, how, Rules::CAPTURE);
                 if v.outcome == verdict::Outcome::Ok {
                     if self.rec.sampled {
                         let (answer, calls) = answer_of_body(copy).unzip();

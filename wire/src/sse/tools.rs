@@ -50,16 +50,31 @@ impl ChunkText {
     }
 
     pub(super) fn push_call(&mut self, c: &CallPiece<'_>) {
-        let mut put = |s: &Option<Cow<'_, str>>| {
+        fn s<'a>(s: &'a Option<Cow<'_, str>>) -> &'a str {
+            s.as_deref().unwrap_or("")
+        }
+        self.push_call_parts(c.index, s(&c.id), s(&c.name), s(&c.arguments));
+    }
+
+    /// A tool call's piece: its index, and its id, name and arguments as this chunk has them
+    /// (empty when absent).
+    pub(super) fn push_call_parts(
+        &mut self,
+        index: Option<u64>,
+        id: &str,
+        name: &str,
+        arguments: &str,
+    ) {
+        let mut put = |s: &str| {
             let start = self.tool_text.len();
-            self.tool_text.push_str(s.as_deref().unwrap_or(""));
+            self.tool_text.push_str(s);
             start..self.tool_text.len()
         };
         let r = CallRanges {
-            index: c.index,
-            id: put(&c.id),
-            name: put(&c.name),
-            arguments: put(&c.arguments),
+            index,
+            id: put(id),
+            name: put(name),
+            arguments: put(arguments),
         };
         self.calls.push(r);
     }

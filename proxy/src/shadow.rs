@@ -541,16 +541,7 @@ fn key_of(bytes: &[u8]) -> u64 {
 }
 
 /// Whether `key` falls in the sample `rate` (splitmix64 spreads similar keys).
-fn drawn(key: u64, rate: f64) -> bool {
-    if rate >= 1.0 {
-        return true;
-    }
-    let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z as f64 / u64::MAX as f64) < rate
-}
+use trace_format::fnv::drawn;
 
 /// A chat request's conversation root: the chain hash of its messages up to its first user
 /// message ([`crate::linking::sessions::chat_chain`]), the same in every turn of the conversation.

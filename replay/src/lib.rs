@@ -14,7 +14,6 @@ pub mod graph;
 pub mod metrics;
 pub mod output;
 pub mod pacer;
-pub mod pct;
 pub mod plan;
 pub mod prompt;
 pub mod request;

@@ -269,36 +269,6 @@ impl HistogramSummary {
             p95_bucket: h.bucket_of(0.95).map(|(a, b)| (a * 1e3, b * 1e3)),
         }
     }
-
-    /// The p95 as printed: an estimate from histogram buckets, so marked `≈`, with the bucket
-    /// it lies in — interpolated inside a wide bucket it can exceed what any client measured.
-    /// A bucket wider than twice the larger of its lower bound and the mean places nothing
-    /// (a p95 "≈285" in 0–300 ms beside a mean of 11.7 ms): then only its bound is shown.
-    pub fn p95_text(&self) -> String {
-        let Some(v) = self.p95 else {
-            return "-".into();
-        };
-        let n = crate::pct::fmt_num;
-        match self.p95_bucket {
-            Some((lo, hi)) if hi.is_finite() && hi - lo > 2.0 * lo.max(self.mean) => format!(
-                "≤{} (the server's histogram bucket {}-{} ms is too wide beside the mean to \
-                 estimate it)",
-                n(hi),
-                n(lo),
-                n(hi)
-            ),
-            Some((lo, hi)) if hi.is_infinite() => format!(
-                "≥{v:.2} (estimated from histogram buckets: above the highest bound, {} ms)",
-                n(lo)
-            ),
-            Some((lo, hi)) => format!(
-                "≈{v:.2} (estimated from histogram buckets: somewhere in the {}-{} ms bucket)",
-                n(lo),
-                n(hi)
-            ),
-            None => format!("≈{v:.2} (estimated from histogram buckets)"),
-        }
-    }
 }
 
 /// Every histogram of [`HISTOGRAMS`] in a scrape.
@@ -337,32 +307,6 @@ pub async fn scrape(client: &Client) -> Option<BTreeMap<String, Histogram>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Issue 39, polish: "p95 ≈285 (somewhere in the 0-300 ms bucket)" beside a mean of
-    /// 11.7 ms: the interpolated figure says nothing; only the bucket's bound does.
-    #[test]
-    fn a_bucket_far_wider_than_the_mean_shows_only_its_bound() {
-        let q = |mean: f64, p95: f64, bucket: (f64, f64)| HistogramSummary {
-            count: 38.0,
-            mean,
-            p50: None,
-            p95: Some(p95),
-            p99: None,
-            p95_bucket: Some(bucket),
-        };
-        let coarse = q(11.7, 285.0, (0.0, 300.0)).p95_text();
-        assert!(coarse.starts_with("≤300 ("), "{coarse}");
-        assert!(!coarse.contains("285"), "{coarse}");
-        // A bucket narrow beside its values still places the estimate.
-        let fine = q(180.0, 230.0, (200.0, 250.0)).p95_text();
-        assert!(
-            fine.starts_with("≈230.00 (") && fine.contains("200-250 ms"),
-            "{fine}"
-        );
-        // A heavy tail far above the mean, in a bucket narrow beside its lower bound.
-        let tail = q(16.0, 280.0, (250.0, 300.0)).p95_text();
-        assert!(tail.starts_with("≈280.00"), "{tail}");
-    }
 
     #[test]
     fn histogram_delta_and_quantile_as_prometheus() {

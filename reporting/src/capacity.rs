@@ -106,7 +106,7 @@ pub fn load_text(axis: Axis, level: f64, offered_rps: Option<f64>) -> String {
     }
 }
 
-pub use replay::pct::fmt_num;
+pub use results::pct::fmt_num;
 
 /// The first level that breaks the SLO, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -211,7 +211,7 @@ pub fn knee(points: &[LevelPoint], axis: Axis, have_slos: bool) -> Option<Knee> 
                 if thr > 0.0 && g < GOODPUT_FOLLOW_FRACTION * thr {
                     reasons.push(format!(
                         "goodput fell to {} of request throughput ({:.2} of {:.2} req/s)",
-                        replay::pct::fmt_share(g / thr),
+                        results::pct::fmt_share(g / thr),
                         g,
                         thr
                     ));

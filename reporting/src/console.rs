@@ -9,6 +9,7 @@ use trace_format::stats::{percentile_label, Summary};
 use replay::config::{Arrivals, ReplayConfig};
 use replay::metrics::Metrics;
 use replay::run::RunOutput;
+use replay::server_metrics::HistogramSummary;
 use results::build::{prompt_note, run_verdict, slo_pass, verdict, ResultInputs};
 
 /// The definitions table printed above every result: the console block of `docs/metrics.md`
@@ -433,7 +434,7 @@ fn client(out: &mut String, i: &ResultInputs) -> results::doc::Verdict {
         line(
             out,
             "Server queue time mean / p95 (ms):",
-            format!("{:.2} / {}", q.mean, q.p95_text()),
+            format!("{:.2} / {}", q.mean, p95_text(q)),
         );
     }
     for (name, g) in &run.server_gauges {
@@ -564,8 +565,66 @@ pub fn comparison_table(cfg: &ReplayConfig, runs: &[(RunOutput, Metrics)]) -> St
     out
 }
 
+/// The p95 as printed: an estimate from histogram buckets, so marked `≈`, with the bucket
+/// it lies in — interpolated inside a wide bucket it can exceed what any client measured.
+/// A bucket wider than twice the larger of its lower bound and the mean places nothing
+/// (a p95 "≈285" in 0–300 ms beside a mean of 11.7 ms): then only its bound is shown.
+pub(crate) fn p95_text(q: &HistogramSummary) -> String {
+    let Some(v) = q.p95 else {
+        return "-".into();
+    };
+    let n = results::pct::fmt_num;
+    match q.p95_bucket {
+        Some((lo, hi)) if hi.is_finite() && hi - lo > 2.0 * lo.max(q.mean) => format!(
+            "≤{} (the server's histogram bucket {}-{} ms is too wide beside the mean to \
+             estimate it)",
+            n(hi),
+            n(lo),
+            n(hi)
+        ),
+        Some((lo, hi)) if hi.is_infinite() => format!(
+            "≥{v:.2} (estimated from histogram buckets: above the highest bound, {} ms)",
+            n(lo)
+        ),
+        Some((lo, hi)) => format!(
+            "≈{v:.2} (estimated from histogram buckets: somewhere in the {}-{} ms bucket)",
+            n(lo),
+            n(hi)
+        ),
+        None => format!("≈{v:.2} (estimated from histogram buckets)"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Issue 39, polish: "p95 ≈285 (somewhere in the 0-300 ms bucket)" beside a mean of
+    /// 11.7 ms: the interpolated figure says nothing; only the bucket's bound does.
+    #[test]
+    fn a_bucket_far_wider_than_the_mean_shows_only_its_bound() {
+        let q = |mean: f64, p95: f64, bucket: (f64, f64)| HistogramSummary {
+            count: 38.0,
+            mean,
+            p50: None,
+            p95: Some(p95),
+            p99: None,
+            p95_bucket: Some(bucket),
+        };
+        let coarse = p95_text(&q(11.7, 285.0, (0.0, 300.0)));
+        assert!(coarse.starts_with("≤300 ("), "{coarse}");
+        assert!(!coarse.contains("285"), "{coarse}");
+        // A bucket narrow beside its values still places the estimate.
+        let fine = p95_text(&q(180.0, 230.0, (200.0, 250.0)));
+        assert!(
+            fine.starts_with("≈230.00 (") && fine.contains("200-250 ms"),
+            "{fine}"
+        );
+        // A heavy tail far above the mean, in a bucket narrow beside its lower bound.
+        let tail = p95_text(&q(16.0, 280.0, (250.0, 300.0)));
+        assert!(tail.starts_with("≈280.00"), "{tail}");
+    }
+
     #[test]
     fn bucket_quantiles_are_printed_as_estimates_with_their_bucket() {
         let before = "vllm:request_queue_time_seconds_bucket{le=\"0.25\"} 0\n\

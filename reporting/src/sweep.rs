@@ -109,13 +109,7 @@ pub struct LevelRun {
     pub metrics: Metrics,
 }
 
-fn mix(mut x: u64) -> u64 {
-    // splitmix64
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+use trace_format::fnv::splitmix64 as mix;
 
 /// The configuration of one level and repeat: the axis value set, a salt of its own; a new
 /// configuration, validated.
@@ -607,8 +601,8 @@ pub fn console_table(spec: &SweepSpec, series: &[series::Series]) -> String {
             let thr = p.mean("request_throughput").unwrap_or(0.0);
             let good = p
                 .mean("request_goodput")
-                .and_then(|g| replay::pct::share(g, thr))
-                .map_or("-".into(), replay::pct::fmt_share);
+                .and_then(|g| results::pct::share(g, thr))
+                .map_or("-".into(), results::pct::fmt_share);
             let _ = writeln!(
                 out,
                 "{:>10} {:>4} {:>9} {:>13} {:>13} {:>9} {:>10} {:>10} {:>10} {:>10} {:>6.1}%",
@@ -689,7 +683,7 @@ mod tests {
 
     /// The same good% read 12% on the console and 13% elsewhere: Rust's `{:.0}` rounds a
     /// half to even (12.5 → 12), people and every other tool round it up. One rule, one
-    /// function ([`replay::pct::fmt_share`]): the sweep table and the knee sentence agree.
+    /// function ([`results::pct::fmt_share`]): the sweep table and the knee sentence agree.
     #[test]
     fn good_percent_has_one_rounding_rule_on_the_console_and_in_the_knee() {
         use crate::capacity::{LevelPoint, Stat};

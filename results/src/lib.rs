@@ -22,6 +22,7 @@ pub mod figures;
 pub mod level;
 pub mod merge;
 pub mod outputs;
+pub mod pct;
 pub mod settings;
 pub mod sink;
 pub mod sweep_doc;

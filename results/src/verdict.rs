@@ -15,7 +15,7 @@ use trace_format::CauseCounts;
 
 pub use crate::doc::RunVerdict;
 use crate::level::{self, LevelPoint, Stat};
-use replay::pct::fmt_num;
+use crate::pct::fmt_num;
 
 /// Judges one level (one run, or the runs of one sweep level) against `slos` at percentile
 /// `pct`. Without SLOs, the error budget alone decides.

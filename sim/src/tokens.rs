@@ -22,13 +22,8 @@ pub const VOCAB: [&str; 16] = [
     " et",
 ];
 
-/// SplitMix64 finaliser: a cheap, well-mixed 64-bit hash step.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+/// SplitMix64: a cheap, well-mixed 64-bit hash step ([`trace_format::fnv::splitmix64`]).
+pub use trace_format::fnv::splitmix64 as mix;
 
 /// Combines a running hash with one more value.
 pub fn combine(h: u64, x: u64) -> u64 {
@@ -37,12 +32,7 @@ pub fn combine(h: u64, x: u64) -> u64 {
 
 /// FNV-1a over bytes, then mixed.
 pub fn hash_bytes(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    mix(h)
+    mix(trace_format::fnv::fnv1a(trace_format::fnv::OFFSET, bytes))
 }
 
 /// Appends one hash per whitespace-separated word of `text` to `out`.

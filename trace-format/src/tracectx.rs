@@ -26,11 +26,7 @@ pub struct TraceContext {
 }
 
 /// splitmix64's finalizer: spreads an FNV hash over all 64 bits.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use crate::fnv::finalize as mix;
 
 fn hash(scope: &str, id: &str, salt: u8) -> u64 {
     let h = fnv1a(fnv1a(fnv1a(OFFSET, &[salt]), scope.as_bytes()), &[0xff]);

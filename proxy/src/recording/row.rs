@@ -33,8 +33,6 @@ use crate::recording::prompts::PendingPrompt;
 use crate::recording::writer::{Generated, OutputText, Sink};
 use crate::upstream::{BoxError, UpstreamBody};
 
-/// Error type of response bodies.
-
 /// Bytes of a non-streamed response kept to read its usage or error message.
 const WHOLE_BODY_CAP: usize = 8 * 1024 * 1024;
 

@@ -118,17 +118,8 @@ pub(crate) fn is_generation(method: &Method, path: &str) -> bool {
     method == Method::POST && path.trim_end_matches('/').ends_with("/completions")
 }
 
-/// splitmix64: a cheap deterministic sampling draw per request number.
-fn sampled(n: u64, rate: f64) -> bool {
-    if rate >= 1.0 {
-        return true;
-    }
-    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z as f64 / u64::MAX as f64) < rate
-}
+/// A cheap deterministic sampling draw per request number.
+use trace_format::fnv::drawn as sampled;
 
 /// The request's W3C trace context, recorded in `rec` (`trace_id`, `span_id`): the client's
 /// valid `traceparent`, left unchanged; else, when `start` (capture's id prefix) is given, a

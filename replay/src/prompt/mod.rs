@@ -36,11 +36,8 @@ pub fn stable_hash(s: &str) -> u64 {
 }
 
 fn mix(a: u64, b: u64) -> u64 {
-    // splitmix64 of the pair.
-    let mut z = a ^ b.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    // splitmix64's finaliser of the pair.
+    trace_format::fnv::finalize(a ^ b.rotate_left(32) ^ trace_format::fnv::GOLDEN)
 }
 
 /// Seed of the text of the block with prefix hash `h`.

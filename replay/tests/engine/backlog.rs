@@ -12,23 +12,12 @@ use trace_format::TraceRecord;
 
 /// `n` streamed requests of one output token, `gap_us` apart.
 fn trace(n: usize, gap_us: i64) -> Vec<TraceRecord> {
-    (0..n)
-        .map(|i| {
-            let mut r = TraceRecord::new(
-                format!("req-{i:05}"),
-                1_700_000_000_000_000 + i as i64 * gap_us,
-                "/v1/completions",
-            );
-            r.stream = true;
-            r.prompt_tokens = Some(8);
-            r.output_tokens = Some(1);
-            r
-        })
-        .collect()
+    crate::rows("req", n, gap_us, (8, 1), true)
 }
 
 #[test]
 fn requests_waiting_for_a_slot_are_not_built_until_one_is_near() {
+    let _turn = crate::turn(module_path!());
     const N: usize = 2_000;
     const CAP: usize = 8;
     const WAITING: usize = 64;
@@ -84,6 +73,7 @@ fn requests_waiting_for_a_slot_are_not_built_until_one_is_near() {
 
 #[test]
 fn a_paced_trace_faster_than_the_target_is_held_in_bounded_memory_too() {
+    let _turn = crate::turn(module_path!());
     // 1,000 requests 1 ms apart; two slots of requests that last ≥ 8 ms serve at most
     // 250 req/s, so a backlog grows through the whole schedule (to ~750).
     const N: usize = 1_000;

@@ -16,19 +16,7 @@ use trace_format::{Outcome, TraceRecord};
 
 /// `n` streamed requests `gap_us` apart, each asking for `out` tokens.
 fn trace(n: usize, gap_us: i64, out: i64) -> Vec<TraceRecord> {
-    (0..n)
-        .map(|i| {
-            let mut r = TraceRecord::new(
-                format!("req-{i:05}"),
-                1_700_000_000_000_000 + i as i64 * gap_us,
-                "/v1/completions",
-            );
-            r.stream = true;
-            r.prompt_tokens = Some(8);
-            r.output_tokens = Some(out);
-            r
-        })
-        .collect()
+    crate::rows("req", n, gap_us, (8, out), true)
 }
 
 fn server(itl_ms: u64) -> GroundTruth {
@@ -114,6 +102,7 @@ fn ids_once(rows: &[TraceRecord]) -> HashMap<&str, &TraceRecord> {
 
 #[test]
 fn rows_stream_to_the_sink_and_are_not_kept_unless_asked() {
+    let _turn = crate::turn(module_path!());
     let gt = server(1);
     let mut cfg = config(&gt);
     cfg.keep_rows = false;
@@ -139,6 +128,7 @@ fn rows_stream_to_the_sink_and_are_not_kept_unless_asked() {
 
 #[test]
 fn the_feed_reads_no_further_ahead_than_its_look_ahead() {
+    let _turn = crate::turn(module_path!());
     // 3,000 requests over 3 s; the feed may build 200 ms of schedule ahead of the clock.
     let gt = server(1);
     let mut cfg = config(&gt);
@@ -185,6 +175,7 @@ fn the_feed_reads_no_further_ahead_than_its_look_ahead() {
 
 #[test]
 fn closed_sessions_finish_when_the_look_ahead_holds_one_request() {
+    let _turn = crate::turn(module_path!());
     // 40 sessions of 5 turns, interleaved; the look-ahead holds one built request at a
     // time, so most turns wait in it for their predecessor while the feed cannot move.
     let gt = server(1);
@@ -228,6 +219,7 @@ fn closed_sessions_finish_when_the_look_ahead_holds_one_request() {
 
 #[test]
 fn closed_graphs_finish_when_the_look_ahead_holds_one_request() {
+    let _turn = crate::turn(module_path!());
     // 40 sessions of turns, and every 5th row a sub-agent's opening in a session of its own
     // whose parent is a turn 13 rows back in another session (which then has two children):
     // with one built request in the look-ahead, children wait for parents far behind them.
@@ -322,6 +314,7 @@ fn stopped_run(
 
 #[test]
 fn a_stop_drains_then_cancels_and_every_sent_request_has_one_row() {
+    let _turn = crate::turn(module_path!());
     // 2,000 requests over 4 s, each streaming for ~1 s; stopped after 1 s with a 300 ms
     // drain: the short-lived ones finish, the rest are cancelled at the deadline.
     let gt = server(10);
@@ -388,6 +381,7 @@ fn a_stop_drains_then_cancels_and_every_sent_request_has_one_row() {
 
 #[test]
 fn a_second_stop_cancels_at_once() {
+    let _turn = crate::turn(module_path!());
     let gt = server(20);
     let mut cfg = config(&gt);
     cfg.drain_timeout = Duration::from_secs(60);
@@ -406,6 +400,7 @@ fn a_second_stop_cancels_at_once() {
 
 #[test]
 fn a_sink_that_cannot_write_stops_the_run_and_its_error_is_returned() {
+    let _turn = crate::turn(module_path!());
     let gt = server(1);
     let cfg = config(&gt);
     let mut sink = Collect {
@@ -430,6 +425,7 @@ fn a_sink_that_cannot_write_stops_the_run_and_its_error_is_returned() {
 
 #[test]
 fn a_trace_that_breaks_mid_run_stops_it_with_the_trace_error() {
+    let _turn = crate::turn(module_path!());
     let gt = server(1);
     let cfg = config(&gt);
     let src = Counted {

@@ -14,19 +14,7 @@ use trace_format::{Outcome, TokenSource, TraceRecord};
 /// once, without every stream's chunks falling due at the same instant (a burst at t=0 is a
 /// connection-storm scenario of its own, measured in bench/).
 fn trace(n: usize, stream: bool) -> Vec<TraceRecord> {
-    (0..n)
-        .map(|i| {
-            let mut r = TraceRecord::new(
-                format!("req-{i:04}"),
-                1_700_000_000_000_000 + i as i64 * 1000,
-                "/v1/completions",
-            );
-            r.stream = stream;
-            r.prompt_tokens = Some(10);
-            r.output_tokens = Some(100);
-            r
-        })
-        .collect()
+    crate::rows("req", n, 1000, (10, 100), stream)
 }
 
 /// 25 chunks for the trace's 100 output tokens (replay sends them as `max_tokens`).
@@ -43,6 +31,7 @@ fn server() -> GroundTruth {
 
 #[test]
 fn metrics_match_the_script_at_100_concurrent_streams() {
+    let _turn = crate::turn(module_path!());
     let server = server();
     let cfg = ReplayConfig::new(vec![Target {
         name: "scripted".into(),
@@ -133,6 +122,7 @@ fn metrics_match_the_script_at_100_concurrent_streams() {
 
 #[test]
 fn non_streamed_requests_use_the_whole_response() {
+    let _turn = crate::turn(module_path!());
     let server = server();
     let mut cfg = ReplayConfig::new(vec![Target {
         name: "s".into(),
@@ -167,6 +157,7 @@ fn non_streamed_requests_use_the_whole_response() {
 
 #[test]
 fn unreachable_target_is_an_error_not_a_hang() {
+    let _turn = crate::turn(module_path!());
     // A port nothing listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -191,6 +182,7 @@ fn unreachable_target_is_an_error_not_a_hang() {
 
 #[test]
 fn failed_requests_are_recorded_outcomes() {
+    let _turn = crate::turn(module_path!());
     // The sim with forced faults: 500, 429 and a reset mid-stream, each recorded per request.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sim = rt

@@ -12,23 +12,12 @@ use trace_format::TraceRecord;
 
 /// `n` streamed requests, all at one instant.
 fn burst(n: usize) -> Vec<TraceRecord> {
-    (0..n)
-        .map(|i| {
-            let mut r = TraceRecord::new(
-                format!("req-{i:04}"),
-                1_700_000_000_000_000,
-                "/v1/completions",
-            );
-            r.stream = true;
-            r.prompt_tokens = Some(10);
-            r.output_tokens = Some(2);
-            r
-        })
-        .collect()
+    crate::rows("req", n, 0, (10, 2), true)
 }
 
 #[test]
 fn a_burst_waits_in_the_client_queue_and_every_row_adds_up() {
+    let _turn = crate::turn(module_path!());
     // 200 requests due at one instant, at most 50 in flight; each lasts ≥ 25 ms.
     // Two chunks of one token: the trace's output length.
     let server = GroundTruth::start(

@@ -54,23 +54,12 @@ async fn tls_terminator(upstream: std::net::SocketAddr) -> std::net::SocketAddr 
 }
 
 fn trace(n: usize) -> Vec<TraceRecord> {
-    (0..n)
-        .map(|i| {
-            let mut r = TraceRecord::new(
-                format!("tls-{i}"),
-                1_700_000_000_000_000 + i as i64 * 2000,
-                "/v1/completions",
-            );
-            r.stream = true;
-            r.prompt_tokens = Some(8);
-            r.output_tokens = Some(5);
-            r
-        })
-        .collect()
+    crate::rows("tls", n, 2000, (8, 5), true)
 }
 
 #[test]
 fn replays_over_https_with_a_private_ca() {
+    let _turn = crate::turn(module_path!());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sim = rt
         .block_on(sim::start(

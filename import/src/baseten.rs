@@ -9,8 +9,9 @@
 //!
 //! Each row becomes one `/v1/completions` request, id `<prefix>:<row>` (1-based), arriving at
 //! `timestamp_start_unix_ms`, its body the recorded prompt (`{"model", "prompt", "max_tokens"
-//! and "min_tokens": output_tokens, "stream": true}`: replayed as recorded, the output length
-//! held as AIPerf holds it), with the captured TTFT and end-to-end latency. The session is
+//! and "min_tokens": output_tokens, "ignore_eos": true, "stream": true}`: replayed as
+//! recorded, the output length held as AIPerf and llmreplay's built requests hold it), with
+//! the captured TTFT and end-to-end latency. The session is
 //! chosen as AIPerf chooses it, for the whole file: `provided_session_id` when some value of it
 //! repeats, else `poor_man_session_id` when one of its values does, else whichever is present.
 //! `total_hashes` become `prefix_hashes`, `block_size` the file's block size (one per file). A
@@ -300,8 +301,11 @@ impl Row<'_> {
                 body["model"] = json!(m);
             }
             if let Some(n) = r.output_tokens {
+                // The recorded length held, as AIPerf holds it (min_tokens) and as llmreplay's
+                // built requests do (ignore_eos).
                 body["max_tokens"] = json!(n.max(1));
                 body["min_tokens"] = json!(n);
+                body["ignore_eos"] = json!(true);
             }
             r.body = Some(body.to_string());
         }

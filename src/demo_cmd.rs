@@ -84,7 +84,7 @@ pub(crate) fn run_demo(a: DemoArgs) -> Result<()> {
         a.output_len
     );
     // The levels are a request-rate sweep: the same mechanism as `replay --sweep`.
-    let trace = store::read_traces(&[trace_path.display().to_string()])
+    let trace = crate::traces::read_traces(&[trace_path.display().to_string()])
         .context("reading the demo trace back")?;
     let mut cfg = ReplayConfig::new(vec![Target {
         name: "sim".into(),

@@ -39,12 +39,13 @@ pub struct FidelityArgs {
 
 /// Runs the assessment; Ok(true) when --fail-on-drift applies.
 pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
-    let captured = store::read_traces(&a.captured).context("reading the captured trace")?;
-    let replayed = store::read_traces(&a.replayed).context("reading the replay's results")?;
+    let captured = crate::traces::read_traces(&a.captured).context("reading the captured trace")?;
+    let replayed =
+        crate::traces::read_traces(&a.replayed).context("reading the replay's results")?;
     let noise = if a.noise.is_empty() {
         None
     } else {
-        Some(store::read_traces(&a.noise).context("reading the noise run's results")?)
+        Some(crate::traces::read_traces(&a.noise).context("reading the noise run's results")?)
     };
     let replay_run = match &a.replay_result {
         Some(p) => {

@@ -10,7 +10,7 @@ use clap::Args;
 use import::{self, Format, ImportOptions};
 use tokenize::Tokenizer;
 
-use crate::flags::parse_rate;
+use crate::flags::{parse_duration, parse_rate};
 
 /// What each import format maps and what it cannot (printed by `llmreplay import --help`).
 pub const IMPORT_HELP: &str = "\
@@ -25,29 +25,48 @@ Formats (what becomes which column; what has no column and is not mapped):
             (sessions and parents), timestamp (s), input_length, output_length, hash_ids
             (16-token blocks). Not mapped: type, turn.
   sharegpt  ShareGPT JSON: the first human->gpt exchange, counted by --tokenizer; arrivals drawn.
-  dynamo    NVIDIA Dynamo agent trace JSONL (dynamo.agent.trace.v1): request_end events are
-            requests (session_id, trajectory_id chained turn after turn, parent_trajectory_id for
-            subagents; request_received_ms, ttft_ms, total_time_ms, input/output_tokens, model,
-            replay.input_sequence_hashes with their trace_block_size). Tool spans (tool_start,
-            tool_end, tool_error) are not requests: their time is in the next turn's think time.
-            Not mapped: cached_tokens, session_type_id, trajectory_final, request_id,
-            x_request_id, prefill_wait_time_ms, prefill_time_ms, avg_itl_ms, kv_hit_rate,
-            kv_transfer_estimated_latency_ms, queue_depth, worker, finish_reason_metadata, the
-            tool spans' fields. A dropped stream is not marked, so none imports as cancelled.
-  baseten   Baseten Parquet (no published column list was found; columns assumed): timestamp,
-            input_tokens, output_tokens, ttft_ms, duration_ms, cancelled (replayed as a cancel
-            at duration_ms), model, session_id. Not mapped: any other column (listed on import).
-  weka      WEKA agent-trace JSONL, a session per line (no published description was found;
-            fields from the dataset viewer): id (session), block_size, hash_id_scope, requests
-            [t (s from the session start), in, out, hash_ids, api_time (s), think_time (s)].
-            Sessions all start at 0; local hash ids are made session-unique.
-            Not mapped: models, type.
+  dynamo    NVIDIA Dynamo request traces (dynamo.request.trace.v1, and the first releases'
+            dynamo.agent.trace.v1), JSONL or .jsonl.gz, bare or in the sink's envelope:
+            request_end events are requests (trajectory_id, else session_id, chained turn after
+            turn; a subagent (parent_trajectory_id, else parent_session_id) linked to the parent
+            request that had ended, and the parent's next request waiting on a finished
+            subagent; request_received_ms, ttft_ms, total_time_ms, input_tokens (else
+            replay.input_length), output_tokens, model, replay.input_sequence_hashes with their
+            trace_block_size); a complete request_payload gives its request's body. Tool spans
+            (tool_start, tool_end, tool_error) are not requests: their time is in the next
+            turn's think time. Not mapped: cached_tokens, session_type_id, session_final,
+            trajectory_final, request_id, x_request_id, prefill_wait_time_ms,
+            prefill_time_ms, avg_itl_ms, kv_hit_rate, kv_transfer_estimated_latency_ms,
+            queue_depth, worker, kv_hints, finish_reason_metadata, payload responses and
+            headers, the tool spans' fields. A dropped stream is not marked, so none imports as
+            cancelled.
+  baseten   Baseten trace Parquet, the columns AIPerf's Baseten loader reads:
+            timestamp_start_unix_ms, prompt (a /v1/completions body, replayed as recorded),
+            input_tokens, output_tokens, duration_ttft_ms, duration_e2e_ms, request_canceled
+            (replayed as a cancel at duration_e2e_ms), model_name, total_hashes with block_size,
+            provided_session_id or poor_man_session_id (chosen as AIPerf does). Not mapped:
+            cached_tokens_reference, org_id, features, speculation_ratio, output_text,
+            __version__, total_hashes_len, any other column (listed on import).
+  weka      WEKA / SemiAnalysis agent traces (kv-cache-tester's docs/trace_replay_tester.md), a
+            session per JSON line or file: id (session), block_size, hash_id_scope, requests
+            [t (s from the session start), type (s streamed, n not), in, out, hash_ids,
+            api_time (s), ttft (s), think_time (s)], and subagent entries with their own
+            requests (t from the spawn; nested): a subagent's first call linked to the parent
+            call that had ended, the parent's next call waiting on a finished subagent (none
+            for async_launched). Sessions all start at 0; local hash ids are made
+            session-unique. Not mapped: models, tool_tokens, system_tokens, input_types,
+            output_types, stop, totals, a subagent's subagent_type, duration_ms, counts.
   copilot   GitHub Copilot coding-agent JSONL or .jsonl.gz (AzurePublicDataset 2026), a session
-            per line: every LLM call (timestamp, duration_ms, model, tokens.prompt,
-            tokens.completion; result UserCancel = cancelled at duration_ms) chained in its session.
-            Not mapped: tokens.cached, tokens.cached_pct, tokens.total, message_metadata,
-            initiator_type, message_id, turn_id, status_code, date, tool_batches (their time is
-            in the think time).";
+            per line: every LLM call (timestamp = the call's end, so arrival = timestamp -
+            duration_ms; model, tokens.prompt, tokens.completion; result UserCancel = cancelled
+            at duration_ms) chained in its session. Not mapped: tokens.cached,
+            tokens.cached_pct, tokens.total, message_metadata, initiator_type, message_id,
+            turn_id, status_code, date, tool_batches (their time is in the think time).
+
+Rows the source left incomplete (a count, a duration, a session missing) import with what
+they have, the unknowns counted per field; a malformed value is an error naming the file,
+line (row for Parquet) and field. A Parquet file with llmreplay's own columns is a trace
+already: inspect and replay read it as it is.";
 
 /// `llmreplay import`.
 #[derive(Args, Debug)]
@@ -78,7 +97,16 @@ pub struct ImportArgs {
     pub model: Option<String>,
     /// Keep only the first N rows of each input (for samples); the file metadata says so.
     #[arg(long, value_name = "N")]
-    pub head: Option<usize>,
+    pub head: Option<u64>,
+    /// Keep only the first N rows of the whole import (read stops there).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Skip the rows arriving earlier than this after the first row read (e.g. 10m).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub start_offset: std::time::Duration,
+    /// Keep only the rows arriving within this long after the start offset (e.g. 1h).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<std::time::Duration>,
 }
 
 /// Export formats.
@@ -117,7 +145,9 @@ pub struct ExportArgs {
     pub format: ExportFormat,
 }
 
-/// Runs `llmreplay import`; `command` is the command line, kept in the file's metadata.
+/// Runs `llmreplay import`; `command` is the command line, kept in the file's metadata. Rows
+/// are written as they are read (memory bounded by one row, one session line, or one file
+/// of the formats linked across a file), with progress on a terminal.
 pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
     let tokenizer = match &a.tokenizer {
         Some(spec) => Some(Arc::new(
@@ -126,9 +156,10 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
         None => None,
     };
     trace_format::arrivals::validate(a.request_rate, a.burstiness)?;
-    if a.head == Some(0) {
-        bail!("--head must be at least 1");
+    if a.head == Some(0) || a.limit == Some(0) {
+        bail!("--head and --limit must be at least 1");
     }
+    let us = |d: std::time::Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
     let opts = ImportOptions {
         format: a.format,
         tokenizer,
@@ -136,69 +167,29 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
         burstiness: a.burstiness,
         seed: a.seed,
         model: a.model.clone(),
+        select: import::Select {
+            limit: a.limit,
+            per_file_limit: a.head,
+            start_offset_us: us(a.start_offset),
+            duration_us: a.duration.map(us),
+        },
     };
-    let mut imported = if let Some(n) = a.head {
-        // Per input: import, keep the first n rows, then write them together.
-        let mut all: Option<import::Imported> = None;
-        for p in &a.inputs {
-            let mut one = import::import(std::slice::from_ref(p), &opts, command)?;
-            one.records.truncate(n);
-            let s = &mut one.sources[0];
-            let kept = one.records.len();
-            if kept < s.rows {
-                eprintln!(
-                    "{}: keeping the first {kept} of {} rows (--head)",
-                    p.display(),
-                    s.rows
-                );
-            }
-            s.rows = kept;
-            s.prompt_tokens = one.records.iter().filter_map(|r| r.prompt_tokens).sum();
-            s.output_tokens = one.records.iter().filter_map(|r| r.output_tokens).sum();
-            s.first_arrival_us = one.records.iter().map(|r| r.arrival_time_us).min();
-            s.last_arrival_us = one.records.iter().map(|r| r.arrival_time_us).max();
-            match &mut all {
-                None => all = Some(one),
-                Some(acc) => {
-                    if acc.meta.block_size.is_some()
-                        && one.meta.block_size.is_some()
-                        && acc.meta.block_size != one.meta.block_size
-                    {
-                        bail!(
-                            "{}: hash ids of another block size; import it separately",
-                            p.display()
-                        );
-                    }
-                    acc.meta.block_size = acc.meta.block_size.or(one.meta.block_size);
-                    acc.meta.source = Some(format!(
-                        "{},{}",
-                        acc.meta.source.clone().unwrap_or_default(),
-                        one.meta.source.clone().unwrap_or_default()
-                    ));
-                    acc.records.extend(one.records);
-                    acc.sources.extend(one.sources);
-                }
-            }
-        }
-        let mut all = all.context("no input")?;
-        all.meta.extra.insert("head".into(), n.to_string());
-        all
-    } else {
-        import::import(&a.inputs, &opts, command)?
-    };
-    // Request ids must stay unique when --head imported inputs one by one with equal stems.
-    let mut seen = std::collections::HashSet::new();
-    if !imported
-        .records
-        .iter()
-        .all(|r| seen.insert(r.request_id.as_str()))
-    {
-        bail!("two inputs produce the same request ids (same file name?); rename one");
-    }
-    for s in &imported.sources {
+    let mut progress = crate::traces::RowProgress::new(&a.output);
+    let written = store::write_trace_streaming(&a.output, |w| {
+        let summary = import::import_to(&a.inputs, &opts, command, &mut |r| {
+            progress.row();
+            w.push(r)
+        })?;
+        let meta = summary.meta.clone();
+        Ok((summary, meta))
+    });
+    let rows = progress.rows();
+    progress.finish();
+    let (summary, at) = written.with_context(|| format!("writing {}", a.output.display()))?;
+    for s in &summary.sources {
         eprintln!("{s}");
-        for note in &s.notes {
-            eprintln!("  note: {note}");
+        for line in s.details() {
+            eprintln!("  {line}");
         }
         for why in s.skipped.iter().take(5) {
             eprintln!("  skipped: {why}");
@@ -207,13 +198,9 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
             eprintln!("  ... and {} more skipped", s.skipped.len() - 5);
         }
     }
-    let rows = imported.records.len();
-    let at = store::write_trace(&a.output, &imported.records, &imported.meta)
-        .with_context(|| format!("writing {}", a.output.display()))?;
-    imported.records.clear();
     eprintln!(
         "{rows} requests written to {at}{}",
-        imported
+        summary
             .meta
             .block_size
             .map(|b| format!(" (prefix hashes of {b}-token blocks)"))
@@ -239,7 +226,7 @@ fn skipped_note(e: &import::MooncakeExport, rows: usize) -> String {
 
 /// Runs `llmreplay export`: rows are read in arrival order and written as read.
 pub fn run_export(a: ExportArgs) -> Result<()> {
-    let stream = store::open_stream(&a.traces).context("reading the trace")?;
+    let stream = crate::traces::open_stream(&a.traces).context("reading the trace")?;
     let (flavor, name) = match a.format {
         ExportFormat::Mooncake => (import::Flavor::Mooncake, "mooncake JSONL"),
         ExportFormat::Aiperf => (

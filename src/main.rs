@@ -16,6 +16,7 @@ mod shadow_cmd;
 mod signals;
 mod sim_cmd;
 mod trace_cmd;
+mod traces;
 
 use std::io::Write;
 use std::process::ExitCode;

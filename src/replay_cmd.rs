@@ -326,7 +326,7 @@ fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
 pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
     // The trace is streamed: its files' footers now, its rows as the run reaches them (a
     // sweep or repeats read it whole below).
-    let stream = store::open_stream(&a.traces).context("reading the trace")?;
+    let stream = crate::traces::open_stream(&a.traces).context("reading the trace")?;
     let block_size = stream
         .files()
         .iter()
@@ -495,7 +495,7 @@ fn sweep_levels(
         bail!("--otlp-endpoint exports one run's requests; it cannot be combined with a sweep or repeats (export one replay per level)");
     }
     // Every level replays the same rows: they are read once, into memory.
-    let trace = store::read_traces(&a.traces).context("reading the trace")?;
+    let trace = crate::traces::read_traces(&a.traces).context("reading the trace")?;
     crate::report_cmd::run_sweep(
         cfg,
         spec,

@@ -359,13 +359,13 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
             .filter_map(series::run_key),
     );
     if !a.results.is_empty() {
-        let stream = store::open_stream(&a.results).context("reading --results")?;
+        let stream = crate::traces::open_stream(&a.results).context("reading --results")?;
         samples.read(&stream).context("reading --results")?;
     }
     let arrivals = if a.trace.is_empty() {
         None
     } else {
-        let stream = store::open_stream(&a.trace).context("reading --trace")?;
+        let stream = crate::traces::open_stream(&a.trace).context("reading --trace")?;
         Some(series::arrival_profile_of(&stream).context("reading --trace")?)
     };
     let data = reporting::document::build(

@@ -33,7 +33,7 @@ pub struct ShadowArgs {
 
 /// Runs the assessment; Ok(true) when --fail-on-slo applies (a candidate failed).
 pub fn run_shadow(a: ShadowArgs) -> Result<bool> {
-    let trace = store::read_traces(&a.trace).context("reading the capture")?;
+    let trace = crate::traces::read_traces(&a.trace).context("reading the capture")?;
     let rep = reporting::shadow::assess(&trace.records, &a.goodput, a.slo_percentile)?;
     print!("{rep}");
     if let Some(p) = &a.json {

@@ -219,7 +219,7 @@ pub(crate) fn run_sim(a: SimArgs) -> Result<()> {
         None
     } else {
         let methods = sim::from_trace::MatchBy::parse_list(&a.match_by).context("--match")?;
-        let trace = store::read_traces(&a.from_trace)
+        let trace = crate::traces::read_traces(&a.from_trace)
             .with_context(|| format!("--from-trace: reading {}", a.from_trace.join(" ")))?;
         let mock = std::sync::Arc::new(
             sim::from_trace::TraceMock::new(&trace.records, &methods)

@@ -70,17 +70,30 @@ pub(crate) fn run_synth(a: SynthArgs) -> Result<()> {
         start_us: wire::clock::epoch_us(),
         stream_ratio: a.stream_ratio,
     };
-    let rows = replay::synth::synth(&spec)?;
     let meta = FileMeta::new(Producer::Synth, command_line());
-    let at = store::write_trace(&a.output, &rows, &meta)
-        .with_context(|| format!("writing {}", a.output.display()))?;
-    eprintln!("{} synthetic requests written to {at}", rows.len());
+    // Rows are written as they are made: any --num-prompts in bounded memory.
+    let mut progress = crate::traces::RowProgress::new(&a.output);
+    let written = store::write_trace_streaming(&a.output, |w| {
+        replay::synth::synth_each(&spec, |r| {
+            progress.row();
+            Ok(w.push(r)?)
+        })
+        .map_err(|e| match e {
+            replay::error::ReplayError::Trace(e) => e,
+            e => trace_format::Error::Invalid(e.to_string()),
+        })?;
+        Ok(((), meta))
+    });
+    let rows = progress.rows();
+    progress.finish();
+    let ((), at) = written.with_context(|| format!("writing {}", a.output.display()))?;
+    eprintln!("{rows} synthetic requests written to {at}");
     Ok(())
 }
 
 pub(crate) fn run_inspect(a: InspectArgs) -> Result<()> {
     use std::io::Write;
-    let stream = store::open_stream(&a.traces).context("reading the trace")?;
+    let stream = crate::traces::open_stream(&a.traces).context("reading the trace")?;
     let summary = trace_format::inspect::summarize_stream(&stream, &a.cache_blocks)
         .context("reading the trace")?;
     let mut out = std::io::stdout().lock();

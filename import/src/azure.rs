@@ -9,17 +9,19 @@
 
 use std::path::Path;
 
-use trace_format::{Result, TraceRecord};
+use trace_format::Result;
 
+use crate::out::Out;
 use crate::rows::csv_records;
 
 /// Endpoint of imported rows.
 pub const ENDPOINT: &str = "/v1/completions";
 
 /// Reads an Azure trace CSV.
-pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
+pub(crate) fn import(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
     csv_records(
         path,
+        out,
         |h| {
             Ok([
                 h.require("TIMESTAMP")?,
@@ -131,6 +133,13 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn import(
+        p: &std::path::Path,
+        prefix: &str,
+    ) -> trace_format::Result<Vec<trace_format::TraceRecord>> {
+        crate::read_as(crate::Format::Azure, p, prefix)
+    }
     use crate::{import_file, test_shared_data, Format, ImportOptions};
 
     #[test]

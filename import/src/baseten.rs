@@ -1,23 +1,33 @@
-//! Baseten's production traces (Parquet): one row per request, the one public trace with a
-//! time to first token and a cancel flag per request.
+//! Baseten's production traces (Parquet): one row per completion request, the one public
+//! trace with a time to first token and a cancel flag per request. Columns as NVIDIA AIPerf's
+//! Baseten loader (co-written by Baseten) reads them (`aiperf/dataset/loader/baseten_trace.py`,
+//! `baseten_trace_models.py`): `timestamp_start_unix_ms` (the request's start, ms since the
+//! epoch), `prompt` (the literal completion prompt), `input_tokens`, `output_tokens`,
+//! `total_hashes` (KV-cache block hashes of `block_size` tokens), `provided_session_id` and
+//! `poor_man_session_id`, `duration_e2e_ms`, `duration_ttft_ms`, `request_canceled` (0/1),
+//! `model_name`.
 //!
-//! **No published column list was found**: the columns read are those the traces are
-//! described with (arrival, token counts, TTFT, duration, cancel flag), under these names
-//! (case-insensitive, first present wins): arrival `timestamp` | `arrival_time` |
-//! `request_time` (a Parquet timestamp of any unit, or a number of seconds since the epoch);
-//! `input_tokens` | `prompt_tokens`; `output_tokens` | `completion_tokens`; `ttft_ms` |
-//! `time_to_first_token_ms` (optional); `duration_ms` | `e2e_latency_ms` | `latency_ms`;
-//! `cancelled` | `canceled` | `is_cancelled` | `is_canceled` (boolean, or 0/1; optional);
-//! `model` and `session_id` (optional strings).
+//! Each row becomes one `/v1/completions` request, id `<prefix>:<row>` (1-based), arriving at
+//! `timestamp_start_unix_ms`, its body the recorded prompt (`{"model", "prompt", "max_tokens"
+//! and "min_tokens": output_tokens, "ignore_eos": true, "stream": true}`: replayed as
+//! recorded, the output length held as AIPerf and llmreplay's built requests hold it), with
+//! the captured TTFT and end-to-end latency. The session is
+//! chosen as AIPerf chooses it, for the whole file: `provided_session_id` when some value of it
+//! repeats, else `poor_man_session_id` when one of its values does, else whichever is present.
+//! `total_hashes` become `prefix_hashes`, `block_size` the file's block size (one per file). A
+//! canceled row is a cancellation by the client at its duration (after its first token when
+//! the TTFT is earlier): `outcome = client_cancelled` with `e2el_us` the cancel point, which
+//! `llmreplay replay` repeats at that point.
 //!
-//! Each row becomes one chat request, id `<prefix>:<row>` (1-based), with the captured TTFT
-//! and end-to-end latency. A cancelled row is a cancellation by the client at its duration
-//! (after its first token when the TTFT is earlier): `outcome = client_cancelled` with
-//! `e2el_us` the cancel point, which `llmreplay replay` repeats at that point. Rows are read
-//! a record batch at a time. A bad value is an error naming the file and its row.
+//! Rows are read a record batch at a time and written as read (a first pass reads only the
+//! session columns). Incomplete rows import with what they have, the rest counted: a null
+//! token count, duration or TTFT is unknown; a canceled row without a duration has no known
+//! cancel point (replayed whole). A bad value is an error naming the file and its row.
 //!
-//! Not mapped: every other column (listed on the console when the file has any).
+//! Not mapped: `cached_tokens_reference`, `org_id`, `features`, `speculation_ratio`,
+//! `output_text`, `__version__`, `total_hashes_len` and any other column (listed on import).
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use arrow_array::cast::AsArray;
@@ -29,66 +39,89 @@ use arrow_array::types::{
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, TimeUnit};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use serde_json::json;
+use trace_format::fnv::{fnv1a, OFFSET};
 use trace_format::{Error, Outcome, Result, TokenSource, TraceRecord};
 
+use crate::out::{Out, Sink};
 use crate::rows::bad;
+use crate::Format;
 
-/// Endpoint of imported rows.
-pub const ENDPOINT: &str = "/v1/chat/completions";
+/// Endpoint of imported rows (the traces hold completion prompts).
+pub const ENDPOINT: &str = "/v1/completions";
 
-/// The columns read, each with the names it may have.
-const ARRIVAL: &[&str] = &["timestamp", "arrival_time", "request_time"];
-const INPUT: &[&str] = &["input_tokens", "prompt_tokens"];
-const OUTPUT: &[&str] = &["output_tokens", "completion_tokens"];
-const TTFT: &[&str] = &["ttft_ms", "time_to_first_token_ms"];
-const DURATION: &[&str] = &["duration_ms", "e2e_latency_ms", "latency_ms"];
-const CANCELLED: &[&str] = &["cancelled", "canceled", "is_cancelled", "is_canceled"];
-const MODEL: &[&str] = &["model"];
-const SESSION: &[&str] = &["session_id"];
-const ALL: [&[&str]; 8] = [
-    ARRIVAL, INPUT, OUTPUT, TTFT, DURATION, CANCELLED, MODEL, SESSION,
+/// The columns read.
+const ARRIVAL: &str = "timestamp_start_unix_ms";
+const PROMPT: &str = "prompt";
+const INPUT: &str = "input_tokens";
+const OUTPUT: &str = "output_tokens";
+const HASHES: &str = "total_hashes";
+const BLOCK: &str = "block_size";
+const SESSION: &str = "provided_session_id";
+const POOR_SESSION: &str = "poor_man_session_id";
+const E2E: &str = "duration_e2e_ms";
+const TTFT: &str = "duration_ttft_ms";
+const CANCELED: &str = "request_canceled";
+const MODEL: &str = "model_name";
+const ALL: [&str; 12] = [
+    ARRIVAL,
+    PROMPT,
+    INPUT,
+    OUTPUT,
+    HASHES,
+    BLOCK,
+    SESSION,
+    POOR_SESSION,
+    E2E,
+    TTFT,
+    CANCELED,
+    MODEL,
+];
+/// The columns llmreplay's own traces must have: a Parquet file with them is a trace already.
+const TRACE_COLUMNS: [&str; 5] = [
+    "request_id",
+    "arrival_time",
+    "endpoint",
+    "stream",
+    "outcome",
 ];
 
-/// What a Baseten trace held.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BasetenImport {
-    /// One row per request.
-    pub records: Vec<TraceRecord>,
-    /// Columns of the file this importer does not read.
-    pub unmapped: Vec<String>,
-}
-
-/// One value of a row, read from a column of any numeric, boolean, string or timestamp type.
+/// One value of a row, read from a column of any numeric, boolean, string, timestamp or list
+/// type.
 #[derive(Debug, Clone, PartialEq)]
 enum Cell {
     Null,
     Num(f64),
+    /// An integer, exactly.
+    Int(i128),
     /// µs since the epoch.
     Time(i64),
     Bool(bool),
     Str(String),
+    List(Vec<Cell>),
 }
 
 fn cell(a: &dyn Array, i: usize) -> Option<Cell> {
     if a.is_null(i) {
         return Some(Cell::Null);
     }
-    macro_rules! num {
+    macro_rules! int {
         ($t:ty) => {
-            Cell::Num(a.as_primitive::<$t>().value(i) as f64)
+            Cell::Int(i128::from(a.as_primitive::<$t>().value(i)))
         };
     }
     Some(match a.data_type() {
-        DataType::Int8 => num!(Int8Type),
-        DataType::Int16 => num!(Int16Type),
-        DataType::Int32 => num!(Int32Type),
-        DataType::Int64 => num!(Int64Type),
-        DataType::UInt8 => num!(UInt8Type),
-        DataType::UInt16 => num!(UInt16Type),
-        DataType::UInt32 => num!(UInt32Type),
-        DataType::UInt64 => num!(UInt64Type),
-        DataType::Float32 => num!(Float32Type),
-        DataType::Float64 => num!(Float64Type),
+        DataType::Int8 => int!(Int8Type),
+        DataType::Int16 => int!(Int16Type),
+        DataType::Int32 => int!(Int32Type),
+        DataType::Int64 => int!(Int64Type),
+        DataType::UInt8 => int!(UInt8Type),
+        DataType::UInt16 => int!(UInt16Type),
+        DataType::UInt32 => int!(UInt32Type),
+        DataType::UInt64 => int!(UInt64Type),
+        DataType::Float32 => Cell::Num(f64::from(a.as_primitive::<Float32Type>().value(i))),
+        DataType::Float64 => Cell::Num(a.as_primitive::<Float64Type>().value(i)),
         DataType::Boolean => Cell::Bool(a.as_boolean().value(i)),
         DataType::Utf8 => Cell::Str(a.as_string::<i32>().value(i).to_string()),
         DataType::LargeUtf8 => Cell::Str(a.as_string::<i64>().value(i).to_string()),
@@ -105,8 +138,30 @@ fn cell(a: &dyn Array, i: usize) -> Option<Cell> {
             TimeUnit::Microsecond => a.as_primitive::<TimestampMicrosecondType>().value(i),
             TimeUnit::Nanosecond => a.as_primitive::<TimestampNanosecondType>().value(i) / 1000,
         }),
+        DataType::List(_) => list(a.as_list::<i32>().value(i).as_ref())?,
+        DataType::LargeList(_) => list(a.as_list::<i64>().value(i).as_ref())?,
         _ => return None,
     })
+}
+
+fn list(values: &dyn Array) -> Option<Cell> {
+    (0..values.len())
+        .map(|j| cell(values, j))
+        .collect::<Option<Vec<_>>>()
+        .map(Cell::List)
+}
+
+/// The indices of the columns read, by name (None: the file has no such column).
+struct Cols(HashMap<&'static str, usize>);
+
+impl Cols {
+    fn of(names: &[String]) -> Cols {
+        Cols(
+            ALL.iter()
+                .filter_map(|&c| names.iter().position(|n| n == c).map(|i| (c, i)))
+                .collect(),
+        )
+    }
 }
 
 /// One row of a batch, for typed reads with errors naming the file and the row.
@@ -117,7 +172,7 @@ struct Row<'a> {
     /// Index in the batch.
     i: usize,
     batch: &'a RecordBatch,
-    cols: &'a [Option<usize>; 8],
+    cols: &'a Cols,
 }
 
 impl Row<'_> {
@@ -129,164 +184,321 @@ impl Row<'_> {
         )
     }
 
-    /// The value of column group `g` (None when the file has no such column).
-    fn get(&self, g: usize) -> Result<Option<(String, Cell)>> {
-        let Some(c) = self.cols[g] else {
-            return Ok(None);
+    /// The value of column `name` (Null when the file has no such column).
+    fn get(&self, name: &str) -> Result<Cell> {
+        let Some(&c) = self.cols.0.get(name) else {
+            return Ok(Cell::Null);
         };
         let a = self.batch.column(c);
-        let name = self.batch.schema().field(c).name().clone();
-        let v = cell(a.as_ref(), self.i).ok_or_else(|| {
-            self.bad(format!("{name}: unsupported column type {}", a.data_type()))
-        })?;
-        Ok(Some((name, v)))
+        cell(a.as_ref(), self.i)
+            .ok_or_else(|| self.bad(format!("{name}: unsupported column type {}", a.data_type())))
     }
 
-    fn num(&self, g: usize) -> Result<Option<f64>> {
-        match self.get(g)? {
-            None | Some((_, Cell::Null)) => Ok(None),
-            Some((_, Cell::Num(x))) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
-            Some((n, v)) => Err(self.bad(format!("{n} {v:?} is not a non-negative number"))),
+    fn num(&self, name: &str) -> Result<Option<f64>> {
+        match self.get(name)? {
+            Cell::Null => Ok(None),
+            Cell::Int(x) if x >= 0 => Ok(Some(x as f64)),
+            Cell::Num(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
+            v => Err(self.bad(format!("{name} {v:?} is not a non-negative number"))),
         }
     }
 
-    fn count(&self, g: usize) -> Result<i64> {
-        match self.num(g)? {
-            Some(x) if x.fract() == 0.0 && x < 9.0e15 => Ok(x as i64),
-            Some(x) => Err(self.bad(format!("{} {x} is not an integer", ALL[g][0]))),
-            None => Err(self.bad(format!("{} is null", ALL[g][0]))),
+    fn count(&self, name: &str) -> Result<Option<i64>> {
+        match self.get(name)? {
+            Cell::Int(x) => i64::try_from(x)
+                .ok()
+                .filter(|x| *x >= 0)
+                .map(Some)
+                .ok_or_else(|| self.bad(format!("{name} {x} is not a non-negative integer"))),
+            _ => match self.num(name)? {
+                Some(x) if x.fract() == 0.0 && x < 9.0e15 => Ok(Some(x as i64)),
+                Some(x) => Err(self.bad(format!("{name} {x} is not an integer"))),
+                None => Ok(None),
+            },
         }
     }
 
-    fn ms_to_us(&self, g: usize) -> Result<Option<i64>> {
-        Ok(self.num(g)?.map(|ms| (ms * 1000.0).round() as i64))
+    fn ms_to_us(&self, name: &str) -> Result<Option<i64>> {
+        Ok(self.num(name)?.map(|ms| (ms * 1000.0).round() as i64))
     }
 
-    fn text(&self, g: usize) -> Result<Option<String>> {
-        match self.get(g)? {
-            None | Some((_, Cell::Null)) => Ok(None),
-            Some((_, Cell::Str(s))) => Ok(Some(s).filter(|s| !s.is_empty())),
-            Some((_, Cell::Num(x))) => Ok(Some(x.to_string())),
-            Some((n, v)) => Err(self.bad(format!("{n} {v:?} is not a string"))),
+    /// A string or integer identifier (sessions are either).
+    fn text(&self, name: &str) -> Result<Option<String>> {
+        match self.get(name)? {
+            Cell::Null => Ok(None),
+            Cell::Str(s) => Ok(Some(s).filter(|s| !s.is_empty())),
+            Cell::Int(x) => Ok(Some(x.to_string())),
+            v => Err(self.bad(format!("{name} {v:?} is not a string or an integer"))),
         }
     }
 
-    fn cancelled(&self) -> Result<bool> {
-        match self.get(5)? {
-            None | Some((_, Cell::Null)) => Ok(false),
-            Some((_, Cell::Bool(b))) => Ok(b),
-            Some((_, Cell::Num(x))) if x == 0.0 || x == 1.0 => Ok(x == 1.0),
-            Some((n, v)) => Err(self.bad(format!("{n} {v:?} is not a boolean"))),
+    fn canceled(&self) -> Result<bool> {
+        match self.get(CANCELED)? {
+            Cell::Null => Ok(false),
+            Cell::Bool(b) => Ok(b),
+            Cell::Int(x) if x == 0 || x == 1 => Ok(x == 1),
+            v => Err(self.bad(format!("{CANCELED} {v:?} is not 0 or 1"))),
         }
     }
 
     fn arrival(&self) -> Result<i64> {
-        match self.get(0)? {
-            Some((_, Cell::Time(us))) => Ok(us),
-            Some((_, Cell::Num(s))) if (0.0..9.0e12).contains(&s) => Ok((s * 1e6).round() as i64),
-            Some((n, v)) => Err(self.bad(format!(
-                "{n} {v:?} is not a timestamp or a non-negative number of seconds"
+        match self.get(ARRIVAL)? {
+            Cell::Time(us) => Ok(us),
+            Cell::Int(ms) if (0..9_000_000_000_000_000).contains(&ms) => Ok(ms as i64 * 1000),
+            Cell::Num(ms) if (0.0..9.0e15).contains(&ms) => Ok((ms * 1000.0).round() as i64),
+            v => Err(self.bad(format!(
+                "{ARRIVAL} {v:?} is not a timestamp or a non-negative number of ms"
             ))),
-            None => unreachable!("the arrival column is required"),
         }
     }
 
-    fn record(&self, id_prefix: &str) -> Result<TraceRecord> {
+    fn hashes(&self) -> Result<Option<Vec<u64>>> {
+        match self.get(HASHES)? {
+            Cell::Null => Ok(None),
+            Cell::List(items) => items
+                .into_iter()
+                .map(|h| match h {
+                    Cell::Int(x) => u64::try_from(x).ok(),
+                    _ => None,
+                })
+                .collect::<Option<Vec<u64>>>()
+                .map(Some)
+                .ok_or_else(|| {
+                    self.bad(format!("{HASHES}: an item is not a non-negative integer"))
+                }),
+            v => Err(self.bad(format!("{HASHES} {v:?} is not a list"))),
+        }
+    }
+
+    /// The row's record; `session` is the session column the file uses.
+    fn record(
+        &self,
+        id_prefix: &str,
+        session: Option<&str>,
+        out: &mut Out<'_>,
+    ) -> Result<TraceRecord> {
         let mut r = TraceRecord::new(
             format!("{id_prefix}:{}", self.row),
             self.arrival()?,
             ENDPOINT,
         );
         r.stream = true;
-        r.prompt_tokens = Some(self.count(1)?);
-        r.output_tokens = Some(self.count(2)?);
-        r.prompt_tokens_source = Some(TokenSource::Recorded);
-        r.output_tokens_source = Some(TokenSource::Recorded);
-        r.ttft_us = self.ms_to_us(3)?;
-        r.e2el_us = self.ms_to_us(4)?;
-        r.model = self.text(6)?;
-        r.session_id = self.text(7)?;
-        if self.cancelled()? {
-            if r.e2el_us.is_none() {
-                return Err(self.bad("cancelled without a duration: the cancel point is unknown"));
+        r.prompt_tokens = self.count(INPUT)?;
+        r.output_tokens = self.count(OUTPUT)?;
+        r.prompt_tokens_source = r.prompt_tokens.map(|_| TokenSource::Recorded);
+        r.output_tokens_source = r.output_tokens.map(|_| TokenSource::Recorded);
+        r.ttft_us = self.ms_to_us(TTFT)?;
+        r.e2el_us = self.ms_to_us(E2E)?;
+        r.model = self.text(MODEL)?;
+        r.session_id = match session {
+            Some(c) => self.text(c)?,
+            None => None,
+        };
+        r.prefix_hashes = self.hashes()?;
+        if let Cell::Str(prompt) = self.get(PROMPT)? {
+            let mut body = json!({"prompt": prompt, "stream": true});
+            if let Some(m) = &r.model {
+                body["model"] = json!(m);
             }
+            if let Some(n) = r.output_tokens {
+                // The recorded length held, as AIPerf holds it (min_tokens) and as llmreplay's
+                // built requests do (ignore_eos).
+                body["max_tokens"] = json!(n.max(1));
+                body["min_tokens"] = json!(n);
+                body["ignore_eos"] = json!(true);
+            }
+            r.body = Some(body.to_string());
+        }
+        for (known, name) in [
+            (r.prompt_tokens.is_some(), INPUT),
+            (r.output_tokens.is_some(), OUTPUT),
+            (r.e2el_us.is_some(), E2E),
+        ] {
+            if !known && self.cols.0.contains_key(name) {
+                out.unknown(name);
+            }
+        }
+        if self.canceled()? {
             r.outcome = Outcome::ClientCancelled;
             r.error = Some("cancelled by the client (recorded)".into());
+            if r.e2el_us.is_none() {
+                out.unknown("duration_e2e_ms of a canceled row (its cancel point)");
+            }
         }
         Ok(r)
     }
 }
 
-/// Reads a Baseten Parquet trace, a record batch at a time. Damaged pages (on which the
-/// `parquet` crate's decoders panic) are an error naming the file, by the same guard the
-/// trace reader decodes under ([`trace_format::reader::guarded`]).
-pub fn import(path: &Path, id_prefix: &str) -> Result<BasetenImport> {
-    trace_format::reader::guarded(path, || read(path, id_prefix))
+/// What a Parquet file is to `import --format auto`: Baseten's trace, or an error saying what
+/// it is (llmreplay's own columns: a trace already; or columns of no known format).
+pub(crate) fn detect(path: &Path) -> Result<Format> {
+    let names = trace_format::reader::guarded(path, || column_names(path))?;
+    let has = |c: &str| names.iter().any(|n| n == c);
+    if TRACE_COLUMNS.iter().all(|c| has(c)) {
+        return Err(Error::Invalid(format!(
+            "{}: this is already an llmreplay trace (it has llmreplay's columns): `llmreplay inspect`, `replay`, `fidelity` and `report` read it as it is",
+            path.display()
+        )));
+    }
+    if has(ARRIVAL) && has(INPUT) {
+        return Ok(Format::Baseten);
+    }
+    Err(Error::Invalid(format!(
+        "{}: cannot detect the format (Parquet with columns {}); give --format ({})",
+        path.display(),
+        names.join(","),
+        crate::FORMATS
+    )))
 }
 
-fn read(path: &Path, id_prefix: &str) -> Result<BasetenImport> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let not_parquet = |e: parquet::errors::ParquetError| Error::NotATrace {
+fn not_parquet(path: &Path) -> impl Fn(parquet::errors::ParquetError) -> Error + '_ {
+    move |e| Error::NotATrace {
         path: path.to_path_buf(),
         reason: format!("not a readable Parquet file: {e}"),
-    };
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_parquet)?;
-    let schema = builder.schema().clone();
-    let names: Vec<String> = schema
+    }
+}
+
+fn column_names(path: &Path) -> Result<Vec<String>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_parquet(path))?;
+    Ok(builder
+        .schema()
         .fields()
         .iter()
-        .map(|f| f.name().to_ascii_lowercase())
+        .map(|f| f.name().clone())
+        .collect())
+}
+
+/// Reads a Baseten Parquet trace into `out`, a record batch at a time. Damaged pages (on
+/// which the `parquet` crate's decoders panic) are an error naming the file, by the same guard
+/// the trace reader decodes under ([`trace_format::reader::guarded`]).
+pub(crate) fn import(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
+    trace_format::reader::guarded(path, || read(path, id_prefix, out))
+}
+
+/// The session column the file uses, as AIPerf chooses it (see the module's doc).
+fn session_column(path: &Path, names: &[String]) -> Result<Option<&'static str>> {
+    let present: Vec<&'static str> = [SESSION, POOR_SESSION]
+        .into_iter()
+        .filter(|c| names.iter().any(|n| n == c))
         .collect();
-    let mut cols = [None; 8];
-    for (g, aliases) in ALL.iter().enumerate() {
-        cols[g] = aliases
-            .iter()
-            .find_map(|a| names.iter().position(|n| n == a));
+    if present.is_empty() {
+        return Ok(None);
     }
-    for (g, what) in [
-        (0, "arrival"),
-        (1, "input tokens"),
-        (2, "output tokens"),
-        (4, "duration"),
-    ] {
-        if cols[g].is_none() {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(not_parquet(path))?;
+    let roots: Vec<usize> = present
+        .iter()
+        .map(|c| names.iter().position(|n| n == c).expect("present"))
+        .collect();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(8192)
+        .build()
+        .map_err(not_parquet(path))?;
+    // Per column: the hashes of the values seen, and whether one repeated.
+    let mut seen: Vec<(HashMap<u64, ()>, bool)> = vec![(HashMap::new(), false); present.len()];
+    for batch in reader {
+        let batch = batch.map_err(|e| Error::format(path, e))?;
+        for (k, (values, repeats)) in seen.iter_mut().enumerate() {
+            let a = batch.column(k);
+            for i in 0..batch.num_rows() {
+                let key = match cell(a.as_ref(), i) {
+                    Some(Cell::Str(s)) => fnv1a(OFFSET, s.as_bytes()),
+                    Some(Cell::Int(x)) => fnv1a(OFFSET, &x.to_le_bytes()),
+                    _ => continue,
+                };
+                *repeats |= values.insert(key, ()).is_some();
+            }
+        }
+    }
+    let repeating = present
+        .iter()
+        .zip(&seen)
+        .find(|(_, (_, r))| *r)
+        .map(|(c, _)| *c);
+    let any = present
+        .iter()
+        .zip(&seen)
+        .find(|(_, (v, _))| !v.is_empty())
+        .map(|(c, _)| *c);
+    Ok(repeating.or(any))
+}
+
+fn read(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
+    let names = column_names(path)?;
+    let cols = Cols::of(&names);
+    for needed in [ARRIVAL] {
+        if !cols.0.contains_key(needed) {
             return Err(bad(
                 path,
                 1,
-                format!(
-                    "no {what} column ({}) among {}",
-                    ALL[g].join(" | "),
-                    names.join(",")
-                ),
+                format!("no {needed} column among {}", names.join(",")),
             ));
         }
     }
-    let unmapped = schema
-        .fields()
+    let session = session_column(path, &names)?;
+    let unmapped: Vec<&str> = names
         .iter()
-        .enumerate()
-        .filter(|(i, _)| !cols.contains(&Some(*i)))
-        .map(|(_, f)| f.name().clone())
+        .map(String::as_str)
+        .filter(|n| !ALL.contains(n))
         .collect();
-    let reader = builder.with_batch_size(8192).build().map_err(not_parquet)?;
-    let mut records = Vec::new();
+    if !unmapped.is_empty() {
+        out.stats
+            .notes
+            .push(format!("columns not mapped: {}", unmapped.join(", ")));
+    }
+    if let Some(s) = session {
+        out.stats.notes.push(format!("sessions from {s}"));
+    }
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(not_parquet(path))?
+        .with_batch_size(8192)
+        .build()
+        .map_err(not_parquet(path))?;
+    let mut rows = 0;
+    let mut block: Option<(u32, usize)> = None;
     for batch in reader {
         let batch = batch.map_err(|e| Error::NotATrace {
             path: path.to_path_buf(),
-            reason: format!("damaged Parquet data after row {}: {e}", records.len()),
+            reason: format!("damaged Parquet data after row {rows}: {e}"),
         })?;
         for i in 0..batch.num_rows() {
+            rows += 1;
             let row = Row {
                 path,
-                row: records.len() + 1,
+                row: rows,
                 i,
                 batch: &batch,
                 cols: &cols,
             };
-            records.push(row.record(id_prefix)?);
+            let r = row.record(id_prefix, session, out)?;
+            if r.prefix_hashes.is_some() {
+                if let Some(b) = row.count(BLOCK)? {
+                    let b = u32::try_from(b)
+                        .ok()
+                        .filter(|b| *b > 0)
+                        .ok_or_else(|| row.bad(format!("{BLOCK} {b} is out of range")))?;
+                    match block {
+                        Some((prev, at)) if prev != b => {
+                            return Err(row.bad(format!(
+                            "{BLOCK} {b} differs from {prev} on row {at} (one block size per file)"
+                        )))
+                        }
+                        _ => block = Some((b, rows)),
+                    }
+                }
+            }
+            if !out.push(r)? {
+                out.stats.block_size = block.map(|(b, _)| b);
+                return Ok(());
+            }
         }
     }
-    Ok(BasetenImport { records, unmapped })
+    out.stats.block_size = block.map(|(b, _)| b);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -294,59 +506,76 @@ pub(crate) mod tests {
     use super::*;
     use std::sync::Arc;
 
-    use arrow_array::{
-        BooleanArray, Float64Array, Int64Array, StringArray, TimestampMillisecondArray,
-    };
+    use arrow_array::types::Int64Type as I64;
+    use arrow_array::{Int64Array, ListArray, StringArray, UInt8Array};
     use arrow_schema::{Field, Schema};
 
-    /// Writes a Baseten-shaped Parquet file: `rows` of (arrival ms, in, out, ttft ms, duration
-    /// ms, cancelled, session).
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn write_sample(
-        path: &Path,
-        rows: &[(i64, i64, i64, Option<f64>, f64, bool, &str)],
-    ) {
+    use crate::{ImportOptions, SourceStats};
+
+    /// One Baseten row: (start ms, input, output, ttft ms, e2e ms, canceled, provided
+    /// session, poor man's session).
+    pub(crate) type Sample<'a> = (
+        i64,
+        Option<i64>,
+        i64,
+        Option<i64>,
+        Option<i64>,
+        u8,
+        Option<&'a str>,
+        i64,
+    );
+
+    /// Writes a Baseten trace with the columns AIPerf's loader reads (and one it does not).
+    pub(crate) fn write_sample(path: &Path, rows: &[Sample<'_>]) {
         let schema = Arc::new(Schema::new(vec![
+            Field::new(ARRIVAL, DataType::Int64, false),
+            Field::new(PROMPT, DataType::Utf8, false),
+            Field::new(INPUT, DataType::Int64, true),
+            Field::new(OUTPUT, DataType::Int64, false),
             Field::new(
-                "timestamp",
-                DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
-                false,
+                HASHES,
+                DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
+                true,
             ),
-            Field::new("model", DataType::Utf8, true),
-            Field::new("input_tokens", DataType::Int64, false),
-            Field::new("output_tokens", DataType::Int64, false),
-            Field::new("ttft_ms", DataType::Float64, true),
-            Field::new("duration_ms", DataType::Float64, false),
-            Field::new("cancelled", DataType::Boolean, false),
-            Field::new("session_id", DataType::Utf8, true),
-            Field::new("region", DataType::Utf8, true),
+            Field::new(BLOCK, DataType::Int64, true),
+            Field::new(SESSION, DataType::Utf8, true),
+            Field::new(POOR_SESSION, DataType::Int64, true),
+            Field::new(E2E, DataType::Int64, true),
+            Field::new(TTFT, DataType::Int64, true),
+            Field::new(CANCELED, DataType::UInt8, true),
+            Field::new(MODEL, DataType::Utf8, true),
+            Field::new("org_id", DataType::Utf8, true),
         ]));
-        let col = |f: &dyn Fn(&(i64, i64, i64, Option<f64>, f64, bool, &str)) -> i64| {
-            Int64Array::from(rows.iter().map(f).collect::<Vec<_>>())
+        let n = rows.len();
+        let ints = |f: &dyn Fn(&Sample<'_>) -> Option<i64>| {
+            Arc::new(Int64Array::from(rows.iter().map(f).collect::<Vec<_>>())) as _
         };
         let batch = RecordBatch::try_new(
             schema.clone(),
             vec![
-                Arc::new(
-                    TimestampMillisecondArray::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())
-                        .with_timezone("UTC"),
-                ),
-                Arc::new(StringArray::from(vec![Some("llama"); rows.len()])),
-                Arc::new(col(&|r| r.1)),
-                Arc::new(col(&|r| r.2)),
-                Arc::new(Float64Array::from(
-                    rows.iter().map(|r| r.3).collect::<Vec<_>>(),
+                ints(&|r| Some(r.0)),
+                Arc::new(StringArray::from(
+                    rows.iter()
+                        .map(|r| format!("prompt of {}", r.0))
+                        .collect::<Vec<_>>(),
                 )),
-                Arc::new(Float64Array::from(
-                    rows.iter().map(|r| r.4).collect::<Vec<_>>(),
+                ints(&|r| r.1),
+                ints(&|r| Some(r.2)),
+                Arc::new(ListArray::from_iter_primitive::<I64, _, _>(
+                    rows.iter().map(|r| Some(vec![Some(7), Some(r.0 % 5)])),
                 )),
-                Arc::new(BooleanArray::from(
+                ints(&|_| Some(16)),
+                Arc::new(StringArray::from(
+                    rows.iter().map(|r| r.6).collect::<Vec<_>>(),
+                )),
+                ints(&|r| Some(r.7)),
+                ints(&|r| r.4),
+                ints(&|r| r.3),
+                Arc::new(UInt8Array::from(
                     rows.iter().map(|r| r.5).collect::<Vec<_>>(),
                 )),
-                Arc::new(StringArray::from(
-                    rows.iter().map(|r| Some(r.6)).collect::<Vec<_>>(),
-                )),
-                Arc::new(StringArray::from(vec![Some("us-east"); rows.len()])),
+                Arc::new(StringArray::from(vec![Some("llama"); n])),
+                Arc::new(StringArray::from(vec![Some("org-1"); n])),
             ],
         )
         .unwrap();
@@ -360,30 +589,103 @@ pub(crate) mod tests {
         w.close().unwrap();
     }
 
+    fn import(p: &Path) -> Result<(Vec<TraceRecord>, SourceStats)> {
+        let opts = ImportOptions {
+            format: Format::Baseten,
+            ..Default::default()
+        };
+        crate::import_file(p, &opts, "b")
+    }
+
     #[test]
-    fn rows_ttft_and_cancels_import_and_unread_columns_are_listed() {
+    fn rows_ttft_cancels_prompts_and_hashes_import_as_aiperf_reads_them() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("b.parquet");
         write_sample(
             &p,
             &[
-                (1_700_000_000_000, 100, 20, Some(35.5), 400.0, false, "s1"),
-                (1_700_000_000_250, 50, 3, Some(20.0), 90.25, true, "s2"),
-                (1_700_000_001_000, 10, 0, None, 5.0, true, "s2"),
+                (
+                    1_700_000_000_000,
+                    Some(100),
+                    20,
+                    Some(35),
+                    Some(400),
+                    0,
+                    Some("s1"),
+                    1,
+                ),
+                (
+                    1_700_000_000_250,
+                    Some(50),
+                    3,
+                    Some(20),
+                    Some(90),
+                    1,
+                    Some("s2"),
+                    2,
+                ),
+                (1_700_000_001_000, None, 0, None, None, 1, Some("s2"), 3),
             ],
         );
-        let b = import(&p, "b").unwrap();
-        assert_eq!(b.unmapped, vec!["region".to_string()]);
-        let r = &b.records;
+        assert_eq!(crate::detect(&p).unwrap(), Format::Baseten);
+        let (r, stats) = import(&p).unwrap();
+        assert!(
+            stats
+                .notes
+                .contains(&"columns not mapped: org_id".to_string()),
+            "{:?}",
+            stats.notes
+        );
+        // provided_session_id repeats (s2): it is the session column.
+        assert!(stats
+            .notes
+            .contains(&"sessions from provided_session_id".to_string()));
         assert_eq!(r[0].arrival_time_us, 1_700_000_000_000_000);
-        assert_eq!((r[0].ttft_us, r[0].e2el_us), (Some(35_500), Some(400_000)));
+        assert_eq!(r[0].endpoint, "/v1/completions");
+        assert_eq!((r[0].ttft_us, r[0].e2el_us), (Some(35_000), Some(400_000)));
         assert_eq!(r[0].outcome, Outcome::Ok);
+        let body: serde_json::Value = serde_json::from_str(r[0].body.as_deref().unwrap()).unwrap();
+        assert_eq!(body["prompt"], "prompt of 1700000000000");
+        assert_eq!(
+            (body["max_tokens"].as_i64(), body["min_tokens"].as_i64()),
+            (Some(20), Some(20))
+        );
+        assert_eq!(r[0].prefix_hashes, Some(vec![7, 0]));
+        assert_eq!(stats.block_size, Some(16));
         assert_eq!(r[1].outcome, Outcome::ClientCancelled);
-        assert_eq!((r[1].ttft_us, r[1].e2el_us), (Some(20_000), Some(90_250)));
-        assert_eq!(r[2].ttft_us, None);
-        assert_eq!(r[2].request_id, "b:3");
+        assert_eq!((r[1].ttft_us, r[1].e2el_us), (Some(20_000), Some(90_000)));
         assert_eq!(r[1].session_id.as_deref(), Some("s2"));
+        // An incomplete row imports with what it has.
+        assert_eq!(
+            (r[2].prompt_tokens, r[2].e2el_us, r[2].request_id.as_str()),
+            (None, None, "b:3")
+        );
+        assert_eq!(stats.unknown.get(INPUT), Some(&1));
+        assert_eq!(
+            stats
+                .unknown
+                .get("duration_e2e_ms of a canceled row (its cancel point)"),
+            Some(&1)
+        );
         assert_eq!(r[0].model.as_deref(), Some("llama"));
+    }
+
+    /// No provided session repeats, the poor man's one does: sessions come from it.
+    #[test]
+    fn the_session_column_is_chosen_as_aiperf_chooses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("b.parquet");
+        write_sample(
+            &p,
+            &[
+                (0, Some(1), 1, None, Some(1), 0, Some("a"), 9),
+                (1, Some(1), 1, None, Some(1), 0, Some("b"), 9),
+                (2, Some(1), 1, None, Some(1), 0, None, 8),
+            ],
+        );
+        let (r, _) = import(&p).unwrap();
+        let s: Vec<_> = r.iter().map(|r| r.session_id.as_deref()).collect();
+        assert_eq!(s, vec![Some("9"), Some("9"), Some("8")]);
     }
 
     /// Damaged pages panic inside the `parquet` crate's decoders (as trace files did): every
@@ -393,16 +695,17 @@ pub(crate) mod tests {
     fn damaged_pages_are_errors_naming_the_file_not_panics() {
         let dir = tempfile::tempdir().unwrap();
         let good = dir.path().join("good.parquet");
-        let rows: Vec<_> = (0..50)
+        let rows: Vec<Sample<'_>> = (0..50)
             .map(|i| {
                 (
                     i * 1000,
-                    i + 1,
+                    Some(i + 1),
                     i % 7,
-                    Some(i as f64),
-                    10.0 + i as f64,
-                    i % 5 == 0,
-                    "s",
+                    Some(i),
+                    Some(10 + i),
+                    (i % 5 == 0) as u8,
+                    Some("s"),
+                    i,
                 )
             })
             .collect();
@@ -415,7 +718,7 @@ pub(crate) mod tests {
                 let mut b = bytes.clone();
                 b[at] ^= flip;
                 std::fs::write(&p, &b).unwrap();
-                let got = std::panic::catch_unwind(|| import(&p, "b"));
+                let got = std::panic::catch_unwind(|| import(&p));
                 match got {
                     Err(_) => panics.push((at, flip)),
                     Ok(Err(e)) => assert!(e.to_string().contains("damaged.parquet"), "{e}"),
@@ -431,63 +734,57 @@ pub(crate) mod tests {
         );
     }
 
+    fn write_batch(p: &Path, batch: &RecordBatch) {
+        let file = std::fs::File::create(p).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        w.write(batch).unwrap();
+        w.close().unwrap();
+    }
+
     #[test]
     fn bad_files_and_values_name_the_file_and_row() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.parquet");
         std::fs::write(&p, b"PAR1 not really").unwrap();
-        let e = import(&p, "b").unwrap_err().to_string();
+        let e = import(&p).unwrap_err().to_string();
         assert!(e.contains("bad.parquet") && e.contains("Parquet"), "{e}");
-        write_sample(
-            &p,
-            &[
-                (0, 1, 1, None, 1.0, false, "s"),
-                (0, -4, 1, None, 1.0, false, "s"),
-            ],
-        );
-        let e = import(&p, "b").unwrap_err().to_string();
-        assert!(e.contains("bad.parquet:2: row 2: input_tokens"), "{e}");
-        // A missing column names what it looked for.
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            "timestamp",
-            DataType::Int64,
-            false,
-        )]));
-        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1]))])
-            .unwrap();
-        let mut w =
-            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&p).unwrap(), schema, None)
-                .unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
-        let e = import(&p, "b").unwrap_err().to_string();
-        assert!(
-            e.contains("no input tokens column (input_tokens | prompt_tokens)"),
-            "{e}"
-        );
-        // A wrong type: a string where a count belongs.
+        // A negative count names its row and column.
         let schema = Arc::new(Schema::new(vec![
-            Field::new("timestamp", DataType::Float64, false),
-            Field::new("input_tokens", DataType::Utf8, false),
-            Field::new("output_tokens", DataType::Int64, false),
-            Field::new("duration_ms", DataType::Float64, false),
+            Field::new(ARRIVAL, DataType::Int64, false),
+            Field::new(INPUT, DataType::Int64, false),
         ]));
         let batch = RecordBatch::try_new(
-            schema.clone(),
+            schema,
             vec![
-                Arc::new(Float64Array::from(vec![1.5])),
-                Arc::new(StringArray::from(vec!["ten"])),
-                Arc::new(Int64Array::from(vec![1])),
-                Arc::new(Float64Array::from(vec![1.0])),
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(Int64Array::from(vec![1, -4])),
             ],
         )
         .unwrap();
-        let mut w =
-            parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&p).unwrap(), schema, None)
-                .unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
-        let e = import(&p, "b").unwrap_err().to_string();
-        assert!(e.contains("bad.parquet:1: row 1: input_tokens"), "{e}");
+        write_batch(&p, &batch);
+        let e = import(&p).unwrap_err().to_string();
+        assert!(e.contains("bad.parquet:2: row 2: input_tokens -4"), "{e}");
+        // A missing arrival column names what it looked for.
+        let schema = Arc::new(Schema::new(vec![Field::new(INPUT, DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1]))]).unwrap();
+        write_batch(&p, &batch);
+        let e = import(&p).unwrap_err().to_string();
+        assert!(e.contains("no timestamp_start_unix_ms column"), "{e}");
+    }
+
+    /// A Parquet file with llmreplay's columns is a trace already: `import` says so.
+    #[test]
+    fn an_llmreplay_trace_is_not_imported_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.parquet");
+        trace_format::write_trace_file(
+            &p,
+            &[TraceRecord::new("a", 1, "/v1/completions")],
+            &trace_format::FileMeta::new(trace_format::Producer::Synth, "t"),
+        )
+        .unwrap();
+        let e = crate::detect(&p).unwrap_err().to_string();
+        assert!(e.contains("already an llmreplay trace"), "{e}");
     }
 }

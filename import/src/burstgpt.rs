@@ -13,8 +13,9 @@
 
 use std::path::Path;
 
-use trace_format::{Outcome, Result, TraceRecord};
+use trace_format::{Outcome, Result};
 
+use crate::out::Out;
 use crate::rows::{csv_records, seconds_to_us};
 
 /// The error text of a failed (0 response tokens) row.
@@ -31,9 +32,10 @@ struct Cols {
 }
 
 /// Reads a BurstGPT CSV.
-pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
+pub(crate) fn import(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
     csv_records(
         path,
+        out,
         |h| {
             Ok(Cols {
                 ts: h.require("Timestamp")?,
@@ -92,6 +94,13 @@ pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn import(
+        p: &std::path::Path,
+        prefix: &str,
+    ) -> trace_format::Result<Vec<trace_format::TraceRecord>> {
+        crate::read_as(crate::Format::BurstGpt, p, prefix)
+    }
     use crate::{import_file, Format, ImportOptions};
 
     #[test]

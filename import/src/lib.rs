@@ -3,20 +3,26 @@
 //! | format | file | time | lengths | prefix structure |
 //! |---|---|---|---|---|
 //! | [`azure`] | Azure LLM inference 2023/2024 CSV | `TIMESTAMP` absolute, UTC | `ContextTokens`, `GeneratedTokens` | none |
-//! | [`baseten`] | Baseten Parquet | arrival timestamp, TTFT, duration, cancel flag | `input_tokens`, `output_tokens` | none |
-//! | [`copilot`] | GitHub Copilot coding-agent JSONL (2026) | ISO `timestamp`, `duration_ms` | `tokens.prompt`, `tokens.completion` | sessions of LLM calls, `UserCancel` |
-//! | [`dynamo`] | NVIDIA Dynamo `dynamo.agent.trace.v1` JSONL | `request_received_ms`, `ttft_ms`, `total_time_ms` | `input_tokens`, `output_tokens` | sessions, trajectories, parents; sequence hashes |
+//! | [`baseten`] | Baseten Parquet (AIPerf's loader's columns) | `timestamp_start_unix_ms`, `duration_ttft_ms`, `duration_e2e_ms`, `request_canceled` | `input_tokens`, `output_tokens`, the `prompt` | sessions; `total_hashes` of `block_size` |
+//! | [`copilot`] | GitHub Copilot coding-agent JSONL (2026) | ISO `timestamp` (the call's end), `duration_ms` | `tokens.prompt`, `tokens.completion` | sessions of LLM calls, `UserCancel` |
+//! | [`dynamo`] | NVIDIA Dynamo `dynamo.request.trace.v1` / `dynamo.agent.trace.v1` JSONL | `request_received_ms`, `ttft_ms`, `total_time_ms` | `input_tokens` (else `replay.input_length`), `output_tokens` | sessions, trajectories, sub-agents and joins; sequence hashes |
 //! | [`burstgpt`] | BurstGPT CSV | `Timestamp` s from day start | `Request tokens`, `Response tokens` (0 = failed) | v3 `Session ID` |
 //! | [`mooncake`] | Mooncake JSONL (and AIPerf's `mooncake_trace`) | `timestamp` ms from trace start | `input_length`, `output_length` | `hash_ids`, 512-token blocks; AIPerf's `session_id`, `delay` |
 //! | [`qwen`] | Qwen Bailian JSONL | `timestamp` s (float) | `input_length`, `output_length` | `hash_ids`, 16-token blocks; `chat_id`/`parent_chat_id` |
 //! | [`sharegpt`] | ShareGPT JSON | none: gamma arrivals | text, counted by a tokenizer | none |
-//! | [`weka`] | WEKA agent-trace JSONL | `t` s from session start, `api_time` | `in`, `out` | sessions; `hash_ids`, 64-token blocks |
+//! | [`weka`] | WEKA / SemiAnalysis agent traces | `t` s from session start (a sub-agent's from its spawn), `api_time`, `ttft` | `in`, `out` | sessions, sub-agents and joins; `hash_ids`, 64-token blocks |
 //!
 //! Every row of the source becomes one row of the trace, so row counts and token sums equal
 //! the source's; a row that cannot be read is an error naming the file and its 1-based line
-//! ([`Error::BadRow`]), and nothing is skipped silently or guessed. (ShareGPT conversations
+//! ([`Error::BadRow`]), and nothing is skipped silently or guessed. A row the publisher left
+//! incomplete (a count, a duration, a session missing) is imported with what it has, the rest
+//! unknown and counted per field ([`SourceStats::unknown`]). (ShareGPT conversations
 //! without a first human→gpt exchange are the one exception: they hold no request; they are
 //! counted in [`SourceStats::skipped`] and reported.)
+//!
+//! Rows go on as they are read ([`import_to`]): a row at a time for the CSV and Parquet
+//! formats, a session line at a time for WEKA and Copilot; Dynamo, Qwen, Mooncake and ShareGPT
+//! files are read whole first (their rows are linked across the file).
 //!
 //! Times relative to a trace start (BurstGPT, Mooncake, Qwen) are placed at the Unix epoch
 //! (1970-01-01T00:00:00Z) plus the offset, so offsets survive exactly; Azure's absolute times
@@ -38,12 +44,13 @@ pub mod copilot;
 pub mod dynamo;
 mod link;
 pub mod mooncake;
+mod out;
 pub mod qwen;
 mod rows;
 pub mod sharegpt;
 pub mod weka;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -51,9 +58,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use tokenize::Tokenizer;
-use trace_format::{Error, FileMeta, Outcome, Producer, Result, TraceRecord};
+use trace_format::{Error, FileMeta, Producer, Result, TraceRecord};
 
+use crate::out::{Out, Selecting};
 use crate::rows::split_csv_line;
+
+pub use out::Select;
 
 pub use mooncake::{
     export_mooncake, export_mooncake_lines, export_mooncake_stream, export_stream, Flavor,
@@ -160,6 +170,8 @@ pub struct ImportOptions {
     pub seed: u64,
     /// Model name written on every row (default: the source's, where it has one).
     pub model: Option<String>,
+    /// Which rows to keep: `--limit`, `--head`, a time window.
+    pub select: Select,
 }
 
 impl Default for ImportOptions {
@@ -171,6 +183,7 @@ impl Default for ImportOptions {
             burstiness: 1.0,
             seed: 0,
             model: None,
+            select: Select::default(),
         }
     }
 }
@@ -184,9 +197,9 @@ pub struct SourceStats {
     pub format: Format,
     /// Rows (requests) imported.
     pub rows: usize,
-    /// Σ prompt tokens.
+    /// Σ prompt tokens (of the rows that have them).
     pub prompt_tokens: i64,
-    /// Σ output tokens.
+    /// Σ output tokens (of the rows that have them).
     pub output_tokens: i64,
     /// Rows imported as failures (BurstGPT: 0 response tokens).
     pub failures: usize,
@@ -203,6 +216,11 @@ pub struct SourceStats {
     /// What the source held that did not become rows or columns (tool spans, unread
     /// columns), one line each.
     pub notes: Vec<String>,
+    /// Fields the source left out of rows that were imported without them (their values
+    /// unknown, null in the trace): field → rows.
+    pub unknown: BTreeMap<String, usize>,
+    /// Rows read but outside the time window (`--start-offset`, `--duration`).
+    pub outside_window: usize,
 }
 
 impl SourceStats {
@@ -220,6 +238,8 @@ impl SourceStats {
             skipped: Vec::new(),
             block_size: format.block_size(),
             notes: Vec::new(),
+            unknown: BTreeMap::new(),
+            outside_window: 0,
         }
     }
 
@@ -231,16 +251,22 @@ impl SourceStats {
         }
     }
 
-    fn account(&mut self, records: &[TraceRecord]) {
-        self.rows = records.len();
-        self.prompt_tokens = records.iter().filter_map(|r| r.prompt_tokens).sum();
-        self.output_tokens = records.iter().filter_map(|r| r.output_tokens).sum();
-        let by_client = |r: &&TraceRecord| r.outcome == Outcome::ClientCancelled;
-        self.cancelled = records.iter().filter(by_client).count();
-        self.failures =
-            records.iter().filter(|r| r.outcome != Outcome::Ok).count() - self.cancelled;
-        self.first_arrival_us = records.iter().map(|r| r.arrival_time_us).min();
-        self.last_arrival_us = records.iter().map(|r| r.arrival_time_us).max();
+    /// The lines to say after [`Display`](fmt::Display)'s: notes, fields left unknown, rows
+    /// outside the window.
+    pub fn details(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.notes.iter().map(|n| format!("note: {n}")).collect();
+        for (field, n) in &self.unknown {
+            out.push(format!(
+                "note: {n} rows without {field}: imported with it unknown (null)"
+            ));
+        }
+        if self.outside_window > 0 {
+            out.push(format!(
+                "note: {} rows outside the time window left out",
+                self.outside_window
+            ));
+        }
+        out
     }
 }
 
@@ -273,8 +299,18 @@ impl fmt::Display for SourceStats {
     }
 }
 
-/// The result of an import: rows (in source order, file after file), the file metadata to
-/// write with them, and per-source statistics.
+/// What an import wrote: the file metadata to close the output with, and per-source
+/// statistics.
+#[derive(Debug, Clone)]
+pub struct ImportSummary {
+    /// Producer `import`, the source files and formats, the block size of `prefix_hashes`.
+    pub meta: FileMeta,
+    /// Per source file.
+    pub sources: Vec<SourceStats>,
+}
+
+/// An import held in memory ([`import`]): its rows, in source order, file after file, and
+/// what [`import_to`] says of it.
 #[derive(Debug, Clone)]
 pub struct Imported {
     /// One row per source request.
@@ -285,9 +321,25 @@ pub struct Imported {
     pub sources: Vec<SourceStats>,
 }
 
-/// Detects the format of `path` from its content: a CSV header with `ContextTokens` (Azure)
-/// or `Request tokens` (BurstGPT); a JSON line with `chat_id` (Qwen) or `hash_ids` /
-/// `input_length` (Mooncake); a JSON array (ShareGPT).
+/// [`import_to`] into memory, for tests and samples (a whole trace's rows are held).
+pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<Imported> {
+    let mut records = Vec::new();
+    let s = import_to(paths, opts, command, &mut |r| {
+        records.push(r);
+        Ok(())
+    })?;
+    Ok(Imported {
+        records,
+        meta: s.meta,
+        sources: s.sources,
+    })
+}
+
+/// Detects the format of `path` from its content: Parquet by its columns (Baseten's;
+/// llmreplay's own are refused: such a file is already a trace); a CSV header with
+/// `ContextTokens` (Azure) or `Request tokens` (BurstGPT); a JSON line with a Dynamo schema,
+/// a WEKA session (`requests` and `block_size`), a Copilot session (`turns`, `llm_calls`),
+/// `chat_id` (Qwen) or `hash_ids` / `input_length` (Mooncake); a JSON array (ShareGPT).
 pub fn detect(path: &Path) -> Result<Format> {
     let mut magic = Vec::new();
     std::fs::File::open(path)
@@ -296,7 +348,7 @@ pub fn detect(path: &Path) -> Result<Format> {
         .read_to_end(&mut magic)
         .map_err(|e| Error::io(path, e))?;
     if magic == b"PAR1" {
-        return Ok(Format::Baseten);
+        return baseten::detect(path);
     }
     let mut head = Vec::new();
     rows::open_text(path)?
@@ -316,7 +368,7 @@ pub fn detect(path: &Path) -> Result<Format> {
         return Ok(Format::ShareGpt);
     }
     if first_line.starts_with('{') {
-        if first_line.contains(dynamo::SCHEMA) {
+        if dynamo::SCHEMAS.iter().any(|s| first_line.contains(s)) {
             return Ok(Format::Dynamo);
         }
         let Ok(v) = serde_json::from_str::<serde_json::Value>(first_line) else {
@@ -359,69 +411,70 @@ pub fn detect(path: &Path) -> Result<Format> {
     }
 }
 
-/// Imports one file (format detected when `opts.format` is `Auto`). `id_prefix` starts each
-/// request id (`<id_prefix>:<line>`).
+/// Reads one local file (format detected when `opts.format` is `Auto`) into `out`.
+/// `id_prefix` starts each request id (`<id_prefix>:<line>`).
+fn import_source(path: &Path, opts: &ImportOptions, id_prefix: &str, out: &mut Out) -> Result<()> {
+    match out.stats.format {
+        Format::Azure => azure::import(path, id_prefix, out),
+        Format::BurstGpt => burstgpt::import(path, id_prefix, out),
+        Format::Mooncake => mooncake::import(path, id_prefix, out),
+        Format::Qwen => qwen::import(path, id_prefix, out),
+        Format::Copilot => copilot::import(path, id_prefix, out),
+        Format::Dynamo => dynamo::import(path, id_prefix, out),
+        Format::Weka => weka::import(path, id_prefix, out),
+        Format::Baseten => baseten::import(path, id_prefix, out),
+        Format::ShareGpt => sharegpt::import(path, id_prefix, opts, out),
+        Format::Auto => unreachable!("resolved before"),
+    }
+}
+
+/// Imports one file (format detected when `opts.format` is `Auto`) into memory: its rows and
+/// statistics. `id_prefix` starts each request id (`<id_prefix>:<line>`). For samples and
+/// tests; [`import_to`] writes as it reads.
 pub fn import_file(
     path: &Path,
     opts: &ImportOptions,
     id_prefix: &str,
 ) -> Result<(Vec<TraceRecord>, SourceStats)> {
+    let mut rows = Vec::new();
+    let mut selecting = Selecting::new(opts.select.clone());
+    let stats = import_one(path, opts, id_prefix, &mut selecting, &mut |r| {
+        rows.push(r);
+        Ok(())
+    })?;
+    Ok((rows, stats))
+}
+
+/// The rows of `path` read as `format` (for the importers' tests).
+#[cfg(test)]
+pub(crate) fn read_as(format: Format, path: &Path, prefix: &str) -> Result<Vec<TraceRecord>> {
+    let opts = ImportOptions {
+        format,
+        ..Default::default()
+    };
+    import_file(path, &opts, prefix).map(|(r, _)| r)
+}
+
+/// One input: detected, read (an object named by URL downloaded first) and its rows passed to
+/// `write` as they are read.
+fn import_one(
+    path: &Path,
+    opts: &ImportOptions,
+    id_prefix: &str,
+    selecting: &mut Selecting,
+    write: &mut dyn FnMut(TraceRecord) -> Result<()>,
+) -> Result<SourceStats> {
+    if let Some(url) = path.to_str().filter(|s| store::is_url(s)) {
+        return import_url(url, opts, id_prefix, selecting, write);
+    }
     let format = match opts.format {
         Format::Auto => detect(path)?,
         f => f,
     };
     let mut stats = SourceStats::new(path, format);
-    let mut records = match format {
-        Format::Azure => azure::import(path, id_prefix)?,
-        Format::BurstGpt => burstgpt::import(path, id_prefix)?,
-        Format::Mooncake => mooncake::import(path, id_prefix)?,
-        Format::Qwen => qwen::import(path, id_prefix)?,
-        Format::Copilot => copilot::import(path, id_prefix)?,
-        Format::Dynamo => {
-            let d = dynamo::import(path, id_prefix)?;
-            stats.block_size = d.block_size;
-            if d.tool_events > 0 {
-                stats.notes.push(format!(
-                    "{} tool events (tool spans) are not requests: their time is in the think time of the request after them",
-                    d.tool_events
-                ));
-            }
-            d.records
-        }
-        Format::Weka => {
-            let (records, block) = weka::import(path, id_prefix)?;
-            stats.block_size = block;
-            records
-        }
-        Format::Baseten => {
-            let b = baseten::import(path, id_prefix)?;
-            if !b.unmapped.is_empty() {
-                stats
-                    .notes
-                    .push(format!("columns not mapped: {}", b.unmapped.join(", ")));
-            }
-            b.records
-        }
-        Format::ShareGpt => {
-            let (records, skipped) = sharegpt::import(path, id_prefix, opts)?;
-            stats.account(&records);
-            stats.skipped = skipped;
-            return Ok((with_model(records, opts), stats));
-        }
-        Format::Auto => unreachable!("resolved above"),
-    };
-    records = with_model(records, opts);
-    stats.account(&records);
-    Ok((records, stats))
-}
-
-fn with_model(mut records: Vec<TraceRecord>, opts: &ImportOptions) -> Vec<TraceRecord> {
-    if let Some(m) = &opts.model {
-        for r in &mut records {
-            r.model = Some(m.clone());
-        }
-    }
-    records
+    let mut out = Out::new(&mut stats, selecting, opts.model.as_deref(), write);
+    import_source(path, opts, id_prefix, &mut out)?;
+    Ok(stats)
 }
 
 /// Imports one object named by URL (`s3://`, `gs://`, `az://`, `https://`, … as
@@ -431,7 +484,9 @@ fn import_url(
     url: &str,
     opts: &ImportOptions,
     id_prefix: &str,
-) -> Result<(Vec<TraceRecord>, SourceStats)> {
+    selecting: &mut Selecting,
+    write: &mut dyn FnMut(TraceRecord) -> Result<()>,
+) -> Result<SourceStats> {
     /// Removes the temporary directory however the import ends.
     struct TempDir(PathBuf);
     impl Drop for TempDir {
@@ -453,19 +508,27 @@ fn import_url(
     std::fs::create_dir_all(&dir.0).map_err(|e| Error::io(&dir.0, e))?;
     let local = dir.0.join(&name);
     loc.download(&local)?;
-    let (rows, mut stats) = import_file(&local, opts, id_prefix).map_err(|e| {
+    let mut stats = import_one(&local, opts, id_prefix, selecting, write).map_err(|e| {
         // Messages name the URL, not the temporary copy.
         Error::Invalid(e.to_string().replace(&local.display().to_string(), url))
     })?;
     stats.path = PathBuf::from(url);
-    Ok((rows, stats))
+    Ok(stats)
 }
 
-/// Imports every file of `paths` into one trace. Request ids are `<file stem>:<line>` (with
-/// the input's index in front when two inputs share a stem), unique across the import.
-/// Sources with hash ids of different block sizes cannot share a trace (one block size per
-/// file): that is an error.
-pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<Imported> {
+/// Imports every file of `paths` into one trace, each row passed to `write` as it is read
+/// (rows in source order, file after file; memory bounded by what one row, one session line,
+/// or, for the formats linked across a file, one file holds). Request ids are
+/// `<file stem>:<line>` (with the input's index in front when two inputs share a stem), unique
+/// across the import. Sources with hash ids of different block sizes cannot share a trace
+/// (one block size per file): that is an error. Returns the metadata to close the output
+/// with and per-source statistics.
+pub fn import_to(
+    paths: &[PathBuf],
+    opts: &ImportOptions,
+    command: &str,
+    write: &mut dyn FnMut(TraceRecord) -> Result<()>,
+) -> Result<ImportSummary> {
     if paths.is_empty() {
         return Err(Error::Invalid("import: no input files".into()));
     }
@@ -479,20 +542,24 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
         .collect();
     let mut distinct = HashSet::new();
     let clash = !stems.iter().all(|s| distinct.insert(s.clone()));
-    let mut records = Vec::new();
-    let mut sources = Vec::new();
+    let mut sources: Vec<SourceStats> = Vec::new();
     let mut block_size: Option<(u32, PathBuf)> = None;
+    let mut selecting = Selecting::new(opts.select.clone());
     for (i, path) in paths.iter().enumerate() {
+        if selecting.full() {
+            break;
+        }
         let prefix = if clash {
             format!("{i}-{}", stems[i])
         } else {
             stems[i].clone()
         };
-        let (rows, stats) = match path.to_str().filter(|s| store::is_url(s)) {
-            Some(url) => import_url(url, opts, &prefix)?,
-            None => import_file(path, opts, &prefix)?,
-        };
-        if rows.iter().any(|r| r.prefix_hashes.is_some()) {
+        let mut hashed = false;
+        let stats = import_one(path, opts, &prefix, &mut selecting, &mut |r| {
+            hashed |= r.prefix_hashes.is_some();
+            write(r)
+        })?;
+        if hashed {
             if let Some(b) = stats.block_size {
                 match &block_size {
                     Some((prev, prev_path)) if *prev != b => {
@@ -506,7 +573,6 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
                 }
             }
         }
-        records.extend(rows);
         sources.push(stats);
     }
     let mut meta = FileMeta::new(Producer::Import, command);
@@ -523,11 +589,21 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
             meta.extra.insert("tokenizer".into(), t.name().to_string());
         }
     }
-    Ok(Imported {
-        records,
-        meta,
-        sources,
-    })
+    let s = &opts.select;
+    for (key, v) in [
+        ("limit", s.limit),
+        ("head", s.per_file_limit),
+        (
+            "start_offset_us",
+            (s.start_offset_us > 0).then_some(s.start_offset_us as u64),
+        ),
+        ("duration_us", s.duration_us.map(|d| d as u64)),
+    ] {
+        if let Some(v) = v {
+            meta.extra.insert(key.into(), v.to_string());
+        }
+    }
+    Ok(ImportSummary { meta, sources })
 }
 
 /// Where tests find `../shared/data` (the public trace samples): `$LLMREPLAY_SHARED_DATA`, else
@@ -571,7 +647,7 @@ mod tests {
             ("f.jsonl", "{\"schema\": \"dynamo.agent.trace.v1\", \"event_type\": \"tool_end\"}\n", Format::Dynamo),
             ("g.jsonl", "{\"session_id\": \"s\", \"date\": \"2026-06-01\", \"turns\": []}\n", Format::Copilot),
             ("h.jsonl", "{\"id\": \"a\", \"block_size\": 64, \"hash_id_scope\": \"local\", \"requests\": []}\n", Format::Weka),
-            ("i.parquet", "PAR1", Format::Baseten),
+            ("j.jsonl", "{\"timestamp\": 1, \"event\": {\"schema\": \"dynamo.request.trace.v1\", \"event_type\": \"request_end\"}}\n", Format::Dynamo),
         ];
         for (name, content, want) in cases {
             let p = dir.path().join(name);
@@ -589,5 +665,17 @@ mod tests {
         let p = dir.path().join("x.txt");
         std::fs::write(&p, "hello,world\n").unwrap();
         assert!(detect(&p).unwrap_err().to_string().contains("--format"));
+        // Parquet by its columns: Baseten's; a file that is only Parquet's magic is named.
+        let p = dir.path().join("i.parquet");
+        baseten::tests::write_sample(&p, &[(0, Some(1), 1, None, Some(1), 0, None, 1)]);
+        assert_eq!(detect(&p).unwrap(), Format::Baseten);
+        std::fs::write(&p, "PAR1").unwrap();
+        assert!(detect(&p).unwrap_err().to_string().contains("i.parquet"));
+        // The real WEKA sessions (one JSON document per file) are recognised.
+        for f in ["weka/trace_0297.json", "weka/trace_0274.json"] {
+            if let Some(p) = test_shared_data(&format!("real-formats/{f}")) {
+                assert_eq!(detect(&p).unwrap(), Format::Weka, "{f}");
+            }
+        }
     }
 }

@@ -15,7 +15,8 @@ use serde_json::Value;
 
 use trace_format::{Error, Result, TraceRecord};
 
-use crate::link::{link, Chain};
+use crate::link::{link, Chain, Links};
+use crate::out::{Out, Sink};
 use crate::rows::{jsonl_records, Fields};
 
 /// Tokens per hash id.
@@ -26,10 +27,11 @@ pub const ENDPOINT: &str = "/v1/completions";
 /// Reads a Mooncake JSONL trace. AIPerf's `mooncake_trace` fields `session_id` and `delay`
 /// (ms to wait after the previous turn of the session) are read when present: the session's
 /// rows chain in arrival order, each continuing the one before, with `delay` as the think
-/// time.
-pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
+/// time. The file is read whole before its rows go on (linked in arrival order).
+pub(crate) fn import(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
     let mut chains = Vec::new();
-    let mut records = jsonl_records(path, |row| {
+    let mut records = Vec::new();
+    jsonl_records(path, &mut records, |row| {
         let ts = row.timestamp()?;
         let arrival = ms_to_us(ts).ok_or_else(|| {
             row.at
@@ -41,12 +43,12 @@ pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
         r.think_time_us = f.opt_duration_us("delay", 1e3)?;
         chains.push(Chain {
             key: r.session_id.clone(),
-            spawned_from: None,
+            ..Chain::default()
         });
         Ok(r)
     })?;
-    link(&mut records, &chains);
-    Ok(records)
+    link(&mut records, &chains, Links::default());
+    out.push_all(records).map(drop)
 }
 
 /// A JSON number of milliseconds as µs (integers exactly; floats to the nearest µs).
@@ -264,6 +266,13 @@ pub fn export_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn import(
+        p: &std::path::Path,
+        prefix: &str,
+    ) -> trace_format::Result<Vec<trace_format::TraceRecord>> {
+        crate::read_as(crate::Format::Mooncake, p, prefix)
+    }
     use crate::{import as import_all, test_shared_data, Format, ImportOptions};
     use trace_format::{read_traces, write_trace_file};
 

@@ -23,8 +23,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use trace_format::{Result, TraceRecord};
+use trace_format::Result;
 
+use crate::out::{Out, Sink};
 use crate::rows::{jsonl_records, seconds_to_us};
 
 /// Tokens per hash id.
@@ -42,9 +43,10 @@ fn id_of(v: Option<&Value>) -> Option<String> {
 }
 
 /// Reads a Qwen Bailian JSONL trace.
-pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
+pub(crate) fn import(path: &Path, id_prefix: &str, sink: &mut Out<'_>) -> Result<()> {
     let mut parents: Vec<(Option<String>, Option<String>)> = Vec::new();
-    let mut out = jsonl_records(path, |row| {
+    let mut out = Vec::new();
+    jsonl_records(path, &mut out, |row| {
         let ts = row.timestamp()?;
         let arrival = seconds_to_us(&ts.to_string()).ok_or_else(|| {
             row.at.bad(format!(
@@ -100,12 +102,18 @@ pub fn import(path: &Path, id_prefix: &str) -> Result<Vec<TraceRecord>> {
         r.session_id = s;
         r.parent_request_id = p.map(|j| ids[j].clone());
     }
-    Ok(out)
+    sink.push_all(out).map(drop)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+
+    fn import(
+        p: &std::path::Path,
+        prefix: &str,
+    ) -> trace_format::Result<Vec<trace_format::TraceRecord>> {
+        crate::read_as(crate::Format::Qwen, p, prefix)
+    }
     use crate::{import as import_all, ImportOptions};
 
     #[test]

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 use trace_format::{Error, Result, TokenSource, TraceRecord};
 
+use crate::out::Sink;
+
 /// Where a row is: the file and its 1-based line, for errors and request ids.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct At<'a> {
@@ -75,10 +77,10 @@ pub(crate) fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {
 }
 
 /// Calls `f(line_no, line)` for every non-blank line of `path` (1-based numbers; a UTF-8
-/// BOM and a trailing `\r` are removed).
+/// BOM and a trailing `\r` are removed), until it returns `false` (no more rows wanted).
 pub(crate) fn for_each_line(
     path: &Path,
-    mut f: impl FnMut(usize, &str) -> Result<()>,
+    mut f: impl FnMut(usize, &str) -> Result<bool>,
 ) -> Result<()> {
     let mut reader = open_text(path)?;
     let mut buf = String::new();
@@ -103,7 +105,9 @@ pub(crate) fn for_each_line(
         if line.trim().is_empty() {
             continue;
         }
-        f(line_no, line)?;
+        if !f(line_no, line)? {
+            return Ok(());
+        }
     }
 }
 
@@ -126,20 +130,20 @@ impl CsvRow<'_> {
 
 /// Reads a CSV file with a header line: `columns` finds the columns the format reads in the
 /// header, then `record` maps every data row (with exactly as many fields as the header) to
-/// its record. A file without a header is an error.
+/// its record, which goes to `sink` as it is read. A file without a header is an error.
 pub(crate) fn csv_records<C>(
     path: &Path,
+    sink: &mut dyn Sink,
     columns: impl Fn(&CsvHeader) -> Result<C>,
     mut record: impl FnMut(&CsvRow<'_>, &C) -> Result<TraceRecord>,
-) -> Result<Vec<TraceRecord>> {
+) -> Result<()> {
     let mut header: Option<(CsvHeader, C)> = None;
-    let mut out = Vec::new();
     for_each_line(path, |line_no, line| {
         let Some((h, cols)) = &header else {
             let h = CsvHeader::parse(path, line)?;
             let cols = columns(&h)?;
             header = Some((h, cols));
-            return Ok(());
+            return Ok(true);
         };
         let at = At {
             path,
@@ -153,13 +157,12 @@ pub(crate) fn csv_records<C>(
                 h.len()
             )));
         }
-        out.push(record(&CsvRow { at, fields }, cols)?);
-        Ok(())
+        sink.push(record(&CsvRow { at, fields }, cols)?)
     })?;
     if header.is_none() {
         return Err(bad(path, 1, "empty file: no header"));
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Splits one CSV line (RFC 4180 quoting: `"a,b"`, `""` for a quote; no line breaks inside
@@ -329,25 +332,29 @@ impl JsonRow<'_> {
     }
 }
 
-/// Reads a JSON-lines file: every line a JSON object that `record` maps to its record.
+/// Reads a JSON-lines file: every line a JSON object that `record` maps to its record, which
+/// goes to `sink` as it is read.
 pub(crate) fn jsonl_records(
     path: &Path,
+    sink: &mut dyn Sink,
     mut record: impl FnMut(&JsonRow<'_>) -> Result<TraceRecord>,
-) -> Result<Vec<TraceRecord>> {
-    jsonl_rows(path, |row, out| {
+) -> Result<()> {
+    jsonl_rows(path, sink, |row, out| {
         out.push(record(row)?);
         Ok(())
     })
 }
 
 /// Reads a JSON-lines file whose lines may hold any number of requests (a session of an
-/// agent trace per line, or events that are not requests): `rows` pushes the records of
-/// each line's JSON object.
+/// agent trace per line, or events that are not requests): `rows` puts the records of each
+/// line's JSON object in the vector it is given (in the order they go on, linked as the line
+/// links them), and they go to `sink` line by line.
 pub(crate) fn jsonl_rows(
     path: &Path,
+    sink: &mut dyn Sink,
     mut rows: impl FnMut(&JsonRow<'_>, &mut Vec<TraceRecord>) -> Result<()>,
-) -> Result<Vec<TraceRecord>> {
-    let mut out = Vec::new();
+) -> Result<()> {
+    let mut line_rows = Vec::new();
     for_each_line(path, |line_no, line| {
         let at = At {
             path,
@@ -355,9 +362,9 @@ pub(crate) fn jsonl_rows(
         };
         let v: Value = serde_json::from_str(line).map_err(|e| at.bad(format!("not JSON: {e}")))?;
         let obj = v.as_object().ok_or_else(|| at.bad("not a JSON object"))?;
-        rows(&JsonRow { at, obj }, &mut out)
-    })?;
-    Ok(out)
+        rows(&JsonRow { at, obj }, &mut line_rows)?;
+        sink.push_all(std::mem::take(&mut line_rows))
+    })
 }
 
 /// Typed reads of the fields of one JSON object of a row, each error naming the row and the
@@ -482,6 +489,26 @@ impl<'a> Fields<'a> {
             .filter(|x| x.is_finite() && *x >= 0.0 && x * unit_us < 9.0e18)
             .map(|x| Some((x * unit_us).round() as i64))
             .ok_or_else(|| self.bad(field, format!("{v} is not a non-negative number")))
+    }
+
+    /// The positive block size in `field`, which must equal the one an earlier row of the
+    /// file gave (`seen`: the size and its line; one block size per file).
+    pub(crate) fn block_size(&self, field: &str, seen: &mut Option<(u32, usize)>) -> Result<u32> {
+        let size = self.count(field)?;
+        let size = u32::try_from(size)
+            .ok()
+            .filter(|b| *b > 0)
+            .ok_or_else(|| self.bad(field, format!("{size} is out of range")))?;
+        match *seen {
+            Some((b, line)) if b != size => Err(self.bad(
+                field,
+                format!("{size} differs from {b} on line {line} (one block size per file)"),
+            )),
+            _ => {
+                *seen = Some((size, self.at.line));
+                Ok(size)
+            }
+        }
     }
 
     /// An array of non-negative integers (block hash ids); absent is None.

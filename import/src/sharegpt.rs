@@ -18,18 +18,21 @@ use serde_json::{json, Value};
 
 use trace_format::{Error, Result, TokenSource, TraceRecord};
 
+use crate::out::{Out, Sink};
 use crate::rows::bad;
 use crate::ImportOptions;
 
 /// Endpoint of imported rows.
 pub const ENDPOINT: &str = "/v1/chat/completions";
 
-/// Reads a ShareGPT JSON file; returns the rows and the skipped conversations (with why).
-pub fn import(
+/// Reads a ShareGPT JSON file into `out` (the whole document first); the skipped
+/// conversations (with why) go to its statistics.
+pub(crate) fn import(
     path: &Path,
     id_prefix: &str,
     opts: &ImportOptions,
-) -> Result<(Vec<TraceRecord>, Vec<String>)> {
+    out: &mut Out<'_>,
+) -> Result<()> {
     let tok = opts.tokenizer.as_ref().ok_or_else(|| {
         Error::Invalid(format!(
             "{}: ShareGPT has text, not token counts: give --tokenizer (e.g. cl100k_base or a tokenizer.json)",
@@ -85,7 +88,7 @@ pub fn import(
         opts.burstiness,
         opts.seed,
     )?;
-    let rows = pending
+    let rows: Vec<TraceRecord> = pending
         .into_iter()
         .zip(offsets)
         .map(|((i, id, prompt, p, o), off)| {
@@ -112,7 +115,8 @@ pub fn import(
             r
         })
         .collect();
-    Ok((rows, skipped))
+    out.stats.skipped = skipped;
+    out.push_all(rows).map(drop)
 }
 
 #[cfg(test)]
@@ -144,6 +148,7 @@ mod tests {
             burstiness: 1.0,
             seed: 3,
             model: Some("m".into()),
+            ..Default::default()
         };
         let t = import_all(std::slice::from_ref(&p), &opts, "test").unwrap();
         let s = &t.sources[0];

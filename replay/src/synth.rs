@@ -46,6 +46,21 @@ fn sample_len(rng: &mut ChaCha8Rng, mean: u32, r: f64) -> i64 {
 
 /// Generates the rows of a synthetic trace.
 pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
+    let mut rows = Vec::with_capacity(spec.num_prompts);
+    synth_each(spec, |r| {
+        rows.push(r);
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
+/// Generates the rows of a synthetic trace one at a time, each passed to `row` as it is made
+/// (the same rows as [`synth`], in bounded memory for any `num_prompts`); stops at `row`'s
+/// first error.
+pub fn synth_each(
+    spec: &SynthSpec,
+    mut row: impl FnMut(TraceRecord) -> Result<(), ReplayError>,
+) -> Result<(), ReplayError> {
     if spec.num_prompts == 0 {
         return Err(ReplayError::Config(
             "--num-prompts must be at least 1".into(),
@@ -77,17 +92,11 @@ pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
             "--request-rate and --burstiness must be positive".into(),
         ));
     }
-    let offs = trace_format::arrivals::gamma_offsets(
-        spec.num_prompts,
-        spec.request_rate,
-        spec.burstiness,
-        spec.seed,
-    )?;
+    let offs =
+        trace_format::arrivals::GammaArrivals::new(spec.request_rate, spec.burstiness, spec.seed)?;
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed ^ 0x5157_4e54_4845_5349);
-    Ok(offs
-        .iter()
-        .enumerate()
-        .map(|(i, off)| {
+    for (i, off) in offs.take(spec.num_prompts).enumerate() {
+        let r = {
             let mut r = TraceRecord::new(
                 format!("synth-{:06}", i),
                 spec.start_us + off.as_micros() as i64,
@@ -100,8 +109,10 @@ pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
             r.prompt_tokens_source = Some(TokenSource::Recorded);
             r.output_tokens_source = Some(TokenSource::Recorded);
             r
-        })
-        .collect())
+        };
+        row(r)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -833,6 +833,7 @@ mod tests {
             rows: 1,
             schema_version: "1.0".into(),
             tool_version: None,
+            assumed: None,
         }
     }
 

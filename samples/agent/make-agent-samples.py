@@ -28,8 +28,14 @@ def dynamo():
     for s in range(3):
         sid = f"run-{s}"
         old_names = s == 2
+        current = s == 1  # dynamo.request.trace.v1: a trajectory is a session_id of its own
+        schema = "dynamo.request.trace.v1" if current else "dynamo.agent.trace.v1"
         def ctx(traj, parent=None):
-            if old_names:
+            if current:
+                c = {"session_id": f"{sid}:{traj}"}
+                if parent:
+                    c["parent_session_id"] = f"{sid}:{parent}"
+            elif old_names:
                 c = {"workflow_type_id": "coding_agent", "workflow_id": sid, "program_id": f"{sid}:{traj}"}
                 if parent:
                     c["parent_program_id"] = f"{sid}:{parent}"
@@ -44,7 +50,7 @@ def dynamo():
             total = round(rng.uniform(300, 900), 1)
             out = rng.randint(20, 120)
             lines.append((now + total, {
-                "schema": "dynamo.agent.trace.v1", "event_type": "request_end",
+                "schema": schema, "event_type": "request_end",
                 "event_time_unix_ms": int(now + total), "event_source": "dynamo",
                 "agent_context": ctx("main"),
                 "request": {
@@ -60,14 +66,14 @@ def dynamo():
             end = now + total
             tool = round(rng.uniform(100, 600), 1)
             lines.append((end + 1, {
-                "schema": "dynamo.agent.trace.v1", "event_type": "tool_start",
+                "schema": schema, "event_type": "tool_start",
                 "event_time_unix_ms": int(end + 1), "event_source": "harness",
                 "agent_context": ctx("main"),
                 "tool": {"tool_call_id": f"call-{s}-{turn}", "tool_class": "bash",
                          "started_at_unix_ms": int(end + 1), "status": "running"},
             }))
             lines.append((end + 1 + tool, {
-                "schema": "dynamo.agent.trace.v1", "event_type": "tool_end",
+                "schema": schema, "event_type": "tool_end",
                 "event_time_unix_ms": int(end + 1 + tool), "event_source": "harness",
                 "agent_context": ctx("main"),
                 "tool": {"tool_call_id": f"call-{s}-{turn}", "tool_class": "bash",
@@ -79,7 +85,7 @@ def dynamo():
                 for k in range(3):
                     stotal = round(rng.uniform(200, 500), 1)
                     lines.append((sub + stotal, {
-                        "schema": "dynamo.agent.trace.v1", "event_type": "request_end",
+                        "schema": schema, "event_type": "request_end",
                         "event_time_unix_ms": int(sub + stotal), "event_source": "dynamo",
                         "agent_context": ctx("researcher", "main"),
                         "request": {
@@ -95,7 +101,9 @@ def dynamo():
             context += out + rng.randint(100, 400)
     lines.sort(key=lambda x: x[0])
     with open(OUT / "dynamo-agent.jsonl", "w") as f:
-        for _, ev in lines:
+        for at, ev in lines:
+            if ev["schema"] == "dynamo.request.trace.v1":
+                ev = {"timestamp": int(at - t0), "event": ev}  # the file sink's envelope
             f.write(json.dumps(ev) + "\n")
 
 
@@ -115,9 +123,11 @@ def copilot():
                     comp = rng.randint(30, 200)
                     cancelled = s == 1 and t == 1 and c == 1
                     mid = f"msg-{s}-{t}-{c}"
+                    end = now + datetime.timedelta(milliseconds=dur)
                     calls.append({
                         "message_id": mid,
-                        "timestamp": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                        # The release stamps a call when it ends.
+                        "timestamp": end.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                         "duration_ms": dur, "initiator_type": "user" if c == 0 else "agent",
                         "model": "Model A" if s != 3 else "Model B",
                         "result": "UserCancel" if cancelled else "Success", "status_code": "OK",
@@ -137,33 +147,63 @@ def copilot():
                     prompt += comp + rng.randint(200, 600)
                 turns.append({"turn_id": f"turn-{s}-{t}", "llm_calls": calls, "tool_batches": batches})
                 now += datetime.timedelta(seconds=rng.uniform(1, 3))
+            if s == 2:
+                # A turn whose calls failed before any was recorded, as the release has them.
+                turns.append({"turn_id": f"turn-{s}-x", "llm_calls": None, "tool_batches": []})
             f.write(json.dumps({"session_id": f"sess-{s}", "date": "2026-06-01", "turns": turns}) + "\n")
 
 
 def weka():
-    """Five agent sessions of 64-token-block requests with api and think times."""
+    """Five agent sessions as kv-cache-tester's docs/trace_replay_tester.md describes them:
+    streamed ("s", with ttft) and non-streamed ("n") calls of 64-token blocks with api and
+    think times; session 0 spawns a sub-agent (its calls timed from the spawn) that the
+    parent waits for."""
     with open(OUT / "weka-agent.jsonl", "w") as f:
         for s in range(5):
             t, ctx, reqs = 0.0, 400 + 100 * s, []
+            prev_think = None
             for k in range(rng.randint(5, 8)):
                 api = round(rng.uniform(0.5, 2.5), 3)
                 think = round(rng.uniform(0.2, 1.5), 3)
                 out = rng.randint(15, 120)
-                r = {"t": round(t, 3), "model": "claude-opus-4-7", "in": ctx, "out": out,
-                     "hash_ids": list(range((ctx + 63) // 64)), "api_time": api,
-                     "type": "subagent" if k == 3 else "main"}
-                if k > 0:
+                streamed = k % 2 == 0
+                r = {"t": round(t, 3), "type": "s" if streamed else "n", "model": "claude-opus-4-7",
+                     "in": ctx, "out": out, "hash_ids": list(range((ctx + 63) // 64)),
+                     "input_types": ["tool_result" if k else "text"], "output_types": ["text", "tool_use"],
+                     "stop": "tool_use", "api_time": api}
+                if streamed:
+                    r["ttft"] = round(api * 0.3, 3)
+                if prev_think is not None:
                     r["think_time"] = prev_think
                 reqs.append(r)
                 prev_think = think
                 t += api + think
                 ctx += out + rng.randint(50, 300)
+                if s == 0 and k == 2:
+                    spawn, sub, st = round(t, 3), [], 0.0
+                    for j in range(3):
+                        sapi = round(rng.uniform(0.3, 1.0), 3)
+                        sub.append({"t": round(st, 3), "type": "n", "model": "claude-haiku-4-5",
+                                    "in": 300 + 100 * j, "out": 20, "hash_ids": list(range(5 + 2 * j)),
+                                    "api_time": sapi, "think_time": 0.0 if j == 0 else 0.2})
+                        st += sapi + 0.2
+                    duration = round(st * 1000)
+                    reqs.append({"t": spawn, "type": "subagent", "agent_id": "agent_001",
+                                 "subagent_type": "Explore", "duration_ms": duration,
+                                 "total_tokens": sum(q["in"] + q["out"] for q in sub),
+                                 "tool_use_count": 2, "status": "completed",
+                                 "models": ["claude-haiku-4-5"], "requests": sub})
+                    # The parent calls again once the sub-agent is done.
+                    t = spawn + st + 0.5
+                    prev_think = None
             f.write(json.dumps({"id": f"{s:04d}weka{s:028d}", "models": ["claude-opus-4-7"],
-                                "block_size": 64, "hash_id_scope": "local", "requests": reqs}) + "\n")
+                                "block_size": 64, "hash_id_scope": "local", "tool_tokens": 9000,
+                                "system_tokens": 2500, "requests": reqs}) + "\n")
 
 
 def baseten():
-    """Forty production requests with TTFT, duration and the cancel flag (five cancelled)."""
+    """Forty production completion requests with the columns AIPerf's Baseten loader reads:
+    the prompt, TTFT, duration and the cancel flag (five canceled), block hashes, sessions."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     t0 = 1_777_312_800_000
@@ -172,25 +212,31 @@ def baseten():
     for i in range(40):
         now += rng.randint(50, 500)
         inp, out = rng.randint(100, 3000), rng.randint(10, 400)
-        ttft = round(rng.uniform(20, 150), 2)
-        dur = round(ttft + out * rng.uniform(8, 15), 2)
-        cancelled = i % 8 == 5
-        if cancelled:
-            dur = round(ttft + (dur - ttft) * 0.4, 2)
+        ttft = rng.randint(20, 150)
+        dur = ttft + int(out * rng.uniform(8, 15))
+        canceled = i % 8 == 5
+        if canceled:
+            dur = ttft + int((dur - ttft) * 0.4)
             out = max(1, int(out * 0.4))
-        rows.append((now, "llama-3.1-8b", inp, out, ttft if i != 13 else None, dur, cancelled,
-                     f"conv-{i % 6}", "us-east-1"))
+        prompt = " ".join(["word"] * (inp // 2))
+        rows.append((now, prompt, inp, out, list(range(i % 6, i % 6 + (inp + 15) // 16)), 16,
+                     f"conv-{i % 6}", i % 6, dur, ttft if i != 13 else None, int(canceled),
+                     "llama-3.1-8b", "org-7"))
     cols = list(zip(*rows))
     table = pa.table({
-        "timestamp": pa.array(cols[0], pa.timestamp("ms", tz="UTC")),
-        "model": pa.array(cols[1], pa.string()),
+        "timestamp_start_unix_ms": pa.array(cols[0], pa.int64()),
+        "prompt": pa.array(cols[1], pa.string()),
         "input_tokens": pa.array(cols[2], pa.int64()),
         "output_tokens": pa.array(cols[3], pa.int64()),
-        "ttft_ms": pa.array(cols[4], pa.float64()),
-        "duration_ms": pa.array(cols[5], pa.float64()),
-        "cancelled": pa.array(cols[6], pa.bool_()),
-        "session_id": pa.array(cols[7], pa.string()),
-        "region": pa.array(cols[8], pa.string()),
+        "total_hashes": pa.array(cols[4], pa.list_(pa.int64())),
+        "block_size": pa.array(cols[5], pa.int64()),
+        "provided_session_id": pa.array(cols[6], pa.string()),
+        "poor_man_session_id": pa.array(cols[7], pa.int64()),
+        "duration_e2e_ms": pa.array(cols[8], pa.int64()),
+        "duration_ttft_ms": pa.array(cols[9], pa.int64()),
+        "request_canceled": pa.array(cols[10], pa.int8()),
+        "model_name": pa.array(cols[11], pa.string()),
+        "org_id": pa.array(cols[12], pa.string()),
     })
     pq.write_table(table, OUT / "baseten-40.parquet", compression="snappy")
 

@@ -34,7 +34,7 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme};
 use trace_format::reader::{RemoteFile, RemoteFiles};
-use trace_format::{FileMeta, Trace, TraceRecord, TraceStream};
+use trace_format::{FileMeta, Trace, TraceFileWriter, TraceRecord, TraceStream};
 
 mod connector;
 mod uploader;
@@ -370,6 +370,36 @@ pub fn write_trace(dest: &Path, records: &[TraceRecord], meta: &FileMeta) -> Res
     ));
     let result = trace_format::write_trace_file(&tmp, records, meta)
         .and_then(|()| loc.put_file(&loc.path, &tmp));
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// Writes a trace file to `dest` (a local path or an object URL) as its rows come: `fill`
+/// pushes the rows into the [`TraceFileWriter`] and returns the file's metadata (known only
+/// once every row is read) with its own result. An object URL is written to a private
+/// temporary file first, then uploaded. Returns `fill`'s result and where the file went.
+pub fn write_trace_streaming<T>(
+    dest: &Path,
+    fill: impl FnOnce(&mut TraceFileWriter) -> Result<(T, FileMeta)>,
+) -> Result<(T, String)> {
+    let Some(url) = url_of(dest) else {
+        let mut w = TraceFileWriter::create(dest)?;
+        let (t, meta) = fill(&mut w)?;
+        w.finish(&meta)?;
+        return Ok((t, dest.display().to_string()));
+    };
+    let loc = ObjectLocation::parse(url)?;
+    let tmp = std::env::temp_dir().join(format!(
+        "llmreplay-upload-{}-{}.parquet",
+        std::process::id(),
+        UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut w = TraceFileWriter::create(&tmp)?;
+        let (t, meta) = fill(&mut w)?;
+        w.finish(&meta)?;
+        loc.put_file(&loc.path, &tmp).map(|at| (t, at))
+    })();
     let _ = std::fs::remove_file(&tmp);
     result
 }

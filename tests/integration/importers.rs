@@ -141,7 +141,7 @@ fn agent_samples_import_inspect_and_round_trip_through_aiperf() {
         let first = std::fs::read_to_string(&jsonl).unwrap();
         assert!(first.lines().any(|l| l.contains("\"delay\": ")), "{first}");
         let (again, _) = import(&jsonl, &dir.join(format!("{name}.again.parquet")));
-        if name.starts_with("dynamo") {
+        if name.starts_with("dynamo") || name.starts_with("weka") {
             // AIPerf's sessions are linear: a subagent's turns follow its session's order.
             assert_eq!(again.len(), recs.len());
             continue;
@@ -322,8 +322,8 @@ fn bad_agent_traces_name_the_file_and_line() {
         "cached_tokens",
         "tokens.cached",
         "tool_batches",
-        "Not mapped: models, type",
-        "no published column list",
+        "Not mapped: models, tool_tokens",
+        "the columns AIPerf's Baseten loader reads",
     ] {
         assert!(help.contains(unmapped), "{unmapped}: {help}");
     }
@@ -360,7 +360,7 @@ fn agent_samples_replay_in_closed_sessions_and_baseten_exports() {
     }
     let t = dir.join("baseten.parquet");
     let (recs, err) = import(&sample("baseten-40.parquet"), &t);
-    assert!(err.contains("columns not mapped: region"), "{err}");
+    assert!(err.contains("columns not mapped: org_id"), "{err}");
     let jsonl = dir.join("baseten.jsonl");
     ok(&run(&[
         "export",

@@ -242,45 +242,122 @@ fn append_names(b: &mut ListBuilder<StringBuilder>, names: Option<&[String]>) {
 /// rows, their [`FileOrder`](crate::order::FileOrder) in the footer), under a temporary name in the same directory that is fsync'd and then renamed.
 /// The file is created with mode 0600 on unix. An existing file at `path` is replaced.
 pub fn write_trace_file(path: &Path, records: &[TraceRecord], meta: &FileMeta) -> Result<()> {
-    let tmp = tmp_path(path);
-    let result = write_tmp_then_rename(&tmp, path, records, meta);
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    let mut w = TraceFileWriter::create(path)?;
+    for chunk in records.chunks(BATCH_ROWS) {
+        w.write_batch(chunk)?;
     }
-    result
+    w.finish(meta)
 }
 
 /// The Parquet writer properties of a trace file.
 pub(crate) fn props(meta: &FileMeta) -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+    props_builder()
         .set_key_value_metadata(Some(meta.to_kv()))
         .build()
 }
 
-fn write_tmp_then_rename(
-    tmp: &Path,
-    path: &Path,
-    records: &[TraceRecord],
-    meta: &FileMeta,
-) -> Result<()> {
-    let file = create_private(tmp, false)?;
-    let mut writer = ArrowWriter::try_new(file, Arc::new(schema::schema()), Some(props(meta)))
-        .map_err(|e| Error::format(path, e))?;
-    let mut order = OrderMeter::default();
-    for chunk in records.chunks(BATCH_ROWS) {
-        let batch = records_to_batch(chunk)?;
-        writer.write(&batch).map_err(|e| Error::format(path, e))?;
-        chunk.iter().for_each(|r| order.add(r.arrival_time_us));
+fn props_builder() -> parquet::file::properties::WriterPropertiesBuilder {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+}
+
+/// One trace file written as its rows come, in bounded memory (at most [`BATCH_ROWS`] rows
+/// held, and the Parquet writer's current row group), durable as [`write_trace_file`]'s: under
+/// `<name>.tmp` until [`finish`](Self::finish) fsyncs and renames it, so the file appears
+/// complete or not at all (dropped unfinished, the temporary file is removed). Its metadata
+/// is given at the end, when what it says (an import's block size, its sources) is known.
+pub struct TraceFileWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    writer: Option<ArrowWriter<File>>,
+    pending: Vec<TraceRecord>,
+    order: OrderMeter,
+    rows: u64,
+}
+
+impl TraceFileWriter {
+    /// Starts the file at `path` (mode 0600 on unix; an existing file is replaced at the end).
+    pub fn create(path: &Path) -> Result<TraceFileWriter> {
+        let tmp = tmp_path(path);
+        let file = create_private(&tmp, false)?;
+        let writer = ArrowWriter::try_new(
+            file,
+            Arc::new(schema::schema()),
+            Some(props_builder().build()),
+        )
+        .map_err(|e| Error::format(path, e));
+        let writer = match writer {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        Ok(TraceFileWriter {
+            path: path.to_path_buf(),
+            tmp,
+            writer: Some(writer),
+            pending: Vec::with_capacity(BATCH_ROWS),
+            order: OrderMeter::default(),
+            rows: 0,
+        })
     }
-    writer.append_key_value_metadata(order.order().to_kv());
-    let file = writer.into_inner().map_err(|e| Error::format(path, e))?;
-    file.sync_all().map_err(|e| Error::io(tmp, e))?;
-    drop(file);
-    fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
-    sync_parent(path)
+
+    /// Adds one row.
+    pub fn push(&mut self, rec: TraceRecord) -> Result<()> {
+        self.pending.push(rec);
+        if self.pending.len() >= BATCH_ROWS {
+            let rows = std::mem::take(&mut self.pending);
+            self.write_batch(&rows)?;
+            self.pending = rows;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    /// Rows added so far.
+    pub fn rows(&self) -> u64 {
+        self.rows + self.pending.len() as u64
+    }
+
+    fn write_batch(&mut self, rows: &[TraceRecord]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let batch = records_to_batch(rows)?;
+        let w = self.writer.as_mut().expect("open until finished");
+        w.write(&batch).map_err(|e| Error::format(&self.path, e))?;
+        rows.iter().for_each(|r| self.order.add(r.arrival_time_us));
+        self.rows += rows.len() as u64;
+        Ok(())
+    }
+
+    /// Writes what is left, the file's metadata (`meta` and the rows' order) and footer,
+    /// fsyncs it and renames it into place.
+    pub fn finish(mut self, meta: &FileMeta) -> Result<()> {
+        let rows = std::mem::take(&mut self.pending);
+        self.write_batch(&rows)?;
+        let mut w = self.writer.take().expect("open until finished");
+        for kv in meta.to_kv() {
+            w.append_key_value_metadata(kv);
+        }
+        w.append_key_value_metadata(self.order.order().to_kv());
+        let file = w.into_inner().map_err(|e| Error::format(&self.path, e))?;
+        file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        drop(file);
+        fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        sync_parent(&self.path)
+    }
+}
+
+impl Drop for TraceFileWriter {
+    fn drop(&mut self) {
+        if self.writer.is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 /// `<path>.tmp`: the name a file has while it is being written.

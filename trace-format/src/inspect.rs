@@ -616,6 +616,7 @@ mod tests {
                 rows: 4,
                 schema_version: "1.0".into(),
                 tool_version: None,
+                assumed: None,
             }],
         }
     }

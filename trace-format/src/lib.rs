@@ -33,7 +33,7 @@ pub mod tracectx;
 pub mod writer;
 
 pub use cause::{Cause, CauseCounts};
-pub use encode::write_trace_file;
+pub use encode::{write_trace_file, TraceFileWriter};
 pub use error::{Error, Result};
 pub use file_meta::FileMeta;
 pub use reader::{read_traces, ContentHash, Trace, TraceFile};

@@ -3,7 +3,11 @@
 //!
 //! The reader checks the schema version in each file's metadata, requires only the identity
 //! columns (`request_id`, `arrival_time`, `endpoint`, `stream`, `outcome`) and reads every
-//! other missing column as null or empty, so files from older and newer 1.x writers load.
+//! other missing column as null or empty, so files from older and newer 1.x writers load. A
+//! file with those columns and no llmreplay metadata (a trace filtered in pandas, Polars,
+//! DuckDB or Spark and written back) is read too, its version inferred from its columns and
+//! what was assumed in [`TraceFile::assumed`]; its Arrow variations are read as ours
+//! (`foreign`).
 //! It is tolerant of physical types (any integer width, any timestamp unit, large and view
 //! strings) and strict about values: an unknown outcome or token source is an error naming
 //! the file and row.
@@ -18,6 +22,7 @@ use crate::schema::TraceRecord;
 
 mod columns;
 pub(crate) mod file;
+mod foreign;
 mod guard;
 mod pages;
 
@@ -39,6 +44,10 @@ pub struct TraceFile {
     pub schema_version: String,
     /// The version of the tool that wrote it, when recorded.
     pub tool_version: Option<String>,
+    /// What the reader assumed reading it, when it had to: a file another tool wrote from
+    /// llmreplay's columns without llmreplay's metadata (pandas, Polars, DuckDB, Spark) has its
+    /// schema version inferred from its columns. A command says it once per file.
+    pub assumed: Option<String>,
 }
 
 /// Records of one or more trace files, sorted by arrival time.
@@ -446,10 +455,44 @@ mod tests {
         let t = read_traces(&[v1_7.to_str().unwrap()]).unwrap();
         assert_eq!(t.files[0].meta.producer, Producer::Import);
 
+        // Our columns without our metadata (pandas, DuckDB, ...) read, the version inferred
+        // from the columns and said once in `assumed`; other columns without it do not.
         let plain = dir.path().join("plain.parquet");
         write_raw(&plain, &batch, vec![]);
+        let t = read_traces(&[plain.to_str().unwrap()]).unwrap();
+        assert_eq!(t.records, vec![full_record(0)]);
+        let f = &t.files[0];
+        assert_eq!(
+            (f.meta.producer, f.schema_version.as_str()),
+            (Producer::External, crate::SCHEMA_VERSION)
+        );
+        let said = f.assumed.as_deref().unwrap();
+        assert!(
+            said.contains("no llmreplay.schema_version")
+                && said.contains("inferred from its columns"),
+            "{said}"
+        );
+        let mut older = batch.clone();
+        for name in crate::schema::COLUMNS_SINCE
+            .iter()
+            .flat_map(|(_, c)| c.iter())
+        {
+            older.remove_column(older.schema().index_of(name).unwrap());
+        }
+        write_raw(&plain, &older, vec![]);
+        let t = read_traces(&[plain.to_str().unwrap()]).unwrap();
+        assert_eq!(t.files[0].schema_version, "1.0");
+        let other = RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(Int64Array::from(vec![1])) as arrow_array::ArrayRef,
+        )])
+        .unwrap();
+        write_raw(&plain, &other, vec![]);
         let err = read_traces(&[plain.to_str().unwrap()]).unwrap_err();
-        assert!(matches!(&err, Error::NotATrace { .. }), "{err}");
+        assert!(
+            matches!(&err, Error::NotATrace { reason, .. } if reason.contains("no llmreplay.schema_version") && reason.contains("request_id")),
+            "{err}"
+        );
     }
 
     /// Issue 39, polish: `inspect result.json` said "Invalid Parquet file. Corrupt footer";

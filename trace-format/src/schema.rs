@@ -181,6 +181,9 @@ pub enum Producer {
     Replay,
     /// `llmreplay synth`.
     Synth,
+    /// Another tool (pandas, Polars, DuckDB, Spark) wrote the file from llmreplay's columns
+    /// without llmreplay's metadata: only ever read, never written by llmreplay.
+    External,
 }
 
 /// What became of a request.
@@ -261,7 +264,7 @@ macro_rules! str_enum {
     };
 }
 
-str_enum!(Producer { Capture => "capture", Import => "import", Replay => "replay", Synth => "synth" });
+str_enum!(Producer { Capture => "capture", Import => "import", Replay => "replay", Synth => "synth", External => "external" });
 str_enum!(Outcome {
     Ok => "ok",
     HttpError => "http_error",
@@ -514,6 +517,45 @@ fn names_bytes(names: &Option<Vec<String>>) -> usize {
     names
         .as_ref()
         .map_or(0, |v| v.iter().map(|s| s.len() + 16).sum())
+}
+
+/// The columns each minor version added (`1.0` has the rest): what a file's version is
+/// inferred from when it carries our columns but not our metadata (written back by pandas,
+/// Polars, DuckDB or Spark).
+pub const COLUMNS_SINCE: &[(&str, &[&str])] = {
+    use col::*;
+    &[
+        ("1.1", &[PARENT_REQUEST_ID, THINK_TIME_US]),
+        (
+            "1.2",
+            &[CAPTURED_STATUS, CAPTURED_OUTCOME, SYNTHESIZED_BODY],
+        ),
+        ("1.3", &[TRACE_ID, SPAN_ID]),
+        (
+            "1.4",
+            &[
+                TTFAT_US,
+                REASONING_TOKENS,
+                REASONING_TOKENS_SOURCE,
+                TOOLS_OFFERED,
+                TOOL_NAMES,
+                TOOL_CALLS,
+                TOOL_CALL_NAMES,
+                PARENT_LINK,
+                PAIR_REQUEST_ID,
+            ],
+        ),
+    ]
+};
+
+/// The schema version of a file with these columns and no version in its metadata: the
+/// latest minor version that added one of them (`1.0` when none).
+pub fn version_of_columns<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> &'static str {
+    COLUMNS_SINCE
+        .iter()
+        .rev()
+        .find(|(_, added)| names.clone().into_iter().any(|n| added.contains(&n)))
+        .map_or("1.0", |(v, _)| *v)
 }
 
 /// The Arrow schema of trace files (without file metadata).

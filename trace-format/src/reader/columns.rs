@@ -15,6 +15,7 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Schema, TimeUnit};
 
+use super::foreign;
 use crate::error::{Error, Result};
 use crate::schema::{col, Outcome, ParentLink, TokenSource, TraceRecord};
 
@@ -50,6 +51,8 @@ pub(crate) fn convert(
     path: &Path,
     first_row: usize,
 ) -> Result<Vec<TraceRecord>> {
+    let normalized = foreign::normalize(batch, path, first_row)?;
+    let batch: &RecordBatch = &normalized;
     let cx = Cx {
         batch,
         path,
@@ -211,6 +214,8 @@ pub(crate) fn convert(
 /// The arrival times of a batch (which may hold only that column), µs since the epoch; a
 /// null is an error naming the file and row, as in [`convert`].
 pub(crate) fn arrivals(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<i64>> {
+    let normalized = foreign::normalize(batch, path, first_row)?;
+    let batch: &RecordBatch = &normalized;
     let cx = Cx {
         batch,
         path,
@@ -233,6 +238,8 @@ pub(crate) fn ids_and_arrivals(
     path: &Path,
     first_row: usize,
 ) -> Result<Vec<(String, i64)>> {
+    let normalized = foreign::normalize(batch, path, first_row)?;
+    let batch: &RecordBatch = &normalized;
     let cx = Cx {
         batch,
         path,

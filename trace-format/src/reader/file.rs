@@ -25,7 +25,7 @@ use super::pages::{check_row_group_pages, validate};
 use super::{guard, RemoteFile, TraceFile};
 use crate::error::{Error, Result};
 use crate::file_meta::FileMeta;
-use crate::schema::meta;
+use crate::schema::{self, meta, Producer};
 
 /// Where one trace file is read from.
 pub(crate) enum Source {
@@ -136,6 +136,47 @@ fn not_parquet(chunks: &Chunks) -> Option<String> {
     })
 }
 
+/// A Parquet file without llmreplay's metadata: a trace when it has our required columns
+/// (a capture filtered in pandas, Polars, DuckDB or Spark and written back), its schema version
+/// inferred from its columns ([`schema::version_of_columns`]); else not a trace. Returns its
+/// metadata (producer [`Producer::External`], the writing tool as the source), its version,
+/// and what was assumed, for the one line a command says about it.
+fn foreign_file(
+    meta: &ArrowReaderMetadata,
+    path: &Path,
+) -> Result<(FileMeta, String, Option<String>)> {
+    let no_version = format!(
+        "no {} in the file metadata",
+        crate::schema::meta::SCHEMA_VERSION
+    );
+    check_required(meta.schema(), path).map_err(|e| match e {
+        Error::NotATrace { path, reason } => Error::NotATrace {
+            path,
+            reason: format!("{no_version}, and not llmreplay's columns ({reason})"),
+        },
+        e => e,
+    })?;
+    let names: Vec<&str> = meta
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect();
+    let version = schema::version_of_columns(names.iter().copied());
+    let writer = meta
+        .metadata()
+        .file_metadata()
+        .created_by()
+        .map(str::to_string)
+        .unwrap_or_else(|| "an unnamed writer".into());
+    let mut file_meta = FileMeta::new(Producer::External, "");
+    file_meta.source = Some(writer.clone());
+    let assumed = format!(
+        "{no_version} (written by {writer}): read as trace schema {version}, inferred from its columns"
+    );
+    Ok((file_meta, version.to_string(), Some(assumed)))
+}
+
 /// The columns a read decodes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Columns {
@@ -190,13 +231,15 @@ impl OpenFile {
                 .key_value_metadata()
                 .map(Vec::as_slice)
                 .unwrap_or(&[]);
-            let file_meta = FileMeta::from_kv(kv, path)?;
             let get = |key: &str| {
                 kv.iter()
                     .find(|e| e.key == key)
                     .and_then(|e| e.value.clone())
             };
-            let schema_version = get(meta::SCHEMA_VERSION).unwrap_or_default();
+            let (file_meta, schema_version, assumed) = match get(meta::SCHEMA_VERSION) {
+                Some(version) => (FileMeta::from_kv(kv, path)?, version, None),
+                None => foreign_file(&meta, path)?,
+            };
             let tool_version = get(meta::TOOL_VERSION);
             check_required(meta.schema(), path)?;
             let rows = usize::try_from(meta.metadata().file_metadata().num_rows())
@@ -207,6 +250,7 @@ impl OpenFile {
                 rows,
                 schema_version,
                 tool_version,
+                assumed,
             };
             Ok(OpenFile {
                 name: path.to_path_buf(),

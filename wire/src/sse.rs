@@ -1001,6 +1001,35 @@ pub struct Whole {
     pub answer: String,
     /// The reasoning text.
     pub reasoning: String,
+    /// The tool calls it made, in order: chat's first choice's `message.tool_calls`,
+    /// Responses' `function_call` items, Messages' `tool_use` blocks.
+    pub calls: Vec<WholeCall>,
+}
+
+/// One tool call of a whole response.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WholeCall {
+    /// Its id (chat's `id`, Responses' `call_id`, Messages' `id`), what the tool result
+    /// that answers it names.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// Its arguments as JSON text (Messages' `input` object serialized).
+    pub arguments: String,
+}
+
+impl WholeCall {
+    fn of(id: Option<&str>, name: Option<&str>, arguments: Option<&serde_json::Value>) -> Self {
+        WholeCall {
+            id: id.unwrap_or("").to_string(),
+            name: name.unwrap_or("").to_string(),
+            arguments: match arguments {
+                Some(serde_json::Value::String(a)) => a.clone(),
+                Some(serde_json::Value::Null) | None => String::new(),
+                Some(other) => other.to_string(),
+            },
+        }
+    }
 }
 
 /// `body` read as a whole response of `api`; `None` when it is not JSON (not a JSON object,
@@ -1017,6 +1046,20 @@ pub fn read_whole(api: Api, body: &[u8]) -> Option<Whole> {
                 .and_then(|s| s.as_str())
                 .unwrap_or("")
                 .to_string();
+            let calls = v
+                .pointer("/choices/0/message/tool_calls")
+                .and_then(|c| c.as_array())
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let s = |p: &str| c.pointer(p).and_then(|x| x.as_str());
+                    WholeCall::of(
+                        s("/id"),
+                        s("/function/name"),
+                        c.pointer("/function/arguments"),
+                    )
+                })
+                .collect();
             Some(Whole {
                 id: v.get("id").and_then(|s| s.as_str()).map(str::to_string),
                 failed: None,
@@ -1024,6 +1067,7 @@ pub fn read_whole(api: Api, body: &[u8]) -> Option<Whole> {
                 output: choices_text(&v),
                 answer,
                 reasoning: choices_reasoning(&v),
+                calls,
             })
         }
     }

@@ -21,6 +21,11 @@ pub struct Cli {
 pub(crate) enum Command {
     /// Run a transparent streaming proxy in front of one upstream and record its traffic as a trace.
     ///
+    /// Recorded: POST to …/completions, …/chat/completions, …/responses (OpenAI Responses),
+    /// …/messages (Anthropic Messages), …/embeddings, …/rerank and …/score, streamed or not.
+    /// Everything else is forwarded untouched and not recorded (said once per method and
+    /// path on stderr; docs/apis.md).
+    ///
     /// Exit status after SIGTERM/SIGINT: 0 when every recorded row is in a finished file; 7
     /// when the trace is incomplete (rows dropped, or journals kept for the next start: a
     /// full disk, see the summary); 130 / 143 on a second signal during the drain (the first

@@ -1019,3 +1019,87 @@ fn aa_within_the_engines_noise_reproduces_and_a_slower_server_drifts() {
         "{report}"
     );
 }
+
+/// Issue 51: the official `openai` SDK (chat, Responses streamed and not) and `anthropic`
+/// SDK (Messages streamed and not) through capture in front of llama-server
+/// (`tests/python/sdk_through_capture.py`, which needs `pip install openai anthropic`):
+/// each row's prompt and output tokens are the usage the SDK received, its endpoint is its
+/// API's, TTFT ≤ E2EL on streams, and no byte capture wrote holds the key, even with
+/// `--record-bodies full`.
+#[test]
+fn the_official_sdks_through_capture_are_recorded() {
+    let _alone = serial();
+    let Some(engine) = engine("the_official_sdks_through_capture_are_recorded") else {
+        return;
+    };
+    let (_rt, _c, model) = warmed_up(&engine);
+    let out = tmpdir("sdk-capture");
+    let cap = CaptureProc::spawn(
+        &engine.url,
+        &out,
+        &["--session-header", "x-marker", "--record-bodies", "full"],
+    );
+    let key = "sk-ant-api03-SDKKEYNEVERWRITTEN0123456789abcdef";
+    let o = Command::new("python3")
+        .arg(root().join("tests/python/sdk_through_capture.py"))
+        .args([cap.url.as_str(), key, model.as_str()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python3");
+    let said = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    cap.terminate();
+    assert!(
+        o.status.success(),
+        "the SDK driver failed (pip install openai anthropic): {said}\n{err}"
+    );
+    for e in std::fs::read_dir(&out).unwrap() {
+        let p = e.unwrap().path();
+        let bytes = std::fs::read(&p).unwrap();
+        assert!(
+            !bytes.windows(18).any(|w| w == b"SDKKEYNEVERWRITTEN"),
+            "the key is in {}",
+            p.display()
+        );
+    }
+    let rows: HashMap<String, TraceRecord> = records(&out)
+        .into_iter()
+        .map(|r| (r.session_id.clone().unwrap_or_default(), r))
+        .collect();
+    let _ = std::fs::remove_dir_all(&out);
+    let mut n = 0;
+    for line in said.lines() {
+        let sdk: Value = serde_json::from_str(line).expect("a JSON line from the driver");
+        let marker = sdk["marker"].as_str().unwrap();
+        let r = rows
+            .get(marker)
+            .unwrap_or_else(|| panic!("no row for {marker}: {rows:#?}"));
+        let path = match sdk["api"].as_str().unwrap() {
+            "chat" => "/v1/chat/completions",
+            "responses" => "/v1/responses",
+            _ => "/v1/messages",
+        };
+        eprintln!(
+            "{marker}: SDK prompt {} output {} cached {}; row prompt {:?} output {:?} cached {:?} ttft {:?} e2el {:?}",
+            sdk["prompt_tokens"], sdk["output_tokens"], sdk["cached_tokens"],
+            r.prompt_tokens, r.output_tokens, r.cached_tokens, r.ttft_us, r.e2el_us
+        );
+        assert_eq!(r.endpoint, path, "{marker}");
+        assert_eq!(r.outcome, Outcome::Ok, "{marker}: {:?}", r.error);
+        assert_eq!(r.stream, sdk["stream"].as_bool().unwrap(), "{marker}");
+        assert_eq!(r.prompt_tokens, sdk["prompt_tokens"].as_i64(), "{marker}");
+        assert_eq!(r.output_tokens, sdk["output_tokens"].as_i64(), "{marker}");
+        assert_eq!(r.prompt_tokens_source, Some(TokenSource::Usage), "{marker}");
+        if let Some(c) = sdk["cached_tokens"].as_i64() {
+            assert_eq!(r.cached_tokens, Some(c), "{marker}");
+        }
+        if r.stream {
+            let (t, e) = (r.ttft_us.expect("ttft"), r.e2el_us.expect("e2el"));
+            assert!(0 < t && t <= e, "{marker}: ttft {t} e2el {e}");
+            assert!(!r.chunk_times_us.is_empty(), "{marker}");
+        }
+        n += 1;
+    }
+    assert_eq!(n, 6, "{said}");
+    assert_eq!(rows.len(), 6, "{rows:#?}");
+}

@@ -5,8 +5,10 @@
 //! `llmreplay_capture_` prefix, so they line up with a vLLM server's own; the OpenTelemetry
 //! GenAI client metrics (`gen_ai_client_operation_duration_seconds`,
 //! `gen_ai_client_token_usage`) use the bucket bounds the semantic conventions advise. No
-//! label carries request data (model names, headers): cardinality stays fixed and no secret
-//! can leak into a scrape.
+//! label carries request data (model names, headers), but the method and path of what is
+//! forwarded without being recorded ([`Unrecorded`]: the first [`UNRECORDED_PATHS`]
+//! distinct ones, then `other`): cardinality stays bounded and no secret can leak into a
+//! scrape (a path has no query or header).
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -144,12 +146,57 @@ pub struct ShedWork {
     pub output_tokens: AtomicU64,
 }
 
+/// Distinct method and path pairs counted apart in `unrecorded_requests_total`; the rest
+/// count as `other`.
+pub const UNRECORDED_PATHS: usize = 32;
+
+/// What capture forwards without recording it, by method and path: the first
+/// [`UNRECORDED_PATHS`] distinct pairs, then `other`. Touched once per pass-through request
+/// (never on a recorded one), under a lock.
+#[derive(Debug, Default)]
+pub struct Unrecorded {
+    seen: Mutex<(Vec<(String, String, u64)>, u64)>,
+}
+
+impl Unrecorded {
+    /// Counts one request; true the first time this method and path is seen (when it is
+    /// counted apart: the caller says so in the log once).
+    pub fn count(&self, method: &str, path: &str) -> bool {
+        let mut g = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (paths, other) = &mut *g;
+        if let Some(e) = paths.iter_mut().find(|e| e.0 == method && e.1 == path) {
+            e.2 += 1;
+            return false;
+        }
+        if paths.len() >= UNRECORDED_PATHS {
+            *other += 1;
+            return false;
+        }
+        paths.push((method.to_string(), path.to_string(), 1));
+        true
+    }
+
+    /// (method, path, count) of each pair counted apart, then the `other` count.
+    pub fn counts(&self) -> (Vec<(String, String, u64)>, u64) {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// A Prometheus label value with `\`, `"` and line feeds escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// All of the proxy's metrics.
 #[derive(Debug)]
 pub struct Metrics {
     requests: [AtomicU64; 5],
-    /// Requests forwarded without a record (not a generation endpoint).
+    /// Requests forwarded without a record (not a recorded API).
     pub passthrough: AtomicU64,
+    /// Those requests by method and path.
+    pub unrecorded: Unrecorded,
     /// Recorded requests not yet finished.
     pub in_flight: AtomicI64,
     /// Records handed to the OS in a journal (they reach a Parquet file at rotation, or by
@@ -219,6 +266,7 @@ impl Default for Metrics {
         Metrics {
             requests: Default::default(),
             passthrough: AtomicU64::new(0),
+            unrecorded: Unrecorded::default(),
             in_flight: AtomicI64::new(0),
             records_written: AtomicU64::new(0),
             records_dropped: AtomicU64::new(0),
@@ -283,6 +331,7 @@ impl Metrics {
             );
         }
         self.render_counters(&mut s, p);
+        self.render_unrecorded(&mut s, p);
         self.render_otlp(&mut s, p);
         let up = self.upstream_up.load(Relaxed);
         if up >= 0 {
@@ -340,6 +389,29 @@ impl Metrics {
         s
     }
 
+    /// Pass-through requests by method and path ([`Unrecorded`]).
+    fn render_unrecorded(&self, s: &mut String, p: &str) {
+        let _ = writeln!(
+            s,
+            "# HELP {p}_unrecorded_requests_total Requests forwarded without a record, by method and path (the first {UNRECORDED_PATHS} distinct ones; then method and path \"other\").\n# TYPE {p}_unrecorded_requests_total counter"
+        );
+        let (paths, other) = self.unrecorded.counts();
+        for (method, path, n) in paths {
+            let _ = writeln!(
+                s,
+                "{p}_unrecorded_requests_total{{method=\"{}\",path=\"{}\"}} {n}",
+                label(&method),
+                label(&path)
+            );
+        }
+        if other > 0 {
+            let _ = writeln!(
+                s,
+                "{p}_unrecorded_requests_total{{method=\"other\",path=\"other\"}} {other}"
+            );
+        }
+    }
+
     /// The OTLP exporter's span counts, while exporting (`--otlp-endpoint`).
     fn render_otlp(&self, s: &mut String, p: &str) {
         if let Some(o) = self.otlp.get() {
@@ -366,7 +438,7 @@ impl Metrics {
         let counters: [(&str, &str, &AtomicU64); 13] = [
             (
                 "passthrough_requests_total",
-                "Requests forwarded without a record (not a generation endpoint).",
+                "Requests forwarded without a record (not a recorded API: see unrecorded_requests_total).",
                 &self.passthrough,
             ),
             (
@@ -508,6 +580,33 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pass-through requests are counted by method and path, the first UNRECORDED_PATHS
+    /// pairs apart and the rest as `other`; each pair is new once; label values escaped.
+    #[test]
+    fn unrecorded_paths_are_counted_with_a_bounded_label_set() {
+        let m = Metrics::default();
+        assert!(m.unrecorded.count("GET", "/v1/models"));
+        assert!(!m.unrecorded.count("GET", "/v1/models"));
+        assert!(m.unrecorded.count("POST", "/v1/models"));
+        assert!(m.unrecorded.count("GET", "/odd\"path\\"));
+        for i in 0..100 {
+            m.unrecorded
+                .count("GET", &format!("/v1/responses/resp_{i}"));
+        }
+        let (paths, other) = m.unrecorded.counts();
+        assert_eq!(paths.len(), UNRECORDED_PATHS);
+        assert_eq!(other, 100 - (UNRECORDED_PATHS as u64 - 3));
+        let text = m.render();
+        for line in [
+            "llmreplay_capture_unrecorded_requests_total{method=\"GET\",path=\"/v1/models\"} 2",
+            "llmreplay_capture_unrecorded_requests_total{method=\"POST\",path=\"/v1/models\"} 1",
+            "llmreplay_capture_unrecorded_requests_total{method=\"GET\",path=\"/odd\\\"path\\\\\"} 1",
+            "llmreplay_capture_unrecorded_requests_total{method=\"other\",path=\"other\"} 71",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
+    }
 
     #[test]
     fn renders_cumulative_buckets() {

@@ -72,6 +72,8 @@ pub struct Exchange {
     pub prompt_tokens: Option<i64>,
     /// `usage.completion_tokens`.
     pub completion_tokens: Option<i64>,
+    /// The prompt's part the server read from its cache, when its usage says.
+    pub cached_tokens: Option<i64>,
     /// The generated text, when the client was asked to keep it (a tokenizer is configured)
     /// and the server sent no `usage.completion_tokens`: what the tokenizer counts.
     pub output_text: Option<String>,
@@ -393,6 +395,7 @@ impl Exchange {
         self.error = v.error;
         self.prompt_tokens = v.prompt_tokens;
         self.completion_tokens = v.completion_tokens;
+        self.cached_tokens = v.cached_tokens;
         self.chunk_tokens = v.chunk_tokens;
         self.reasoning_tokens = v.reasoning_tokens;
     }
@@ -418,6 +421,7 @@ impl Exchange {
             chunk_tokens: None,
             prompt_tokens: None,
             completion_tokens: None,
+            cached_tokens: None,
             output_text: None,
             reasoning_tokens: None,
             reasoning_seen: None,
@@ -698,6 +702,13 @@ mod tests {
         let ex = exchange_with(&whole, false);
         assert_eq!(ex.outcome, Outcome::Ok);
         assert!(ex.e2el_us.is_some_and(|e| e >= 0), "{:?}", ex.e2el_us);
+        // The cached part of the prompt, when the usage says (the row's `cached_tokens`).
+        let cached = answer(
+            "200 OK",
+            br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":8}}}"#,
+        );
+        let ex = exchange_with(&cached, false);
+        assert_eq!((ex.prompt_tokens, ex.cached_tokens), (Some(9), Some(8)));
         let err = answer(
             "503 Service Unavailable",
             br#"{"error":{"message":"busy"}}"#,

@@ -227,6 +227,7 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
     rec.session_id = item.session_id.clone();
     rec.model = Some(sh.model.clone());
     rec.stream = item.req.stream;
+    rec.cached_tokens = ex.cached_tokens;
     match ex.prompt_tokens {
         Some(p) => {
             rec.prompt_tokens = Some(p);

@@ -74,12 +74,16 @@ impl Server {
     }
 }
 
-/// The `gen_ai.operation.name` of an endpoint.
+/// The `gen_ai.operation.name` of an endpoint: `chat` (chat completions, Responses,
+/// Anthropic Messages), `embeddings`, `rerank`, `score`, else `text_completion`.
 pub fn operation(endpoint: &str) -> &'static str {
-    if endpoint.trim_end_matches('/').ends_with("chat/completions") {
-        "chat"
-    } else {
-        "text_completion"
+    use wire::api::Api;
+    match Api::of_endpoint(endpoint) {
+        Some(Api::Chat | Api::Responses | Api::Messages) => "chat",
+        Some(Api::Embeddings) => "embeddings",
+        Some(Api::Rerank) => "rerank",
+        Some(Api::Score) => "score",
+        Some(Api::Completions) | None => "text_completion",
     }
 }
 
@@ -242,6 +246,21 @@ pub fn row_span(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_api_has_its_operation_name() {
+        for (endpoint, op) in [
+            ("/v1/chat/completions", "chat"),
+            ("/v1/responses", "chat"),
+            ("/v1/messages", "chat"),
+            ("/v1/completions", "text_completion"),
+            ("/v1/embeddings", "embeddings"),
+            ("/v1/rerank", "rerank"),
+            ("/score", "score"),
+        ] {
+            assert_eq!(operation(endpoint), op, "{endpoint}");
+        }
+    }
 
     fn row() -> TraceRecord {
         let mut r = TraceRecord::new("r1", 1_700_000_000_000_000, "/v1/chat/completions");

@@ -697,7 +697,7 @@ fn smuggling_cl_te_never_desyncs_the_upstream() {
     assert_eq!(smuggled.split("\r\n\r\n").nth(1).unwrap().len(), 40);
     // (name, marker, request, the body the upstream must get if any, the client's status)
     let mut cases = Vec::new();
-    for (path, gen_path) in [("/v1/completions", true), ("/v1/embeddings", false)] {
+    for (path, gen_path) in [("/v1/completions", true), ("/v1/moderations", false)] {
         let m = format!("clte{}", cases.len());
         let json = gen_body(path, &m, false);
         let te_body = format!("{:x}\r\n{json}\r\n0\r\n\r\n{smuggled}", json.len());

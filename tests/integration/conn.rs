@@ -182,8 +182,8 @@ fn replay_against_a_server_that_closes_after_every_stream_fails_nothing() {
 /// The upstream sees the client: `X-Forwarded-For` with the client's address and
 /// `X-Forwarded-Proto: http`, in place of what the client claimed; with
 /// `--trust-forwarded-headers` the client's values are kept and its address appended; with
-/// `--no-forwarded-headers` the client's headers pass unchanged. On the lean path (generation
-/// requests) and hyper's (the rest) alike.
+/// `--no-forwarded-headers` the client's headers pass unchanged. For a recorded request and a
+/// pass-through one alike.
 #[test]
 fn the_upstream_sees_the_client_address_in_x_forwarded_for() {
     let server = MisbehavingServer::start(Behaviour::default());
@@ -202,7 +202,7 @@ fn the_upstream_sees_the_client_address_in_x_forwarded_for() {
         let mut cap = CaptureProc::spawn(listen, &server.url(), &out, flags);
         cap.wait_for("listening on");
         let mut client = Http1Client::new(listen);
-        for (j, path) in ["/v1/completions", "/v1/embeddings"].iter().enumerate() {
+        for (j, path) in ["/v1/completions", "/v1/moderations"].iter().enumerate() {
             let marker = format!("fwd-{i}-{j}");
             let r = client
                 .post(

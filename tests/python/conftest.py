@@ -62,6 +62,14 @@ COLUMNS_SINCE = {
         "parent_link",
         "pair_request_id",
     ],
+    (1, 5): [
+        "cached_tokens",
+        "images",
+        "image_bytes",
+        "image_dims",
+        "audio_inputs",
+        "audio_bytes",
+    ],
 }
 
 

@@ -98,6 +98,12 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let mut tool_call_names = names_builder(records, |r| r.tool_call_names.as_deref());
     let mut parent_link = StringBuilder::with_capacity(n, n * 8);
     let mut pair_request_id = str_builder(|r| r.pair_request_id.as_deref());
+    let mut cached_tokens = Int64Builder::with_capacity(n);
+    let mut images = Int32Builder::with_capacity(n);
+    let mut image_bytes = Int64Builder::with_capacity(n);
+    let mut image_dims = names_builder(records, |r| r.image_dims.as_deref());
+    let mut audio_inputs = Int32Builder::with_capacity(n);
+    let mut audio_bytes = Int64Builder::with_capacity(n);
 
     for r in records {
         request_id.append_value(&r.request_id);
@@ -158,6 +164,12 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         append_names(&mut tool_call_names, r.tool_call_names.as_deref());
         parent_link.append_option(r.parent_link.map(|l| l.as_str()));
         pair_request_id.append_option(r.pair_request_id.as_deref());
+        cached_tokens.append_option(r.cached_tokens);
+        images.append_option(r.images);
+        image_bytes.append_option(r.image_bytes);
+        append_names(&mut image_dims, r.image_dims.as_deref());
+        audio_inputs.append_option(r.audio_inputs);
+        audio_bytes.append_option(r.audio_bytes);
     }
 
     // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
@@ -207,6 +219,12 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         Arc::new(tool_call_names.finish()),
         Arc::new(parent_link.finish()),
         Arc::new(pair_request_id.finish()),
+        Arc::new(cached_tokens.finish()),
+        Arc::new(images.finish()),
+        Arc::new(image_bytes.finish()),
+        Arc::new(image_dims.finish()),
+        Arc::new(audio_inputs.finish()),
+        Arc::new(audio_bytes.finish()),
     ];
     RecordBatch::try_new(Arc::new(schema::schema()), columns)
         .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))

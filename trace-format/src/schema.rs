@@ -6,7 +6,10 @@
 //! `trace_id` and `span_id` (the W3C trace context the upstream received, [`crate::tracectx`]);
 //! `1.4` added reasoning measured apart (`ttfat_us`, `reasoning_tokens`,
 //! `reasoning_tokens_source`), tools and agent structure (`tools_offered`, `tool_names`,
-//! `tool_calls`, `tool_call_names`, `parent_link`) and shadow pairs (`pair_request_id`).
+//! `tool_calls`, `tool_call_names`, `parent_link`) and shadow pairs (`pair_request_id`);
+//! `1.5` added the prompt's cached part (`cached_tokens`), its images and audio (`images`,
+//! `image_bytes`, `image_dims`, `audio_inputs`, `audio_bytes`) and the parent link
+//! `previous_response` (Responses and Anthropic Messages recorded as chat is).
 //! A minor version only adds nullable columns, so every `1.x` file reads: a column
 //! the file lacks reads as null.
 //!
@@ -25,7 +28,7 @@ use serde::{Deserialize, Serialize};
 /// The schema version written into every file (`llmreplay.schema_version`).
 ///
 /// Readers accept any `1.x`; a different major version is an error.
-pub const SCHEMA_VERSION: &str = "1.4";
+pub const SCHEMA_VERSION: &str = "1.5";
 /// The major version this build reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 
@@ -146,6 +149,27 @@ pub mod col {
     /// Shadow traffic: the `request_id` of the production request this row mirrors (its
     /// `target` names the candidate) (utf8, null for a row that is no shadow; since 1.4).
     pub const PAIR_REQUEST_ID: &str = "pair_request_id";
+    /// The part of `prompt_tokens` the server read from its prefix cache, as its usage
+    /// reports it (`prompt_tokens_details.cached_tokens`, Responses'
+    /// `input_tokens_details.cached_tokens`, Messages' `cache_read_input_tokens`) (int64,
+    /// null when not reported; since 1.5).
+    pub const CACHED_TOKENS: &str = "cached_tokens";
+    /// Images in the prompt (chat `image_url` parts, Responses `input_image`, Messages
+    /// `image` blocks) (int32, null when the body was not read; 0 when none; since 1.5).
+    pub const IMAGES: &str = "images";
+    /// Bytes of the prompt's images as sent: the decoded bytes of inline (base64) images, 0
+    /// for an image given by URL (int64, null when the body was not read; since 1.5).
+    pub const IMAGE_BYTES: &str = "image_bytes";
+    /// Each image's pixel size, `WxH`, where its PNG, JPEG, GIF or WebP header gives it;
+    /// `""` otherwise (an image by URL) (list of utf8, null when the body was not read;
+    /// since 1.5).
+    pub const IMAGE_DIMS: &str = "image_dims";
+    /// Audio inputs in the prompt (chat `input_audio` parts) (int32, null when the body was
+    /// not read; since 1.5).
+    pub const AUDIO_INPUTS: &str = "audio_inputs";
+    /// Decoded bytes of the prompt's audio inputs (int64, null when the body was not read;
+    /// since 1.5).
+    pub const AUDIO_BYTES: &str = "audio_bytes";
 }
 
 /// Key-value metadata keys written into every file.
@@ -435,6 +459,24 @@ pub struct TraceRecord {
     /// Shadow: the production request this row mirrors (since 1.4).
     #[serde(default)]
     pub pair_request_id: Option<String>,
+    /// The part of the prompt read from the server's cache, from its usage (since 1.5).
+    #[serde(default)]
+    pub cached_tokens: Option<i64>,
+    /// Images in the prompt (since 1.5).
+    #[serde(default)]
+    pub images: Option<i32>,
+    /// Bytes of the prompt's inline images (since 1.5).
+    #[serde(default)]
+    pub image_bytes: Option<i64>,
+    /// `WxH` of each image where its header gives it, else `""` (since 1.5).
+    #[serde(default)]
+    pub image_dims: Option<Vec<String>>,
+    /// Audio inputs in the prompt (since 1.5).
+    #[serde(default)]
+    pub audio_inputs: Option<i32>,
+    /// Bytes of the prompt's audio inputs (since 1.5).
+    #[serde(default)]
+    pub audio_bytes: Option<i64>,
 }
 
 impl TraceRecord {
@@ -490,6 +532,12 @@ impl TraceRecord {
             tool_call_names: None,
             parent_link: None,
             pair_request_id: None,
+            cached_tokens: None,
+            images: None,
+            image_bytes: None,
+            image_dims: None,
+            audio_inputs: None,
+            audio_bytes: None,
         }
     }
 
@@ -510,6 +558,7 @@ impl TraceRecord {
             + names_bytes(&self.tool_names)
             + names_bytes(&self.tool_call_names)
             + self.pair_request_id.as_ref().map_or(0, String::len)
+            + names_bytes(&self.image_dims)
     }
 }
 
@@ -612,6 +661,12 @@ pub fn schema() -> Schema {
         Field::new(TOOL_CALL_NAMES, list_of(DataType::Utf8), true),
         Field::new(PARENT_LINK, DataType::Utf8, true),
         Field::new(PAIR_REQUEST_ID, DataType::Utf8, true),
+        Field::new(CACHED_TOKENS, DataType::Int64, true),
+        Field::new(IMAGES, DataType::Int32, true),
+        Field::new(IMAGE_BYTES, DataType::Int64, true),
+        Field::new(IMAGE_DIMS, list_of(DataType::Utf8), true),
+        Field::new(AUDIO_INPUTS, DataType::Int32, true),
+        Field::new(AUDIO_BYTES, DataType::Int64, true),
     ])
 }
 
@@ -686,6 +741,12 @@ mod tests {
             col::TOOL_CALL_NAMES,
             col::PARENT_LINK,
             col::PAIR_REQUEST_ID,
+            col::CACHED_TOKENS,
+            col::IMAGES,
+            col::IMAGE_BYTES,
+            col::IMAGE_DIMS,
+            col::AUDIO_INPUTS,
+            col::AUDIO_BYTES,
         ] {
             let idx = batch.schema().index_of(name).unwrap();
             batch.remove_column(idx);
@@ -724,6 +785,8 @@ mod tests {
         (want.tools_offered, want.tool_names) = (None, None);
         (want.tool_calls, want.tool_call_names) = (None, None);
         (want.parent_link, want.pair_request_id) = (None, None);
+        (want.cached_tokens, want.images, want.image_bytes) = (None, None, None);
+        (want.image_dims, want.audio_inputs, want.audio_bytes) = (None, None, None);
         assert_eq!(t.records[0], want);
         assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
 
@@ -758,6 +821,12 @@ mod tests {
             "tool_call_names",
             "parent_link",
             "pair_request_id",
+            "cached_tokens",
+            "images",
+            "image_bytes",
+            "image_dims",
+            "audio_inputs",
+            "audio_bytes",
         ] {
             o.remove(k);
         }
@@ -772,6 +841,10 @@ mod tests {
             (None, None, None)
         );
         assert_eq!(r.pair_request_id, None);
+        assert_eq!(
+            (r.cached_tokens, r.images, r.image_dims),
+            (None, None, None)
+        );
     }
 
     #[test]
@@ -816,6 +889,12 @@ mod tests {
             "tool_call_names",
             "parent_link",
             "pair_request_id",
+            "cached_tokens",
+            "images",
+            "image_bytes",
+            "image_dims",
+            "audio_inputs",
+            "audio_bytes",
         ] {
             assert!(s.field_with_name(name).is_ok(), "missing column {name}");
         }

@@ -51,6 +51,12 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
         tool_call_names: Some(vec!["get_weather".into()]),
         parent_link: (i > 0).then_some(ParentLink::ToolCall),
         pair_request_id: Some(format!("prod-{i}")),
+        cached_tokens: Some(64 + i),
+        images: Some(2),
+        image_bytes: Some(123_456),
+        image_dims: Some(vec!["640x480".into(), String::new()]),
+        audio_inputs: Some(1),
+        audio_bytes: Some(32_000),
     }
 }
 

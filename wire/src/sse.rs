@@ -35,6 +35,7 @@ use tools::CallRanges;
 pub use tools::ToolCallPiece;
 pub use whole::{
     error_message, read_whole, response_reasoning_text, response_text, response_usage, Whole,
+    WholeCall,
 };
 
 use crate::api::Api;

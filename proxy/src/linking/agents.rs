@@ -36,8 +36,9 @@ use std::net::IpAddr;
 
 use serde_json::{Map, Value};
 use trace_format::{ParentLink, TraceRecord};
-use wire::sse::ToolCallPiece;
+use wire::sse::{ToolCallPiece, Whole};
 
+use crate::linking::responses::ResponseIds;
 use crate::linking::sessions::{content_hash, Linker, Parent, TextHash};
 use crate::prefix::{fnv, FNV_OFFSET};
 
@@ -110,6 +111,9 @@ pub struct RequestTools {
     /// The [`TextHash`] of the first user message, when the conversation opens here (no
     /// assistant or tool message).
     pub opening: Option<u64>,
+    /// The hash ([`crate::linking::responses::id_hash`]) of its `previous_response_id`
+    /// (Responses): the response whose conversation it continues.
+    pub previous_response: Option<u64>,
 }
 
 /// Reads [`RequestTools`] from a request body (None when it is not a JSON object's).
@@ -137,6 +141,11 @@ pub fn request_tools(body: &Map<String, Value>) -> RequestTools {
     });
     let mut r = RequestTools {
         offered,
+        previous_response: body
+            .get("previous_response_id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(crate::linking::responses::id_hash),
         ..Default::default()
     };
     let Some(messages) = body.get("messages").and_then(Value::as_array) else {
@@ -265,29 +274,17 @@ impl CallsSeen {
         }
     }
 
-    /// The calls of a whole (non-streamed) response: its first choice's
-    /// `message.tool_calls`.
-    pub fn of_response(v: &Value) -> CallsSeen {
+    /// The calls of a whole (non-streamed) response, as [`wire::sse::read_whole`] read them
+    /// (chat's first choice's `message.tool_calls`, Responses' `function_call` items,
+    /// Messages' `tool_use` blocks).
+    pub fn of_whole(w: &Whole) -> CallsSeen {
         let mut seen = CallsSeen::default();
-        let choice = v.get("choices").and_then(Value::as_array).and_then(|c| {
-            c.iter()
-                .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
-        });
-        let calls = choice
-            .and_then(|c| c.pointer("/message/tool_calls"))
-            .and_then(Value::as_array);
-        for (i, call) in calls.into_iter().flatten().enumerate() {
-            let s = |p: &str| call.pointer(p).and_then(Value::as_str).unwrap_or("");
-            let args = match call.pointer("/function/arguments") {
-                Some(Value::String(a)) => a.clone(),
-                Some(Value::Null) | None => String::new(),
-                Some(other) => other.to_string(),
-            };
+        for (i, call) in w.calls.iter().enumerate() {
             seen.piece(ToolCallPiece {
                 index: Some(i as u64),
-                id: s("/id"),
-                name: s("/function/name"),
-                arguments: &args,
+                id: &call.id,
+                name: &call.name,
+                arguments: &call.arguments,
             });
         }
         seen
@@ -340,6 +337,9 @@ pub(crate) struct Seen {
     pub(crate) calls: Option<ResponseCalls>,
     /// [`client_key`] of its request.
     pub(crate) client: u64,
+    /// The hash ([`crate::linking::responses::id_hash`]) of its response's id, when a
+    /// later turn can name it (Responses' `previous_response_id`).
+    pub(crate) response_id: Option<u64>,
 }
 
 /// A remembered response that made tool calls.
@@ -517,18 +517,21 @@ impl Agents {
     }
 }
 
-/// Session and agent linking together, on the writer thread.
+/// Session, agent and response-id linking together, on the writer thread.
 #[derive(Debug)]
 pub(crate) struct Links {
     pub(crate) sessions: Linker,
     pub(crate) agents: Agents,
+    pub(crate) responses: ResponseIds,
 }
 
 impl Links {
-    /// Links a chat row (`chain`: its [`crate::linking::sessions::chat_chain`]; rows without one
-    /// keep their header session, if any, and no parent) and remembers what its response
-    /// leaves for later rows: its answer (only a complete one can be continued) and its tool
-    /// calls. The parent: by tool call, else by chat prefix, else as a sub-agent.
+    /// Links a chat-shaped row (`chain`: its [`crate::linking::sessions::chat_chain`]; rows
+    /// without one and without a `previous_response_id` keep their header session, if any,
+    /// and no parent) and remembers what its response leaves for later rows: its answer
+    /// (only a complete one can be continued), its tool calls and its response id. The
+    /// parent: by `previous_response_id`, else by tool call, else by chat prefix, else as a
+    /// sub-agent.
     pub(crate) fn link(
         &mut self,
         rec: &mut TraceRecord,
@@ -536,24 +539,30 @@ impl Links {
         req: Option<&RequestTools>,
         seen: &Seen,
     ) {
-        let Some(chain) = chain else {
+        let previous = req
+            .and_then(|r| r.previous_response)
+            .and_then(|id| self.responses.parent(id));
+        if chain.is_none() && previous.is_none() {
             return;
-        };
+        }
         let arrival = rec.arrival_time_us;
         let end_us = arrival.saturating_add(rec.e2el_us.unwrap_or(0).max(0));
-        let tool = req
-            .and_then(|r| r.results_for)
-            .and_then(|id| self.agents.tool_parent(id, arrival, seen.client));
-        let parent = match tool {
-            Some(p) => {
-                self.sessions.mark_continued(chain, &p.request_id);
-                Some(p)
-            }
-            None => self.sessions.find_parent(chain, arrival),
-        };
-        let parent = parent.or_else(|| {
-            let first = req?.opening?;
-            self.agents.subagent_parent(first, arrival, seen.client)
+        let parent = previous.or_else(|| {
+            let chain = chain?;
+            let tool = req
+                .and_then(|r| r.results_for)
+                .and_then(|id| self.agents.tool_parent(id, arrival, seen.client));
+            let parent = match tool {
+                Some(p) => {
+                    self.sessions.mark_continued(chain, &p.request_id);
+                    Some(p)
+                }
+                None => self.sessions.find_parent(chain, arrival),
+            };
+            parent.or_else(|| {
+                let first = req?.opening?;
+                self.agents.subagent_parent(first, arrival, seen.client)
+            })
         });
         let session_id = match (&rec.session_id, &parent) {
             (Some(s), _) => s.clone(),
@@ -561,9 +570,13 @@ impl Links {
             (None, None) => rec.request_id.clone(),
         };
         let ok = rec.outcome == trace_format::Outcome::Ok;
-        if let Some(a) = seen.answer.filter(|_| ok) {
+        if let (Some(a), Some(chain)) = (seen.answer.filter(|_| ok), chain) {
             self.sessions
                 .remember_answer(&rec.request_id, &session_id, end_us, chain, a);
+        }
+        if let Some(id) = seen.response_id.filter(|_| ok) {
+            self.responses
+                .remember(id, &rec.request_id, &session_id, end_us);
         }
         if let Some(c) = seen.calls.as_ref().filter(|_| ok) {
             self.agents
@@ -613,8 +626,9 @@ mod tests {
                 json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
             })
             .collect();
-        CallsSeen::of_response(&json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": tc}}]}))
-            .finish()
+        let body = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": tc}}]});
+        let w = wire::sse::read_whole(wire::api::Api::Chat, body.to_string().as_bytes()).unwrap();
+        CallsSeen::of_whole(&w).finish()
     }
 
     #[test]
@@ -764,6 +778,7 @@ mod tests {
         Links {
             sessions: Linker::new(1_000),
             agents: Agents::new(1_000),
+            responses: ResponseIds::new(1_000),
         }
     }
 
@@ -789,6 +804,7 @@ mod tests {
             answer: Some(TextHash::of("")),
             calls: Some(calls(made)),
             client,
+            response_id: None,
         };
         l.link(rec, chain.as_deref(), Some(&req), &seen);
     }
@@ -1139,6 +1155,7 @@ mod tests {
         let mut l = Links {
             sessions: Linker::new(crate::linking::sessions::DEFAULT_MAX_KEYS),
             agents: Agents::new(DEFAULT_MAX_REQUESTS),
+            responses: ResponseIds::new(1),
         };
         let mut tally: HashMap<ParentLink, (usize, usize)> = HashMap::new();
         let mut false_parents = 0usize;
@@ -1199,6 +1216,7 @@ mod tests {
                 answer: Some(TextHash::of(final_text.as_deref().unwrap_or(""))),
                 calls: Some(calls(&list)),
                 client: agents[a].client,
+                response_id: None,
             };
             let req = request_tools(&body);
             l.link(&mut rec, chat_chain(&body).as_deref(), Some(&req), &seen);

@@ -35,7 +35,8 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use wire::sse::{read_event, ChunkText, SseParser, StreamEvent, DEFAULT_MAX_EVENT};
+use wire::api::Api;
+use wire::sse::{read_event_of, ChunkText, SseParser, StreamEvent, DEFAULT_MAX_EVENT};
 use wire::verdict::StreamTally;
 
 use crate::linking::agents::CallsSeen;
@@ -80,6 +81,8 @@ pub struct StreamObserver {
     /// That CR ended an event: `Some(dropped)`. Its LF then goes with it (forwarded alone,
     /// or dropped); otherwise the LF belongs to the event in progress.
     cr_event_end: Option<bool>,
+    /// The API whose events the stream carries ([`StreamObserver::set_api`]; None: chat).
+    api: Option<Api>,
     /// The text of the event being read (a buffer reused from event to event).
     text_buf: ChunkText,
     /// What the stream said, event by event (chunk times, usage, `[DONE]`, error events),
@@ -132,6 +135,12 @@ impl StreamObserver {
             line_has_content: false,
             ..Default::default()
         }
+    }
+
+    /// Read the stream's events as `api`'s ([`wire::sse::read_event_of`]: Responses and
+    /// Messages streams are typed events); chat's chunks by default.
+    pub fn set_api(&mut self, api: Api) {
+        self.api = Some(api);
     }
 
     /// Keep the generated text of output chunks (bounded by [`OUTPUT_TEXT_CAP`]).
@@ -306,6 +315,7 @@ impl StreamObserver {
     fn feed_noting(&mut self, bytes: &[u8], t_us: i64, mut on_kind: impl FnMut(&StreamEvent)) {
         let Self {
             parser,
+            api,
             tally,
             output_text,
             reasoning_text,
@@ -314,12 +324,13 @@ impl StreamObserver {
             text_buf,
             ..
         } = self;
+        let api = api.unwrap_or(Api::Chat);
         let keep = output_text.is_some()
             || reasoning_text.is_some()
             || answer.is_some()
             || calls.is_some();
         parser.feed(bytes, |ev| {
-            let kind = read_event(ev, keep.then_some(&mut *text_buf));
+            let kind = read_event_of(api, ev, keep.then_some(&mut *text_buf));
             on_kind(&kind);
             if tally.note(t_us, kind) {
                 keep_text(text_buf, [output_text, reasoning_text], answer);

@@ -29,26 +29,33 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::Value;
 use tokenize::Tokenizer;
+use wire::api::Api;
 
 use crate::linking::agents::{request_tools, RequestTools};
 use crate::linking::sessions::chat_chain;
 use crate::prefix::{
     estimate_tokens, prompt_blocks_cached, PrefixCache, PromptBlocks, PREFIX_CACHE_HASHES,
 };
+use crate::recording::apis::chat_view;
+use crate::recording::media::{media, Media};
 
 /// What the writer thread gets of a request's prompt, computed off the request path.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct PromptInfo {
     /// Prefix hashes and token count (None when the body has no prompt this can read).
     pub(crate) blocks: Option<PromptBlocks>,
-    /// The chat chain for session linking ([`chat_chain`]; None for non-chat requests).
+    /// The chat chain for session linking ([`chat_chain`] of the request in chat's shape,
+    /// [`chat_view`]; None for completions and the APIs that do not generate).
     pub(crate) chain: Option<Vec<u64>>,
     /// A completion's prompt (a string), for [`crate::linking::completions`]' linking on the writer
     /// thread, which drops it once hashed (None for chat and anything else).
     pub(crate) completion: Option<String>,
     /// The tools it offers and what agent linking needs of its messages (None when the
-    /// body is not a JSON object).
+    /// body is not a JSON object, or its API does not generate).
     pub(crate) tools: Option<RequestTools>,
+    /// Its images and audio (None when the body is not a JSON object, or its API does not
+    /// generate).
+    pub(crate) media: Option<Media>,
     /// Set when the prompt was not tokenized: the job waited past the shed budget
     /// (`estimate` is the prompt's tokens by [`estimate_tokens`]), or it was queued with
     /// no tokenizing wanted.
@@ -75,8 +82,9 @@ const BACKLOG_PER_RUNNER: usize = 4;
 /// How long a parked runner waits for work before its thread exits.
 const IDLE_EXIT: Duration = Duration::from_secs(10);
 
-/// One body to read: when it was queued and whether to tokenize it.
+/// One body to read: its API, when it was queued and whether to tokenize it.
 struct Job {
+    api: Api,
     body: Bytes,
     tx: SyncSender<PromptInfo>,
     queued_at: Instant,
@@ -116,7 +124,8 @@ impl std::fmt::Debug for PromptQueue {
     }
 }
 
-/// What one body's prompt gives: parsed here, tokenized (unless `shed`), and its chat chain.
+/// What one body's prompt gives: parsed here, put in chat's shape ([`chat_view`]),
+/// tokenized (unless `shed`), and its chat chain.
 fn info(
     job: &Job,
     tokenize: bool,
@@ -125,20 +134,24 @@ fn info(
     cache: &PrefixCache,
 ) -> PromptInfo {
     match serde_json::from_slice::<Value>(&job.body) {
-        Ok(Value::Object(mut obj)) => {
+        Ok(Value::Object(obj)) => {
+            let api = job.api;
+            let media = api.generates().then(|| media(&obj));
+            let mut obj = chat_view(api, obj);
             let mut info = PromptInfo {
+                media,
                 blocks: tokenize
                     .then(|| prompt_blocks_cached(&obj, block_size, tok, cache))
                     .flatten(),
-                chain: chat_chain(&obj),
+                chain: chat_chain(&obj).filter(|_| api.generates()),
                 completion: None,
-                tools: Some(request_tools(&obj)),
+                tools: api.generates().then(|| request_tools(&obj)),
                 shed: (!tokenize).then(|| Shed {
                     estimate: estimate_tokens(&obj),
                     body: (!job.tokenize).then(|| job.body.clone()),
                 }),
             };
-            if info.chain.is_none() {
+            if api == Api::Completions && info.chain.is_none() {
                 info.completion = crate::linking::completions::take_prompt(&mut obj);
             }
             info
@@ -169,15 +182,16 @@ impl PromptQueue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues the reading of one request body (its chat chain, and its tokenizing when
-    /// `tokenize`); the writer thread receives the result.
-    pub(crate) fn submit(self: &Arc<Self>, body: Bytes, tokenize: bool) -> PendingPrompt {
-        self.submit_at(body, tokenize, Instant::now())
+    /// Queues the reading of one request body of `api` (its chat chain, and its tokenizing
+    /// when `tokenize`); the writer thread receives the result.
+    pub(crate) fn submit(self: &Arc<Self>, api: Api, body: Bytes, tokenize: bool) -> PendingPrompt {
+        self.submit_at(api, body, tokenize, Instant::now())
     }
 
     /// [`PromptQueue::submit`] for a job queued at `queued_at`.
     fn submit_at(
         self: &Arc<Self>,
+        api: Api,
         body: Bytes,
         tokenize: bool,
         queued_at: Instant,
@@ -185,6 +199,7 @@ impl PromptQueue {
         let (tx, rx) = sync_channel(1);
         let mut st = self.lock();
         st.jobs.push_back(Job {
+            api,
             body,
             tx,
             queued_at,
@@ -308,7 +323,7 @@ mod tests {
         for round in 0..20 {
             for n in 1..=50usize {
                 let prompt = vec!["w"; n].join(" ");
-                pending.push((n, q.submit(body(&prompt), true)));
+                pending.push((n, q.submit(Api::Completions, body(&prompt), true)));
             }
             if round % 5 == 0 {
                 // Let the runners finish and park, so later jobs must wake them.
@@ -343,7 +358,7 @@ mod tests {
     fn parked_runners_are_woken_not_respawned() {
         let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2, SHED);
         for round in 0..5 {
-            let rx = q.submit(body("a b c"), true);
+            let rx = q.submit(Api::Completions, body("a b c"), true);
             let got = rx.recv_timeout(Duration::from_secs(10)).expect("tokenized");
             assert_eq!(got.blocks.expect("a prompt").tokens, 3, "round {round}");
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -392,14 +407,14 @@ mod tests {
             .to_string(),
         );
         let wait = |rx: PendingPrompt| rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        let fresh = wait(q.submit(chat.clone(), true));
+        let fresh = wait(q.submit(Api::Chat, chat.clone(), true));
         let blocks = fresh.blocks.clone().expect("tokenized");
         assert_eq!((blocks.tokens, fresh.shed.clone()), (9, None));
 
         let old = Instant::now()
             .checked_sub(Duration::from_secs(2))
             .expect("an instant 2 s ago");
-        let shed = wait(q.submit_at(chat.clone(), true, old));
+        let shed = wait(q.submit_at(Api::Chat, chat.clone(), true, old));
         assert_eq!(shed.blocks, None, "not tokenized");
         assert_eq!(shed.chain, fresh.chain, "the session chain is still read");
         assert_eq!(
@@ -410,7 +425,7 @@ mod tests {
             })
         );
 
-        let untokenized = wait(q.submit(chat.clone(), false));
+        let untokenized = wait(q.submit(Api::Chat, chat.clone(), false));
         assert_eq!(untokenized.blocks, None);
         assert_eq!(untokenized.chain, fresh.chain);
         assert_eq!(untokenized.shed.and_then(|s| s.body), Some(chat));
@@ -420,13 +435,57 @@ mod tests {
     fn a_body_without_a_prompt_gives_none() {
         let q = PromptQueue::new(Arc::new(Tokenizer::words()), 16, SHED);
         for b in [&br#"{"model":"m"}"#[..], b"not json", b"[1]"] {
-            let rx = q.submit(Bytes::from_static(b), true);
+            let rx = q.submit(Api::Chat, Bytes::from_static(b), true);
             let want = PromptInfo {
-                // A JSON object offers tools (none here) all the same.
+                // A JSON object offers tools and carries media (none here) all the same.
                 tools: b.starts_with(b"{").then(Default::default),
+                media: b.starts_with(b"{").then(Default::default),
                 ..Default::default()
             };
             assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), want);
         }
+    }
+
+    /// A Responses and a Messages prompt are tokenized and chained as the same
+    /// conversation sent to chat is; an embeddings input is tokenized, never chained.
+    #[test]
+    fn every_api_is_read_in_chats_shape() {
+        let q = PromptQueue::new(Arc::new(Tokenizer::words()), 2, SHED);
+        let get = |api: Api, v: serde_json::Value| {
+            q.submit(api, Bytes::from(v.to_string()), true)
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap()
+        };
+        let chat = get(
+            Api::Chat,
+            serde_json::json!({"messages": [
+                {"role": "system", "content": "be brief please"},
+                {"role": "user", "content": "what is two plus two"}
+            ]}),
+        );
+        let responses = get(
+            Api::Responses,
+            serde_json::json!({"instructions": "be brief please", "input": "what is two plus two"}),
+        );
+        let messages = get(
+            Api::Messages,
+            serde_json::json!({"system": "be brief please", "max_tokens": 9,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "what is two plus two"}]}]}),
+        );
+        assert_eq!(chat.blocks.as_ref().map(|b| b.tokens), Some(8));
+        for other in [&responses, &messages] {
+            assert_eq!(other.blocks, chat.blocks);
+            assert_eq!(other.chain, chat.chain);
+            assert_eq!(other.completion, None);
+        }
+        let e = get(
+            Api::Embeddings,
+            serde_json::json!({"input": "one two three four five"}),
+        );
+        assert_eq!(e.blocks.map(|b| (b.tokens, b.hashes.len())), Some((5, 2)));
+        assert_eq!(
+            (e.chain, e.completion, e.tools, e.media),
+            (None, None, None, None)
+        );
     }
 }

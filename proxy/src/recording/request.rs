@@ -60,7 +60,8 @@ pub struct RequestInfo {
     pub model: Option<String>,
     /// `stream`.
     pub stream: bool,
-    /// `max_tokens`, else `max_completion_tokens`.
+    /// `max_tokens` (chat, completions, Messages), else `max_completion_tokens`, else
+    /// `max_output_tokens` (Responses).
     pub max_tokens: Option<i64>,
     /// Whether the body is one JSON object (when not, nothing else here is known).
     pub object: bool,
@@ -74,6 +75,7 @@ enum Key {
     Stream,
     MaxTokens,
     MaxCompletionTokens,
+    MaxOutputTokens,
     StreamOptions,
     Other,
 }
@@ -92,6 +94,7 @@ impl<'de> de::Deserialize<'de> for Key {
                     "stream" => Key::Stream,
                     "max_tokens" => Key::MaxTokens,
                     "max_completion_tokens" => Key::MaxCompletionTokens,
+                    "max_output_tokens" => Key::MaxOutputTokens,
                     "stream_options" => Key::StreamOptions,
                     _ => Key::Other,
                 })
@@ -115,12 +118,14 @@ impl<'de> Visitor<'de> for InfoVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RequestInfo, A::Error> {
         let (mut model, mut stream, mut max_tokens, mut max_completion, mut options) =
             (None, None, None, None, None);
+        let mut max_output = None;
         while let Some(k) = map.next_key::<Key>()? {
             match k {
                 Key::Model => model = Some(map.next_value::<Value>()?),
                 Key::Stream => stream = Some(map.next_value::<Value>()?),
                 Key::MaxTokens => max_tokens = Some(map.next_value::<Value>()?),
                 Key::MaxCompletionTokens => max_completion = Some(map.next_value::<Value>()?),
+                Key::MaxOutputTokens => max_output = Some(map.next_value::<Value>()?),
                 Key::StreamOptions => options = Some(map.next_value::<Value>()?),
                 Key::Other => {
                     map.next_value::<IgnoredAny>()?;
@@ -135,7 +140,9 @@ impl<'de> Visitor<'de> for InfoVisitor {
                 _ => None,
             },
             stream: stream.as_ref().and_then(Value::as_bool).unwrap_or(false),
-            max_tokens: int(&max_tokens).or_else(|| int(&max_completion)),
+            max_tokens: int(&max_tokens)
+                .or_else(|| int(&max_completion))
+                .or_else(|| int(&max_output)),
             object: true,
             stream_options,
         })
@@ -243,7 +250,9 @@ mod tests {
         RequestInfo {
             model: obj.get("model").and_then(Value::as_str).map(str::to_string),
             stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
-            max_tokens: int("max_tokens").or_else(|| int("max_completion_tokens")),
+            max_tokens: int("max_tokens")
+                .or_else(|| int("max_completion_tokens"))
+                .or_else(|| int("max_output_tokens")),
             object: true,
             stream_options: StreamOptions::of(obj.get("stream_options")),
         }
@@ -274,6 +283,8 @@ mod tests {
             b"{\"model\":\"m\",\"messages\":\"\xff\"}",
             br#"{}"#,
             br#"{"stream":true,"max_tokens":18446744073709551615}"#,
+            br#"{"model":"m","input":"hi","max_output_tokens":64,"stream":true}"#,
+            br#"{"max_output_tokens":64,"max_completion_tokens":9}"#,
         ];
         for b in bodies {
             assert_eq!(

@@ -25,7 +25,7 @@ use wire::api::Api;
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
 
 use crate::linking::agents::{CallsSeen, Seen};
-use crate::linking::sessions::{push_answer_text, TextHash};
+use crate::linking::sessions::TextHash;
 use crate::metrics::Metrics;
 use crate::phases::{PhaseLog, Phases};
 use crate::recording::observe::{StreamObserver, Strip};
@@ -57,6 +57,8 @@ pub(crate) struct Recorder {
 /// The row of one recorded request, finished exactly once.
 pub(crate) struct Recording {
     recorder: Arc<Recorder>,
+    /// The API of the request (from its path).
+    pub(crate) api: Api,
     /// When the request headers were read.
     pub(crate) t0: Instant,
     /// The row being built.
@@ -97,6 +99,7 @@ impl Recording {
         recorder.metrics.in_flight.fetch_add(1, Relaxed);
         Recording {
             recorder,
+            api: Api::of_endpoint(&rec.endpoint).unwrap_or(Api::Chat),
             t0,
             rec,
             phases: Phases::new(t0),
@@ -204,13 +207,11 @@ impl Drop for Recording {
     }
 }
 
-/// The [`TextHash`] of a whole JSON response's answer and the tool calls it made (None when
-/// it is not JSON).
-fn answer_of_body(body: &[u8]) -> Option<(u64, CallsSeen)> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let mut h = TextHash::default();
-    push_answer_text(&v, &mut h);
-    Some((h.finish(), CallsSeen::of_response(&v)))
+/// The [`TextHash`] of a whole response's answer and the tool calls it made (None when it
+/// is not JSON).
+fn answer_of_body(api: Api, body: &[u8]) -> Option<(u64, CallsSeen)> {
+    let w = wire::sse::read_whole(api, body)?;
+    Some((TextHash::of(&w.answer), CallsSeen::of_whole(&w)))
 }
 
 enum Mode {
@@ -247,6 +248,7 @@ impl ObservedBody {
             .map_or(256, |m| m.clamp(1, 8192) as usize + 2);
         let mode = if sse {
             let mut o = StreamObserver::with_max_event(strip, cap, max_event);
+            o.set_api(rec.api);
             if rec.sampled() {
                 o.keep_output_text();
                 o.keep_answer_hash();
@@ -340,17 +342,19 @@ impl ObservedBody {
             }
             Mode::Whole { copy, bytes } => {
                 self.rec.rec.response_bytes = *bytes as i64;
-                let api = Api::of_endpoint(&self.rec.rec.endpoint).unwrap_or(Api::Chat);
+                let api = self.rec.api;
                 let v = judge_whole(api, status, copy, self.rec.rec.stream, how, Rules::CAPTURE);
                 if v.outcome == verdict::Outcome::Ok {
-                    if self.rec.sampled {
-                        let (answer, calls) = answer_of_body(copy).unzip();
+                    // Embeddings, rerank and score generate nothing: no answer, calls or
+                    // reasoning to read.
+                    if self.rec.sampled && api.generates() {
+                        let (answer, calls) = answer_of_body(api, copy).unzip();
                         self.rec.seen.answer = answer;
                         self.rec.seen.calls = calls.map(CallsSeen::finish);
                         // Reasoning text is looked for only where the body names it (one
                         // SIMD search), so plain answers are not read again.
                         let reasoning = v.reasoning_tokens.is_none()
-                            && memchr::memmem::find(copy, b"\"reasoning").is_some();
+                            && memchr::memmem::find(copy, api.reasoning_marker()).is_some();
                         self.rec.output.reasoning = match v.reasoning_tokens {
                             Some(n) => Some(Reasoning::Reported(n)),
                             None if !reasoning => Some(Reasoning::Absent),
@@ -360,6 +364,7 @@ impl ObservedBody {
                         if output || reasoning {
                             // No usage: the writer thread counts the texts with the tokenizer.
                             self.rec.output.text = Some(OutputText::Body {
+                                api,
                                 body: std::mem::take(copy),
                                 output,
                                 reasoning,
@@ -372,8 +377,15 @@ impl ObservedBody {
                 v
             }
         };
+        if self.rec.api == Api::Responses {
+            self.rec.seen.response_id = v
+                .response_id
+                .as_deref()
+                .map(crate::linking::responses::id_hash);
+        }
         let r = &mut self.rec.rec;
         r.prompt_tokens = v.prompt_tokens;
+        r.cached_tokens = v.cached_tokens;
         r.output_tokens = v.completion_tokens;
         r.prompt_tokens_source = r.prompt_tokens.map(|_| TokenSource::Usage);
         r.output_tokens_source = r.output_tokens.map(|_| TokenSource::Usage);

@@ -52,10 +52,13 @@ use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
 use crate::linking::agents::{fill_tools, Agents, Links, Seen, DEFAULT_MAX_REQUESTS};
 use crate::linking::completions::CompletionLinker;
+use crate::linking::responses::{ResponseIds, DEFAULT_MAX_RESPONSES};
 use crate::linking::sessions::{Linker, DEFAULT_MAX_KEYS};
 use crate::metrics::Metrics;
 use crate::prefix::{estimate_text, prompt_tokens};
+use crate::recording::apis::chat_view;
 use crate::recording::prompts::PendingPrompt;
+use wire::api::Api;
 
 /// Longest time a queued record waits for the writer thread: the queue's default 16 Ki
 /// records then absorb over 300k records/s.
@@ -77,8 +80,9 @@ pub(crate) enum OutputText {
         output: Option<String>,
         reasoning: Option<String>,
     },
-    /// A whole (non-streamed) JSON response body, and which of its texts to count.
+    /// A whole (non-streamed) JSON response body of `api`, and which of its texts to count.
     Body {
+        api: Api,
         body: Vec<u8>,
         output: bool,
         reasoning: bool,
@@ -91,15 +95,14 @@ impl OutputText {
         match self {
             OutputText::Text { output, reasoning } => (output, reasoning),
             OutputText::Body {
+                api,
                 body,
                 output,
                 reasoning,
-            } => (
-                output.then(|| wire::sse::response_text(&body)).flatten(),
-                reasoning
-                    .then(|| wire::sse::response_reasoning_text(&body))
-                    .flatten(),
-            ),
+            } => match wire::sse::read_whole(api, &body) {
+                Some(w) => (output.then_some(w.output), reasoning.then_some(w.reasoning)),
+                None => (None, None),
+            },
         }
     }
 }
@@ -242,7 +245,14 @@ impl Resolver<'_> {
                 .as_ref()
                 .filter(|_| rec.prompt_tokens.is_none() && !behind)
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-                .and_then(|v| prompt_tokens(v.as_object()?, self.tokenizer));
+                .and_then(|v| match v {
+                    serde_json::Value::Object(o) => Some(o),
+                    _ => None,
+                })
+                .and_then(|o| {
+                    let api = Api::of_endpoint(&rec.endpoint).unwrap_or(Api::Chat);
+                    prompt_tokens(&chat_view(api, o), self.tokenizer)
+                });
             if self.keep_hashes && s.body.is_none() && s.estimate.is_some() {
                 shed.prefix_hashes.fetch_add(1, Relaxed);
             }
@@ -256,6 +266,14 @@ impl Resolver<'_> {
                     rec.prompt_tokens_source = Some(TokenSource::Estimate);
                 }
             }
+        }
+        if let Some(m) = &info.media {
+            let int32 = |n: usize| n.min(i32::MAX as usize) as i32;
+            rec.images = Some(int32(m.images));
+            rec.image_bytes = Some(m.image_bytes.min(i64::MAX as u64) as i64);
+            rec.image_dims = Some(m.image_dims.clone());
+            rec.audio_inputs = Some(int32(m.audio));
+            rec.audio_bytes = Some(m.audio_bytes.min(i64::MAX as u64) as i64);
         }
         fill_tools(
             &mut rec,
@@ -314,6 +332,7 @@ pub(crate) fn start(
                 links: Links {
                     sessions: Linker::new(DEFAULT_MAX_KEYS),
                     agents: Agents::new(DEFAULT_MAX_REQUESTS),
+                    responses: ResponseIds::new(DEFAULT_MAX_RESPONSES),
                 },
                 completions: CompletionLinker::new(crate::linking::completions::DEFAULT_MAX_KEYS),
             };
@@ -556,6 +575,7 @@ mod tests {
         Links {
             sessions: Linker::new(100),
             agents: Agents::new(100),
+            responses: ResponseIds::new(100),
         }
     }
 

@@ -1,8 +1,9 @@
 //! The request handler: what the proxy does with each request once its head is read.
 //!
 //! CONNECT, and absolute-form requests for another host, are refused (this is not an open
-//! proxy). Generation requests (POST `…/completions`) are read whole (they are small), may
-//! get `stream_options` injected, are sent by
+//! proxy). Requests of a recorded API ([`recorded_api`]: completions, chat, Responses,
+//! Messages, embeddings, rerank, score) are read whole (they are small), may get
+//! `stream_options` injected (chat and completions streams), are sent by
 //! [`Forward::send_lean`](crate::upstream::route::Forward::send_lean) (else
 //! [`Forward::send_generation`](crate::upstream::route::Forward::send_generation)) and recorded: a
 //! [`Recording`] per request, and the response body an [`ObservedBody`]. Everything else
@@ -22,19 +23,21 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use trace_format::{Outcome, TraceRecord};
+use wire::api::Api;
 
-use crate::config::RecordBodies;
+use crate::config::{RecordBodies, UsageMode};
+use crate::phases::Phases;
 use crate::recording::request::{inject_usage, RequestInfo};
 use crate::recording::row::{ObservedBody, Recording};
 use crate::serving::limits::{BodyTimeout, TimedBody};
 use crate::serving::state::Shared;
 use crate::upstream::route::{strip_hop_by_hop, ClientAddr};
-use crate::upstream::BoxError;
+use crate::upstream::{BoxError, UpstreamBody};
 
 /// The response body type of the proxy.
 pub(crate) enum ProxyBody {
     Observed(Box<ObservedBody>),
-    Stream(Incoming),
+    Stream(UpstreamBody),
     Full(Full<Bytes>),
 }
 
@@ -48,7 +51,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<std::result::Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Observed(b) => Pin::new(b.as_mut()).poll_frame(cx),
-            ProxyBody::Stream(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
+            ProxyBody::Stream(b) => b.poll_frame(cx),
             ProxyBody::Full(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
         }
     }
@@ -114,8 +117,10 @@ fn body_cut_short(e: &(dyn std::error::Error + 'static)) -> bool {
     true
 }
 
-pub(crate) fn is_generation(method: &Method, path: &str) -> bool {
-    method == Method::POST && path.trim_end_matches('/').ends_with("/completions")
+/// The API of a request capture records ([`Api::of`]: POST to a completions, chat,
+/// Responses, Messages, embeddings, rerank or score path); None for what it passes through.
+pub(crate) fn recorded_api(method: &Method, path: &str) -> Option<Api> {
+    Api::of(method == Method::POST, path)
 }
 
 /// A cheap deterministic sampling draw per request number.
@@ -182,7 +187,7 @@ pub(crate) async fn handle(
             }
         }
     }
-    if is_generation(req.method(), req.uri().path()) {
+    if recorded_api(req.method(), req.uri().path()).is_some() {
         let (parts, body) = req.into_parts();
         Ok(generation(shared, parts, body, (t0, accepted), arrival).await)
     } else {
@@ -190,8 +195,62 @@ pub(crate) async fn handle(
     }
 }
 
+/// What capture says the first time it forwards a method and path it does not record.
+fn unrecorded_notice(method: &Method, path: &str) -> String {
+    format!(
+        "llmreplay capture: forwarding {method} {path} without recording it: only POST to \
+         …/completions, …/chat/completions, …/responses, …/messages, …/embeddings, …/rerank \
+         and …/score is recorded; this path is passed through as it is, counted in \
+         llmreplay_capture_unrecorded_requests_total (said once per method and path)"
+    )
+}
+
+/// Whether a pass-through request goes by the lean path (the upstream connection pool with
+/// its liveness check, retry rule and learned habits): its body has a known length within
+/// `--max-request-body` (read whole first), it is not HEAD (whose response has no body to
+/// frame) and asks for no protocol upgrade. The rest streams through hyper's client.
+fn lean_passthrough(shared: &Shared, req: &Request<Incoming>) -> bool {
+    shared.forward.has_lean()
+        && req.method() != Method::HEAD
+        && !req.headers().contains_key(header::UPGRADE)
+        && req
+            .body()
+            .size_hint()
+            .exact()
+            .is_some_and(|n| n <= shared.cfg.max_request_body as u64)
+}
+
 async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
     shared.metrics.passthrough.fetch_add(1, Relaxed);
+    if shared
+        .metrics
+        .unrecorded
+        .count(req.method().as_str(), req.uri().path())
+    {
+        eprintln!("{}", unrecorded_notice(req.method(), req.uri().path()));
+    }
+    if lean_passthrough(&shared, &req) {
+        let (parts, body) = req.into_parts();
+        let body = match read_body(&shared, body).await {
+            Ok(b) => b,
+            Err(refused) => return refused.response,
+        };
+        let mut phases = Phases::new(Instant::now());
+        let sent = shared.forward.send_lean(&parts, &body, &mut phases).await;
+        return match sent {
+            Some(Ok((mut parts, body))) => {
+                strip_hop_by_hop(&mut parts.headers);
+                parts.version = Version::HTTP_11;
+                Response::from_parts(parts, ProxyBody::Stream(body))
+            }
+            Some(Err((_, status, msg))) => error_response(status, "upstream_error", &msg),
+            None => error_response(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "no lean path to the upstream",
+            ),
+        };
+    }
     let (parts, body) = req.into_parts();
     let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
     let too_slow = body.fired();
@@ -210,10 +269,84 @@ async fn passthrough(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Pr
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.version = Version::HTTP_11;
-            Response::from_parts(parts, ProxyBody::Stream(body))
+            Response::from_parts(parts, ProxyBody::Stream(UpstreamBody::Hyper(body)))
         }
         Err((_, status, msg)) => error_response(status, "upstream_error", &msg),
     }
+}
+
+/// A request body that was not read whole: what the client is answered, and what its row
+/// (if any) says.
+struct BodyRefused {
+    /// The row's outcome.
+    outcome: Outcome,
+    /// The status the client got, when it got one the row should name.
+    status: Option<u16>,
+    /// The row's error.
+    error: String,
+    /// The answer.
+    response: Response<ProxyBody>,
+}
+
+/// Reads a request body whole, within `--max-request-body` and the client's body timeouts.
+async fn read_body<B>(shared: &Shared, body: B) -> Result<Bytes, BodyRefused>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
+    let e = match Limited::new(body, shared.cfg.max_request_body)
+        .collect()
+        .await
+    {
+        Ok(b) => return Ok(b.to_bytes()),
+        Err(e) => e,
+    };
+    if let Some(t) = e.downcast_ref::<BodyTimeout>() {
+        // Nothing was forwarded: the client hears 408, the row says the proxy's client
+        // timeout ended it.
+        let msg = t.to_string();
+        return Err(BodyRefused {
+            outcome: Outcome::Timeout,
+            status: Some(408),
+            response: body_timeout_response(&msg),
+            error: msg,
+        });
+    }
+    if e.downcast_ref::<http_body_util::LengthLimitError>()
+        .is_some()
+    {
+        let msg = format!("request body over {} bytes", shared.cfg.max_request_body);
+        return Err(BodyRefused {
+            outcome: Outcome::HttpError,
+            status: Some(413),
+            response: error_response(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", &msg),
+            error: msg,
+        });
+    }
+    let bad_body = error_response(StatusCode::BAD_REQUEST, "invalid_request_error", "bad body");
+    if body_cut_short(&*e) {
+        return Err(BodyRefused {
+            outcome: Outcome::ClientCancelled,
+            status: None,
+            error: format!("reading the request body: {e}"),
+            response: bad_body,
+        });
+    }
+    // A body that breaks its own framing (a bad chunk): the client's error, answered 400,
+    // and recorded as what the client got.
+    let mut msg = format!("malformed request body: {e}");
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(&format!(": {s}"));
+        src = s.source();
+    }
+    Err(BodyRefused {
+        outcome: Outcome::HttpError,
+        status: Some(400),
+        error: msg,
+        response: bad_body,
+    })
 }
 
 /// Answers and records a generation request (`parts`, its body still to be read from
@@ -283,57 +416,12 @@ where
         shared.cfg.traceparent.then_some(shared.id_prefix.as_str()),
         &mut recording.rec,
     );
-    let body = TimedBody::new(body, shared.cfg.client, shared.metrics.clone());
-    let body = match Limited::new(body, shared.cfg.max_request_body)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            if let Some(t) = e.downcast_ref::<BodyTimeout>() {
-                // Nothing was forwarded: the client hears 408, the row says the proxy's
-                // client timeout ended it.
-                let msg = t.to_string();
-                recording.rec.status = Some(408);
-                recording.finish(Outcome::Timeout, Some(msg.clone()), Instant::now());
-                return Err(body_timeout_response(&msg));
-            }
-            let too_large = e
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some();
-            if too_large {
-                let msg = format!("request body over {} bytes", shared.cfg.max_request_body);
-                recording.rec.status = Some(413);
-                recording.finish(Outcome::HttpError, Some(msg.clone()), Instant::now());
-                return Err(error_response(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "invalid_request_error",
-                    &msg,
-                ));
-            }
-            if body_cut_short(&*e) {
-                recording.finish(
-                    Outcome::ClientCancelled,
-                    Some(format!("reading the request body: {e}")),
-                    Instant::now(),
-                );
-            } else {
-                // A body that breaks its own framing (a bad chunk): the client's error,
-                // answered 400, and recorded as what the client got.
-                let mut msg = format!("malformed request body: {e}");
-                let mut src = e.source();
-                while let Some(s) = src {
-                    msg.push_str(&format!(": {s}"));
-                    src = s.source();
-                }
-                recording.rec.status = Some(400);
-                recording.finish(Outcome::HttpError, Some(msg), Instant::now());
-            }
-            return Err(error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "bad body",
-            ));
+    let body = match read_body(shared, body).await {
+        Ok(b) => b,
+        Err(refused) => {
+            recording.rec.status = refused.status;
+            recording.finish(refused.outcome, Some(refused.error), Instant::now());
+            return Err(refused.response);
         }
     };
     Ok(ReadGeneration {
@@ -372,9 +460,15 @@ pub(crate) async fn forward_generation(
     // the upstream reports no usage.
     if recording.sampled() && info.object {
         let tokenize = shared.cfg.record_bodies != RecordBodies::None;
-        recording.prompt = Some(shared.prompts.submit(body.clone(), tokenize));
+        recording.prompt = Some(shared.prompts.submit(recording.api, body.clone(), tokenize));
     }
-    let (up_body, strip) = match inject_usage(&body, &info, shared.cfg.usage) {
+    // Responses and Messages streams report their usage themselves.
+    let usage = if recording.api.typed_events() {
+        UsageMode::Off
+    } else {
+        shared.cfg.usage
+    };
+    let (up_body, strip) = match inject_usage(&body, &info, usage) {
         Some((b, s)) => (Bytes::from(b), s),
         None => (body, Default::default()),
     };

@@ -229,7 +229,7 @@ fn lean_head(req: &httparse::Request<'_, '_>, len: usize, max_body: usize) -> Op
         return None;
     }
     let path = target.split('?').next().unwrap_or(target);
-    if !handler::is_generation(&Method::POST, path) {
+    if handler::recorded_api(&Method::POST, path).is_none() {
         return None;
     }
     let mut content_length = None;

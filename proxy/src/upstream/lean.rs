@@ -1,4 +1,5 @@
-//! A lean HTTP/1.1 path to a plain-`http://` upstream for generation requests, over
+//! A lean HTTP/1.1 path to an `http://` or `https://` upstream (TLS with ALPN `http/1.1`)
+//! for recorded requests and for pass-through requests whose body has a known length, over
 //! [`wire`]'s connection layer: the task that serves the client's connection owns the
 //! upstream socket, writes the request in one call, and reads the response body straight
 //! from its read buffer, one frame per read.
@@ -10,9 +11,9 @@
 //! Here what one `read(2)` delivered reaches the observer and the client's connection as
 //! one frame, in the same task, like nginx's `proxy_buffering off`.
 //!
-//! Behaviour follows hyper-util's legacy client, which serves everything else (pass-through
-//! requests, `https://` and h2c upstreams): the same request line and headers (plus `Host`
-//! from the upstream URL), 1xx responses skipped, the body framing of RFC 9112 §6.3
+//! Behaviour follows hyper-util's legacy client, which serves what is left (h2c upstreams,
+//! pass-through requests streaming a body of unknown length, HEAD, upgrades): the same
+//! request line and headers (plus `Host` from the upstream URL), 1xx responses skipped, the body framing of RFC 9112 §6.3
 //! ([`wire::framing`]), a non-canonical reason phrase kept for the client, trailers
 //! forwarded as a trailers frame, and connections kept alive unless the response says
 //! otherwise. Connections come from a [`wire::Pool`]: checked with the kernel before reuse,
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::config::validated::Upstream;
 use crate::phases::Phases;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -76,14 +78,23 @@ impl std::fmt::Debug for LeanUpstream {
 }
 
 impl LeanUpstream {
-    /// The upstream at `authority` of an `http://` URL, with the connect and idle timeouts
-    /// of `cfg` and a pool per serving thread.
+    /// The upstream of an `http://` or `https://` URL (TLS verified with `tls`, HTTP/1.1 by
+    /// ALPN), with the connect and idle timeouts of `cfg` and a pool per serving thread;
+    /// None when its host is no TLS server name or makes no `Host` header.
     pub(crate) fn new(
-        authority: &http::uri::Authority,
+        upstream: &Upstream,
+        tls: &rustls::ClientConfig,
         cfg: &crate::ProxyConfig,
     ) -> Option<LeanUpstream> {
+        let https = upstream.scheme == http::uri::Scheme::HTTPS;
+        let tls = https.then(|| {
+            let mut c = tls.clone();
+            c.alpn_protocols = vec![b"http/1.1".to_vec()];
+            tokio_rustls::TlsConnector::from(Arc::new(c))
+        });
         Self::with_pool_config(
-            authority,
+            &upstream.authority,
+            tls,
             PoolConfig {
                 connect_timeout: cfg.upstream_connect_timeout,
                 idle_timeout: cfg.upstream_pool_idle_timeout,
@@ -95,16 +106,21 @@ impl LeanUpstream {
 
     fn with_pool_config(
         authority: &http::uri::Authority,
+        tls: Option<tokio_rustls::TlsConnector>,
         pool: PoolConfig,
         threads: usize,
     ) -> Option<LeanUpstream> {
         let host = authority.host();
-        let port = authority.port_u16().unwrap_or(80);
+        let default_port = if tls.is_some() { 443 } else { 80 };
+        let port = authority.port_u16().unwrap_or(default_port);
         let host_header = match authority.port_u16() {
-            Some(p) if p != 80 => format!("{host}:{p}"),
+            Some(p) if p != default_port => format!("{host}:{p}"),
             _ => host.to_string(),
         };
-        let target = wire::Target::plain(host, port, authority.as_str());
+        let target = match tls {
+            Some(c) => wire::Target::tls(host, port, authority.as_str(), c).ok()?,
+            None => wire::Target::plain(host, port, authority.as_str()),
+        };
         // One origin: what one thread's pool learns of its habits, all of them use.
         let habit = Arc::new(wire::Habit::new());
         Some(LeanUpstream {
@@ -127,13 +143,15 @@ impl LeanUpstream {
     }
 
     /// The end of a request whose request line and headers (without `Host` and
-    /// `content-length`) are in `out`: the upstream's `Host`, the body's `content-length`,
-    /// the blank line and `body`.
-    pub(crate) fn encode_tail(&self, out: &mut Vec<u8>, body: &[u8]) {
+    /// `content-length`) are in `out`: the upstream's `Host`, the body's `content-length`
+    /// (when `length`), the blank line and `body`.
+    pub(crate) fn encode_tail(&self, out: &mut Vec<u8>, body: &[u8], length: bool) {
         out.extend_from_slice(b"host: ");
         out.extend_from_slice(self.host.as_bytes());
-        out.extend_from_slice(b"\r\ncontent-length: ");
-        out.extend_from_slice(body.len().to_string().as_bytes());
+        if length {
+            out.extend_from_slice(b"\r\ncontent-length: ");
+            out.extend_from_slice(body.len().to_string().as_bytes());
+        }
         out.extend_from_slice(b"\r\n\r\n");
         out.extend_from_slice(body);
     }
@@ -430,7 +448,7 @@ mod tests {
 
     fn lean(addr: &str) -> Arc<LeanUpstream> {
         Arc::new(
-            LeanUpstream::with_pool_config(&addr.parse().unwrap(), PoolConfig::default(), 1)
+            LeanUpstream::with_pool_config(&addr.parse().unwrap(), None, PoolConfig::default(), 1)
                 .unwrap(),
         )
     }
@@ -445,7 +463,7 @@ mod tests {
     fn request(up: &LeanUpstream) -> Vec<u8> {
         let mut out =
             b"POST /v1/completions HTTP/1.1\r\ncontent-type: application/json\r\n".to_vec();
-        up.encode_tail(&mut out, b"{}");
+        up.encode_tail(&mut out, b"{}", true);
         out
     }
 

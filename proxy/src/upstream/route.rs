@@ -1,8 +1,9 @@
 //! The route to the one upstream: its parsed base URL, the pooled clients (the lean
-//! HTTP/1.1 path of [`crate::upstream::lean`] for generation requests to a plain-http HTTP/1.1
-//! upstream, hyper-util's client for everything else), the rewrite of a client's request
-//! into the upstream's (the request's own authority is never used for routing), and
-//! sending it with the header timeout.
+//! HTTP/1.1 path of [`crate::upstream::lean`], plain or TLS, for recorded requests and for
+//! pass-through requests whose body has a known length; hyper-util's client for h2c
+//! upstreams and for pass-through requests that stream a body of unknown length, HEAD or an
+//! upgrade), the rewrite of a client's request into the upstream's (the request's own
+//! authority is never used for routing), and sending it with the header timeout.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -117,8 +118,9 @@ impl Upstream {
 pub(crate) struct Forward {
     upstream: Upstream,
     client: UpClient,
-    /// Generation requests to a plain-http HTTP/1.1 upstream go this way (see
-    /// [`crate::upstream::lean`]); everything else through `client`.
+    /// Requests to an HTTP/1.1 upstream (`http://` or `https://`, not `--upstream-h2`) go
+    /// this way when their body is read whole (see [`crate::upstream::lean`]); the rest
+    /// through `client`.
     lean: Option<Arc<LeanUpstream>>,
     /// How long to wait for the upstream's response head.
     timeout: Duration,
@@ -153,11 +155,11 @@ impl Forward {
             cfg.upstream_connect_timeout,
             metrics,
         ));
-        let client = build_client(cfg, tls, UpstreamDns(resolver));
-        let lean = (upstream.scheme == http::uri::Scheme::HTTP && !cfg.upstream_h2)
-            .then(|| LeanUpstream::new(&upstream.authority, cfg))
+        let lean = (!cfg.upstream_h2)
+            .then(|| LeanUpstream::new(&upstream, &tls, cfg))
             .flatten()
             .map(Arc::new);
+        let client = build_client(cfg, tls, UpstreamDns(resolver));
         Forward {
             upstream,
             client,
@@ -295,13 +297,26 @@ impl Forward {
                 out.extend_from_slice(b"\r\n");
             }
         }
-        lean.encode_tail(&mut out, body);
+        // A request without content that did not say `content-length` (a GET) is sent
+        // without one, as the client sent it.
+        let length = !body.is_empty()
+            || h.contains_key(header::CONTENT_LENGTH)
+            || matches!(
+                parts.method,
+                http::Method::POST | http::Method::PUT | http::Method::PATCH
+            );
+        lean.encode_tail(&mut out, body, length);
         out
     }
 
-    /// Sends a generation request (the client's head `parts`, the body to forward `body`)
-    /// by the lean path with the header timeout; `None` when there is no lean path (then
-    /// [`Forward::send_generation`]).
+    /// Whether requests can go by the lean path ([`Forward::send_lean`]).
+    pub(crate) fn has_lean(&self) -> bool {
+        self.lean.is_some()
+    }
+
+    /// Sends a request whose body was read whole (the client's head `parts`, the body to
+    /// forward `body`) by the lean path with the header timeout; `None` when there is no
+    /// lean path (then [`Forward::send_generation`]).
     pub(crate) async fn send_lean(
         &self,
         parts: &http::request::Parts,
@@ -328,8 +343,8 @@ impl Forward {
         )
     }
 
-    /// Sends a generation request to an upstream with no lean path (`https://`, h2)
-    /// through hyper-util's client, with the header timeout.
+    /// Sends a generation request to an upstream with no lean path (h2c) through
+    /// hyper-util's client, with the header timeout.
     pub(crate) async fn send_generation(
         &self,
         req: Request<UpBody>,
@@ -374,12 +389,19 @@ fn build_client(cfg: &ProxyConfig, tls: rustls::ClientConfig, dns: UpstreamDns) 
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(cfg.upstream_pool_idle_timeout)
+    let mut b = Client::builder(TokioExecutor::new());
+    b.pool_idle_timeout(cfg.upstream_pool_idle_timeout)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
-        .http2_only(cfg.upstream_h2)
-        .build(connector)
+        .http2_only(cfg.upstream_h2);
+    if !cfg.upstream_h2 {
+        // Beside the lean path this client carries only what the lean path cannot (a body
+        // of unknown length, HEAD, an upgrade): each on a connection of its own, so none is
+        // ever written to a kept connection the upstream is closing (it has no liveness
+        // check or learned habits), which would be a 502 of capture's own.
+        b.pool_max_idle_per_host(0);
+    }
+    b.build(connector)
 }
 
 /// The headers a message's `Connection` names (hop-by-hop for this message).

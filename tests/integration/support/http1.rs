@@ -290,6 +290,18 @@ impl Http1Client {
         headers: &[(&str, &str)],
         body: &str,
     ) -> io::Result<Response> {
+        self.send("POST", path, headers, Some(body))
+    }
+
+    /// Sends `method` to `path` with the extra `headers` and `body` (JSON; `None`: no body
+    /// and no content-length); reads the whole response.
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> io::Result<Response> {
         let reused = self.conn.is_some();
         if self.conn.is_none() {
             let s = TcpStream::connect(self.addr)?;
@@ -298,16 +310,18 @@ impl Http1Client {
             self.conn = Some((BufReader::new(s), w));
             self.connections += 1;
         }
-        let mut req = format!(
-            "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
-            self.addr,
-            body.len()
-        );
+        let mut req = format!("{method} {path} HTTP/1.1\r\nhost: {}\r\n", self.addr);
+        if let Some(b) = body {
+            req.push_str(&format!(
+                "content-type: application/json\r\ncontent-length: {}\r\n",
+                b.len()
+            ));
+        }
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
         req.push_str("\r\n");
-        req.push_str(body);
+        req.push_str(body.unwrap_or(""));
         let result = {
             let (r, w) = self.conn.as_mut().unwrap();
             r.get_ref().set_read_timeout(Some(self.timeout))?;

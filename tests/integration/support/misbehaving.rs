@@ -560,7 +560,9 @@ fn respond(w: &mut TcpStream, req: &Request, b: &Behaviour, close_header: bool) 
         };
     }
     let chat = req.path == "/v1/chat/completions";
-    if req.method != "POST" || !(chat || req.path == "/v1/completions") {
+    // `/custom/generate`: a generation endpoint capture does not know (it passes it through).
+    let completion = req.path == "/v1/completions" || req.path == "/custom/generate";
+    if req.method != "POST" || !(chat || completion) {
         return whole(w, "404 Not Found", r#"{"error":{"message":"not found"}}"#);
     }
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(&req.body) else {

@@ -5,4 +5,5 @@ pub mod env;
 pub mod fault_upstream;
 pub mod http1;
 pub mod misbehaving;
+pub mod scripted;
 pub mod sim;

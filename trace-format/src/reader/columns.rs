@@ -104,6 +104,12 @@ pub(crate) fn convert(
     let tool_call_names = cx.str_lists(col::TOOL_CALL_NAMES)?;
     let parent_link = cx.strs(col::PARENT_LINK)?;
     let pair_request_id = cx.strs(col::PAIR_REQUEST_ID)?;
+    let cached_tokens = cx.ints(col::CACHED_TOKENS)?;
+    let images = cx.ints(col::IMAGES)?;
+    let image_bytes = cx.ints(col::IMAGE_BYTES)?;
+    let image_dims = cx.str_lists(col::IMAGE_DIMS)?;
+    let audio_inputs = cx.ints(col::AUDIO_INPUTS)?;
+    let audio_bytes = cx.ints(col::AUDIO_BYTES)?;
 
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
@@ -205,6 +211,12 @@ pub(crate) fn convert(
                 })
                 .transpose()?,
             pair_request_id: s(&pair_request_id),
+            cached_tokens: i64_of(&cached_tokens, col::CACHED_TOKENS)?,
+            images: i32_of(&images, col::IMAGES)?,
+            image_bytes: i64_of(&image_bytes, col::IMAGE_BYTES)?,
+            image_dims: image_dims.get(i, &cx, col::IMAGE_DIMS)?,
+            audio_inputs: i32_of(&audio_inputs, col::AUDIO_INPUTS)?,
+            audio_bytes: i64_of(&audio_bytes, col::AUDIO_BYTES)?,
         };
         out.push(rec);
     }

@@ -18,7 +18,7 @@
 use serde::Deserialize;
 
 use super::typed::{error_text, Piece, Str};
-use super::{ChunkText, StreamEvent, Usage, Whole};
+use super::{ChunkText, StreamEvent, Usage, Whole, WholeCall};
 
 /// `usage` of a Messages response.
 #[derive(Deserialize)]
@@ -180,10 +180,10 @@ pub(super) fn whole(body: &[u8]) -> Option<Whole> {
                 w.reasoning.push_str(t);
             }
             Some("tool_use") | Some("server_tool_use") => {
-                w.output.push_str(s("name").unwrap_or(""));
-                if let Some(input) = b.get("input") {
-                    w.output.push_str(&input.to_string());
-                }
+                let call = WholeCall::of(s("id"), s("name"), b.get("input"));
+                w.output.push_str(&call.name);
+                w.output.push_str(&call.arguments);
+                w.calls.push(call);
             }
             _ => {}
         }

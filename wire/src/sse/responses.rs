@@ -21,7 +21,7 @@
 use serde::Deserialize;
 
 use super::typed::{Piece, Str};
-use super::{ChunkText, StreamEvent, TokenDetails, Usage, Whole};
+use super::{ChunkText, StreamEvent, TokenDetails, Usage, Whole, WholeCall};
 
 /// `usage` of a Responses response.
 #[derive(Deserialize)]
@@ -196,6 +196,12 @@ pub(super) fn whole(body: &[u8]) -> Option<Whole> {
                         w.output.push_str(t);
                     }
                 }
+                let s = |k: &str| item.get(k).and_then(|t| t.as_str());
+                w.calls.push(WholeCall::of(
+                    s("call_id"),
+                    s("name"),
+                    item.get("arguments"),
+                ));
             }
             _ => {}
         }

@@ -355,6 +355,14 @@ fn whole_responses_and_messages_bodies() {
     assert_eq!(w.answer, "Paris.");
     assert_eq!(w.reasoning, "Plan. Deep.");
     assert_eq!(w.output, "Plan. Deep.Paris.lookup{\"q\":1}");
+    assert_eq!(
+        w.calls,
+        [WholeCall {
+            id: "call_1".into(),
+            name: "lookup".into(),
+            arguments: "{\"q\":1}".into()
+        }]
+    );
     let v = judge_whole(
         Api::Responses,
         200,
@@ -394,6 +402,14 @@ fn whole_responses_and_messages_bodies() {
     let w = read_whole(Api::Messages, msg.as_bytes()).unwrap();
     assert_eq!((w.answer.as_str(), w.reasoning.as_str()), ("Sure.", "Hmm."));
     assert_eq!(w.output, "Hmm.Sure.get_weather{\"location\":\"SF\"}");
+    assert_eq!(
+        w.calls,
+        [WholeCall {
+            id: "toolu_1".into(),
+            name: "get_weather".into(),
+            arguments: "{\"location\":\"SF\"}".into()
+        }]
+    );
     let v = judge_whole(
         Api::Messages,
         200,
@@ -429,7 +445,12 @@ fn whole_responses_and_messages_bodies() {
 
 #[test]
 fn chat_reads_its_cached_tokens_too() {
-    let body = br#"{"id":"c1","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#;
+    let body = br#"{"id":"c1","choices":[{"message":{"content":"hi","tool_calls":[{"id":"call_9","type":"function","function":{"name":"f","arguments":"{}"}}]}}],"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#;
+    let w = read_whole(Api::Chat, body).unwrap();
+    assert_eq!(
+        (w.answer.as_str(), w.calls.len(), w.calls[0].id.as_str()),
+        ("hi", 1, "call_9")
+    );
     let v = judge_whole(Api::Chat, 200, body, false, End::Complete, Rules::CAPTURE);
     assert_eq!(v.cached_tokens, Some(8));
     assert_eq!(v.response_id.as_deref(), Some("c1"));

@@ -108,6 +108,39 @@ pub struct Whole {
     pub answer: String,
     /// The reasoning text.
     pub reasoning: String,
+    /// The tool calls it made, in order: chat's first choice's `message.tool_calls`,
+    /// Responses' `function_call` items, Messages' `tool_use` blocks.
+    pub calls: Vec<WholeCall>,
+}
+
+/// One tool call of a whole response.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WholeCall {
+    /// Its id (chat's `id`, Responses' `call_id`, Messages' `id`), what the tool result
+    /// that answers it names.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// Its arguments as JSON text (Messages' `input` object serialized).
+    pub arguments: String,
+}
+
+impl WholeCall {
+    pub(super) fn of(
+        id: Option<&str>,
+        name: Option<&str>,
+        arguments: Option<&serde_json::Value>,
+    ) -> Self {
+        WholeCall {
+            id: id.unwrap_or("").to_string(),
+            name: name.unwrap_or("").to_string(),
+            arguments: match arguments {
+                Some(serde_json::Value::String(a)) => a.clone(),
+                Some(serde_json::Value::Null) | None => String::new(),
+                Some(other) => other.to_string(),
+            },
+        }
+    }
 }
 
 /// `body` read as a whole response of `api`; `None` when it is not JSON (not a JSON object,
@@ -118,6 +151,20 @@ pub fn read_whole(api: Api, body: &[u8]) -> Option<Whole> {
         Api::Messages => messages::whole(body),
         _ => {
             let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+            let calls = v
+                .pointer("/choices/0/message/tool_calls")
+                .and_then(|c| c.as_array())
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let s = |p: &str| c.pointer(p).and_then(|x| x.as_str());
+                    WholeCall::of(
+                        s("/id"),
+                        s("/function/name"),
+                        c.pointer("/function/arguments"),
+                    )
+                })
+                .collect();
             let answer = v
                 .pointer("/choices/0/message/content")
                 .or_else(|| v.pointer("/choices/0/text"))
@@ -131,6 +178,7 @@ pub fn read_whole(api: Api, body: &[u8]) -> Option<Whole> {
                 output: choices_text(&v),
                 answer,
                 reasoning: choices_reasoning(&v),
+                calls,
             })
         }
     }

@@ -68,7 +68,7 @@ pub struct ImportArgs {
     #[arg(long, value_parser = parse_rate, default_value = "inf")]
     pub request_rate: f64,
     /// ShareGPT: gamma shape of inter-arrivals (1 = Poisson).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::flags::parse_positive)]
     pub burstiness: f64,
     /// ShareGPT: seed of the arrivals.
     #[arg(long, default_value_t = 0)]
@@ -77,7 +77,7 @@ pub struct ImportArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// Keep only the first N rows of each input (for samples); the file metadata says so.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::flags::parse_count)]
     pub head: Option<usize>,
 }
 
@@ -127,7 +127,7 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
     };
     trace_format::arrivals::validate(a.request_rate, a.burstiness)?;
     if a.head == Some(0) {
-        bail!("--head must be at least 1");
+        crate::exit::refuse!("--head must be at least 1");
     }
     let opts = ImportOptions {
         format: a.format,

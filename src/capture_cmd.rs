@@ -103,7 +103,7 @@ pub struct CaptureArgs {
     #[arg(long, value_enum, default_value_t = UsageModeArg::Standard, conflicts_with = "no_inject_usage")]
     usage_mode: UsageModeArg,
     /// Fraction of generation requests recorded, in (0, 1].
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::flags::parse_share)]
     sample_rate: f64,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
@@ -211,7 +211,7 @@ pub struct ShadowArgs {
     #[arg(long, value_name = "NAME:MODEL", requires = "shadow")]
     shadow_model: Vec<String>,
     /// Fraction of recorded generation requests mirrored, in (0, 1].
-    #[arg(long, default_value_t = 1.0, requires = "shadow")]
+    #[arg(long, default_value_t = 1.0, requires = "shadow", value_parser = crate::flags::parse_share)]
     shadow_sample: f64,
     /// What the sample draws: each request, or whole sessions (the --session-header value,
     /// else a chat conversation's messages up to its first user message).
@@ -280,7 +280,7 @@ impl ShadowArgs {
         }
         for (i, m) in models {
             if targets[i].model.replace(m).is_some() {
-                bail!("--shadow-model given twice for {:?}", targets[i].name);
+                crate::exit::refuse!("--shadow-model given twice for {:?}", targets[i].name);
             }
         }
         let mut c = proxy::ShadowConfig::new(targets);
@@ -334,7 +334,7 @@ impl CaptureArgs {
     /// configuration's in [`proxy::ProxyConfig::validate`] (its errors named by flag).
     fn config(self) -> Result<proxy::ValidatedProxyConfig> {
         if self.spool_dir.is_some() && !store::is_url(&self.out) {
-            bail!("--spool-dir goes with an object-store --out (s3://...)");
+            crate::exit::refuse!("--spool-dir goes with an object-store --out (s3://...)");
         }
         let to_store = store::is_url(&self.out);
         let dir = self.local_dir();
@@ -351,7 +351,7 @@ impl CaptureArgs {
         c.tls = match (self.tls_cert, self.tls_key) {
             (Some(cert), Some(key)) => Some(proxy::TlsFiles { cert, key }),
             (None, None) => None,
-            _ => bail!("--tls-cert and --tls-key go together"),
+            _ => crate::exit::refuse!("--tls-cert and --tls-key go together"),
         };
         c.record_bodies = match self.record_bodies {
             RecordBodiesArg::None => proxy::RecordBodies::None,
@@ -401,14 +401,15 @@ impl CaptureArgs {
     }
 }
 
-/// A configuration error, named by the flag that set the value.
+/// A configuration error, named by the flag that set the value: refused (status 2).
 fn flag_error(e: proxy::ProxyError) -> anyhow::Error {
     use proxy::{ConfigError, Setting};
     let proxy::ProxyError::Config(c) = e else {
         return e.into();
     };
+    let refused = crate::exit::refused;
     match c {
-        ConfigError::SampleRate(r) => anyhow!("--sample-rate {r} must be in (0, 1]"),
+        ConfigError::SampleRate(r) => refused(format!("--sample-rate {r} must be in (0, 1]")),
         ConfigError::Zero(s) => {
             let flag = match s {
                 Setting::BlockSize => "--block-size",
@@ -423,10 +424,10 @@ fn flag_error(e: proxy::ProxyError) -> anyhow::Error {
                 Setting::Threads => "--threads",
                 _ => s.field(),
             };
-            anyhow!("{flag} must be > 0")
+            refused(format!("{flag} must be > 0"))
         }
         ConfigError::SessionHeader(_) | ConfigError::SecretSessionHeader(_) => {
-            anyhow!("--session-header {c}")
+            refused(format!("--session-header {c}"))
         }
         // The upstream's message names its flag already.
         c => proxy::ProxyError::Config(c).into(),
@@ -446,6 +447,7 @@ fn flag_error(e: proxy::ProxyError) -> anyhow::Error {
 /// recovered line by line and set aside as `<name>.damaged-<utc>`.
 pub fn run_capture(args: CaptureArgs) -> Result<ExitStatus> {
     let drain = args.drain_timeout;
+    let args_flush = args.flush_interval;
     let store = args.store()?;
     let dest = args.out.clone();
     let cfg = args.config()?;
@@ -460,7 +462,17 @@ pub fn run_capture(args: CaptureArgs) -> Result<ExitStatus> {
     let rt = proxy::serving_runtime().context("tokio runtime")?;
     let (dest2, out2) = (dest.clone(), out.clone());
     // The first signal drains, the second exits at once.
-    let mut stopped = signals::watch("capture", vec![signals::graceful()])?;
+    let mut stopped = signals::watch_noting(
+        "capture",
+        vec![signals::graceful()],
+        format!(
+            ": requests still in flight are not recorded; every row recorded so far is kept in \
+             a journal in {} (at most the last --flush-interval, {:?}, of rows may be lost), \
+             which the next capture with this --out finishes into a trace file",
+            out.display(),
+            args_flush
+        ),
+    )?;
     let incomplete = rt.block_on(async move {
         let (dest, out) = (dest2, out2);
         let handle = proxy::start(cfg).await.context("starting the capture proxy")?;

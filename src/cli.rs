@@ -15,7 +15,9 @@ pub struct Cli {
     pub(crate) command: Command,
 }
 
-// Parsed once per process; boxing the larger argument structs would buy nothing.
+// Parsed once per process; boxing the larger argument structs would buy nothing. Every
+// command takes `-2` as a value (`--speedup -2`), refused by the flag's range with status 2,
+// not read as an unknown flag.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
@@ -31,31 +33,44 @@ pub(crate) enum Command {
     /// full disk, see the summary); 130 / 143 on a second signal during the drain (the first
     /// was SIGINT / SIGTERM); 1 when it could not start. Nothing left in --out keeps it from
     /// starting.
+    #[command(allow_negative_numbers = true)]
     Capture(crate::capture_cmd::CaptureArgs),
     /// Convert public traces (Azure, BurstGPT, Mooncake, Qwen Bailian, ShareGPT, Dynamo agent, Baseten, WEKA, Copilot coding agent) into a trace.
     #[command(after_long_help = crate::import_cmd::IMPORT_HELP)]
+    #[command(allow_negative_numbers = true)]
     Import(crate::import_cmd::ImportArgs),
     /// Write a trace as Mooncake JSONL (NVIDIA AIPerf, SGLang bench_serving) or AIPerf's sessions.
+    #[command(allow_negative_numbers = true)]
     Export(crate::import_cmd::ExportArgs),
     /// Run a simulated OpenAI-compatible engine (no GPU).
+    #[command(allow_negative_numbers = true)]
     Sim(crate::sim_cmd::SimArgs),
     /// Replay a trace's arrival shape against one or more targets (default: an in-process sim).
+    #[command(allow_negative_numbers = true)]
     Replay(crate::replay_cmd::ReplayArgs),
     /// Write a synthetic trace (vLLM's random dataset as a trace).
+    #[command(allow_negative_numbers = true)]
     Synth(crate::trace_cmd::SynthArgs),
     /// Summarise traces: rows, span, arrival rate, requests in flight, tokens, outcomes.
+    #[command(allow_negative_numbers = true)]
     Inspect(crate::trace_cmd::InspectArgs),
     /// Start a sim, drive synthetic load at rising rates, and show where latency leaves its flat region.
+    #[command(allow_negative_numbers = true)]
     Demo(crate::demo_cmd::DemoArgs),
     /// Configurations side by side: differences, SLO pass/fail, and whether each exceeds run-to-run noise.
+    #[command(allow_negative_numbers = true)]
     Compare(crate::report_cmd::CompareArgs),
     /// Write the capacity report of result files: one self-contained HTML file with plots, or Markdown.
+    #[command(allow_negative_numbers = true)]
     Report(crate::report_cmd::ReportArgs),
     /// Merge the --results of shard runs (replay --shard K/N) into one Parquet file and one JSON result.
+    #[command(allow_negative_numbers = true)]
     Merge(crate::merge_cmd::MergeArgs),
     /// A/A fidelity: a capture beside its replay against the same upstream — schedule, load, outcomes and latencies, and which part drifts.
+    #[command(allow_negative_numbers = true)]
     Fidelity(crate::fidelity_cmd::FidelityArgs),
     /// Shadow traffic: each candidate of `capture --shadow` beside production, request by request — paired differences with confidence intervals, outcomes that differed, the candidate's SLO verdict.
+    #[command(allow_negative_numbers = true)]
     Shadow(crate::shadow_cmd::ShadowArgs),
 }
 
@@ -76,9 +91,11 @@ impl Cli {
     }
 }
 
-/// The command line of this process, with the exit statuses under `--help`.
+/// The command line of this process, with the exit statuses under every command's `--help`.
 pub fn parse() -> Result<Cli, clap::Error> {
-    let mut cmd = Cli::command().after_help(ExitStatus::help());
+    let mut cmd = Cli::command()
+        .after_help(ExitStatus::help())
+        .mut_subcommands(|s| s.after_help(ExitStatus::help()));
     let matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
     Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
 }
@@ -252,5 +269,38 @@ mod tests {
             Cli::try_parse_from(["llmreplay", "replay", "t", "--metric-percentiles", "101"])
                 .is_err()
         );
+    }
+
+    /// A negative number is a value refused by the flag's range (clap's usage error, status
+    /// 2), not an unknown flag; every range the issue listed is refused at parse time.
+    #[test]
+    fn negative_and_out_of_range_values_are_refused_as_values() {
+        use clap::error::ErrorKind;
+        for bad in [
+            &["llmreplay", "replay", "t", "--speedup", "-2"][..],
+            &["llmreplay", "replay", "t", "--speedup", "0"],
+            &["llmreplay", "replay", "t", "--max-concurrency", "0"],
+            &["llmreplay", "replay", "t", "--max-concurrency", "-1"],
+            &["llmreplay", "replay", "t", "--sample-ratio", "1.5"],
+            &["llmreplay", "replay", "t", "--timeout", "0s"],
+            &["llmreplay", "replay", "t", "--burstiness", "0"],
+            &[
+                "llmreplay",
+                "capture",
+                "--upstream",
+                "http://h:1",
+                "--out",
+                "d",
+                "--sample-rate",
+                "2",
+            ],
+            &["llmreplay", "synth", "-o", "x", "--num-prompts", "0"],
+            &["llmreplay", "demo", "--rates", "0"],
+            &["llmreplay", "demo", "--rates", "1,-2"],
+            &["llmreplay", "sim", "--error-rate", "1.5"],
+        ] {
+            let kind = Cli::try_parse_from(bad).map(|_| ()).unwrap_err().kind();
+            assert_eq!(kind, ErrorKind::ValueValidation, "{bad:?}");
+        }
     }
 }

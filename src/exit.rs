@@ -71,7 +71,9 @@ impl ExitStatus {
         match self {
             ExitStatus::Success => "done (capture and sim: stopped by a signal, everything written)",
             ExitStatus::Error => "could not run, or failed (the error says why)",
-            ExitStatus::Usage => "flags or arguments refused",
+            ExitStatus::Usage => {
+                "flags or arguments refused (an unknown flag, a value out of its range, flags that do not go together)"
+            }
             ExitStatus::Regression => "compare --fail-on-regression: a regression beyond noise",
             ExitStatus::FailedRequests => {
                 "replay: a target failed more than --max-failed of its requests (outputs written)"
@@ -106,8 +108,9 @@ impl ExitStatus {
     }
 
     /// The status of a command that failed with `e`: the status it carries ([`Failure`]),
-    /// else [`ExitStatus::Error`]; a closed pipe (`llmreplay inspect x | head`) is no
-    /// failure.
+    /// else [`ExitStatus::Usage`] for a value a library refused as configuration (the sim's
+    /// and capture's typed configuration errors), else [`ExitStatus::Error`]; a closed pipe
+    /// (`llmreplay inspect x | head`) is no failure.
     pub(crate) fn of_error(e: &anyhow::Error) -> ExitStatus {
         if e.chain().any(|c| {
             c.downcast_ref::<std::io::Error>()
@@ -115,9 +118,23 @@ impl ExitStatus {
         }) {
             return ExitStatus::Success;
         }
-        e.chain()
-            .find_map(|c| c.downcast_ref::<Failure>())
-            .map_or(ExitStatus::Error, |f| f.status)
+        if let Some(f) = e.chain().find_map(|c| c.downcast_ref::<Failure>()) {
+            return f.status;
+        }
+        let refused = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<sim::SimError>(),
+                Some(sim::SimError::Config(_))
+            ) || matches!(
+                c.downcast_ref::<proxy::ProxyError>(),
+                Some(proxy::ProxyError::Config(_))
+            )
+        });
+        if refused {
+            ExitStatus::Usage
+        } else {
+            ExitStatus::Error
+        }
     }
 
     /// Ends the process now with this status, without returning to `main`: only for a last
@@ -149,6 +166,22 @@ impl Failure {
         })
     }
 }
+
+/// A flag or value refused (status 2, [`ExitStatus::Usage`]): `bail!` for what the flags
+/// cannot be, and `.map_err(refused)` on a library's validation of them (the replay
+/// configuration's, synth's, a sweep's), so a CI wrapper can tell a usage error from a run
+/// that failed.
+pub(crate) fn refused(e: impl std::fmt::Display) -> anyhow::Error {
+    Failure::error(ExitStatus::Usage, format!("{e:#}"))
+}
+
+/// `bail!`, refused: returns [`refused`] of the formatted message.
+macro_rules! refuse {
+    ($($t:tt)*) => {
+        return Err($crate::exit::refused(format!($($t)*)))
+    };
+}
+pub(crate) use refuse;
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -224,5 +257,12 @@ mod tests {
             ExitStatus::of_error(&anyhow::anyhow!("no such file")),
             ExitStatus::Error
         );
+        // A refused value is a usage error, however deep in the chain.
+        let e = refused("--speedup 0: must be a positive number");
+        assert_eq!(ExitStatus::of_error(&e), ExitStatus::Usage);
+        assert_eq!(e.to_string(), "--speedup 0: must be a positive number");
+        let e = anyhow::Error::from(sim::SimError::Config("error_rate 1.5".into()))
+            .context("starting the sim");
+        assert_eq!(ExitStatus::of_error(&e), ExitStatus::Usage);
     }
 }

@@ -53,6 +53,30 @@ pub(crate) fn parse_percentile(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A duration above zero (a timeout).
+pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?} must be longer than 0")),
+        d => Ok(d),
+    }
+}
+
+/// A whole number from 1 (a count of requests, a cap on them).
+pub(crate) fn parse_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number from 1")),
+    }
+}
+
+/// A share in (0, 1]: of sessions kept, of requests recorded or mirrored.
+pub(crate) fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("{s:?} is not a share above 0 and at most 1")),
+    }
+}
+
 /// A fraction in [0, 1].
 pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -97,6 +121,24 @@ mod tests {
         assert!(parse_duration("-1s").is_err());
         assert_eq!(parse_rate("inf").unwrap(), f64::INFINITY);
         assert!(parse_rate("0").is_err());
+    }
+
+    #[test]
+    fn ranges_refuse_what_cannot_run() {
+        assert!(parse_positive_duration("0s").is_err());
+        assert_eq!(
+            parse_positive_duration("2s").unwrap(),
+            Duration::from_secs(2)
+        );
+        assert!(parse_count("0").is_err() && parse_count("-1").is_err());
+        assert_eq!(parse_count("3").unwrap(), 3);
+        for bad in ["0", "1.5", "-0.5", "nan"] {
+            assert!(parse_share(bad).is_err(), "{bad}");
+            assert!(parse_positive(bad).is_err() || bad == "1.5", "{bad}");
+        }
+        assert_eq!(parse_share("1").unwrap(), 1.0);
+        assert!(parse_fraction("1.5").is_err() && parse_fraction("0").is_ok());
+        assert!(parse_positive("-2").is_err() && parse_positive("inf").is_err());
     }
 
     #[test]

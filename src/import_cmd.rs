@@ -87,7 +87,7 @@ pub struct ImportArgs {
     #[arg(long, value_parser = parse_rate, default_value = "inf")]
     pub request_rate: f64,
     /// ShareGPT: gamma shape of inter-arrivals (1 = Poisson).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::flags::parse_positive)]
     pub burstiness: f64,
     /// ShareGPT: seed of the arrivals.
     #[arg(long, default_value_t = 0)]
@@ -96,11 +96,11 @@ pub struct ImportArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// Keep only the first N rows of each input (for samples); the file metadata says so.
-    #[arg(long, value_name = "N")]
-    pub head: Option<u64>,
+    #[arg(long, value_name = "N", value_parser = crate::flags::parse_count)]
+    pub head: Option<usize>,
     /// Keep only the first N rows of the whole import (read stops there).
-    #[arg(long, value_name = "N")]
-    pub limit: Option<u64>,
+    #[arg(long, value_name = "N", value_parser = crate::flags::parse_count)]
+    pub limit: Option<usize>,
     /// Skip the rows arriving earlier than this after the first row read (e.g. 10m).
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub start_offset: std::time::Duration,
@@ -156,9 +156,6 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
         None => None,
     };
     trace_format::arrivals::validate(a.request_rate, a.burstiness)?;
-    if a.head == Some(0) || a.limit == Some(0) {
-        bail!("--head and --limit must be at least 1");
-    }
     let us = |d: std::time::Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
     let opts = ImportOptions {
         format: a.format,
@@ -168,8 +165,8 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
         seed: a.seed,
         model: a.model.clone(),
         select: import::Select {
-            limit: a.limit,
-            per_file_limit: a.head,
+            limit: a.limit.map(|n| n as u64),
+            per_file_limit: a.head.map(|n| n as u64),
             start_offset_us: us(a.start_offset),
             duration_us: a.duration.map(us),
         },

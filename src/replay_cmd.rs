@@ -5,16 +5,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use replay::config::{
     Arrivals, EndpointKind, OutputLen, PercentileMetric, ReplayConfig, RequestOptions, Selection,
     SessionMode, Shard, Slo, Target,
 };
 
-use crate::exit::{ExitStatus, Failure};
+use crate::exit::{refuse, refused, ExitStatus, Failure};
 use crate::flags::{
-    command_line, parse_duration, parse_fraction, parse_kv, parse_percentile, parse_rate,
+    command_line, parse_count, parse_duration, parse_fraction, parse_kv, parse_percentile,
+    parse_positive, parse_positive_duration, parse_rate, parse_share,
 };
 use crate::signals::{self, Signal};
 use crate::sim_cmd::{EmbeddedSim, SimOpts, DEFAULT_PROFILE};
@@ -53,7 +54,7 @@ pub(crate) struct ReplayArgs {
     #[arg(long = "target", visible_alias = "base-url")]
     targets: Vec<Target>,
     /// Replay speed: 2.0 = twice as fast, 0.5 = half.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_positive)]
     speedup: f64,
     /// Skip this much of the trace (trace time).
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
@@ -71,7 +72,7 @@ pub(crate) struct ReplayArgs {
     #[arg(long, value_parser = parse_duration)]
     slice: Option<Duration>,
     /// Keep this fraction of sessions (whole sessions when session_id is present).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_share)]
     sample_ratio: Option<f64>,
     /// Replay at most this many requests (the earliest of the selection). `--num-prompts` is
     /// `vllm bench serve`'s name for the number of requests sent; a trace is never
@@ -98,10 +99,10 @@ pub(crate) struct ReplayArgs {
     #[arg(long, value_parser = parse_rate)]
     request_rate: Option<f64>,
     /// Gamma shape of inter-arrivals with --request-rate (1 = Poisson).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_positive)]
     burstiness: f64,
     /// Cap on requests in flight; waiting for a slot is client queue time, not latency.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count)]
     max_concurrency: Option<usize>,
     /// Session pacing: open (every request at its recorded time) or closed (a request after the
     /// candidate answered its parent — `parent_request_id`, else its session's previous turn —
@@ -138,13 +139,13 @@ pub(crate) struct ReplayArgs {
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Per-request timeout.
-    #[arg(long, value_parser = parse_duration, default_value = "600s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "600s")]
     timeout: Duration,
     /// PEM bundle of a private CA to trust for https targets (default: the web PKI).
     #[arg(long)]
     ca_cert: Option<PathBuf>,
     /// Longest TCP (and TLS) connect to a target, apart from --timeout.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "10s")]
     connect_timeout: Duration,
     /// Longest a keep-alive connection waits idle for its next request; keep it below the
     /// target's keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s).
@@ -290,7 +291,7 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
 /// a measured value.
 fn metadata_keys_are_free(metadata: &[(String, String)]) -> Result<()> {
     if let Some((k, _)) = metadata.iter().find(|(k, _)| results::is_result_key(k)) {
-        bail!("--metadata {k}=...: {k:?} is a key of the result itself; choose another name");
+        refuse!("--metadata {k}=...: {k:?} is a key of the result itself; choose another name");
     }
     Ok(())
 }
@@ -301,7 +302,7 @@ fn start_at_not_past(start_at_us: Option<i64>, now_us: i64) -> Result<()> {
     if let Some(at) = start_at_us {
         let late_us = now_us - at;
         if late_us > 1_000_000 {
-            bail!("--start-at is {:.1} s in the past", late_us as f64 / 1e6);
+            refuse!("--start-at is {:.1} s in the past", late_us as f64 / 1e6);
         }
     }
     Ok(())
@@ -339,7 +340,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
         // The SLO percentile is what pass/fail is judged at: make sure it is reported.
         a.capacity.prepare(&mut cfg);
     }
-    let cfg = cfg.validate()?;
+    let cfg = cfg.validate().map_err(refused)?;
     start_at_not_past(cfg.start_at_us, wire::clock::epoch_us())?;
     let command = command_line();
     if let Some(spec) = sweep {
@@ -438,6 +439,17 @@ fn configure(
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("--tokenizer {spec}"))?;
         cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
+    } else if let Some(name) = capture_tokenizer(stream).filter(|_| !a.targets.is_empty()) {
+        // The capture counted (and hashed) with this tokenizer: prompts built with it have
+        // the recorded lengths, so no note says they are approximate. (The in-process sim
+        // counts words: the word filler is exact for it.)
+        if let Ok(pt) = replay::prompt::PromptTokenizer::load(&name) {
+            eprintln!(
+                "note: synthesized prompts use the capture's tokenizer {name} (the trace's \
+                 metadata; --tokenizer to choose another)"
+            );
+            cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
+        }
     }
     // Against the in-process sim word filler is exact: the note is for real targets.
     if !a.targets.is_empty() {
@@ -454,7 +466,7 @@ fn configure(
             } else {
                 ("configure", "them")
             };
-            bail!(
+            refuse!(
                 "{} {verb} the in-process sim, which does not run with --target: drop {them}, or the --target",
                 given.join(", ")
             );
@@ -477,6 +489,17 @@ fn configure(
     Ok((cfg, sim_guard))
 }
 
+/// The tokenizer every file of the trace was captured with (`capture --tokenizer`, in the
+/// files' metadata), None when they do not say or disagree.
+fn capture_tokenizer(stream: &trace_format::TraceStream) -> Option<String> {
+    let mut names = stream
+        .files()
+        .iter()
+        .map(|f| f.meta.extra.get("tokenizer").cloned());
+    let first = names.next()??;
+    names.all(|n| n.as_deref() == Some(&first)).then_some(first)
+}
+
 /// `--sweep`/`--repeats`: every level against the same rows, read once into memory.
 fn sweep_levels(
     a: &ReplayArgs,
@@ -486,13 +509,13 @@ fn sweep_levels(
     command: &str,
 ) -> Result<()> {
     if cfg.start_at_us.is_some() {
-        bail!("--start-at starts one run; it cannot be combined with a sweep or repeats");
+        refuse!("--start-at starts one run; it cannot be combined with a sweep or repeats");
     }
     if a.fail_on_slo {
-        bail!("--fail-on-slo judges one run per target; a sweep's answer is its capacity (use llmreplay compare --fail-on-regression, or one replay per level)");
+        refuse!("--fail-on-slo judges one run per target; a sweep's answer is its capacity (use llmreplay compare --fail-on-regression, or one replay per level)");
     }
     if a.otel.otlp_endpoint.is_some() {
-        bail!("--otlp-endpoint exports one run's requests; it cannot be combined with a sweep or repeats (export one replay per level)");
+        refuse!("--otlp-endpoint exports one run's requests; it cannot be combined with a sweep or repeats (export one replay per level)");
     }
     // Every level replays the same rows: they are read once, into memory.
     let trace = crate::traces::read_traces(&a.traces).context("reading the trace")?;
@@ -507,6 +530,7 @@ fn sweep_levels(
             save_result: a.save_result.as_deref(),
             detailed: a.save_detailed,
             results: a.results.as_deref(),
+            quiet: a.quiet,
         },
         &progress_bar(cfg.progress),
     )
@@ -532,6 +556,7 @@ fn finish(
             save_result: a.save_result.as_deref(),
             detailed: a.save_detailed,
             slo_percentile: a.capacity.slo_percentile,
+            quiet: a.quiet,
         },
         &mut reporting::outputs::Stdio,
     )?;
@@ -560,26 +585,31 @@ fn finish(
 /// made, without reading a long trace before the run.
 const NOTE_ROWS: usize = 10_000;
 
-/// How the run's prompts are made (recorded bodies or synthesized): from the footers'
-/// count of rows with a body, else judged from the first [`NOTE_ROWS`] rows.
+/// How the run's prompts are made (recorded bodies or synthesized), over production's rows
+/// (shadow rows are never replayed): from the footers' count of rows with a body when they
+/// say there is no shadow row, else judged from the first [`NOTE_ROWS`] rows.
 fn prompt_note(stream: &trace_format::TraceStream, tok: Option<&str>) -> Result<Option<String>> {
-    if let Some(bodies) = stream.rows_with_body() {
+    if let (Some(bodies), Some(0)) = (stream.rows_with_body(), stream.shadow_rows()) {
         return Ok(replay::request::prompt_source_note(
             stream.rows(),
             bodies,
             tok,
         ));
     }
-    let (mut seen, mut bodies) = (0, 0);
+    let (mut read, mut seen, mut bodies) = (0, 0, 0);
     for r in stream.records().take(NOTE_ROWS) {
-        seen += 1;
-        bodies += usize::from(r.context("reading the trace")?.body.is_some());
+        let r = r.context("reading the trace")?;
+        read += 1;
+        if r.pair_request_id.is_none() {
+            seen += 1;
+            bodies += usize::from(r.body.is_some());
+        }
     }
     Ok(
         replay::request::prompt_source_note(seen, bodies, tok).map(|n| {
-            if seen < stream.rows() {
+            if read < stream.rows() {
                 format!(
-                    "{n} (judged from the first {seen} of {} rows)",
+                    "{n} (judged from the first {read} of {} rows)",
                     stream.rows()
                 )
             } else {

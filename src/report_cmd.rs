@@ -24,9 +24,14 @@ pub struct PlanArgs {
     /// Independent failure domains, each able to carry the whole load alone (2 = survive losing one).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub redundancy: u32,
-    /// Cost of one replica per hour (any currency), for the monthly cost (x 730 h).
+    /// Cost of one replica per hour (any currency), for the monthly cost (x 730 h), the cost
+    /// per day over the trace's demand and the cost per million output tokens.
     #[arg(long, value_parser = parse_positive)]
     pub cost_per_hour: Option<f64>,
+    /// Window of the plan over the trace's own demand curve: replicas per window at the SLO,
+    /// sized for the window's peak 1-second arrival rate.
+    #[arg(long, value_parser = crate::flags::parse_positive_duration, default_value = "5m")]
+    pub plan_window: Duration,
 }
 
 impl PlanArgs {
@@ -35,6 +40,7 @@ impl PlanArgs {
             target_qps: self.target_qps,
             redundancy: self.redundancy,
             cost_per_hour: self.cost_per_hour,
+            window_s: self.plan_window.as_secs_f64(),
         }
     }
 }
@@ -51,7 +57,7 @@ pub struct SweepArgs {
     pub num_runs: u64,
     /// Offer load this long at each level (request-rate: rate x this many requests; speedup:
     /// this much wall time of trace). Default: the whole selection at every level.
-    #[arg(long, value_parser = crate::flags::parse_duration)]
+    #[arg(long, value_parser = crate::flags::parse_positive_duration)]
     pub level_duration: Option<Duration>,
     /// The percentile at which every --goodput SLO must hold for a level to count.
     #[arg(long, default_value_t = 95.0, value_parser = parse_percentile)]
@@ -130,6 +136,8 @@ pub struct SweepOutputs<'a> {
     pub detailed: bool,
     /// `--results` Parquet.
     pub results: Option<&'a Path>,
+    /// `-q`: no definitions block above the results.
+    pub quiet: bool,
 }
 
 /// Runs a sweep and prints the level table, the capacity answer and the plan.
@@ -151,7 +159,9 @@ pub fn run_sweep(
     if spec.axis == Axis::MaxConcurrency && a.level_duration.is_some() {
         eprintln!("note: --level-duration has no effect on a max-concurrency sweep (every level replays the selection)");
     }
-    println!("{}", reporting::console::definitions());
+    if !out.quiet {
+        println!("{}", reporting::console::definitions());
+    }
     println!(
         "Sweep {} over {} level(s) x {} run(s) x {} target(s){}",
         spec.axis.key(),
@@ -166,7 +176,7 @@ pub fn run_sweep(
     );
     // The levels are run here, one `replay::replay` each; the plan (reporting) only says
     // which comes next, so no library calls back up into the binary or across to the engine.
-    let mut plan = sweep::SweepPlan::new(cfg, spec, &opts)?;
+    let mut plan = sweep::SweepPlan::new(cfg, spec, &opts).map_err(crate::exit::refused)?;
     while let Some(step) = plan.next_step()? {
         if !step.cooldown.is_zero() {
             std::thread::sleep(step.cooldown);
@@ -259,6 +269,10 @@ pub struct CompareArgs {
     /// Exit with status 3 when any difference is a regression beyond noise.
     #[arg(long)]
     fail_on_regression: bool,
+    /// Compare runs whose workload cards differ beyond the tolerance (different traces or
+    /// selections); by default compare refuses, naming what differs.
+    #[arg(long)]
+    allow_different_workloads: bool,
 }
 
 fn read_files(paths: &[PathBuf]) -> Result<Vec<ResultFile>> {
@@ -279,6 +293,24 @@ pub fn run_compare(a: CompareArgs) -> Result<bool> {
         bail!("{why}");
     }
     let tables = reporting::compare::compare(&series);
+    // Two runs of different workloads measure the workloads: no verdict on the servers.
+    let differ = reporting::compare::workload_differences(&tables);
+    if !differ.is_empty() {
+        let tol = trace_format::inspect_card::TOLERANCE.text();
+        if !a.allow_different_workloads {
+            bail!(
+                "the runs replayed different workloads, so a difference between them would \
+                 measure the traces, not the servers; no comparison: {} (tolerance: {tol}). \
+                 --allow-different-workloads compares them anyway",
+                differ.join(" | ")
+            );
+        }
+        println!(
+            "Note: the workloads differ ({}; tolerance: {tol}); compared anyway \
+             (--allow-different-workloads): differences below measure the traces as much as the servers.",
+            differ.join(" | ")
+        );
+    }
     print!("{}", reporting::compare::render(&series, &tables));
     let regs = reporting::compare::regressions(&tables);
     if let Some(p) = &a.json {
@@ -297,7 +329,7 @@ fn report_format_of(output: &std::path::Path) -> Result<ReportFormat> {
     match output.extension().and_then(|e| e.to_str()) {
         Some("md") | Some("markdown") => Ok(ReportFormat::Md),
         Some("html") | Some("htm") | None => Ok(ReportFormat::Html),
-        Some(other) => bail!(
+        Some(other) => crate::exit::refuse!(
             "-o {}: no report format for .{other}: write .html or .md (or give --format)",
             output.display()
         ),
@@ -350,6 +382,14 @@ pub struct ReportArgs {
 
 /// Runs `report`.
 pub fn run_report(a: ReportArgs) -> Result<()> {
+    // `-o -`: the report on stdout (as `curl -o -` and `tar -f -`), its summary on stderr.
+    // The format is checked before any file is read: a refused -o is a usage error.
+    let to_stdout = a.output.as_os_str() == "-";
+    let format = match a.format {
+        Some(f) => f,
+        None if to_stdout => ReportFormat::Html,
+        None => report_format_of(&a.output)?,
+    };
     let files = read_files(&a.files)?;
     // Both streamed: memory bounded by the runs and the trace's seconds, not its rows.
     let mut samples = series::RunSamples::only(
@@ -366,7 +406,9 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
         None
     } else {
         let stream = crate::traces::open_stream(&a.trace).context("reading --trace")?;
-        Some(series::arrival_profile_of(&stream).context("reading --trace")?)
+        let mut a = series::arrival_profile_of(&stream).context("reading --trace")?;
+        a.producer = series::producer_of(stream.files());
+        Some(a)
     };
     let data = reporting::document::build(
         &files,
@@ -380,13 +422,6 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
             title: a.title.clone(),
         },
     );
-    // `-o -`: the report on stdout (as `curl -o -` and `tar -f -`), its summary on stderr.
-    let to_stdout = a.output.as_os_str() == "-";
-    let format = match a.format {
-        Some(f) => f,
-        None if to_stdout => ReportFormat::Html,
-        None => report_format_of(&a.output)?,
-    };
     let text = match format {
         ReportFormat::Html => reporting::html::render(&data),
         ReportFormat::Md => reporting::document::markdown(&data),
@@ -412,11 +447,18 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
     for p in reporting::document::partial_lines(&data) {
         say(&p);
     }
+    // The answer first (capacity at the SLO, knee, replicas), then how it was found.
+    for l in reporting::document::answer_lines(&data) {
+        say(&l);
+    }
     for ans in &data.answers {
         say(&ans.sentence);
     }
     for p in &data.plans {
         say(&format!("Plan: {}", p.sentence));
+        if let Some(d) = &p.demand {
+            say(&format!("Demand: {}", d.sentence));
+        }
     }
     if !to_stdout {
         eprintln!("report written to {}", a.output.display());

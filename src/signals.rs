@@ -83,7 +83,16 @@ impl FirstSignal {
 /// their own: the n-th runs `steps[n - 1]` (after [`FirstSignal`] learns of the first), and
 /// the one after the last step prints `llmreplay COMMAND: SIG…: exiting at once` and ends
 /// the process with the first signal's status. With no steps, the first signal exits at once.
-pub(crate) fn watch(command: &'static str, mut steps: Vec<Step>) -> Result<FirstSignal> {
+pub(crate) fn watch(command: &'static str, steps: Vec<Step>) -> Result<FirstSignal> {
+    watch_noting(command, steps, String::new())
+}
+
+/// [`watch`], with `at_exit` said after `exiting at once` (what the exit loses and keeps).
+pub(crate) fn watch_noting(
+    command: &'static str,
+    mut steps: Vec<Step>,
+    at_exit: String,
+) -> Result<FirstSignal> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -114,7 +123,10 @@ pub(crate) fn watch(command: &'static str, mut steps: Vec<Step>) -> Result<First
                             steps[i](sig);
                         }
                         Action::ExitNow => {
-                            eprintln!("llmreplay {command}: {}: exiting at once", sig.name());
+                            eprintln!(
+                                "llmreplay {command}: {}: exiting at once{at_exit}",
+                                sig.name()
+                            );
                             first.status().exit_now();
                         }
                     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::flags::parse_duration;
+use crate::flags::{parse_duration, parse_fraction};
 use crate::signals;
 
 #[derive(Args, Debug, Clone)]
@@ -34,26 +34,26 @@ pub(crate) struct SimOpts {
     #[arg(long, default_value = "llmreplay-sim")]
     served_model_name: String,
     /// Fraction of requests answered with 500.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
     error_rate: f64,
     /// Fraction of requests answered with 429 + Retry-After.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
     rate_limit_rate: f64,
     /// Fraction of streams whose connection is reset mid-stream.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
     reset_rate: f64,
     /// Fraction of requests that stall after their headers.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
     stall_rate: f64,
     /// How long a stall lasts.
     #[arg(long, value_parser = parse_duration, default_value = "1h")]
     stall: Duration,
     /// A reasoning model: this share of chat requests reason before they answer
     /// (`delta.reasoning_content`, then `content`, as vLLM's reasoning parsers stream it).
-    #[arg(long, default_value_t = 0.0, value_name = "SHARE")]
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE", value_parser = parse_fraction)]
     reasoning_share: f64,
     /// Share of a reasoning request's output tokens that are reasoning.
-    #[arg(long, default_value_t = 0.5, value_name = "SHARE")]
+    #[arg(long, default_value_t = 0.5, value_name = "SHARE", value_parser = parse_fraction)]
     reasoning_fraction: f64,
     /// `usage` counts the reasoning tokens apart
     /// (`completion_tokens_details.reasoning_tokens`, as OpenAI's API does; vLLM's does not).
@@ -103,7 +103,14 @@ impl SimOpts {
         self.config_with(DEFAULT_PROFILE)
     }
 
+    /// The sim's configuration, `default_profile` without `--profile`; a value it cannot
+    /// take is refused (status 2).
     pub(crate) fn config_with(&self, default_profile: &str) -> Result<sim::SimConfig> {
+        self.config_of(default_profile)
+            .map_err(crate::exit::refused)
+    }
+
+    fn config_of(&self, default_profile: &str) -> Result<sim::SimConfig> {
         let profile = self.profile_or(default_profile);
         let timing = match (&self.fixed_timing, &self.slot_timing) {
             (_, Some(spec)) => slot_timing(spec)?,

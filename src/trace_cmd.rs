@@ -7,7 +7,7 @@ use clap::Args;
 use replay::config::EndpointKind;
 use trace_format::{FileMeta, Producer};
 
-use crate::flags::{command_line, parse_rate};
+use crate::flags::{command_line, parse_count, parse_fraction, parse_positive, parse_rate};
 
 #[derive(Args, Debug)]
 pub(crate) struct SynthArgs {
@@ -15,7 +15,7 @@ pub(crate) struct SynthArgs {
     #[arg(short, long)]
     output: PathBuf,
     /// Number of requests.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = parse_count)]
     num_prompts: usize,
     /// Prompt length, tokens.
     #[arg(long, default_value_t = 1024)]
@@ -30,13 +30,13 @@ pub(crate) struct SynthArgs {
     #[arg(long, value_parser = parse_rate, default_value = "inf")]
     request_rate: f64,
     /// Gamma shape of inter-arrivals (1 = Poisson).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_positive)]
     burstiness: f64,
     /// Endpoint recorded on every row.
     #[arg(long, default_value = "completions")]
     endpoint: EndpointKind,
     /// Fraction of requests that stream.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_fraction)]
     stream_ratio: f64,
     /// Seed.
     #[arg(long, default_value_t = 0)]
@@ -70,6 +70,7 @@ pub(crate) fn run_synth(a: SynthArgs) -> Result<()> {
         start_us: wire::clock::epoch_us(),
         stream_ratio: a.stream_ratio,
     };
+    replay::synth::validate(&spec).map_err(crate::exit::refused)?;
     let meta = FileMeta::new(Producer::Synth, command_line());
     // Rows are written as they are made: any --num-prompts in bounded memory.
     let mut progress = crate::traces::RowProgress::new(&a.output);

@@ -96,10 +96,15 @@ pub struct Metrics {
     /// Requests per outcome.
     pub outcomes: BTreeMap<String, usize>,
     /// The most frequent error texts of failed requests (at most [`TOP_ERRORS`]), most
-    /// frequent first: (outcome, text, requests).
-    pub top_errors: Vec<(String, String, usize)>,
+    /// frequent first, each with whose it is (the server's, the client's own, the
+    /// replay's: `trace_format::cause`).
+    pub top_errors: Vec<ErrorCount>,
     /// Completed requests per output-token source.
     pub output_token_sources: BTreeMap<String, usize>,
+    /// The workload the run replayed (`trace_format::inspect_card`): its rows' lengths,
+    /// endpoint mix, sessions and tool calls, what `compare` checks before calling one run
+    /// better than another.
+    pub workload: trace_format::inspect_card::WorkloadCard,
 }
 
 pub use crate::coverage::Coverage;
@@ -272,6 +277,7 @@ pub struct MetricsBuilder {
     classes: Classes,
     overlap: Overlap,
     served: crate::served::ServedBuilder,
+    card: trace_format::inspect_card::CardBuilder,
 }
 
 impl MetricsBuilder {
@@ -312,11 +318,13 @@ impl MetricsBuilder {
             classes: Classes::default(),
             overlap: Overlap::default(),
             served: crate::served::ServedBuilder::new(run_start_us),
+            card: trace_format::inspect_card::CardBuilder::unordered(None),
         }
     }
 
     /// Adds one row of the run.
     pub fn add(&mut self, r: &TraceRecord) {
+        self.card.add(r);
         // Before the run-wide samples take this row: they may seed the first class's.
         self.classes.add(
             r,
@@ -493,6 +501,7 @@ impl MetricsBuilder {
             outcomes: self.outcomes,
             top_errors: self.errors.top(),
             output_token_sources: self.output_token_sources,
+            workload: self.card.finish(),
         }
     }
 }
@@ -511,17 +520,40 @@ fn count(map: &mut BTreeMap<String, usize>, key: &str) {
 /// is over by at most the smallest count held), so the most frequent texts still surface.
 pub const ERROR_KEYS: usize = 1000;
 
+/// One error text of [`Metrics::top_errors`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ErrorCount {
+    /// Whose the outcome is: a cancellation replayed at its recorded point, or a 4xx as
+    /// captured, is the client's own, not a failure of the server.
+    pub cause: Cause,
+    /// The outcome.
+    pub outcome: String,
+    /// The error text (at most 300 characters).
+    pub text: String,
+    /// Requests with it.
+    pub requests: usize,
+}
+
 /// Error texts of the failed requests and how often each occurred.
 #[derive(Default)]
 struct TopErrors {
-    by: BTreeMap<(String, String), usize>,
+    /// (cause's name, outcome, text) → requests.
+    by: BTreeMap<(&'static str, String, String), usize>,
+}
+
+/// The cause named `name` ([`Cause::as_str`]).
+fn cause_named(name: &str) -> Cause {
+    [Cause::Served, Cause::Server, Cause::Client, Cause::Replay]
+        .into_iter()
+        .find(|c| c.as_str() == name)
+        .unwrap_or(Cause::Server)
 }
 
 impl TopErrors {
     fn add(&mut self, r: &TraceRecord) {
         let text = r.error.as_deref().unwrap_or("(no error text)");
         let text: String = text.chars().take(ERROR_TEXT).collect();
-        let key = (r.outcome.to_string(), text);
+        let key = (Cause::of(r).as_str(), r.outcome.to_string(), text);
         if let Some(c) = self.by.get_mut(&key) {
             *c += 1;
             return;
@@ -541,11 +573,23 @@ impl TopErrors {
         self.by.insert(key, inherited + 1);
     }
 
-    /// The most frequent (outcome, error text), most frequent first (ties by text).
-    fn top(self) -> Vec<(String, String, usize)> {
-        let mut v: Vec<(String, String, usize)> =
-            self.by.into_iter().map(|((o, t), n)| (o, t, n)).collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
+    /// The most frequent (cause, outcome, error text), most frequent first (ties by text).
+    fn top(self) -> Vec<ErrorCount> {
+        let mut v: Vec<ErrorCount> = self
+            .by
+            .into_iter()
+            .map(|((cause, outcome, text), requests)| ErrorCount {
+                cause: cause_named(cause),
+                outcome,
+                text,
+                requests,
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            b.requests
+                .cmp(&a.requests)
+                .then_with(|| a.text.cmp(&b.text))
+        });
         v.truncate(TOP_ERRORS);
         v
     }
@@ -937,13 +981,19 @@ mod tests {
             ok(0, &[1, 2], 2),
         ];
         let m = compute(&rs, 0, &[], &[50.0]);
+        let top: Vec<(Cause, &str, &str, usize)> = m
+            .top_errors
+            .iter()
+            .map(|e| (e.cause, e.outcome.as_str(), e.text.as_str(), e.requests))
+            .collect();
         assert_eq!(
-            m.top_errors,
+            top,
             vec![
-                ("http_error".into(), "HTTP 501: not implemented".into(), 2),
+                (Cause::Server, "http_error", "HTTP 501: not implemented", 2),
                 (
-                    "timeout".into(),
-                    "no response headers within the timeout".into(),
+                    Cause::Server,
+                    "timeout",
+                    "no response headers within the timeout",
                     1
                 ),
             ]
@@ -1240,7 +1290,11 @@ mod tests {
             "{steady:?}"
         );
         assert!(m.served.overload.is_none());
-        let (o, text, n) = &m.top_errors[0];
+        let (o, text, n) = (
+            &m.top_errors[0].outcome,
+            &m.top_errors[0].text,
+            &m.top_errors[0].requests,
+        );
         assert_eq!(
             (o.as_str(), text.as_str()),
             ("http_error", "HTTP 503: busy")

@@ -54,13 +54,8 @@ pub fn synth(spec: &SynthSpec) -> Result<Vec<TraceRecord>, ReplayError> {
     Ok(rows)
 }
 
-/// Generates the rows of a synthetic trace one at a time, each passed to `row` as it is made
-/// (the same rows as [`synth`], in bounded memory for any `num_prompts`); stops at `row`'s
-/// first error.
-pub fn synth_each(
-    spec: &SynthSpec,
-    mut row: impl FnMut(TraceRecord) -> Result<(), ReplayError>,
-) -> Result<(), ReplayError> {
+/// The spec's values checked, before any row is made (a refused value is a usage error).
+pub fn validate(spec: &SynthSpec) -> Result<(), ReplayError> {
     if spec.num_prompts == 0 {
         return Err(ReplayError::Config(
             "--num-prompts must be at least 1".into(),
@@ -92,6 +87,17 @@ pub fn synth_each(
             "--request-rate and --burstiness must be positive".into(),
         ));
     }
+    Ok(())
+}
+
+/// Generates the rows of a synthetic trace one at a time, each passed to `row` as it is made
+/// (the same rows as [`synth`], in bounded memory for any `num_prompts`); stops at `row`'s
+/// first error.
+pub fn synth_each(
+    spec: &SynthSpec,
+    mut row: impl FnMut(TraceRecord) -> Result<(), ReplayError>,
+) -> Result<(), ReplayError> {
+    validate(spec)?;
     let offs =
         trace_format::arrivals::GammaArrivals::new(spec.request_rate, spec.burstiness, spec.seed)?;
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed ^ 0x5157_4e54_4845_5349);

@@ -22,7 +22,8 @@ use trace_format::stats::percentile_label;
 
 use replay::config::{Slo, SloMetric};
 pub use results::level::{
-    check_level, pct_key, LevelPoint, SloCheck, Stat, MAX_ERROR_FRACTION, OFFERED_KEY, STEADY_KEY,
+    check_level, pct_key, LevelPoint, SloCheck, Stat, CLIENT_OWN_KEY, MAX_ERROR_FRACTION,
+    OFFERED_KEY, SERVER_FAILED_KEY, STEADY_KEY,
 };
 use results::ResultDoc;
 
@@ -375,7 +376,8 @@ pub fn answer(
     a
 }
 
-fn slo_text(slos: &[Slo], pct: f64) -> String {
+/// The SLOs as people read them: `p95 TTFT <= 500 ms, p95 TPOT <= 50 ms`.
+pub(crate) fn slo_text(slos: &[Slo], pct: f64) -> String {
     slos.iter()
         .map(|s| {
             format!(
@@ -445,7 +447,7 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
             Some(b) => {
                 let what = if b.first == "errors" {
                     format!(
-                        "{:.1}% of the requests the server was asked to serve failed by its doing",
+                        "{:.1}% of the requests the server was asked to serve failed by the server",
                         b.failed_fraction * 100.0
                     )
                 } else {
@@ -527,8 +529,8 @@ fn sentence(a: &CapacityAnswer, slos: &[Slo]) -> String {
 pub fn rules_text(pct: f64) -> String {
     format!(
         "Rules: a level meets the SLO when the mean over runs of its p{p} of every --goodput metric is within its limit \
-and at most {err}% of the requests the server was asked to serve failed by its doing (recorded cancellations and captured 4xx, \
-replayed as captured, are the client's and not counted); capacity = the load offered by the highest level meeting it, with every lower \
+and at most {err}% of the requests the server was asked to serve failed by the server (the client's own, recorded cancellations \
+and 4xx as captured, apart); capacity = the load offered by the highest level meeting it, with every lower \
 level meeting it too (a level's offered load: its requests due per second over its schedule, first due to last; on the \
 concurrency axis, what the level served). \
 Knee = the last level before goodput < {gf}% of request throughput, p50 TTFT/TPOT > {lf}x the lowest level's \

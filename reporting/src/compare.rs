@@ -88,6 +88,8 @@ pub struct Row {
     pub label: String,
     /// Higher is better (throughputs) or lower (latencies).
     pub higher_is_better: bool,
+    /// A count of requests (printed as an integer: no decimals on a count).
+    pub count: bool,
     /// Per configuration: value (None when absent), relative difference to the baseline,
     /// verdict (None for the baseline itself).
     pub cells: Vec<(Option<Stat>, Option<f64>, Option<Verdict>)>,
@@ -108,6 +110,8 @@ pub struct Table {
     /// Requests per cause of their outcome per configuration (None when its results do not
     /// count causes), shown beside the verdict.
     pub causes: Vec<Option<trace_format::CauseCounts>>,
+    /// The workload card per configuration (None for results that predate it).
+    pub workloads: Vec<Option<trace_format::inspect_card::WorkloadCard>>,
 }
 
 fn figures(pct: f64) -> Vec<(String, String, bool)> {
@@ -116,8 +120,13 @@ fn figures(pct: f64) -> Vec<(String, String, bool)> {
         ("request_throughput".into(), "req/s".into(), true),
         ("request_goodput".into(), "goodput req/s".into(), true),
         ("output_throughput".into(), "output tok/s".into(), true),
-        // From zero, any failure is beyond noise.
-        ("failed".into(), "failed requests".into(), false),
+        // From zero, any failure is beyond noise. The one failure count: failed by the
+        // server (the client's own are on the row `the client's own`, never a regression).
+        (
+            results::level::SERVER_FAILED_KEY.into(),
+            "failed by the server".into(),
+            false,
+        ),
     ];
     for (m, name) in [
         ("ttft", "TTFT"),
@@ -159,6 +168,7 @@ fn table_at(level: Option<f64>, series: &[&Series], points: &[Option<&LevelPoint
             .collect();
         if cells.iter().any(|c| c.0.is_some()) {
             rows.push(Row {
+                count: key == results::level::SERVER_FAILED_KEY,
                 key,
                 label,
                 higher_is_better: hib,
@@ -186,6 +196,10 @@ fn table_at(level: Option<f64>, series: &[&Series], points: &[Option<&LevelPoint
         causes: points
             .iter()
             .map(|p| p.map(|p| p.causes).filter(|c| c.total() > 0))
+            .collect(),
+        workloads: points
+            .iter()
+            .map(|p| p.and_then(|p| p.workload.clone()))
             .collect(),
     }
 }
@@ -414,8 +428,19 @@ pub fn refusal(series: &[Series]) -> Option<String> {
     }
 }
 
-fn cell(v: &(Option<Stat>, Option<f64>, Option<Verdict>)) -> (String, String) {
+/// A count as people read it: an integer, or the mean over repeats with one decimal when
+/// they differ.
+pub fn count_text(s: &Stat) -> String {
+    if s.mean.fract() == 0.0 {
+        format!("{}", s.mean as u64)
+    } else {
+        format!("{:.1} (mean of {})", s.mean, s.n)
+    }
+}
+
+fn cell(v: &(Option<Stat>, Option<f64>, Option<Verdict>), count: bool) -> (String, String) {
     let val = match v.0 {
+        Some(s) if count => count_text(&s),
         Some(s) => match s.std {
             Some(sd) => format!("{:.2}±{:.2}", s.mean, sd),
             None => format!("{:.2}", s.mean),
@@ -457,7 +482,7 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
         for r in &t.rows {
             let mut line = vec![r.label.clone()];
             line.extend(r.cells.iter().map(|c| {
-                let (v, d) = cell(c);
+                let (v, d) = cell(c, r.count);
                 if d.is_empty() {
                     v
                 } else {
@@ -466,13 +491,20 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
             }));
             grid.push(line);
         }
-        if t.causes.iter().any(|c| c.is_some_and(|c| c.excluded() > 0)) {
-            let mut line = vec!["left out (client, replay)".to_string()];
-            line.extend(t.causes.iter().map(|c| match c {
-                Some(c) => format!("{}, {} (of {})", c.client, c.replay, c.total()),
-                None => "-".into(),
-            }));
-            grid.push(line);
+        type Part = fn(&trace_format::CauseCounts) -> u64;
+        let apart: [(&str, Part); 2] = [
+            ("the client's own (apart)", |c| c.client),
+            ("changed by the replay (apart)", |c| c.replay),
+        ];
+        for (label, of) in apart {
+            if t.causes.iter().any(|c| c.is_some_and(|c| of(&c) > 0)) {
+                let mut line = vec![label.to_string()];
+                line.extend(t.causes.iter().map(|c| match c {
+                    Some(c) => of(c).to_string(),
+                    None => "-".into(),
+                }));
+                grid.push(line);
+            }
         }
         if t.slo.iter().any(|s| s.0.is_some()) {
             let mut line = vec!["SLO".to_string()];
@@ -515,13 +547,41 @@ pub fn render(series: &[Series], tables: &[Table]) -> String {
     if let Some(s) = series.iter().find(|s| !s.slos.is_empty()) {
         let _ = writeln!(
             out,
-            "SLO: PASS when p{} of every SLO ({}) is within its limit and at most {}% of the requests the server was asked to serve failed by its doing (recorded cancellations and captured 4xx replayed as captured are the client's, left out).",
+            "SLO: PASS when p{} of every SLO ({}) is within its limit and at most {}% of the requests the server was asked to serve failed by the server (the client's own — recorded cancellations, 4xx as captured — apart).",
             percentile_label(s.slo_percentile),
             s.slos.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "),
             capacity::MAX_ERROR_FRACTION * 100.0
         );
     }
     let _ = writeln!(out, "{}", noise_rule());
+    out
+}
+
+/// Where a configuration's workload differs from the baseline's at the same level beyond
+/// [`trace_format::inspect_card::TOLERANCE`], one line each, naming the configuration, the
+/// level and the dimension: such a comparison measures the traces, not the servers.
+pub fn workload_differences(tables: &[Table]) -> Vec<String> {
+    use trace_format::inspect_card::{differences, TOLERANCE};
+    let mut out = Vec::new();
+    for t in tables {
+        let Some(Some(base)) = t.workloads.first() else {
+            continue;
+        };
+        for (name, w) in t.names.iter().zip(&t.workloads).skip(1) {
+            let Some(w) = w else { continue };
+            let d = differences(base, w, TOLERANCE);
+            if !d.is_empty() {
+                let at = t
+                    .level
+                    .map_or(String::new(), |l| format!(" at level {}", fmt_num(l)));
+                out.push(format!(
+                    "{name}{at} against {}: {}",
+                    t.names[0],
+                    d.join("; ")
+                ));
+            }
+        }
+    }
     out
 }
 
@@ -577,6 +637,7 @@ mod tests {
                     .collect(),
                     failed_fraction: 0.0,
                     causes: Default::default(),
+                    workload: None,
                 })
                 .collect(),
             runs: levels.iter().map(|&l| (l, run(l))).collect(),

@@ -113,11 +113,12 @@ fn run_header(out: &mut String, i: &ResultInputs) {
 fn totals(out: &mut String, i: &ResultInputs) {
     let m = i.metrics;
     line(out, "Successful requests:", m.completed);
-    line(out, "Failed requests:", m.failed);
+    // One failure count (the verdict's, compare's, the report's, `outcome_causes` in the
+    // JSON): failed by the server, the client's own apart.
     line(
         out,
-        "Outcomes by cause:",
-        results::verdict::causes_text(&m.causes),
+        "Failed requests:",
+        results::verdict::failures_text(&m.causes),
     );
     line(
         out,
@@ -459,10 +460,23 @@ fn endings(out: &mut String, i: &ResultInputs, v: &results::doc::Verdict) {
             .collect::<Vec<_>>()
             .join(" "),
     );
-    if !m.top_errors.is_empty() {
-        let _ = writeln!(out, "Most frequent errors:");
-        for (outcome, text, n) in &m.top_errors {
-            let _ = writeln!(out, "  {n:>6} × {outcome}: {text}");
+    for (title, server) in [
+        ("Most frequent errors (failed by the server):", true),
+        (
+            "The client's own and the replay's (no failure of the server):",
+            false,
+        ),
+    ] {
+        let listed: Vec<_> = m
+            .top_errors
+            .iter()
+            .filter(|e| (e.cause == trace_format::Cause::Server) == server)
+            .collect();
+        if !listed.is_empty() {
+            let _ = writeln!(out, "{title}");
+            for e in listed {
+                let _ = writeln!(out, "  {:>6} × {}: {}", e.requests, e.outcome, e.text);
+            }
         }
     }
     if let Some(n) = m.output_token_sources.get("estimate").filter(|n| **n > 0) {

@@ -403,6 +403,52 @@ pub fn server_cells(v: &ServerHistogramsDoc) -> [String; 4] {
     .map(|x| x.map_or("–".into(), |x| format!("{x:.1}")))
 }
 
+/// The answer first: three lines per configuration (capacity at the SLO, knee, replicas;
+/// [`plan::answer_lines`]).
+pub fn answer_lines(d: &ReportData) -> Vec<String> {
+    d.series
+        .iter()
+        .zip(&d.answers)
+        .flat_map(|(s, a)| {
+            let p = d.plans.iter().find(|p| p.name == a.name);
+            plan::answer_lines(a, &s.slos, p)
+        })
+        .collect()
+}
+
+/// The trace's arrivals in one sentence, named for what wrote it (a synthetic trace is never
+/// called captured): span, mean and peak, and what they are to the plan.
+pub fn trace_line(d: &ReportData, a: &ArrivalProfile) -> String {
+    let name = a.trace_name();
+    let mut name = name.to_string();
+    if let Some(c) = name.get_mut(0..1) {
+        c.make_ascii_uppercase();
+    }
+    let mut t = format!(
+        "{name}: {} s, mean {:.2} req/s, peak {:.0} req/s (1 s buckets, production rows only); {}",
+        a.counts.len(),
+        a.mean_per_s,
+        a.peak_per_s,
+        trace_rate_role(d)
+    );
+    if replaced_arrivals(d) {
+        t.push_str(
+            "; its recorded arrivals were not replayed (the request-rate levels replaced them)",
+        );
+    }
+    t.push('.');
+    t
+}
+
+/// Whether every series set its own request rate, so no level replayed the trace's
+/// recorded arrivals (its arrival plot would show a load no level offered).
+pub fn replaced_arrivals(d: &ReportData) -> bool {
+    !d.series.is_empty()
+        && d.series
+            .iter()
+            .all(|s| s.axis == capacity::Axis::RequestRate)
+}
+
 /// What the captured trace's arrival rate is to the plan: the load it is sized for (no
 /// `--target-qps`: the trace's peak), or not (the plan carries `--target-qps`; a sweep's
 /// levels set their own rates).
@@ -493,7 +539,8 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
             head.push(format!("{name} p{} ms", percentile_label(*p)));
         }
     }
-    head.push("failed".into());
+    head.push("failed by the server".into());
+    head.push("the client's own".into());
     head.push("SLO".into());
     let _ = pl;
     let rows = s
@@ -525,7 +572,18 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
                     f(&alt, 1)
                 });
             }
-            r.push(format!("{:.1}%", p.failed_fraction * 100.0));
+            // The one failure count (console, verdict, compare, JSON `outcome_causes`).
+            r.push(if p.causes.total() > 0 {
+                format!(
+                    "{} ({:.1}%)",
+                    results::verdict::server_failed_text(&p.causes),
+                    p.failed_fraction * 100.0
+                )
+            } else {
+                p.stat(capacity::SERVER_FAILED_KEY)
+                    .map_or("–".into(), crate::compare::count_text)
+            });
+            r.push(p.causes.excluded().to_string());
             r.push(if s.slos.is_empty() {
                 "–".into()
             } else if capacity::check_level(p, &s.slos, s.slo_percentile).1 {
@@ -546,7 +604,11 @@ pub fn markdown(d: &ReportData) -> String {
     for p in partial_lines(d) {
         let _ = writeln!(o, "> **{p}**\n");
     }
-    let _ = writeln!(o, "## The capacity answer\n");
+    let _ = writeln!(o, "## The answer\n");
+    for l in answer_lines(d) {
+        let _ = writeln!(o, "- **{}**", md_escape(&l));
+    }
+    let _ = writeln!(o, "\n## The capacity answer\n");
     for a in &d.answers {
         let _ = writeln!(o, "- **{}**", a.sentence);
     }
@@ -582,14 +644,7 @@ pub fn markdown(d: &ReportData) -> String {
         let _ = writeln!(o, "- {n}");
     }
     if let Some(a) = &d.arrivals {
-        let _ = writeln!(
-            o,
-            "- The captured trace: {} s, mean {:.2} req/s, peak {:.0} req/s (1 s buckets); {}.",
-            a.counts.len(),
-            a.mean_per_s,
-            a.peak_per_s,
-            trace_rate_role(d)
-        );
+        let _ = writeln!(o, "- {}", trace_line(d, a));
     }
     o.push('\n');
     let _ = writeln!(o, "## Results per level\n");
@@ -672,17 +727,17 @@ fn plan_md(o: &mut String, d: &ReportData) {
         for p in &d.plans {
             let _ = writeln!(
                 o,
-                "| {} | {:.2} | {:.2} | {} | {} | x{} | **{}** | {:.0}% | {} |",
+                "| {} | {} | {:.2} | {} | {} | x{} | **{}** | {:.0}% | {} |",
                 md_escape(&p.name),
-                p.per_replica_rps,
+                p.per_replica_cell(),
                 p.target_qps,
                 match p.target_source {
                     plan::LoadSource::TargetQps => "--target-qps",
                     plan::LoadSource::TracePeak => "capture's peak (1 s buckets)",
                 },
-                p.replicas_for_load,
+                p.replicas_cell(p.replicas_for_load),
                 p.redundancy,
-                p.replicas,
+                p.replicas_cell(p.replicas),
                 p.utilization * 100.0,
                 p.monthly_cost.map_or("–".into(), |m| format!(
                     "{m:.0} ({} h/month)",
@@ -695,6 +750,29 @@ fn plan_md(o: &mut String, d: &ReportData) {
             let _ = writeln!(o, "- {}", p.sentence);
         }
         o.push('\n');
+        let (head, rows) = plan::DemandPlan::table(&d.plans);
+        if !rows.is_empty() {
+            let _ = writeln!(
+                o,
+                "### Over the trace's own demand
+"
+            );
+            let _ = writeln!(
+                o,
+                "| {} |\n|{}",
+                head.join(" | "),
+                "---|".repeat(head.len())
+            );
+            for r in rows {
+                let cells: Vec<String> = r.iter().map(|c| md_escape(c)).collect();
+                let _ = writeln!(o, "| {} |", cells.join(" | "));
+            }
+            let _ = writeln!(o, "\n{}\n", plan::DEMAND_RULE);
+            for dp in d.plans.iter().filter_map(|p| p.demand.as_ref()) {
+                let _ = writeln!(o, "- {}", dp.sentence);
+            }
+            o.push('\n');
+        }
     }
     if let Some(n) = &d.plan_note {
         let _ = writeln!(o, "{n}\n");

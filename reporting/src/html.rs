@@ -54,8 +54,13 @@ pub fn plots(d: &ReportData) -> Vec<(String, String)> {
 /// The captured trace's arrival rate over time, when the report has the trace.
 fn arrival_plot(d: &ReportData) -> Option<(String, String)> {
     let a = d.arrivals.as_ref()?;
+    // One second of arrivals is no curve.
+    if a.counts.len() < 2 {
+        return None;
+    }
+    let name = a.trace_name();
     let c = Chart {
-        title: "Captured trace: arrival rate over time".into(),
+        title: format!("{name}: arrival rate over time"),
         x_label: "time since first arrival (s)".into(),
         y_label: "requests / s".into(),
         lines: vec![Line {
@@ -80,7 +85,7 @@ fn arrival_plot(d: &ReportData) -> Option<(String, String)> {
     };
     Some((
         format!(
-            "The captured trace's arrival rate ({})",
+            "The arrival rate of {name} ({})",
             crate::document::trace_rate_role(d)
         ),
         c.render(),
@@ -94,6 +99,7 @@ fn load_plots(d: &ReportData, log_x: bool) -> Vec<(String, String)> {
     let first = &d.series[0];
     let axis = first.axis;
     let pct = first.slo_percentile;
+    let offered = on_offered_load(d);
     for (metric, name) in [("ttft", "TTFT"), ("tpot", "TPOT")] {
         let mut lines = Vec::new();
         for (i, s) in d.series.iter().enumerate() {
@@ -109,7 +115,7 @@ fn load_plots(d: &ReportData, log_x: bool) -> Vec<(String, String)> {
                 let pts: Vec<(f64, f64)> = s
                     .points
                     .iter()
-                    .filter_map(|lp| Some((lp.level, lp.mean(&key)?)))
+                    .filter_map(|lp| Some((load_x(lp, offered), lp.mean(&key)?)))
                     .collect();
                 if pts.is_empty() {
                     continue;
@@ -142,11 +148,15 @@ fn load_plots(d: &ReportData, log_x: bool) -> Vec<(String, String)> {
                 "{name} against load (p50 dashed, p{} and p99 solid)",
                 percentile_label(pct)
             ),
-            x_label: axis.short().into(),
+            x_label: if offered {
+                "offered load (req/s)".into()
+            } else {
+                axis.short().into()
+            },
             y_label: format!("{name} (ms)"),
             lines,
             hrules,
-            vrules: knee_rules(d),
+            vrules: knee_rules(d, offered),
             log_x,
             log_y: true,
             ..Default::default()
@@ -197,7 +207,11 @@ fn load_plots(d: &ReportData, log_x: bool) -> Vec<(String, String)> {
     // Throughput against load.
     let c = Chart {
         title: "Request throughput against load".into(),
-        x_label: axis.short().into(),
+        x_label: if offered {
+            "offered load (req/s)".into()
+        } else {
+            axis.short().into()
+        },
         y_label: "req/s".into(),
         lines: d
             .series
@@ -208,14 +222,14 @@ fn load_plots(d: &ReportData, log_x: bool) -> Vec<(String, String)> {
                 points: s
                     .points
                     .iter()
-                    .filter_map(|p| Some((p.level, p.mean("request_throughput")?)))
+                    .filter_map(|p| Some((load_x(p, offered), p.mean("request_throughput")?)))
                     .collect(),
                 color: color(i),
                 dashed: false,
                 markers: true,
             })
             .collect(),
-        vrules: knee_rules(d),
+        vrules: knee_rules(d, offered),
         log_x,
         y_from_zero: true,
         ..Default::default()
@@ -434,19 +448,40 @@ fn timeline_plots(d: &ReportData) -> Vec<(String, String)> {
     out
 }
 
-fn knee_rules(d: &ReportData) -> Vec<Rule> {
+fn knee_rules(d: &ReportData, offered: bool) -> Vec<Rule> {
     d.answers
         .iter()
         .enumerate()
         .filter_map(|(i, a)| {
             let k = a.knee.as_ref()?;
+            let (at, text) = match (offered, k.offered_rps) {
+                (true, Some(o)) => (o, format!("{o:.2} req/s")),
+                _ => (k.level, fmt_num(k.level)),
+            };
             Some(Rule {
-                at: k.level,
-                label: format!("knee {} ({})", fmt_num(k.level), a.name),
+                at,
+                label: format!("knee {text} ({})", a.name),
                 color: color(i),
             })
         })
         .collect()
+}
+
+/// Whether the plots against load are drawn on offered load (req/s), the axis the capacity
+/// answer is stated on: when every series sets its load (rate or speed-up) and every level
+/// recorded what it offered; else on the levels' settings.
+fn on_offered_load(d: &ReportData) -> bool {
+    d.series
+        .iter()
+        .all(|s| s.axis.offers_load() && s.points.iter().all(|p| p.offered_rps().is_some()))
+}
+
+/// A level's place on the x axis of the plots against load.
+fn load_x(p: &capacity::LevelPoint, offered: bool) -> f64 {
+    match (offered, p.offered_rps()) {
+        (true, Some(o)) => o,
+        _ => p.level,
+    }
 }
 
 fn table(o: &mut String, head: &[String], rows: &[Vec<String>]) {
@@ -498,7 +533,11 @@ pub fn render(d: &ReportData) -> String {
     for p in crate::document::partial_lines(d) {
         let _ = write!(o, "<p class=\"answer\">{}</p>", esc(&p));
     }
-    o.push_str("<h2>The capacity answer</h2>");
+    o.push_str("<h2>The answer</h2><ul>");
+    for l in crate::document::answer_lines(d) {
+        let _ = write!(o, "<li class=\"answer\">{}</li>", esc(&l));
+    }
+    o.push_str("</ul><h2>The capacity answer</h2>");
     for a in &d.answers {
         let _ = write!(o, "<p class=\"answer\">{}</p>", esc(&a.sentence));
     }
@@ -591,15 +630,15 @@ fn plan_section(o: &mut String, d: &ReportData) {
             .map(|p| {
                 vec![
                     p.name.clone(),
-                    format!("{:.2}", p.per_replica_rps),
+                    p.per_replica_cell(),
                     format!("{:.2}", p.target_qps),
                     match p.target_source {
                         crate::plan::LoadSource::TargetQps => "--target-qps".into(),
                         crate::plan::LoadSource::TracePeak => "capture's peak (1 s buckets)".into(),
                     },
-                    p.replicas_for_load.to_string(),
+                    p.replicas_cell(p.replicas_for_load),
                     format!("x{}", p.redundancy),
-                    p.replicas.to_string(),
+                    p.replicas_cell(p.replicas),
                     format!("{:.0}%", p.utilization * 100.0),
                     p.monthly_cost.map_or("–".into(), |m| format!("{m:.0}")),
                 ]
@@ -610,9 +649,55 @@ fn plan_section(o: &mut String, d: &ReportData) {
         for p in &d.plans {
             let _ = write!(o, "<p>{}</p>", esc(&p.sentence));
         }
+        demand_section(o, d);
     }
     if let Some(n) = &d.plan_note {
         let _ = write!(o, "<p class=\"note\">{}</p>", esc(n));
+    }
+}
+
+/// The plan over the trace's own demand: the table, and replicas per window over time.
+fn demand_section(o: &mut String, d: &ReportData) {
+    let (head, rows) = crate::plan::DemandPlan::table(&d.plans);
+    if rows.is_empty() {
+        return;
+    }
+    o.push_str("<h3>Over the trace's own demand</h3>");
+    table(o, &head, &rows);
+    let _ = write!(o, "<p class=\"note\">{}</p>", esc(crate::plan::DEMAND_RULE));
+    let lines = d
+        .plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| Some((i, p, p.demand.as_ref()?)))
+        .map(|(i, p, dp)| Line {
+            name: p.name.clone(),
+            // Steps: each window's count from its start to the next window's.
+            points: dp
+                .windows
+                .iter()
+                .flat_map(|w| {
+                    let h = w.start_s / 3600.0;
+                    let end = h + dp.window_s / 3600.0;
+                    [(h, w.replicas as f64), (end, w.replicas as f64)]
+                })
+                .collect(),
+            color: color(i),
+            dashed: false,
+            markers: false,
+        })
+        .collect();
+    let c = Chart {
+        title: "Replicas needed at the SLO, window by window".into(),
+        x_label: "hours since the first arrival".into(),
+        y_label: "replicas".into(),
+        lines,
+        y_from_zero: true,
+        ..Default::default()
+    };
+    let _ = write!(o, "<div class=\"chart\">{}</div>", c.render());
+    for dp in d.plans.iter().filter_map(|p| p.demand.as_ref()) {
+        let _ = write!(o, "<p>{}</p>", esc(&dp.sentence));
     }
 }
 

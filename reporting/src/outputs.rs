@@ -25,6 +25,8 @@ pub struct Outputs<'a> {
     pub detailed: bool,
     /// The percentile SLOs are judged at in the side-by-side table of several targets.
     pub slo_percentile: f64,
+    /// `-q`: the results without the definitions block above them.
+    pub quiet: bool,
 }
 
 /// Where the text of a replay goes: its reports (stdout, for the command line) and notes of
@@ -57,7 +59,9 @@ pub fn write(
     out: &Outputs,
     console: &mut dyn Console,
 ) -> Result<(), ReplayError> {
-    console.report(crate::console::definitions());
+    if !out.quiet {
+        console.report(crate::console::definitions());
+    }
     let many = runs.len() > 1;
     for (run, m) in runs {
         let inputs = ResultInputs {

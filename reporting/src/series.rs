@@ -280,22 +280,34 @@ pub fn series_of_files(files: &[ResultFile], pct: Option<f64>) -> Vec<Series> {
     out
 }
 
-/// Arrivals per second of `records` (any order).
+/// What wrote a trace's files (their producer when they agree), for [`ArrivalProfile::producer`].
+pub fn producer_of(files: &[trace_format::TraceFile]) -> Option<String> {
+    let first = files.first()?.meta.producer;
+    files
+        .iter()
+        .all(|f| f.meta.producer == first)
+        .then(|| first.as_str().to_string())
+}
+
+/// Production's arrivals per second of `records` (any order; shadow rows left out).
 pub fn arrival_profile(records: &[TraceRecord]) -> ArrivalProfile {
-    let first = records.iter().map(|r| r.arrival_time_us).min();
-    let last = records.iter().map(|r| r.arrival_time_us).max();
-    let mut counts = ArrivalCounts::new(first, last);
-    records.iter().for_each(|r| counts.add(r.arrival_time_us));
+    let first = records
+        .iter()
+        .filter(|r| r.pair_request_id.is_none())
+        .map(|r| r.arrival_time_us)
+        .min();
+    let mut counts = ArrivalCounts::new(first);
+    records.iter().for_each(|r| counts.add_record(r));
     counts.finish()
 }
 
-/// Arrivals per second of a streamed trace ([`TraceStream`]: first and last arrival from its
-/// first pass, then one pass over its rows): the profile [`arrival_profile`] gives of the
-/// same rows, holding the per-second counts only (at most [`ARRIVAL_BUCKETS`], 4 MiB).
+/// Production's arrivals per second of a streamed trace ([`TraceStream`]: one pass over its
+/// rows, in arrival order): the profile [`arrival_profile`] gives of the same rows, holding
+/// the per-second counts only (at most [`ARRIVAL_BUCKETS`], 4 MiB).
 pub fn arrival_profile_of(stream: &TraceStream) -> Result<ArrivalProfile, trace_format::Error> {
-    let mut counts = ArrivalCounts::new(stream.first_arrival_us(), stream.last_arrival_us());
+    let mut counts = ArrivalCounts::new(None);
     for r in stream.records() {
-        counts.add(r?.arrival_time_us);
+        counts.add_record(&r?);
     }
     Ok(counts.finish())
 }
@@ -304,37 +316,49 @@ pub fn arrival_profile_of(stream: &TraceStream) -> Result<ArrivalProfile, trace_
 /// last.
 pub const ARRIVAL_BUCKETS: usize = 1_000_000;
 
-/// An arrival profile counted one arrival at a time, between a first and last arrival known
-/// in advance.
-#[derive(Debug, Clone)]
+/// An arrival profile counted one production arrival at a time: shadow rows (a `capture
+/// --shadow` candidate's answers, with `pair_request_id`) are no load anyone sends, so they
+/// are never counted ([`ArrivalCounts::add_record`]), and the span runs from the first to the
+/// last production arrival.
+#[derive(Debug, Clone, Default)]
 pub struct ArrivalCounts {
-    first_us: i64,
+    /// The first arrival, µs since the epoch (None until the first row when not known in
+    /// advance: rows then come in arrival order).
+    first_us: Option<i64>,
     counts: Vec<u32>,
     rows: usize,
+    output_tokens: u64,
 }
 
 impl ArrivalCounts {
-    /// Counts for arrivals from `first_us` to `last_us` (None: no rows), µs since the epoch.
-    pub fn new(first_us: Option<i64>, last_us: Option<i64>) -> ArrivalCounts {
-        let n = match (first_us, last_us) {
-            (Some(f), Some(l)) => ((l.saturating_sub(f)).max(0) / 1_000_000 + 1) as usize,
-            _ => 0,
-        };
+    /// Counts for arrivals from `first_us` on (None: the first arrival added, for rows added
+    /// in arrival order).
+    pub fn new(first_us: Option<i64>) -> ArrivalCounts {
         ArrivalCounts {
-            first_us: first_us.unwrap_or(0),
-            counts: vec![0; n.min(ARRIVAL_BUCKETS)],
-            rows: 0,
+            first_us,
+            ..Default::default()
         }
     }
 
-    /// Counts one arrival (earlier than the first counts in the first second).
+    /// Counts one arrival (earlier than the first counts in the first second; later than
+    /// [`ARRIVAL_BUCKETS`] seconds in the last).
     pub fn add(&mut self, at_us: i64) {
-        let Some(last) = self.counts.len().checked_sub(1) else {
-            return;
-        };
-        let i = (at_us.saturating_sub(self.first_us).max(0) / 1_000_000) as usize;
-        self.counts[i.min(last)] += 1;
+        let first = *self.first_us.get_or_insert(at_us);
+        let i =
+            ((at_us.saturating_sub(first).max(0) / 1_000_000) as usize).min(ARRIVAL_BUCKETS - 1);
+        if i >= self.counts.len() {
+            self.counts.resize(i + 1, 0);
+        }
+        self.counts[i] += 1;
         self.rows += 1;
+    }
+
+    /// Counts a trace row's arrival when it is production's (a shadow row is left out).
+    pub fn add_record(&mut self, r: &TraceRecord) {
+        if r.pair_request_id.is_none() {
+            self.add(r.arrival_time_us);
+            self.output_tokens += r.output_tokens.map_or(0, |t| t.max(0) as u64);
+        }
     }
 
     /// The profile.
@@ -351,6 +375,8 @@ impl ArrivalCounts {
             mean_per_s: self.rows as f64 / self.counts.len() as f64,
             peak_per_s: f64::from(peak),
             counts: self.counts,
+            producer: None,
+            output_tokens: self.output_tokens,
         }
     }
 }
@@ -366,7 +392,9 @@ pub fn plan_for(
         Some(q) => (q, LoadSource::TargetQps),
         None => (arrivals.peak_per_s, LoadSource::TracePeak),
     };
-    crate::plan::plan(a, qps, src, p.redundancy, p.cost_per_hour)
+    let mut plan = crate::plan::plan(a, qps, src, p.redundancy, p.cost_per_hour)?;
+    plan.demand = crate::plan::demand_plan(&plan, arrivals, p.window_s);
+    Some(plan)
 }
 
 /// Per-request latencies of one run, ms, in bounded memory: each a [`Quantiles`] sample,
@@ -580,6 +608,58 @@ mod tests {
         let a = arrival_profile(&recs);
         assert_eq!(a.counts, vec![2, 1, 0, 1]);
         assert_eq!(a.peak_per_s, 2.0);
+    }
+
+    /// Issue 53: with `capture --shadow` on, the report and the sweep sized the plan for
+    /// production plus every candidate's mirror (peak 8 req/s where production sent 4). A
+    /// shadow capture's arrivals, and so its plan, are those of the same capture without
+    /// its shadow rows, read whole or streamed.
+    #[test]
+    fn a_shadow_captures_plan_equals_the_same_captures_plan_without_shadow() {
+        let production: Vec<TraceRecord> = (0..40i64)
+            .map(|i| {
+                // 4 in the first second of every 2, for 20 s.
+                let at = (i / 4) * 2_000_000 + (i % 4) * 200_000;
+                TraceRecord::new(format!("p{i}"), at, "/v1/completions")
+            })
+            .collect();
+        let mut with_shadow = production.clone();
+        for p in &production {
+            // The mirror answers a few ms after production, one row per candidate.
+            for (k, cand) in ["a", "b"].iter().enumerate() {
+                let mut s = TraceRecord::new(
+                    format!("{}-{cand}", p.request_id),
+                    p.arrival_time_us + 3_000 + k as i64,
+                    "/v1/completions",
+                );
+                s.pair_request_id = Some(p.request_id.clone());
+                s.target = Some(cand.to_string());
+                with_shadow.push(s);
+            }
+        }
+        with_shadow.sort_by_key(|r| r.arrival_time_us);
+        let (a, b) = (arrival_profile(&production), arrival_profile(&with_shadow));
+        assert_eq!((b.peak_per_s, b.counts.len()), (4.0, 19));
+        assert_eq!(a, b);
+        let v = serde_json::json!({"num_prompts": 10, "failed": 0, "request_throughput": 1.5,
+            "request_goodput": 1.5, "p95_ttft_ms": 50.0, "llmreplay": {"served": {"offered_rps": 1.5}}});
+        let pt = LevelPoint::from_results(1.0, &[&ResultDoc::from_value(&v).unwrap()]);
+        let slos = vec!["ttft:500".parse().unwrap()];
+        let ans = capacity::answer("cand", Axis::Speedup, &[pt], &slos, 95.0);
+        let inputs = PlanInputs::default();
+        let plan = plan_for(&ans, &b, inputs).unwrap();
+        assert_eq!(Some(&plan), plan_for(&ans, &a, inputs).as_ref());
+        assert_eq!((plan.target_qps, plan.replicas_for_load), (4.0, 3));
+        // Streamed from a file (report --trace), the same.
+        let dir =
+            std::env::temp_dir().join(format!("llmreplay-shadow-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("cap.parquet");
+        let meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "t");
+        trace_format::write_trace_file(&p, &with_shadow, &meta).unwrap();
+        let stream = TraceStream::open(&[p.to_str().unwrap()]).unwrap();
+        assert_eq!(arrival_profile_of(&stream).unwrap(), a);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A streamed trace's profile is the whole trace's, over files that overlap in time.

@@ -466,11 +466,26 @@ impl fmt::Display for ShadowReport {
                 c.target, c.paired, c.unpaired
             )?;
             for cl in &c.classes {
+                let kind = if cl.stream {
+                    "streamed"
+                } else {
+                    "not streamed"
+                };
+                if cl.metrics.is_empty() {
+                    // A difference with a confidence interval needs two pairs at least.
+                    writeln!(
+                        f,
+                        "  {} ({kind}), {} request{} ok on both sides — too few to compare (a confidence interval needs 2 pairs or more)",
+                        cl.endpoint,
+                        cl.both_ok,
+                        if cl.both_ok == 1 { "" } else { "s" }
+                    )?;
+                    continue;
+                }
                 writeln!(
                     f,
-                    "  {} ({}), {} requests ok on both sides — candidate − production per request, mean [95% CI]:",
+                    "  {} ({kind}), {} requests ok on both sides — candidate − production per request, mean [95% CI]:",
                     cl.endpoint,
-                    if cl.stream { "streamed" } else { "not streamed" },
                     cl.both_ok
                 )?;
                 for d in &cl.metrics {

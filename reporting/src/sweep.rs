@@ -429,6 +429,7 @@ pub fn sweep_doc(d: &SweepDoc) -> SweepFile {
                 target_qps: d.plan.target_qps,
                 redundancy: d.plan.redundancy,
                 cost_per_hour: d.plan.cost_per_hour,
+                window_s: Some(d.plan.window_s),
             },
             targets,
         },
@@ -502,7 +503,8 @@ pub fn outcome(
         .iter()
         .map(|lr| level_result(lr, spec, &identity, w.command, w.detailed))
         .collect();
-    let arrivals = series::arrival_profile(&trace.records);
+    let mut arrivals = series::arrival_profile(&trace.records);
+    arrivals.producer = series::producer_of(&trace.files);
     let doc = sweep_doc(&SweepDoc {
         spec,
         opts,
@@ -533,6 +535,16 @@ pub fn summary_text(
 ) -> String {
     use std::fmt::Write as _;
     let mut out = String::from("\n");
+    // The answer first, three lines per configuration.
+    let _ = writeln!(out, "Answer:");
+    for s in &o.series {
+        let ans = s.answer();
+        let p = series::plan_for(&ans, &o.arrivals, plan);
+        for l in crate::plan::answer_lines(&ans, &s.slos, p.as_ref()) {
+            let _ = writeln!(out, "  {l}");
+        }
+    }
+    out.push('\n');
     out.push_str(&console_table(spec, &o.series));
     if o.series.len() > 1 {
         let t = crate::compare::compare(&o.series);
@@ -544,6 +556,9 @@ pub fn summary_text(
         let _ = writeln!(out, "  {}", ans.sentence);
         if let Some(p) = series::plan_for(&ans, &o.arrivals, plan) {
             let _ = writeln!(out, "  Plan: {}", p.sentence);
+            if let Some(d) = &p.demand {
+                let _ = writeln!(out, "  Demand: {}", d.sentence);
+            }
         }
     }
     let _ = writeln!(out, "  ({})", capacity::rules_text(opts.slo_percentile));
@@ -700,6 +715,7 @@ mod tests {
             .collect(),
             failed_fraction: 0.0,
             causes: Default::default(),
+            workload: None,
         };
         let points = vec![point(1.0, 1.0, 1.0), point(2.0, 2.0, 0.25)];
         let knee = capacity::knee(&points, Axis::RequestRate, true).unwrap();

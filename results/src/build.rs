@@ -490,13 +490,15 @@ fn extension(i: &ResultInputs, settings: &RunSettings) -> Extension {
             .iter()
             .map(|(k, v)| (k.clone(), *v as u64))
             .collect(),
+        workload: Some(m.workload.clone()),
         top_errors: m
             .top_errors
             .iter()
-            .map(|(o, t, n)| TopError {
-                outcome: o.clone(),
-                error: t.clone(),
-                requests: *n as u64,
+            .map(|e| TopError {
+                outcome: e.outcome.clone(),
+                error: e.text.clone(),
+                requests: e.requests as u64,
+                cause: Some(e.cause),
             })
             .collect(),
         output_token_sources: m

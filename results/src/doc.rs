@@ -399,6 +399,11 @@ pub struct TopError {
     pub error: String,
     /// Requests with it.
     pub requests: u64,
+    /// Whose the outcome is (`trace_format::cause`): `server`, `client` (a cancellation
+    /// replayed at its recorded point, a 4xx as captured: the client's own, no failure of the
+    /// server) or `replay`; absent from results that predate it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<trace_format::Cause>,
 }
 
 /// `llmreplay.soak`.
@@ -529,6 +534,10 @@ pub struct Extension {
     /// reasoned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_reasoning_tokens: Option<i64>,
+    /// The workload the run replayed (`trace_format::inspect_card`): absent from results
+    /// that predate it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<trace_format::inspect_card::WorkloadCard>,
     /// Requests per outcome.
     pub outcomes: BTreeMap<String, u64>,
     /// The most frequent errors.

@@ -79,6 +79,10 @@ pub struct LevelPoint {
     /// Requests per cause of their outcome, summed over runs (zero for results that do not
     /// count causes).
     pub causes: trace_format::CauseCounts,
+    /// The workload its first run replayed (`llmreplay.workload`; None for results that
+    /// predate it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<trace_format::inspect_card::WorkloadCard>,
 }
 
 impl LevelPoint {
@@ -99,17 +103,26 @@ impl LevelPoint {
             if let Some(o) = r.llmreplay.as_ref().and_then(|o| o.served.offered_rps) {
                 acc.entry(OFFERED_KEY.into()).or_default().push(o);
             }
-            match r.llmreplay.as_ref().and_then(|o| o.outcome_causes) {
+            // One failure count everywhere: failed by the server, the client's own apart.
+            let (server, client) = match r.llmreplay.as_ref().and_then(|o| o.outcome_causes) {
                 Some(c) => {
                     causes.merge(&c);
                     fails.push(c.server_failed_fraction());
+                    (c.server, c.client + c.replay)
                 }
                 None => {
                     let sent = r.vllm.num_prompts as f64;
                     let failed = r.vllm.failed as f64;
                     fails.push(if sent > 0.0 { failed / sent } else { 0.0 });
+                    (r.vllm.failed, 0)
                 }
-            }
+            };
+            acc.entry(SERVER_FAILED_KEY.into())
+                .or_default()
+                .push(server as f64);
+            acc.entry(CLIENT_OWN_KEY.into())
+                .or_default()
+                .push(client as f64);
         }
         LevelPoint {
             level,
@@ -120,6 +133,9 @@ impl LevelPoint {
                 .collect(),
             failed_fraction: Stat::of(&fails).map_or(0.0, |s| s.mean),
             causes,
+            workload: results
+                .iter()
+                .find_map(|r| r.llmreplay.as_ref()?.workload.clone()),
         }
     }
 
@@ -153,6 +169,12 @@ impl LevelPoint {
 pub const STEADY_KEY: &str = "steady_request_throughput";
 /// Where a level keeps its offered load among its figures ([`LevelPoint::offered_rps`]).
 pub const OFFERED_KEY: &str = "offered_request_rate";
+/// Where a level keeps the requests failed by the server among its figures (per run:
+/// `llmreplay.outcome_causes.server`, else vLLM's `failed` for results without causes).
+pub const SERVER_FAILED_KEY: &str = "failed_by_server";
+/// Where a level keeps the client's own outcomes (cancellations replayed at their point, 4xx
+/// as captured) and the replay's, per run: no failures of the server.
+pub const CLIENT_OWN_KEY: &str = "client_own";
 
 /// The vLLM key of percentile `p` of an SLO metric: `p95_ttft_ms`.
 pub fn pct_key(p: f64, metric: &str) -> String {

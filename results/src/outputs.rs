@@ -107,8 +107,9 @@ pub fn too_many_failed(runs: &[(RunOutput, Metrics)], max_failed: f64) -> Option
         .max_by(|x, y| x.2.total_cmp(&y.2))?;
     let what = m
         .top_errors
-        .first()
-        .map(|(o, t, n)| format!("; most often ({n}×) {o}: {t}"))
+        .iter()
+        .find(|e| e.cause == trace_format::Cause::Server)
+        .map(|e| format!("; most often ({}×) {}: {}", e.requests, e.outcome, e.text))
         .unwrap_or_default();
     Some(format!(
         "{} of {} requests the server was asked to serve at {} failed, over --max-failed {max_failed}{what}",

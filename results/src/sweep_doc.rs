@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use crate::doc::ResultDoc;
 
-/// The arrival rate of a trace over 1-second buckets.
+/// The arrival rate of a trace's production rows (shadow rows left out) over 1-second
+/// buckets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default)]
 pub struct ArrivalProfile {
@@ -21,6 +22,25 @@ pub struct ArrivalProfile {
     pub mean_per_s: f64,
     /// Largest bucket / bucket width.
     pub peak_per_s: f64,
+    /// What wrote the trace (`capture`, `import`, `synth`, `replay`: its files' producer), so
+    /// a synthetic trace is never called captured; absent when not known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub producer: Option<String>,
+    /// Output tokens of the production rows (for the cost per million output tokens).
+    pub output_tokens: u64,
+}
+
+impl ArrivalProfile {
+    /// The trace as a report names it: `the captured trace`, `the synthetic trace`, …
+    pub fn trace_name(&self) -> &'static str {
+        match self.producer.as_deref() {
+            Some("capture") => "the captured trace",
+            Some("synth") => "the synthetic trace",
+            Some("import") => "the imported trace",
+            Some("replay") => "the replay's result rows",
+            _ => "the trace",
+        }
+    }
 }
 
 /// A sweep's JSON document: the summary (`llmreplay_sweep`) and every level run's result
@@ -109,6 +129,9 @@ pub struct PlanInputsDoc {
     pub redundancy: u32,
     /// `--cost-per-hour`.
     pub cost_per_hour: Option<f64>,
+    /// `--plan-window`, s: the window of the plan over the trace's demand curve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
 }
 
 /// One configuration of a sweep.

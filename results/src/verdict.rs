@@ -46,11 +46,7 @@ pub fn judge(p: &LevelPoint, slos: &[Slo], pct: f64) -> RunVerdict {
     let budget = level::MAX_ERROR_FRACTION;
     let c = &p.causes;
     let counts = if c.total() > 0 {
-        format!(
-            "{} of {} requests the server was asked to serve failed by its doing",
-            c.server,
-            c.asked()
-        )
+        server_failed_text(c)
     } else {
         "failed requests".to_string()
     };
@@ -80,7 +76,7 @@ pub fn judge(p: &LevelPoint, slos: &[Slo], pct: f64) -> RunVerdict {
         reason = format!("no --goodput SLOs, the error budget alone: {reason}");
     }
     if c.excluded() > 0 {
-        reason.push_str(&format!("; left out: {}", c.excluded_text()));
+        reason.push_str(&format!("; {}", apart_text(c)));
     }
     RunVerdict {
         pass,
@@ -118,6 +114,7 @@ fn point_of(m: &Metrics, pct: f64) -> LevelPoint {
         values,
         failed_fraction: m.causes.server_failed_fraction(),
         causes: m.causes,
+        workload: None,
     }
 }
 
@@ -134,16 +131,43 @@ pub fn line(target: &str, v: &RunVerdict) -> String {
     )
 }
 
-/// The counts shown beside a verdict: every cause, so nothing is dropped silently.
-pub fn causes_text(c: &CauseCounts) -> String {
-    format!(
-        "{} asked of the server ({} served, {} failed by the server); {} the client's as captured; {} changed by the replay",
-        c.asked(),
-        c.served,
-        c.server,
-        c.client,
-        c.replay
-    )
+/// The requests failed by the server, as every output says it (console, verdict, compare,
+/// report): `0 of 9 failed by the server` (of the requests it was asked to serve).
+pub fn server_failed_text(c: &CauseCounts) -> String {
+    format!("{} of {} failed by the server", c.server, c.asked())
+}
+
+/// The outcomes that are no failure of the server, as every output says them: `2 the
+/// client's own (cancelled or 4xx as captured), apart`; empty when there are none.
+pub fn apart_text(c: &CauseCounts) -> String {
+    let mut parts = Vec::new();
+    if c.client > 0 {
+        parts.push(format!(
+            "{} the client's own (cancelled or 4xx as captured)",
+            c.client
+        ));
+    }
+    if c.replay > 0 {
+        parts.push(format!(
+            "{} changed by the replay (synthesized body where the capture had a 4xx)",
+            c.replay
+        ));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("{}, apart", parts.join(", "))
+}
+
+/// The one failure count of a run, as the console prints it: [`server_failed_text`], then
+/// [`apart_text`] when some outcomes were the client's own or the replay's.
+pub fn failures_text(c: &CauseCounts) -> String {
+    let apart = apart_text(c);
+    if apart.is_empty() {
+        server_failed_text(c)
+    } else {
+        format!("{}; {apart}", server_failed_text(c))
+    }
 }
 
 fn ms(v: f64) -> String {
@@ -216,9 +240,14 @@ mod tests {
             "{}",
             v.reason
         );
-        assert!(v.reason.contains("0 of 94 requests"), "{}", v.reason);
         assert!(
-            v.reason.contains("left out: 6 the client's"),
+            v.reason.contains("0 of 94 failed by the server"),
+            "{}",
+            v.reason
+        );
+        assert!(
+            v.reason
+                .contains("6 the client's own (cancelled or 4xx as captured), apart"),
             "{}",
             v.reason
         );
@@ -250,11 +279,7 @@ mod tests {
         assert_eq!(p.failed_fraction, 0.0);
         let v = judge(&p, &slos(), 95.0);
         assert!(v.pass, "{}", v.reason);
-        assert!(
-            v.reason.contains("left out: 8 the client's"),
-            "{}",
-            v.reason
-        );
+        assert!(v.reason.contains("8 the client's own"), "{}", v.reason);
         let theirs = doc(false);
         let p = LevelPoint::from_results(1.0, &[&theirs]);
         assert!((p.failed_fraction - 0.08).abs() < 1e-12);
@@ -283,7 +308,7 @@ mod tests {
         let v = judge_metrics(&m, &[], 95.0);
         assert!(!v.pass);
         assert!(
-            v.reason.starts_with("no --goodput SLOs, the error budget alone: 2 of 94 requests the server was asked to serve failed by its doing (2.1% over the 1.0% error budget)"),
+            v.reason.starts_with("no --goodput SLOs, the error budget alone: 2 of 94 failed by the server (2.1% over the 1.0% error budget)"),
             "{}",
             v.reason
         );

@@ -80,6 +80,238 @@ fn status_1_when_a_command_fails_and_2_when_its_flags_are_refused() {
     }
 }
 
+/// Issue 53: every refused flag or value exits 2 (README's "Exit status": flags or arguments
+/// refused), whether clap refuses it or the command's own check does, a negative number is a
+/// value refused by its range (not an unknown flag), and the error names the flag. Before,
+/// `--speedup 0`, `--max-concurrency 0`, `capture --sample-rate 2`, `sim --error-rate 1.5`
+/// and the rest exited 1, like a run that failed, and `--speedup -2` was "unexpected argument".
+#[test]
+fn every_refused_flag_or_value_exits_2_per_command() {
+    let dir = tmpdir("exits-refused");
+    let t = synth(&dir);
+    let out = dir.join("out").display().to_string();
+    let md = dir.join("r.md").display().to_string();
+    let json = concat!(env!("CARGO_MANIFEST_DIR"), "/samples/sim-replay-300.json");
+    let up = "http://127.0.0.1:9";
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        // (command, arguments, what the error names)
+        ("replay", vec!["replay", &t, "--speedup", "0"], "--speedup"),
+        ("replay", vec!["replay", &t, "--speedup", "-2"], "--speedup"),
+        (
+            "replay",
+            vec!["replay", &t, "--max-concurrency", "0"],
+            "--max-concurrency",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--sample-ratio", "1.5"],
+            "--sample-ratio",
+        ),
+        ("replay", vec!["replay", &t, "--timeout", "0s"], "--timeout"),
+        (
+            "replay",
+            vec!["replay", &t, "--burstiness", "0"],
+            "--burstiness",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--request-rate", "0"],
+            "--request-rate",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--goodput", "ttft:-5"],
+            "--goodput",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--slo-percentile", "150"],
+            "--slo-percentile",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--max-failed", "2"],
+            "--max-failed",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--level-duration", "0s"],
+            "--level-duration",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--target", "http://h:1/v1/chat/completions"],
+            "base URL",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--target", up, "--error-rate", "0.5"],
+            "--error-rate",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--metadata", "completed=1"],
+            "--metadata",
+        ),
+        (
+            "replay",
+            vec!["replay", &t, "--sweep", "speedup=1,2", "--fail-on-slo"],
+            "--fail-on-slo",
+        ),
+        (
+            "synth",
+            vec!["synth", "-o", &out, "--num-prompts", "0"],
+            "--num-prompts",
+        ),
+        (
+            "synth",
+            vec!["synth", "-o", &out, "--burstiness", "-1"],
+            "--burstiness",
+        ),
+        (
+            "synth",
+            vec!["synth", "-o", &out, "--range-ratio", "1"],
+            "--range-ratio",
+        ),
+        (
+            "synth",
+            vec!["synth", "-o", &out, "--stream-ratio", "2"],
+            "--stream-ratio",
+        ),
+        (
+            "capture",
+            vec![
+                "capture",
+                "--upstream",
+                up,
+                "--out",
+                &out,
+                "--sample-rate",
+                "2",
+            ],
+            "--sample-rate",
+        ),
+        (
+            "capture",
+            vec![
+                "capture",
+                "--upstream",
+                up,
+                "--out",
+                &out,
+                "--sample-rate",
+                "-1",
+            ],
+            "--sample-rate",
+        ),
+        (
+            "capture",
+            vec![
+                "capture",
+                "--upstream",
+                up,
+                "--out",
+                &out,
+                "--block-size",
+                "0",
+            ],
+            "--block-size",
+        ),
+        (
+            "capture",
+            vec!["capture", "--upstream", "ftp://x", "--out", &out],
+            "--upstream",
+        ),
+        ("sim", vec!["sim", "--error-rate", "1.5"], "--error-rate"),
+        ("sim", vec!["sim", "--error-rate", "-1"], "--error-rate"),
+        (
+            "sim",
+            vec!["sim", "--fixed-timing", "x,1"],
+            "--fixed-timing",
+        ),
+        ("sim", vec!["sim", "--slot-timing", "0,20"], "--slot-timing"),
+        (
+            "sim",
+            vec!["sim", "--profile", "no-such-profile"],
+            "profile",
+        ),
+        ("demo", vec!["demo", "--rates", "0"], "--rates"),
+        ("demo", vec!["demo", "--rates", "1,-2"], "--rates"),
+        ("demo", vec!["demo", "--seconds", "0"], "--seconds"),
+        (
+            "import",
+            vec!["import", &t, "-o", &out, "--head", "0"],
+            "--head",
+        ),
+        (
+            "import",
+            vec!["import", &t, "-o", &out, "--burstiness", "0"],
+            "--burstiness",
+        ),
+        (
+            "inspect",
+            vec!["inspect", &t, "--cache-blocks", "-1"],
+            "--cache-blocks",
+        ),
+        ("compare", vec!["compare", json], "<FILES>"),
+        (
+            "compare",
+            vec!["compare", json, json, "--slo-percentile", "0"],
+            "--slo-percentile",
+        ),
+        (
+            "report",
+            vec!["report", json, "-o", &md, "--redundancy", "0"],
+            "--redundancy",
+        ),
+        (
+            "report",
+            vec!["report", json, "-o", &md, "--target-qps", "-3"],
+            "--target-qps",
+        ),
+        ("report", vec!["report", json, "-o", "r.pdf"], "-o"),
+        (
+            "merge",
+            vec!["merge", &t, "-o", &out, "--metric-percentiles", "0"],
+            "--metric-percentiles",
+        ),
+        (
+            "fidelity",
+            vec![
+                "fidelity",
+                "--captured",
+                &t,
+                "--replayed",
+                &t,
+                "--speedup",
+                "0",
+            ],
+            "--speedup",
+        ),
+        (
+            "shadow",
+            vec!["shadow", &t, "--slo-percentile", "101"],
+            "--slo-percentile",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (command, args, names) in &cases {
+        let o = run(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        if o.status.code() != Some(2) || !err.contains(names) || err.contains("unexpected argument")
+        {
+            wrong.push(format!("{command}: {args:?} → {}", text(&o)));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} refused flags not exiting 2:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `compare --fail-on-regression`: 3 for a candidate 30% slower, 0 for the same figures.
 #[test]
 fn status_3_is_a_regression_found_by_compare() {

@@ -225,11 +225,7 @@ fn an_a_a_replay_of_mixed_traffic_passes_and_a_3x_slower_sim_fails_naming_the_sl
         "{}",
         a.context()
     );
-    assert!(
-        a.stdout.contains("left out: 4 the client's"),
-        "{}",
-        a.context()
-    );
+    assert!(a.stdout.contains("4 the client's own"), "{}", a.context());
     let v = &doc["llmreplay"]["verdict"];
     assert_eq!(v["pass"], Value::Bool(true), "{v}");
     assert_eq!(doc["llmreplay"]["slo_pass"], Value::Bool(true));
@@ -276,7 +272,7 @@ fn an_a_a_replay_of_mixed_traffic_passes_and_a_3x_slower_sim_fails_naming_the_sl
     );
     assert!(!slo_row.contains("% failed"), "{}", c.context());
     assert!(
-        c.stdout.contains("left out (client, replay)"),
+        c.stdout.contains("the client's own (apart)"),
         "{}",
         c.context()
     );
@@ -339,6 +335,151 @@ fn without_bodies_the_captured_4xx_are_the_replays_change_not_the_servers() {
         "{}",
         a.context()
     );
+    let _ = std::fs::remove_dir_all(&trace);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 53: one failure count. A capture with cancellations and client 4xx, replayed against
+/// a sim that fails a share of requests with 5xx: the console, the `VERDICT` line, the JSON
+/// (`llmreplay.outcome_causes`), `compare` and `report` give the same counts — failed by the
+/// server, the client's own apart — and counts as integers (compare printed `2.00`).
+#[test]
+fn console_verdict_compare_report_and_json_give_the_same_failure_counts() {
+    let sim = SimProc::fixed(&bin(), 100, 8);
+    let trace = capture_mixed(&sim, "verdict-capture-counts", "full");
+    let erring = SimProc::start(
+        &bin(),
+        &[
+            "--fixed-timing",
+            "100,8",
+            "--error-rate",
+            "0.25",
+            "--sim-seed",
+            "7",
+        ],
+    );
+    let dir = tmpdir("verdict-counts");
+    let mut ran = Vec::new();
+    for (name, target) in [("same", &sim), ("erring", &erring)] {
+        let json = dir.join(format!("{name}.json"));
+        let r = run(
+            &dir,
+            name,
+            &[
+                "replay",
+                trace.to_str().unwrap(),
+                "--target",
+                &format!("{name}={}", target.url()),
+                "--goodput",
+                SLO,
+                "--max-failed",
+                "1",
+                "--save-result",
+                json.to_str().unwrap(),
+                "-q",
+            ],
+        );
+        assert_eq!(r.code(), Some(0), "{}", r.context());
+        let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        ran.push((r, doc, json));
+    }
+    let (r, doc, _) = &ran[1];
+    let (served, server, client_own, _) = causes(doc);
+    // The 400s stay the client's (the sim refuses them before any injected fault); a
+    // cancellation the erring sim answered with a 5xx first is the server's.
+    assert!(server > 0, "the erring sim failed none: {}", r.context());
+    assert!(client_own >= REFUSED as u64, "{}", r.context());
+    let same_client = causes(&ran[0].1).2;
+    assert_eq!(same_client, (CANCELLED + REFUSED) as u64);
+    let asked = served + server;
+    let counts = format!("{server} of {asked} failed by the server");
+    let apart = format!("{client_own} the client's own (cancelled or 4xx as captured), apart");
+    // The console's one failure line and the verdict say the same counts.
+    let failed = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Failed requests:"))
+        .unwrap_or_else(|| panic!("no failure line: {}", r.context()));
+    assert!(
+        failed.contains(&counts) && failed.contains(&apart),
+        "{failed}"
+    );
+    let verdict = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("VERDICT erring:"))
+        .unwrap_or_else(|| panic!("no verdict: {}", r.context()));
+    assert!(
+        verdict.contains(&counts) && verdict.contains(&apart),
+        "{verdict}"
+    );
+    // The errors list keeps the client's own apart from the server's failures.
+    let errors = r
+        .stdout
+        .split("Most frequent errors (failed by the server):")
+        .nth(1);
+    assert!(
+        errors.is_some_and(|e| e
+            .lines()
+            .take_while(|l| l.starts_with("  "))
+            .all(|l| !l.contains("client_cancelled"))),
+        "{}",
+        r.context()
+    );
+    // compare: integers, the same counts.
+    let c = run(
+        &dir,
+        "compare",
+        &[
+            "compare",
+            ran[0].2.to_str().unwrap(),
+            ran[1].2.to_str().unwrap(),
+        ],
+    );
+    let row = |label: &str| -> Vec<String> {
+        c.stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} row: {}", c.context()))[label.len()..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let failed_row = row("failed by the server");
+    assert_eq!(failed_row[0], "0", "{}", c.context());
+    assert!(
+        failed_row[1].starts_with(&format!("{server} ")) || failed_row[1] == server.to_string(),
+        "{}",
+        c.context()
+    );
+    assert_eq!(
+        row("the client's own (apart)"),
+        vec![same_client.to_string(), client_own.to_string()],
+        "{}",
+        c.context()
+    );
+    assert!(!c.stdout.contains(".00 "), "{}", c.context());
+    // report: the same counts in its table.
+    let md = dir.join("erring.md");
+    let rep = run(
+        &dir,
+        "report",
+        &[
+            "report",
+            ran[1].2.to_str().unwrap(),
+            "-o",
+            md.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(rep.code(), Some(0), "{}", rep.context());
+    let text = std::fs::read_to_string(&md).unwrap();
+    let level = text
+        .lines()
+        .find(|l| l.contains(&counts))
+        .unwrap_or_else(|| panic!("no level row with {counts:?}:\n{text}"));
+    assert!(level.contains(&format!("| {client_own} |")), "{level}");
     let _ = std::fs::remove_dir_all(&trace);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,7 +44,7 @@ pub enum Error {
         reason: String,
     },
     /// A path, directory or glob that matched no trace file.
-    #[error("{0}: no trace files found")]
+    #[error("{}", no_files_text(.0))]
     NoFiles(String),
     /// A bad row in an input (journal line, import row), with its line number.
     #[error("{path}:{line}: {message}")]
@@ -90,5 +90,22 @@ impl Error {
             path: path.into(),
             message: e.to_string(),
         }
+    }
+}
+
+/// What [`Error::NoFiles`] says, by what the input is: a path that does not exist, a
+/// directory without trace files, or a pattern that matched none.
+fn no_files_text(input: &str) -> String {
+    let p = std::path::Path::new(input);
+    if input.is_empty() {
+        "no trace files found".into()
+    } else if p.is_dir() {
+        format!("{input}: no trace files found in this directory (*.parquet)")
+    } else if input.contains(['*', '?', '[']) {
+        format!("{input}: no trace files match this pattern")
+    } else if !p.exists() && !input.contains("://") {
+        format!("{input}: no such file or directory")
+    } else {
+        format!("{input}: no trace files found")
     }
 }

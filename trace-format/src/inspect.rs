@@ -70,6 +70,9 @@ pub struct TraceSummary {
     /// files' block sizes are unknown or differ).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<PrefixCacheSummary>,
+    /// The workload card ([`crate::inspect_card`]): what `compare` and `shadow` check two
+    /// runs against before calling one better.
+    pub workload: crate::inspect_card::WorkloadCard,
 }
 
 /// Arrival rate over 1-second buckets starting at the first arrival.
@@ -218,6 +221,7 @@ pub struct Summarizer {
     sessions: SessionStats,
     streamed: usize,
     prefix: Option<PrefixCacheSim>,
+    card: crate::inspect_card::CardBuilder,
 }
 
 impl Summarizer {
@@ -251,6 +255,7 @@ impl Summarizer {
             sessions: SessionStats::new(),
             streamed: 0,
             prefix: block_size.map(|b| PrefixCacheSim::new(b, cache_blocks)),
+            card: crate::inspect_card::CardBuilder::new(block_size),
         }
     }
 
@@ -263,6 +268,7 @@ impl Summarizer {
             );
             return;
         }
+        self.card.add(r);
         let at = r.arrival_time_us;
         self.rows += 1;
         self.first.get_or_insert(at);
@@ -322,6 +328,7 @@ impl Summarizer {
             endpoints: self.endpoints,
             models: self.models,
             prefix_cache: self.prefix.and_then(PrefixCacheSim::finish),
+            workload: self.card.finish(),
         }
     }
 }
@@ -565,7 +572,7 @@ impl fmt::Display for TraceSummary {
                 p.blocks
             )?;
         }
-        Ok(())
+        write!(f, "{}", self.workload)
     }
 }
 

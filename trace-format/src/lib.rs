@@ -16,6 +16,7 @@ pub mod error;
 pub mod file_meta;
 pub mod fnv;
 pub mod inspect;
+pub mod inspect_card;
 pub mod journal;
 pub mod order;
 pub mod prefix_cache;

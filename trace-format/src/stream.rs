@@ -67,6 +67,8 @@ struct Input {
     disorder_us: OnceLock<i64>,
     /// Rows with a recorded body, from the footer's statistics (None: not there).
     bodies: Option<usize>,
+    /// Shadow rows (with `pair_request_id`), from the footer's statistics (None: not there).
+    shadow: Option<usize>,
 }
 
 impl Input {
@@ -184,6 +186,12 @@ impl TraceStream {
         self.inputs.iter().map(|i| i.bodies).sum()
     }
 
+    /// Shadow rows (a `capture --shadow` candidate's, with `pair_request_id`) over every
+    /// file, from the footers' statistics (None when a file's footer does not say).
+    pub fn shadow_rows(&self) -> Option<usize> {
+        self.inputs.iter().map(|i| i.shadow).sum()
+    }
+
     /// The latest arrival over every file.
     pub fn last_arrival_us(&self) -> Option<i64> {
         self.inputs.iter().filter_map(|i| i.last_arrival_us).max()
@@ -228,12 +236,14 @@ fn open_file(source: Source) -> Result<(TraceFile, Input)> {
     let info = file.info.clone();
     let footer = file.footer();
     let bodies = non_null_from_statistics(footer, col::BODY);
+    let shadow = non_null_from_statistics(footer, col::PAIR_REQUEST_ID);
     let input = |first, last, disorder: Option<i64>| Input {
         source,
         first_arrival_us: first,
         last_arrival_us: last,
         disorder_us: disorder.map(OnceLock::from).unwrap_or_default(),
         bodies,
+        shadow,
     };
     match Claim::of(footer, info.rows, &info.path)? {
         Claim::Recorded(o) => {

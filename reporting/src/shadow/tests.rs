@@ -130,7 +130,7 @@ fn outcomes_are_paired_and_the_clients_failures_are_not_the_candidates() {
     // the client's and capture's, are not its doing): over the budget. Production failed none.
     assert!(!c.verdict.pass, "{:?}", c.verdict);
     assert!(
-        c.verdict.reason.contains("1 of 11 requests"),
+        c.verdict.reason.contains("1 of 11 failed by the server"),
         "{}",
         c.verdict.reason
     );

@@ -37,6 +37,7 @@
 mod support;
 
 mod agents;
+mod apis_replay;
 mod capture;
 mod capture_disk;
 mod capture_faults;

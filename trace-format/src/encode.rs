@@ -98,6 +98,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let mut tool_call_names = names_builder(records, |r| r.tool_call_names.as_deref());
     let mut parent_link = StringBuilder::with_capacity(n, n * 8);
     let mut pair_request_id = str_builder(|r| r.pair_request_id.as_deref());
+    let mut parent_wait = Int64Builder::with_capacity(n);
 
     for r in records {
         request_id.append_value(&r.request_id);
@@ -158,6 +159,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         append_names(&mut tool_call_names, r.tool_call_names.as_deref());
         parent_link.append_option(r.parent_link.map(|l| l.as_str()));
         pair_request_id.append_option(r.pair_request_id.as_deref());
+        parent_wait.append_option(r.parent_wait_us);
     }
 
     // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
@@ -207,6 +209,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         Arc::new(tool_call_names.finish()),
         Arc::new(parent_link.finish()),
         Arc::new(pair_request_id.finish()),
+        Arc::new(parent_wait.finish()),
     ];
     RecordBatch::try_new(Arc::new(schema::schema()), columns)
         .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 /// The schema version written into every file (`llmreplay.schema_version`).
 ///
 /// Readers accept any `1.x`; a different major version is an error.
-pub const SCHEMA_VERSION: &str = "1.4";
+pub const SCHEMA_VERSION: &str = "1.5";
 /// The major version this build reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 
@@ -146,6 +146,11 @@ pub mod col {
     /// Shadow traffic: the `request_id` of the production request this row mirrors (its
     /// `target` names the candidate) (utf8, null for a row that is no shadow; since 1.4).
     pub const PAIR_REQUEST_ID: &str = "pair_request_id";
+    /// Replay: how long the request was held past the time it was otherwise due because its
+    /// parent had not answered yet, µs (a Responses turn needs its parent's id on the
+    /// candidate; closed mode waits for every turn's predecessor): not latency, not dispatch
+    /// lag, not queue time (int64, null for a row that waits for no parent; since 1.5).
+    pub const PARENT_WAIT_US: &str = "parent_wait_us";
 }
 
 /// Key-value metadata keys written into every file.
@@ -432,6 +437,9 @@ pub struct TraceRecord {
     /// Shadow: the production request this row mirrors (since 1.4).
     #[serde(default)]
     pub pair_request_id: Option<String>,
+    /// Replay: time held waiting for its parent's answer, µs (since 1.5).
+    #[serde(default)]
+    pub parent_wait_us: Option<i64>,
 }
 
 impl TraceRecord {
@@ -487,6 +495,7 @@ impl TraceRecord {
             tool_call_names: None,
             parent_link: None,
             pair_request_id: None,
+            parent_wait_us: None,
         }
     }
 
@@ -570,6 +579,7 @@ pub fn schema() -> Schema {
         Field::new(TOOL_CALL_NAMES, list_of(DataType::Utf8), true),
         Field::new(PARENT_LINK, DataType::Utf8, true),
         Field::new(PAIR_REQUEST_ID, DataType::Utf8, true),
+        Field::new(PARENT_WAIT_US, DataType::Int64, true),
     ])
 }
 
@@ -644,6 +654,7 @@ mod tests {
             col::TOOL_CALL_NAMES,
             col::PARENT_LINK,
             col::PAIR_REQUEST_ID,
+            col::PARENT_WAIT_US,
         ] {
             let idx = batch.schema().index_of(name).unwrap();
             batch.remove_column(idx);
@@ -682,6 +693,7 @@ mod tests {
         (want.tools_offered, want.tool_names) = (None, None);
         (want.tool_calls, want.tool_call_names) = (None, None);
         (want.parent_link, want.pair_request_id) = (None, None);
+        want.parent_wait_us = None;
         assert_eq!(t.records[0], want);
         assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
 
@@ -716,6 +728,7 @@ mod tests {
             "tool_call_names",
             "parent_link",
             "pair_request_id",
+            "parent_wait_us",
         ] {
             o.remove(k);
         }
@@ -729,7 +742,7 @@ mod tests {
             (r.ttfat_us, r.tool_names, r.parent_link),
             (None, None, None)
         );
-        assert_eq!(r.pair_request_id, None);
+        assert_eq!((r.pair_request_id, r.parent_wait_us), (None, None));
     }
 
     #[test]
@@ -774,6 +787,7 @@ mod tests {
             "tool_call_names",
             "parent_link",
             "pair_request_id",
+            "parent_wait_us",
         ] {
             assert!(s.field_with_name(name).is_ok(), "missing column {name}");
         }

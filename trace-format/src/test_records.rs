@@ -51,6 +51,7 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
         tool_call_names: Some(vec!["get_weather".into()]),
         parent_link: (i > 0).then_some(ParentLink::ToolCall),
         pair_request_id: Some(format!("prod-{i}")),
+        parent_wait_us: Some(i * 7),
     }
 }
 

@@ -101,6 +101,7 @@ pub(crate) fn convert(
     let tool_call_names = cx.str_lists(col::TOOL_CALL_NAMES)?;
     let parent_link = cx.strs(col::PARENT_LINK)?;
     let pair_request_id = cx.strs(col::PAIR_REQUEST_ID)?;
+    let parent_wait = cx.ints(col::PARENT_WAIT_US)?;
 
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
@@ -202,6 +203,7 @@ pub(crate) fn convert(
                 })
                 .transpose()?,
             pair_request_id: s(&pair_request_id),
+            parent_wait_us: i64_of(&parent_wait, col::PARENT_WAIT_US)?,
         };
         out.push(rec);
     }

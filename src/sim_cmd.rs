@@ -30,9 +30,11 @@ pub(crate) struct SimOpts {
     /// Seed for output lengths and fault draws.
     #[arg(long, default_value_t = 0)]
     sim_seed: u64,
-    /// Model name the sim reports.
-    #[arg(long, default_value = "llmreplay-sim")]
-    served_model_name: String,
+    /// Model names the sim serves (repeat the flag or give a comma list): `/v1/models`
+    /// lists them and a request naming another model is answered 404, as vLLM answers it.
+    /// Without it the sim reports `llmreplay-sim` and accepts any model name.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    served_model_name: Vec<String>,
     /// Fraction of requests answered with 500.
     #[arg(long, default_value_t = 0.0, value_parser = parse_fraction)]
     error_rate: f64,
@@ -59,6 +61,11 @@ pub(crate) struct SimOpts {
     /// (`completion_tokens_details.reasoning_tokens`, as OpenAI's API does; vLLM's does not).
     #[arg(long)]
     reasoning_details: bool,
+    /// Share of Responses and Messages requests that offer tools (and do not end with a
+    /// tool's result) whose answer is a call of the first tool (`function_call` /
+    /// `tool_use`, its arguments streamed), drawn per request.
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE")]
+    tool_call_share: f64,
 }
 
 /// The engine profile of `sim` and `replay` without `--profile`.
@@ -84,10 +91,8 @@ impl SimOpts {
         flag(self.slot_timing.is_some(), "--slot-timing");
         flag(self.tokens_per_chunk != 1, "--tokens-per-chunk");
         flag(self.sim_seed != 0, "--sim-seed");
-        flag(
-            self.served_model_name != "llmreplay-sim",
-            "--served-model-name",
-        );
+        flag(!self.served_model_name.is_empty(), "--served-model-name");
+        flag(self.tool_call_share != 0.0, "--tool-call-share");
         flag(self.error_rate != 0.0, "--error-rate");
         flag(self.reasoning_share != 0.0, "--reasoning-share");
         flag(self.reasoning_fraction != 0.5, "--reasoning-fraction");
@@ -157,12 +162,18 @@ impl SimOpts {
                 stall_rate: self.stall_rate,
                 stall: self.stall,
             },
-            model_name: self.served_model_name.clone(),
+            model_name: self
+                .served_model_name
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "llmreplay-sim".into()),
             reasoning: sim::Reasoning {
                 share: self.reasoning_share,
                 fraction: self.reasoning_fraction,
                 details: self.reasoning_details,
             },
+            served_models: self.served_model_name.clone(),
+            tool_calls: self.tool_call_share,
         })
     }
 }

@@ -79,6 +79,8 @@ pub struct Exchange {
     pub output_text: Option<String>,
     /// `usage.completion_tokens_details.reasoning_tokens`.
     pub reasoning_tokens: Option<i64>,
+    /// The response's id (what a later Responses turn names as `previous_response_id`).
+    pub response_id: Option<String>,
     /// What was seen of the reasoning when the server reported no count: how many
     /// reasoning-only chunks, and their text when the client keeps text (a tokenizer will
     /// count it); for a whole body, its reasoning text (its length estimates the count
@@ -339,10 +341,7 @@ impl Client {
             head,
             t0,
             &mut timer,
-            (
-                Api::of_endpoint(&req.endpoint).unwrap_or(Api::Chat),
-                req.stream,
-            ),
+            (req.api, req.stream),
             ends,
             self.want_text,
         )
@@ -398,6 +397,7 @@ impl Exchange {
         self.cached_tokens = v.cached_tokens;
         self.chunk_tokens = v.chunk_tokens;
         self.reasoning_tokens = v.reasoning_tokens;
+        self.response_id = v.response_id;
     }
 
     fn failed(
@@ -424,6 +424,7 @@ impl Exchange {
             cached_tokens: None,
             output_text: None,
             reasoning_tokens: None,
+            response_id: None,
             reasoning_seen: None,
             response_bytes: 0,
             end: Instant::now(),
@@ -656,6 +657,8 @@ mod tests {
             .unwrap();
             let req = BuiltRequest {
                 endpoint: "/v1/completions".into(),
+                api: Api::Completions,
+                parent_id_at: None,
                 stream,
                 body: Bytes::from_static(b"{}"),
                 max_tokens: None,

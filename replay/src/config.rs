@@ -11,6 +11,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use wire::api::Api;
+
 use crate::error::ReplayError;
 
 /// One candidate endpoint.
@@ -379,15 +381,17 @@ impl FromStr for PercentileMetric {
 }
 
 impl RequestOptions {
-    /// The endpoint a built request for `row_endpoint` goes to.
-    pub fn endpoint_for(&self, row_endpoint: &str) -> EndpointKind {
-        self.endpoint.unwrap_or_else(|| {
-            if row_endpoint.ends_with("/chat/completions") {
-                EndpointKind::Chat
-            } else {
-                EndpointKind::Completions
-            }
-        })
+    /// The API a built request for a row of `row_endpoint` speaks: the row's own
+    /// ([`Api::of_endpoint`]; a path of none as completions), or `--endpoint`'s for a
+    /// generation (an embeddings, rerank or score row keeps its own).
+    pub fn endpoint_for(&self, row_endpoint: &str) -> Api {
+        let own = Api::of_endpoint(row_endpoint);
+        match (own, self.endpoint) {
+            (Some(a), _) if !a.generates() => a,
+            (_, Some(EndpointKind::Chat)) => Api::Chat,
+            (_, Some(EndpointKind::Completions)) => Api::Completions,
+            (own, None) => own.unwrap_or(Api::Completions),
+        }
     }
 }
 
@@ -478,8 +482,8 @@ impl fmt::Display for Shard {
 /// How requests are built and sent.
 #[derive(Debug, Clone)]
 pub struct RequestOptions {
-    /// Endpoint for rows without a body; None = the row's own (chat or completions; other
-    /// paths as completions).
+    /// Endpoint of the generation rows without a body; None = the row's own API (a path of
+    /// no API as completions).
     pub endpoint: Option<EndpointKind>,
     /// Rewrites the model name of every request.
     pub model: Option<String>,
@@ -858,11 +862,16 @@ mod tests {
     #[test]
     fn built_requests_follow_the_row_endpoint_unless_forced() {
         let mut o = ReplayConfig::new(vec![]).request;
-        assert_eq!(o.endpoint_for("/v1/chat/completions"), EndpointKind::Chat);
-        assert_eq!(o.endpoint_for("/v1/completions"), EndpointKind::Completions);
-        assert_eq!(o.endpoint_for("/generate"), EndpointKind::Completions);
+        for a in Api::ALL {
+            assert_eq!(o.endpoint_for(a.default_path()), a);
+        }
+        assert_eq!(o.endpoint_for("/openai/v1/responses"), Api::Responses);
+        assert_eq!(o.endpoint_for("/generate"), Api::Completions);
         o.endpoint = Some(EndpointKind::Chat);
-        assert_eq!(o.endpoint_for("/v1/completions"), EndpointKind::Chat);
+        assert_eq!(o.endpoint_for("/v1/completions"), Api::Chat);
+        assert_eq!(o.endpoint_for("/v1/messages"), Api::Chat);
+        // A row that generates nothing stays what it is.
+        assert_eq!(o.endpoint_for("/v1/embeddings"), Api::Embeddings);
     }
 
     #[test]

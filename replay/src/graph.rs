@@ -7,8 +7,13 @@
 //! else for the previous turn of its session; else for nothing (its open offset). Its think
 //! time is its recorded arrival minus that row's recorded end (arrival + `e2el_us`).
 //!
+//! In open mode only a Responses turn chained to its parent (`parent_link` =
+//! `previous_response`) waits, for the row its `parent_request_id` names: it needs the id the
+//! candidate gave that row; it is sent at its open offset or once its parent answered,
+//! whichever is later. (Its parent is never a session's previous turn: the id must be its.)
+//!
 //! Rows that can be waited for are the *chained* ones: those with a `session_id` or a
-//! `parent_request_id` (whether a row is named as a parent only shows later, so a row with
+//! `parent_request_id`, and every Responses row (a later turn may name its id) (whether a row is named as a parent only shows later, so a row with
 //! neither is never remembered: a child naming it falls back to its session, else its open
 //! offset). Only the last [`WINDOW`] chained rows can be waited for: the graph remembers
 //! their ids, and the run loop the ends of those that finished, so memory is bounded
@@ -23,9 +28,11 @@
 //! and the parent's end, if it finished, is still kept.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
-use trace_format::TraceRecord;
+use trace_format::{ParentLink, TraceRecord};
+use wire::api::Api;
 
 use crate::prompt::stable_hash;
 
@@ -51,6 +58,12 @@ pub struct Wait {
     pub end_us: i64,
     /// Whether it is the row `parent_request_id` names (else the session's previous turn).
     pub parent: bool,
+}
+
+/// Whether `rec` is a Responses turn that continues its parent's response on the server: it
+/// waits for that parent, in open mode too, and for no other row.
+pub fn needs_parent(rec: &TraceRecord) -> bool {
+    rec.parent_link == Some(ParentLink::PreviousResponse)
 }
 
 /// The plan's side: the chained rows assembled (the last `window` by id, each session's last).
@@ -90,9 +103,15 @@ impl Graph {
         n.index + self.window as u64 >= self.chained
     }
 
-    /// Row `seq` (`rec`) is assembled: what it waits for, and whether later rows may wait for
-    /// it (it is chained).
-    pub fn add(&mut self, seq: u64, rec: &TraceRecord) -> (Option<Wait>, bool) {
+    /// Row `seq` (`rec`) is assembled in closed mode (`closed`) or open: what it waits for,
+    /// and whether later rows may wait for it (it is chained).
+    pub fn add(&mut self, seq: u64, rec: &TraceRecord, closed: bool) -> (Option<Wait>, bool) {
+        let wait = self.waits(rec, closed);
+        (wait, self.remember(seq, rec, closed))
+    }
+
+    /// What row `rec` would wait for, assembled now in closed mode (`closed`) or open.
+    pub fn waits(&self, rec: &TraceRecord, closed: bool) -> Option<Wait> {
         let by_parent = rec
             .parent_request_id
             .as_deref()
@@ -106,12 +125,26 @@ impl Graph {
                 .filter(|n| self.live(n))
                 .map(|n| (*n, false))
         };
-        let wait = by_parent.or_else(by_session).map(|(n, parent)| Wait {
+        let wait = if needs_parent(rec) {
+            by_parent
+        } else if closed {
+            by_parent.or_else(by_session)
+        } else {
+            None
+        };
+        wait.map(|(n, parent)| Wait {
             seq: n.seq,
             end_us: n.end_us,
             parent,
-        });
-        let chained = rec.session_id.is_some() || rec.parent_request_id.is_some();
+        })
+    }
+
+    /// Row `seq` (`rec`) is assembled: remembered when later rows may wait for it (returned:
+    /// it is chained).
+    pub fn remember(&mut self, seq: u64, rec: &TraceRecord, closed: bool) -> bool {
+        let responses = Api::of_endpoint(&rec.endpoint) == Some(Api::Responses);
+        let chained =
+            responses || (closed && (rec.session_id.is_some() || rec.parent_request_id.is_some()));
         if chained {
             let node = Node {
                 seq,
@@ -142,16 +175,27 @@ impl Graph {
                 }
             }
         }
-        (wait, chained)
+        chained
     }
 }
 
-/// The run loop's side: turns waiting for a row that has not finished, and the ends of the
-/// last `window` chained rows that finished (any number of turns may wait for one row).
+/// How a chained row ended, for the turns that wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    /// When it ended.
+    pub at: Instant,
+    /// The id the target gave its response (kept only where a later turn may name it).
+    pub response_id: Option<Arc<str>>,
+    /// Why it failed or was not sent (its request id and what became of it); None: served.
+    pub failed: Option<Arc<str>>,
+}
+
+/// The run loop's side: turns waiting for a row that has not finished, and how the last
+/// `window` chained rows that finished ended (any number of turns may wait for one row).
 #[derive(Debug)]
 pub struct Ends<T> {
     window: usize,
-    ended: BTreeMap<u64, Instant>,
+    ended: BTreeMap<u64, Ended>,
     waiting: HashMap<u64, Vec<T>>,
 }
 
@@ -171,20 +215,20 @@ impl<T> Ends<T> {
         }
     }
 
-    /// Chained row `seq` finished at `end`: the turns that waited for it, to release.
-    pub fn finished(&mut self, seq: u64, end: Instant) -> Vec<T> {
-        self.ended.insert(seq, end);
+    /// Chained row `seq` ended so: the turns that waited for it, to release.
+    pub fn finished(&mut self, seq: u64, ended: Ended) -> Vec<T> {
+        self.ended.insert(seq, ended);
         while self.ended.len() > self.window {
             self.ended.pop_first();
         }
         self.waiting.remove(&seq).unwrap_or_default()
     }
 
-    /// `turn` waits for row `seq`: when that one ended already, its end and the turn back (to
+    /// `turn` waits for row `seq`: when that one ended already, how, and the turn back (to
     /// release now); else the turn is kept until it does.
-    pub fn wait(&mut self, seq: u64, turn: T) -> Option<(Instant, T)> {
+    pub fn wait(&mut self, seq: u64, turn: T) -> Option<(Ended, T)> {
         match self.ended.get(&seq) {
-            Some(end) => Some((*end, turn)),
+            Some(end) => Some((end.clone(), turn)),
             None => {
                 self.waiting.entry(seq).or_default().push(turn);
                 None
@@ -208,6 +252,20 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    impl Graph {
+        fn add_closed(&mut self, seq: u64, rec: &TraceRecord) -> (Option<Wait>, bool) {
+            self.add(seq, rec, true)
+        }
+    }
+
+    fn ended(at: Instant) -> Ended {
+        Ended {
+            at,
+            response_id: None,
+            failed: None,
+        }
+    }
+
     fn rec(id: &str, t_ms: i64, session: Option<&str>, parent: Option<&str>) -> TraceRecord {
         let mut r = TraceRecord::new(id, t_ms * 1000, "/v1/chat/completions");
         r.session_id = session.map(str::to_string);
@@ -219,10 +277,13 @@ mod tests {
     #[test]
     fn a_parent_wins_over_the_session_and_a_missing_one_falls_back() {
         let mut g = Graph::new(8);
-        assert_eq!(g.add(0, &rec("a1", 0, Some("a"), None)), (None, true));
-        assert_eq!(g.add(1, &rec("x", 10, None, None)), (None, false));
+        assert_eq!(
+            g.add_closed(0, &rec("a1", 0, Some("a"), None)),
+            (None, true)
+        );
+        assert_eq!(g.add_closed(1, &rec("x", 10, None, None)), (None, false));
         // A sub-agent in another session waits for its parent.
-        let (w, _) = g.add(2, &rec("s1", 500, Some("s"), Some("a1")));
+        let (w, _) = g.add_closed(2, &rec("s1", 500, Some("s"), Some("a1")));
         assert_eq!(
             w,
             Some(Wait {
@@ -232,30 +293,32 @@ mod tests {
             })
         );
         // A parent never assembled (or not chained): the session's previous turn.
-        let (w, _) = g.add(3, &rec("s2", 900, Some("s"), Some("nowhere")));
+        let (w, _) = g.add_closed(3, &rec("s2", 900, Some("s"), Some("nowhere")));
         assert_eq!(w.map(|w| (w.seq, w.parent)), Some((2, false)));
-        let (w, _) = g.add(4, &rec("y", 900, None, Some("x")));
+        let (w, _) = g.add_closed(4, &rec("y", 900, None, Some("x")));
         assert_eq!(w, None, "x had no session nor parent: not remembered");
     }
 
     #[test]
     fn only_the_last_window_chained_rows_can_be_waited_for() {
         let mut g = Graph::new(3);
-        g.add(0, &rec("a1", 0, Some("a"), None));
+        g.add_closed(0, &rec("a1", 0, Some("a"), None));
         for i in 1..=3 {
-            g.add(i, &rec(&format!("b{i}"), 0, Some("b"), None));
+            g.add_closed(i, &rec(&format!("b{i}"), 0, Some("b"), None));
         }
         // a1 is 4 chained rows back: neither by id nor by session.
-        assert_eq!(g.add(4, &rec("c", 0, None, Some("a1"))).0, None);
-        assert_eq!(g.add(5, &rec("a2", 0, Some("a"), None)).0, None);
+        assert_eq!(g.add_closed(4, &rec("c", 0, None, Some("a1"))).0, None);
+        assert_eq!(g.add_closed(5, &rec("a2", 0, Some("a"), None)).0, None);
         assert!(g.by_id.len() <= 3 && g.order.len() <= 3);
         // A repeated id maps to its latest row, and evicting the older keeps it.
         let mut g = Graph::new(2);
-        g.add(0, &rec("r", 0, Some("s"), None));
-        g.add(1, &rec("r", 0, Some("t"), None));
-        g.add(2, &rec("q", 0, Some("u"), None));
+        g.add_closed(0, &rec("r", 0, Some("s"), None));
+        g.add_closed(1, &rec("r", 0, Some("t"), None));
+        g.add_closed(2, &rec("q", 0, Some("u"), None));
         assert_eq!(
-            g.add(3, &rec("k", 0, None, Some("r"))).0.map(|w| w.seq),
+            g.add_closed(3, &rec("k", 0, None, Some("r")))
+                .0
+                .map(|w| w.seq),
             Some(1)
         );
     }
@@ -267,14 +330,14 @@ mod tests {
         assert_eq!(e.wait(0, "c1"), None);
         assert_eq!(e.wait(0, "c2"), None);
         assert_eq!(e.waiting(), 2);
-        assert_eq!(e.finished(0, t0), vec!["c1", "c2"]);
+        assert_eq!(e.finished(0, ended(t0)), vec!["c1", "c2"]);
         // A third child fed after its parent ended is released at once.
-        assert_eq!(e.wait(0, "c3"), Some((t0, "c3")));
+        assert_eq!(e.wait(0, "c3"), Some((ended(t0), "c3")));
         let t1 = t0 + Duration::from_millis(5);
-        e.finished(1, t1);
-        e.finished(2, t1);
+        e.finished(1, ended(t1));
+        e.finished(2, ended(t1));
         assert_eq!(e.ended.len(), 2, "only the last window's ends are kept");
-        assert_eq!(e.wait(2, "d"), Some((t1, "d")));
+        assert_eq!(e.wait(2, "d"), Some((ended(t1), "d")));
         assert_eq!(e.waiting(), 0);
     }
 }

@@ -36,8 +36,15 @@ pub struct PlannedRequest {
     /// Closed mode: the turn (its `seq`) this one waits for: its parent (`parent_request_id`)
     /// when assembled earlier in this run, else its session's previous turn ([`crate::graph`]).
     pub waits_for: Option<u64>,
-    /// Closed mode: whether a later turn may wait for this one (it has a session or a parent).
+    /// Whether a later turn may wait for this one (closed mode: it has a session or a
+    /// parent; any mode: it is a Responses request, whose id a later turn may name).
     pub chained: bool,
+    /// Open mode: a Responses turn waiting for its parent (`waits_for`) is sent at its own
+    /// `offset` or once its parent answered, whichever is later (no think time).
+    pub open_wait: bool,
+    /// How long it was held past its `offset` for its parent's answer (set when its parent
+    /// answered: the row's `parent_wait_us`).
+    pub parent_wait: Option<Duration>,
     /// The request to send.
     pub req: BuiltRequest,
     /// The recorded prompt length.
@@ -231,6 +238,13 @@ impl Skipped {
         self.rows == 0
     }
 
+    /// Adds `other`'s rows after these.
+    pub fn extend(&mut self, other: Skipped) {
+        self.rows += other.rows;
+        let room = SKIPPED_KEPT.saturating_sub(self.kept.len());
+        self.kept.extend(other.kept.into_iter().take(room));
+    }
+
     /// The first row skipped: (request id, why).
     pub fn first(&self) -> Option<&(String, String)> {
         self.kept.first()
@@ -249,8 +263,9 @@ impl Skipped {
 pub struct Assembler {
     speedup: f64,
     next_seq: u64,
-    /// Closed mode: the turns that can be waited for (None: open mode).
-    graph: Option<Graph>,
+    /// The turns that can be waited for (open mode: only chained Responses turns wait).
+    graph: Graph,
+    closed: bool,
     /// Selected rows that could not become a request.
     pub skipped: Skipped,
     /// Requests that send their row's recorded body (the others' prompts are synthesized).
@@ -266,7 +281,8 @@ impl Assembler {
                 Arrivals::Rate { .. } => 1.0,
             },
             next_seq: 0,
-            graph: (session_mode == SessionMode::Closed).then(Graph::default),
+            graph: Graph::default(),
+            closed: session_mode == SessionMode::Closed,
             skipped: Skipped::default(),
             bodies: 0,
         }
@@ -296,18 +312,28 @@ impl Assembler {
                 return None;
             }
         };
+        let wait = self.graph.waits(&rec, self.closed);
+        if wait.is_none() && req.parent_id_at.is_some() {
+            // It continues a response the candidate never gave: it cannot be sent.
+            self.skipped.push(
+                rec.request_id,
+                format!(
+                    "its parent {} (previous_response_id) is not replayed: outside the selection, or more than {} chained rows earlier",
+                    rec.parent_request_id.as_deref().unwrap_or("?"),
+                    crate::graph::WINDOW
+                ),
+            );
+            return None;
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
+        let chained = self.graph.remember(seq, &rec, self.closed);
         self.bodies += usize::from(rec.body.is_some());
-        let (mut think, mut waits_for, mut chained) = (Duration::ZERO, None, false);
-        if let Some(g) = &mut self.graph {
-            let (wait, c) = g.add(seq, &rec);
-            chained = c;
-            if let Some(w) = wait {
-                let think_us = rec.arrival_time_us.saturating_sub(w.end_us).max(0);
-                think = Duration::from_secs_f64(think_us as f64 / 1e6 / self.speedup);
-                waits_for = Some(w.seq);
-            }
+        let (mut think, mut waits_for) = (Duration::ZERO, None);
+        if let Some(w) = wait {
+            let think_us = rec.arrival_time_us.saturating_sub(w.end_us).max(0);
+            think = Duration::from_secs_f64(think_us as f64 / 1e6 / self.speedup);
+            waits_for = Some(w.seq);
         }
         Some(PlannedRequest {
             seq,
@@ -317,6 +343,8 @@ impl Assembler {
             think,
             waits_for,
             chained,
+            open_wait: !self.closed && waits_for.is_some(),
+            parent_wait: None,
             req,
             prompt_tokens: rec.prompt_tokens,
             recorded_e2el_us: rec.e2el_us,

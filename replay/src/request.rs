@@ -1,10 +1,19 @@
 //! Building the request a trace row stands for.
 //!
-//! A row with a recorded body is sent as recorded (the model may be rewritten, and a
-//! streamed request gets `stream_options.include_usage` so output tokens come from usage).
-//! A row without one gets a built completions or chat request whose prompt is synthesized to
-//! the recorded length (see [`crate::prompt`] for how the text is drawn), and whose
-//! `max_tokens` follows `--output-len`.
+//! Every row goes to its own API's endpoint ([`wire::api::Api`]). A row with a recorded body
+//! is sent as recorded (the model may be rewritten, and a streamed completions or chat
+//! request gets `stream_options.include_usage` so output tokens come from usage). A row
+//! without one gets a request built in its API's shape (completions `prompt`; chat
+//! `messages`; Responses `input` and `max_output_tokens`; Messages `messages` of content
+//! blocks and `max_tokens`; embeddings `input`; rerank `query` and `documents`; score
+//! `text_1` and `text_2`) whose prompt is synthesized to the recorded length (see
+//! [`crate::prompt`] for how the text is drawn), and whose output length follows
+//! `--output-len` (with `ignore_eos` for a fixed length, on every generation API).
+//!
+//! A Responses turn chained to its parent (`parent_link` = `previous_response`) carries a
+//! placeholder for its `previous_response_id` ([`BuiltRequest::parent_id_at`]): the run puts
+//! the id the candidate gave its parent there once the parent answered
+//! ([`BuiltRequest::set_parent_id`]).
 //!
 //! What is counted as the prompt's length depends on the endpoint: for completions, the
 //! text's tokens plus the special tokens the tokenizer adds (a BOS for Llama 3, none for Qwen
@@ -14,18 +23,27 @@
 //! depending on the model (ChatML/Qwen: 9, Llama 3 with its date header: ~25); that overhead
 //! is not compensated.
 
+use std::ops::Range;
+
 use bytes::Bytes;
 use serde_json::{json, Value};
-use trace_format::TraceRecord;
+use trace_format::{ParentLink, TraceRecord};
+use wire::api::Api;
 
-use crate::config::{EndpointKind, OutputLen, RequestOptions};
+use crate::config::{OutputLen, RequestOptions};
 use crate::prompt::{filler_prompt, stable_hash};
+
+/// What a chained turn's body holds where its parent's response id goes (a JSON string no
+/// client sends: it cannot be met elsewhere in a body).
+const PARENT_ID_PLACEHOLDER: &str = "\u{0}llmreplay-parent-response-id\u{0}";
 
 /// A request ready to send.
 #[derive(Debug, Clone)]
 pub struct BuiltRequest {
     /// Path, e.g. `/v1/completions`.
     pub endpoint: String,
+    /// The API it speaks (how its answer is read).
+    pub api: Api,
     /// Whether the response will be streamed.
     pub stream: bool,
     /// The JSON body.
@@ -36,6 +54,51 @@ pub struct BuiltRequest {
     pub cancel: Option<CancelAt>,
     /// What the captured row was, for the outcome taxonomy (`trace_format::cause`).
     pub captured: Captured,
+    /// A chained Responses turn: where in `body` its `previous_response_id` goes (the JSON
+    /// string there is a placeholder until [`BuiltRequest::set_parent_id`]).
+    pub parent_id_at: Option<Range<usize>>,
+}
+
+impl BuiltRequest {
+    /// Puts the id the candidate gave the parent in the body, as its `previous_response_id`
+    /// (a no-op for a request that names no parent).
+    pub fn set_parent_id(&mut self, id: &str) {
+        let Some(at) = self.parent_id_at.take() else {
+            return;
+        };
+        let id = Value::from(id).to_string();
+        let mut b = Vec::with_capacity(self.body.len() + id.len());
+        b.extend_from_slice(&self.body[..at.start]);
+        b.extend_from_slice(id.as_bytes());
+        b.extend_from_slice(&self.body[at.end..]);
+        self.body = Bytes::from(b);
+    }
+}
+
+/// `obj` serialized, with `previous_response_id` set to the placeholder when `chained`:
+/// the body and where the placeholder is.
+fn serialize(
+    mut obj: serde_json::Map<String, Value>,
+    chained: bool,
+) -> (Bytes, Option<Range<usize>>) {
+    if chained {
+        obj.insert("previous_response_id".into(), json!(PARENT_ID_PLACEHOLDER));
+    }
+    let body = serde_json::to_vec(&Value::Object(obj)).expect("JSON values serialize");
+    let at = chained
+        .then(|| {
+            let needle = Value::from(PARENT_ID_PLACEHOLDER).to_string();
+            memchr::memmem::find(&body, needle.as_bytes()).map(|i| i..i + needle.len())
+        })
+        .flatten();
+    (Bytes::from(body), at)
+}
+
+/// Whether `rec` is a Responses turn that continues its parent's response on the server.
+fn chained(rec: &TraceRecord) -> bool {
+    false
+        && rec.parent_link == Some(ParentLink::PreviousResponse)
+        && rec.parent_request_id.is_some()
 }
 
 /// What the row a request replays was: its status and outcome, and whether the request sends
@@ -120,7 +183,10 @@ pub fn build_request(
             rec.request_id
         )
     })?;
+    let api = opts.endpoint_for(&rec.endpoint);
     let (max_tokens, ignore_eos) = match opts.output_len {
+        // An embeddings, rerank or score request generates nothing.
+        _ if !api.generates() => (1, false),
         OutputLen::Fixed(n) => (i64::from(n), true),
         OutputLen::Recorded => (
             rec.output_tokens.or(rec.max_tokens).ok_or_else(|| {
@@ -144,38 +210,93 @@ pub fn build_request(
     // A recorded failure with 0 output tokens still sends a request: ask for one token.
     let max_tokens = max_tokens.max(1);
     let prefix = rec.prefix_hashes.as_deref().zip(block_size);
-    let endpoint = opts.endpoint_for(&rec.endpoint);
-    let prompt = synthesize_prompt(opts, endpoint, &rec.request_id, prompt_tokens, prefix)?;
+    let prompt = synthesize_prompt(opts, api, &rec.request_id, prompt_tokens, prefix)?;
     let model = opts
         .model
         .as_deref()
         .or(rec.model.as_deref())
         .unwrap_or(model);
-    let mut body = match endpoint {
-        EndpointKind::Completions => json!({ "model": model, "prompt": prompt }),
-        EndpointKind::Chat => {
-            json!({ "model": model, "messages": [{"role": "user", "content": prompt}] })
-        }
-    };
-    let obj = body.as_object_mut().expect("built as an object");
-    obj.insert("max_tokens".into(), json!(max_tokens));
-    if ignore_eos {
-        obj.insert("ignore_eos".into(), json!(true));
-    }
     // Built requests stream as the row did, unless streaming is turned off.
-    let stream = opts.stream && rec.stream;
-    obj.insert("stream".into(), json!(stream));
-    if stream {
-        obj.insert("stream_options".into(), json!({"include_usage": true}));
-    }
+    let stream = opts.stream && rec.stream && api.generates();
+    let obj = synthesized_body(api, model, prompt, (max_tokens, ignore_eos), stream);
+    let (body, parent_id_at) = serialize(obj, api == Api::Responses && chained(rec));
     Ok(BuiltRequest {
-        endpoint: endpoint.path().to_string(),
+        endpoint: api.default_path().to_string(),
+        api,
         stream,
-        body: Bytes::from(serde_json::to_vec(&body).expect("JSON values serialize")),
-        max_tokens: Some(max_tokens),
+        body,
+        max_tokens: api.generates().then_some(max_tokens),
         cancel: CancelAt::of(rec),
         captured: Captured::of(rec, true),
+        parent_id_at,
     })
+}
+
+/// The body of a built request of `api` for `model`, its prompt `prompt`, asking for
+/// `max_tokens` (exactly, with `ignore_eos`), streamed or not.
+fn synthesized_body(
+    api: Api,
+    model: &str,
+    prompt: String,
+    (max_tokens, ignore_eos): (i64, bool),
+    stream: bool,
+) -> serde_json::Map<String, Value> {
+    // The prompt's words in two parts (a query and a document, two texts to score).
+    let half = |p: &str| {
+        let words: Vec<&str> = p.split(' ').collect();
+        let mid = words.len().div_ceil(2);
+        match words.split_at(mid) {
+            (a, []) => (a.join(" "), a.join(" ")),
+            (a, b) => (a.join(" "), b.join(" ")),
+        }
+    };
+    let (mut body, max_key) = match api {
+        Api::Completions => (
+            json!({ "model": model, "prompt": prompt }),
+            Some("max_tokens"),
+        ),
+        Api::Chat => (
+            json!({ "model": model, "messages": [{"role": "user", "content": prompt}] }),
+            Some("max_tokens"),
+        ),
+        Api::Responses => (
+            json!({ "model": model, "input": [{"role": "user", "content": prompt}] }),
+            Some("max_output_tokens"),
+        ),
+        Api::Messages => (
+            json!({ "model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}] }),
+            Some("max_tokens"),
+        ),
+        Api::Embeddings => (json!({ "model": model, "input": prompt }), None),
+        Api::Rerank => {
+            let (q, d) = half(&prompt);
+            (
+                json!({ "model": model, "query": q, "documents": [d] }),
+                None,
+            )
+        }
+        Api::Score => {
+            let (a, b) = half(&prompt);
+            (json!({ "model": model, "text_1": a, "text_2": b }), None)
+        }
+    };
+    let mut obj = match body.as_object_mut() {
+        Some(o) => std::mem::take(o),
+        None => serde_json::Map::new(),
+    };
+    if let Some(k) = max_key {
+        obj.insert(k.into(), json!(max_tokens));
+        if ignore_eos {
+            obj.insert("ignore_eos".into(), json!(true));
+        }
+        obj.insert("stream".into(), json!(stream));
+        // Only completions and chat take `stream_options`; the typed streams end with their
+        // usage anyway.
+        if stream && !api.typed_events() {
+            obj.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+    }
+    obj
 }
 
 /// What replay sends for the rows of a trace, as one console note: their recorded bodies
@@ -211,7 +332,7 @@ pub fn prompt_source_note(n: usize, bodies: usize, tokenizer: Option<&str>) -> O
 /// token: an empty prompt is not a request any server accepts.
 pub fn synthesize_prompt(
     opts: &RequestOptions,
-    endpoint: EndpointKind,
+    api: Api,
     request_id: &str,
     prompt_tokens: i64,
     prefix: Option<(&[u64], usize)>,
@@ -221,11 +342,13 @@ pub fn synthesize_prompt(
     match &opts.tokenizer {
         None => Ok(filler_prompt(opts.prompt_salt, key, n, prefix)),
         Some(pt) => {
-            let text_tokens = match endpoint {
-                EndpointKind::Completions => n
+            // A completions prompt is the whole input; the other APIs' text goes inside a
+            // template that adds its own special tokens.
+            let text_tokens = match api {
+                Api::Completions => n
                     .saturating_sub(pt.tokenizer().special_tokens_added())
                     .max(1),
-                EndpointKind::Chat => n,
+                _ => n,
             };
             pt.synthesize(opts.prompt_salt, key, text_tokens, prefix)
                 .map_err(|e| format!("request {request_id}: {e}"))
@@ -235,41 +358,49 @@ pub fn synthesize_prompt(
 
 fn rebuild_recorded(rec: &TraceRecord, body: &str, opts: &RequestOptions) -> BuiltRequest {
     let endpoint = rec.endpoint.clone();
+    let api = Api::of_endpoint(&endpoint).unwrap_or(Api::Chat);
     match serde_json::from_str::<Value>(body) {
         Ok(Value::Object(mut obj)) => {
             if let Some(m) = &opts.model {
                 obj.insert("model".into(), json!(m));
             }
             let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
-            if stream {
+            if stream && !api.typed_events() {
                 let so = obj.entry("stream_options").or_insert_with(|| json!({}));
                 if let Some(so) = so.as_object_mut() {
                     so.entry("include_usage").or_insert(json!(true));
                 }
             }
-            let max_tokens = obj
-                .get("max_tokens")
-                .or_else(|| obj.get("max_completion_tokens"))
-                .and_then(Value::as_i64);
+            let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+                .iter()
+                .find_map(|k| obj.get(*k).and_then(Value::as_i64));
+            let chained = api == Api::Responses
+                && chained(rec)
+                && obj
+                    .get("previous_response_id")
+                    .is_some_and(|v| !v.is_null());
+            let (body, parent_id_at) = serialize(obj, chained);
             BuiltRequest {
                 endpoint,
+                api,
                 stream,
-                body: Bytes::from(
-                    serde_json::to_vec(&Value::Object(obj)).expect("JSON values serialize"),
-                ),
+                body,
                 max_tokens,
                 cancel: CancelAt::of(rec),
                 captured: Captured::of(rec, false),
+                parent_id_at,
             }
         }
         // Not a JSON object: send the recorded bytes untouched; the outcome records the rest.
         _ => BuiltRequest {
             endpoint,
+            api,
             stream: rec.stream,
             body: Bytes::from(body.to_string()),
             max_tokens: rec.max_tokens,
             cancel: CancelAt::of(rec),
             captured: Captured::of(rec, false),
+            parent_id_at: None,
         },
     }
 }
@@ -403,7 +534,7 @@ mod tests {
         rec.prompt_tokens = Some(300);
         rec.output_tokens = Some(5);
         let mut o = opts();
-        o.endpoint = Some(EndpointKind::Chat);
+        o.endpoint = Some(crate::config::EndpointKind::Chat);
         o.tokenizer = Some(pt.clone());
         let b1 = build_request(&rec, &o, "m", None).unwrap();
         let b2 = build_request(&rec, &o, "m", None).unwrap();

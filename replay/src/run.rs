@@ -23,7 +23,7 @@ use crate::cpu;
 use crate::dispatch::Dispatch;
 use crate::error::ReplayError;
 use crate::feed::{Fed, FeedMsg, ToPacer};
-use crate::graph::Ends;
+use crate::graph::{Ended, Ends};
 use crate::metrics::Metrics;
 use crate::metrics::MetricsBuilder;
 pub use crate::output::{ClientLoad, RunOutput, TargetInfo};
@@ -253,7 +253,10 @@ pub fn run_target(
         } else {
             run.plan_len.max(summary.total as usize)
         };
-        run.skipped = summary.skipped;
+        // The rows the feed could not build, then the turns not sent for their parent.
+        let mut skipped = summary.skipped;
+        skipped.extend(std::mem::take(&mut run.skipped));
+        run.skipped = skipped;
         run.bodies_replayed = summary.bodies;
         run.trace_span = summary.trace_span;
         if !summary.complete && run.interrupted.is_some() {
@@ -394,7 +397,7 @@ fn run_fed(
         passes: lp.passes,
         plan_len: feed.emitted() as usize,
         bodies_replayed: 0,
-        skipped: Default::default(),
+        skipped: std::mem::take(&mut lp.not_sent),
         trace_span: Duration::ZERO,
         wall,
         preconnected: pool_at_start.preconnected as usize,
@@ -548,9 +551,12 @@ struct Loop<'a> {
     passes: usize,
     /// To the pacer: successors of finished turns.
     successors: Option<Sender<Vec<ToPacer>>>,
-    /// Closed mode: turns waiting for the turn they follow, and the ends of the last
-    /// [`crate::graph::WINDOW`] chained turns that finished.
+    /// Turns waiting for the turn they follow (closed mode; chained Responses turns in any
+    /// mode), and how the last [`crate::graph::WINDOW`] chained turns that finished ended.
     ends: Ends<Box<Fed>>,
+    /// Chained Responses turns not sent because their parent failed or was not sent, with
+    /// why (reported with the rows the feed skipped).
+    not_sent: crate::plan::Skipped,
     /// Requests in the schedule, once the feed has fed them all.
     total: Option<u64>,
     pacer_end: Option<PacerEnd>,
@@ -587,6 +593,7 @@ impl<'a> Loop<'a> {
             passes: 0,
             successors: Some(successors),
             ends: Ends::default(),
+            not_sent: Default::default(),
             total,
             pacer_end: None,
             finished: 0,
@@ -674,16 +681,57 @@ impl<'a> Loop<'a> {
         }
     }
 
-    /// Sends `fed`, a turn whose predecessor ended at `end`, after its think time.
-    fn release(&mut self, end: Instant, fed: Box<Fed>) {
-        let at = end.saturating_duration_since(self.sh.start) + fed.item.think;
-        let seq = fed.item.seq;
-        let sent = self
-            .successors
-            .as_ref()
-            .is_some_and(|tx| tx.send(vec![Input::At(at, seq, fed)]).is_ok());
-        if !sent {
-            self.unsent += 1;
+    /// Sends `fed`, a turn whose predecessor ended as `ended`: in closed mode after its think
+    /// time, in open mode at its own offset if that is later. A Responses turn that names
+    /// its parent's response gets the id the target gave it, or is not sent (nor are the
+    /// turns that wait for it) when its parent failed or was not sent.
+    fn release(&mut self, ended: &Ended, fed: Box<Fed>) {
+        let mut todo = vec![(ended.clone(), fed)];
+        while let Some((ended, mut fed)) = todo.pop() {
+            if fed.item.req.parent_id_at.is_some() {
+                let why = match (&ended.failed, &ended.response_id) {
+                    (Some(f), _) => Some(format!("not sent: its parent {f}")),
+                    (None, None) => Some(
+                        "not sent: its parent's answer carried no response id to continue".into(),
+                    ),
+                    (None, Some(id)) => {
+                        fed.item.req.set_parent_id(id);
+                        None
+                    }
+                };
+                if let Some(why) = why {
+                    // Counted as finished: it was in the schedule and will not be sent.
+                    self.finished += 1;
+                    let item = &fed.item;
+                    if item.chained {
+                        let failed = format!("{} was not sent", item.request_id);
+                        let end = Ended {
+                            at: Instant::now(),
+                            response_id: None,
+                            failed: Some(failed.into()),
+                        };
+                        for next in self.ends.finished(item.seq, end.clone()) {
+                            todo.push((end.clone(), next));
+                        }
+                    }
+                    self.not_sent.push(fed.item.request_id.clone(), why);
+                    continue;
+                }
+            }
+            let after = ended.at.saturating_duration_since(self.sh.start);
+            fed.item.parent_wait = Some(after.saturating_sub(fed.item.offset));
+            let at = match fed.item.open_wait {
+                true => fed.item.offset.max(after),
+                false => after + fed.item.think,
+            };
+            let seq = fed.item.seq;
+            let sent = self
+                .successors
+                .as_ref()
+                .is_some_and(|tx| tx.send(vec![Input::At(at, seq, fed)]).is_ok());
+            if !sent {
+                self.unsent += 1;
+            }
         }
     }
 
@@ -697,6 +745,7 @@ impl<'a> Loop<'a> {
                 waited,
                 chained,
                 cancelled,
+                response_id,
             } => {
                 self.finished += 1;
                 self.done += 1;
@@ -707,8 +756,20 @@ impl<'a> Loop<'a> {
                 // Closed mode: a finished turn schedules the turns that follow it (its session's
                 // next, its children) after their think time.
                 if chained && self.stopped_at.is_none() {
-                    for next in self.ends.finished(seq, end) {
-                        self.release(end, next);
+                    let ended = Ended {
+                        at: end,
+                        response_id: response_id.map(Into::into),
+                        failed: (rec.outcome != Outcome::Ok).then(|| {
+                            let why = rec.error.as_deref().unwrap_or("");
+                            format!(
+                                "{} failed on the target ({}: {why})",
+                                rec.request_id, rec.outcome
+                            )
+                            .into()
+                        }),
+                    };
+                    for next in self.ends.finished(seq, ended.clone()) {
+                        self.release(&ended, next);
                     }
                 }
                 for (s, r) in self.bursts.finished(gid, Some((seq, *rec, waited))) {
@@ -729,8 +790,8 @@ impl<'a> Loop<'a> {
             }
             RunMsg::Feed(FeedMsg::Waiting(fed)) => {
                 let prev = fed.item.waits_for.unwrap_or(u64::MAX);
-                if let Some((end, fed)) = self.ends.wait(prev, fed) {
-                    self.release(end, fed);
+                if let Some((ended, fed)) = self.ends.wait(prev, fed) {
+                    self.release(&ended, fed);
                 }
             }
             RunMsg::Feed(FeedMsg::Done(n)) => self.total = Some(n),

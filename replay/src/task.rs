@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use trace_format::reasoning::Reasoning;
 use trace_format::tracectx::TraceContext;
 use trace_format::{Outcome, TokenSource, TraceRecord};
+use wire::api::Api;
 
 use crate::client::Client;
 use crate::feed::{Fed, FeedMsg};
@@ -37,6 +38,9 @@ pub(crate) enum RunMsg {
         chained: bool,
         /// Cancelled by a stop (in flight at the drain deadline, or at a second stop).
         cancelled: bool,
+        /// The id the target gave a chained Responses request's response (what the turns
+        /// that continue it name).
+        response_id: Option<String>,
     },
     /// A released request that was not sent: the run was stopping when its turn came.
     Unsent { gid: u64 },
@@ -113,6 +117,7 @@ impl Drop for RowGuard<'_> {
                 waited: false,
                 chained: self.item.chained,
                 cancelled: stopping,
+                response_id: None,
             });
         }
     }
@@ -307,6 +312,7 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
         .saturating_sub(ex.connect);
     rec.dispatch_lag_us = Some(lag.as_micros() as i64);
     rec.queue_us = Some(queue.as_micros() as i64);
+    rec.parent_wait_us = item.parent_wait.map(|d| d.as_micros() as i64);
     rec.new_connection = Some(ex.new_connection);
     rec.connect_us = ex.new_connection.then_some(ex.connect.as_micros() as i64);
     rec.target = Some(sh.target.clone());
@@ -324,6 +330,9 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
         waited,
         chained: item.chained,
         cancelled: false,
+        response_id: ex
+            .response_id
+            .filter(|_| item.chained && item.req.api == Api::Responses),
     });
 }
 

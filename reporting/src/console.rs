@@ -79,7 +79,7 @@ fn run_header(out: &mut String, i: &ResultInputs) {
             out,
             "Skipped rows:",
             format!(
-                "{} could not become a request (first: {id}: {why})",
+                "{} could not become a request or be sent (first: {id}: {why})",
                 run.skipped.len()
             ),
         );

@@ -1,7 +1,9 @@
 //! A simulated OpenAI-compatible LLM server with no GPU, for testing `llmreplay` and for
 //! demos: it speaks vLLM's OpenAI API (`/v1/completions`, `/v1/chat/completions`, streamed
-//! and not, `/v1/models`, `/version`, `/health`, `/metrics` with vLLM's metric names) and
-//! times its output with a model of a GPU serving engine.
+//! and not, `/v1/models`, `/version`, `/health`, `/metrics` with vLLM's metric names), OpenAI
+//! Responses (`/v1/responses`, with `previous_response_id`) and Anthropic Messages
+//! (`/v1/messages`) as their references stream them, and embeddings, rerank and score answered
+//! whole, and times its output with a model of a GPU serving engine.
 //!
 //! # Timing
 //! - [`Timing::Engine`] runs a vLLM V1-like continuous-batching engine in real time (see
@@ -34,6 +36,21 @@
 //! [`SimConfig::tokens_per_chunk`] tokens (the last may carry fewer), as with speculative
 //! decoding; `usage` still counts tokens.
 //!
+//! # Responses, Messages, tool calls
+//! Responses and Messages answers carry the same tokens as chat's, as their typed events
+//! (`typed.rs`): reasoning first (when [`SimConfig::reasoning`] draws it), then the answer.
+//! A Responses answer is kept (unless the request says `store: false`; bounded, oldest
+//! forgotten first) so a later request naming it in `previous_response_id` is prefilled on
+//! the whole conversation; an id the sim did not issue, or forgot, is answered 404. With
+//! [`SimConfig::tool_calls`], a Responses or Messages request that offers tools and does not
+//! end with a tool's result calls the first tool (drawn per request content and seed): its
+//! answer tokens are the call's arguments (`{"input":"…"}`), streamed as
+//! `function_call_arguments.delta` / `input_json_delta`.
+//!
+//! # Models
+//! With [`SimConfig::served_models`], a request naming another model is answered 404, as
+//! vLLM answers it; otherwise any model name is accepted.
+//!
 //! # Faults
 //! By rate ([`Faults`], seeded) or forced per request with the header
 //! `x-sim-fault: error|rate-limit|reset|stall`: `error` answers 500, `rate-limit` 429 with
@@ -41,15 +58,20 @@
 //! `stall` sends the headers and then nothing for [`Faults::stall`].
 #![deny(missing_docs)]
 
+mod apis;
 pub mod engine;
 pub mod from_trace;
 pub mod groundtruth;
 pub mod metrics;
 mod openai;
+mod output;
 pub mod profile;
 mod server;
 mod slots;
+pub mod store;
 pub mod tokens;
+mod typed;
+mod writer;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -77,8 +99,15 @@ pub struct SimConfig {
     /// Model name reported by `/v1/models`, in responses and as the metrics label
     /// (default `"llmreplay-sim"`). Requests may name any model.
     pub model_name: String,
-    /// Chat requests that reason before they answer ([`Reasoning`]; none by default).
+    /// Chat, Responses and Messages requests that reason before they answer
+    /// ([`Reasoning`]; none by default).
     pub reasoning: Reasoning,
+    /// The only model names requests may name, listed by `/v1/models` (another is answered
+    /// 404, as vLLM answers it); empty (the default): any name, `model_name` listed.
+    pub served_models: Vec<String>,
+    /// Share of Responses and Messages requests offering tools (and not ending with a tool's
+    /// result) whose answer is a call of the first tool, in `[0, 1]` (default 0).
+    pub tool_calls: f64,
 }
 
 /// A reasoning model's output, simulated: for a share of chat requests (drawn per request
@@ -125,6 +154,8 @@ impl Default for SimConfig {
             faults: Faults::default(),
             model_name: "llmreplay-sim".into(),
             reasoning: Reasoning::default(),
+            served_models: Vec::new(),
+            tool_calls: 0.0,
         }
     }
 }

@@ -1,24 +1,21 @@
 //! The OpenAI wire format as vLLM's server speaks it: parsing and validating completion and
-//! chat requests, and writing responses, SSE chunks and errors byte for byte like vLLM.
+//! chat requests (the other APIs' are read into the same [`GenRequest`] by `apis`), and
+//! writing completion and chat responses, SSE chunks and errors byte for
+//! byte like vLLM.
+
+use std::collections::VecDeque;
 
 use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{Map, Value};
+use wire::api::Api;
 
 use crate::metrics::FinishReason;
-use crate::tokens::{push_output_text, push_words, token_id_hash};
+use crate::output::Gen;
+use crate::tokens::{push_words, token_id_hash};
 
-/// Which endpoint a request came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// `/v1/completions`.
-    Completion,
-    /// `/v1/chat/completions`.
-    Chat,
-}
-
-/// A validated generation request.
-#[derive(Debug)]
+/// A validated request of any API.
+#[derive(Debug, Default)]
 pub(crate) struct GenRequest {
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
@@ -29,9 +26,24 @@ pub(crate) struct GenRequest {
     pub(crate) ignore_eos: bool,
     /// One hash per prompt token.
     pub(crate) prompt: Vec<u64>,
+    /// The `model` named, if any.
+    pub(crate) model: Option<String>,
+    /// Responses: the response this one continues (`previous_response_id`).
+    pub(crate) previous_response_id: Option<String>,
+    /// Responses: the response is kept for a later `previous_response_id` (`store`,
+    /// default true).
+    pub(crate) store: bool,
+    /// The first tool the request offers, if any.
+    pub(crate) tool: Option<String>,
+    /// The request ends with a tool's result (chat `tool` message, Responses
+    /// `function_call_output`, Messages `tool_result`).
+    pub(crate) after_tool_result: bool,
+    /// Embeddings: the inputs; rerank: the documents; score: the pairs (entries answered).
+    pub(crate) entries: u32,
 }
 
-/// An error answered in OpenAI's JSON error shape.
+/// An error answered in OpenAI's JSON error shape (Anthropic's for Messages:
+/// [`ApiError::body_for`]).
 #[derive(Debug)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
@@ -50,6 +62,27 @@ impl ApiError {
         }
     }
 
+    /// 404 for a model the server does not serve, as vLLM answers it.
+    pub(crate) fn unknown_model(model: &str) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist."),
+            kind: "NotFoundError",
+            code: None,
+        }
+    }
+
+    /// 404 for a `previous_response_id` the server does not hold, as OpenAI and vLLM answer
+    /// it.
+    pub(crate) fn unknown_response(id: &str) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("Previous response with id '{id}' not found."),
+            kind: "invalid_request_error",
+            code: Some("previous_response_not_found"),
+        }
+    }
+
     pub(crate) fn body(&self) -> Bytes {
         let v = serde_json::json!({
             "error": {
@@ -61,6 +94,27 @@ impl ApiError {
         });
         Bytes::from(v.to_string())
     }
+
+    /// The body in `api`'s shape: Anthropic's `{"type":"error","error":{…}}` for Messages,
+    /// OpenAI's otherwise.
+    pub(crate) fn body_for(&self, api: Api) -> Bytes {
+        if api != Api::Messages {
+            return self.body();
+        }
+        let kind = match self.status.as_u16() {
+            400 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            529 | 503 => "overloaded_error",
+            _ => "api_error",
+        };
+        let v = serde_json::json!({
+            "type": "error",
+            "error": {"type": kind, "message": self.message},
+        });
+        Bytes::from(v.to_string())
+    }
 }
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -68,7 +122,7 @@ pub(crate) const DEFAULT_MAX_TOKENS_COMPLETION: u32 = 16;
 /// Default `max_tokens` for chat when the request gives none.
 pub(crate) const DEFAULT_MAX_TOKENS_CHAT: u32 = 256;
 
-fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+pub(crate) fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -76,7 +130,7 @@ fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiErro
     }
 }
 
-fn opt_max_tokens(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError> {
+pub(crate) fn opt_max_tokens(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_u64() {
@@ -89,57 +143,11 @@ fn opt_max_tokens(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, Ap
     }
 }
 
-/// Parses and validates a request body for `kind`.
-pub(crate) fn parse(kind: Kind, body: &[u8]) -> Result<GenRequest, ApiError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
-    let Some(obj) = v.as_object() else {
-        return Err(ApiError::bad_request(
-            "The request body must be a JSON object",
-        ));
-    };
-    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
-    let (include_usage, continuous_usage) = match obj.get("stream_options") {
-        None | Some(Value::Null) => (false, false),
-        Some(Value::Object(so)) => (
-            opt_bool(so, "include_usage")?.unwrap_or(false),
-            opt_bool(so, "continuous_usage_stats")?.unwrap_or(false),
-        ),
-        Some(_) => return Err(ApiError::bad_request("`stream_options` must be an object")),
-    };
-    let ignore_eos = opt_bool(obj, "ignore_eos")?.unwrap_or(false);
-    let max_tokens = match kind {
-        Kind::Chat => match opt_max_tokens(obj, "max_completion_tokens")? {
-            Some(v) => Some(v),
-            None => opt_max_tokens(obj, "max_tokens")?,
-        },
-        Kind::Completion => opt_max_tokens(obj, "max_tokens")?,
-    };
-    let default = match kind {
-        Kind::Chat => DEFAULT_MAX_TOKENS_CHAT,
-        Kind::Completion => DEFAULT_MAX_TOKENS_COMPLETION,
-    };
-    let mut prompt = Vec::new();
-    match kind {
-        Kind::Completion => parse_prompt(obj, &mut prompt)?,
-        Kind::Chat => parse_messages(obj, &mut prompt)?,
-    }
-    Ok(GenRequest {
-        stream,
-        include_usage,
-        continuous_usage,
-        max_tokens: max_tokens.unwrap_or(default),
-        max_tokens_given: max_tokens.is_some(),
-        ignore_eos,
-        prompt,
-    })
-}
-
 fn token_id(v: &Value) -> Option<u64> {
     v.as_u64()
 }
 
-fn parse_prompt(obj: &Map<String, Value>, out: &mut Vec<u64>) -> Result<(), ApiError> {
+pub(crate) fn parse_prompt(obj: &Map<String, Value>, out: &mut Vec<u64>) -> Result<(), ApiError> {
     let bad = || {
         ApiError::bad_request(
             "`prompt` must be a string, an array of strings, or an array of token ids",
@@ -170,7 +178,7 @@ fn parse_prompt(obj: &Map<String, Value>, out: &mut Vec<u64>) -> Result<(), ApiE
     }
 }
 
-fn parse_messages(obj: &Map<String, Value>, out: &mut Vec<u64>) -> Result<(), ApiError> {
+pub(crate) fn parse_messages(obj: &Map<String, Value>, out: &mut Vec<u64>) -> Result<(), ApiError> {
     let Some(Value::Array(messages)) = obj.get("messages") else {
         return Err(ApiError::bad_request(
             "`messages` is required and must be an array",
@@ -217,81 +225,62 @@ fn parse_messages(obj: &Map<String, Value>, out: &mut Vec<u64>) -> Result<(), Ap
     Ok(())
 }
 
-/// Writes the JSON of one response (SSE chunks or the whole body) for one request.
+/// Writes the JSON of one completions or chat response (SSE chunks or the whole body).
 #[derive(Debug)]
 pub(crate) struct Formatter {
-    kind: Kind,
+    g: Gen,
     /// `{"id":..,"object":..,"created":..,"model":..,` for stream chunks.
     chunk_prefix: String,
-    id: String,
-    created: u64,
-    model_json: String,
-    prompt_tokens: u32,
-    text_start: u64,
     continuous_usage: bool,
-    /// Output tokens `0..reasoning` are reasoning (`reasoning_content`), the rest answer.
-    reasoning: u32,
+    /// A streamed response ends with a usage-only chunk.
+    include_usage: bool,
     /// `usage` says how many were reasoning.
     reasoning_details: bool,
 }
 
 impl Formatter {
-    pub(crate) fn new(
-        kind: Kind,
-        id_suffix: &str,
-        created: u64,
-        model: &str,
-        prompt_tokens: u32,
-        text_start: u64,
-        continuous_usage: bool,
-    ) -> Self {
-        let id = match kind {
-            Kind::Chat => format!("chatcmpl-{id_suffix}"),
-            Kind::Completion => format!("cmpl-{id_suffix}"),
+    /// A writer of `g` (completions or chat) with the stream options asked for.
+    pub(crate) fn new(g: Gen, continuous_usage: bool, include_usage: bool) -> Self {
+        let object = match g.api {
+            Api::Chat => "chat.completion.chunk",
+            _ => "text_completion",
         };
-        let object = match kind {
-            Kind::Chat => "chat.completion.chunk",
-            Kind::Completion => "text_completion",
-        };
-        let model_json = Value::from(model).to_string();
         let chunk_prefix = format!(
-            "{{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":{model_json},"
+            "{{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{},\"model\":{},",
+            g.id, g.created, g.model_json
         );
         Formatter {
-            kind,
+            g,
             chunk_prefix,
-            id,
-            created,
-            model_json,
-            prompt_tokens,
-            text_start,
             continuous_usage,
-            reasoning: 0,
+            include_usage,
             reasoning_details: false,
         }
     }
 
-    /// The first `tokens` output tokens are reasoning ([`crate::Reasoning`]), counted apart
-    /// in `usage` when `details`.
-    pub(crate) fn with_reasoning(mut self, tokens: u32, details: bool) -> Self {
-        self.reasoning = tokens;
+    /// The reasoning tokens are counted apart in `usage` ([`crate::Reasoning::details`]).
+    pub(crate) fn with_reasoning_details(mut self, details: bool) -> Self {
         self.reasoning_details = details;
         self
     }
 
+    fn chat(&self) -> bool {
+        self.g.api == Api::Chat
+    }
+
     fn usage_json(&self, completion: u32) -> String {
-        let details = if self.reasoning > 0 && self.reasoning_details {
+        let details = if self.g.reasoning > 0 && self.reasoning_details {
             format!(
                 ",\"completion_tokens_details\":{{\"reasoning_tokens\":{}}}",
-                self.reasoning.min(completion)
+                self.g.reasoning.min(completion)
             )
         } else {
             String::new()
         };
         format!(
             "{{\"prompt_tokens\":{},\"total_tokens\":{},\"completion_tokens\":{}{details}}}",
-            self.prompt_tokens,
-            u64::from(self.prompt_tokens) + u64::from(completion),
+            self.g.prompt_tokens,
+            u64::from(self.g.prompt_tokens) + u64::from(completion),
             completion
         )
     }
@@ -299,15 +288,11 @@ impl Formatter {
     /// The JSON strings of output tokens `from..to`: (reasoning, answer), each None when
     /// the range has none of it.
     fn texts(&self, from: u32, to: u32) -> (Option<String>, Option<String>) {
-        let split = self.reasoning.clamp(from, to);
-        let text = |a: u32, b: u32| {
-            (a < b).then(|| {
-                let mut t = String::new();
-                push_output_text(self.text_start, a, b, &mut t);
-                Value::from(t).to_string()
-            })
+        let (r, a) = self.g.split(from, to);
+        let text = |r: std::ops::Range<u32>| {
+            (!r.is_empty()).then(|| Value::from(self.g.text(r)).to_string())
         };
-        (text(from, split), text(split, to))
+        (text(r), text(a))
     }
 
     fn sse(&self, choices: &str, usage: Option<u32>) -> Bytes {
@@ -346,13 +331,12 @@ impl Formatter {
             (None, a) => format!("\"content\":{}", a.as_deref().unwrap_or("\"\"")),
         };
         let text = answer.unwrap_or_else(|| "\"\"".into());
-        let choice = match self.kind {
-            Kind::Chat => format!(
+        let choice = if self.chat() {
+            format!(
                 "{{\"index\":0,\"delta\":{{{delta}}},\"logprobs\":null,\"finish_reason\":{fin}}}"
-            ),
-            Kind::Completion => {
-                format!("{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":{fin}}}")
-            }
+            )
+        } else {
+            format!("{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":{fin}}}")
         };
         self.sse(&choice, self.continuous_usage.then_some(to))
     }
@@ -367,32 +351,57 @@ impl Formatter {
         Bytes::from_static(b"data: [DONE]\n\n")
     }
 
+    /// The events of output tokens `from..to` (the first ones of the stream when `first`).
+    pub(crate) fn tokens(
+        &self,
+        q: &mut VecDeque<Bytes>,
+        (from, to): (u32, u32),
+        first: bool,
+        finish: Option<FinishReason>,
+    ) {
+        // The role-only chunk goes out with the first token, as vLLM sends it (after
+        // queueing and prefill), never before.
+        if self.chat() && first {
+            q.push_back(self.role_chunk());
+        }
+        q.push_back(self.content_chunk(from, to, finish));
+    }
+
+    /// The end of a stream of `completion` tokens: the usage chunk when asked for, `[DONE]`.
+    pub(crate) fn end(&self, q: &mut VecDeque<Bytes>, completion: u32) {
+        if self.include_usage {
+            q.push_back(self.usage_chunk(completion));
+        }
+        q.push_back(Formatter::done());
+    }
+
     /// The whole non-streamed response.
     pub(crate) fn full_response(&self, completion: u32, finish: FinishReason) -> Bytes {
         let (reasoning, answer) = self.texts(0, completion);
         let text = answer.unwrap_or_else(|| "\"\"".into());
         let reasoning = reasoning.map_or(String::new(), |r| format!("\"reasoning_content\":{r},"));
-        let (object, choice) = match self.kind {
-            Kind::Chat => (
+        let (object, choice) = if self.chat() {
+            (
                 "chat.completion",
                 format!(
                     "{{\"index\":0,\"message\":{{\"role\":\"assistant\",{reasoning}\"content\":{text},\"tool_calls\":[]}},\"logprobs\":null,\"finish_reason\":\"{}\",\"stop_reason\":null}}",
                     finish.as_str()
                 ),
-            ),
-            Kind::Completion => (
+            )
+        } else {
+            (
                 "text_completion",
                 format!(
                     "{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":\"{}\",\"stop_reason\":null,\"prompt_logprobs\":null}}",
                     finish.as_str()
                 ),
-            ),
+            )
         };
         Bytes::from(format!(
             "{{\"id\":\"{}\",\"object\":\"{object}\",\"created\":{},\"model\":{},\"choices\":[{choice}],\"usage\":{}}}",
-            self.id,
-            self.created,
-            self.model_json,
+            self.g.id,
+            self.g.created,
+            self.g.model_json,
             self.usage_json(completion)
         ))
     }
@@ -401,19 +410,20 @@ impl Formatter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apis::parse;
 
     #[test]
     fn parses_prompt_shapes() {
-        let r = parse(Kind::Completion, br#"{"prompt":"a b  c","max_tokens":5}"#).unwrap();
+        let r = parse(Api::Completions, br#"{"prompt":"a b  c","max_tokens":5}"#).unwrap();
         assert_eq!(r.prompt.len(), 3);
         assert_eq!(r.max_tokens, 5);
-        let r = parse(Kind::Completion, br#"{"prompt":["a b","c"]}"#).unwrap();
+        let r = parse(Api::Completions, br#"{"prompt":["a b","c"]}"#).unwrap();
         assert_eq!(r.prompt.len(), 3);
         assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS_COMPLETION);
-        let r = parse(Kind::Completion, br#"{"prompt":[1,2,3,4]}"#).unwrap();
+        let r = parse(Api::Completions, br#"{"prompt":[1,2,3,4]}"#).unwrap();
         assert_eq!(r.prompt.len(), 4);
         let r = parse(
-            Kind::Chat,
+            Api::Chat,
             br#"{"messages":[{"role":"system","content":"x y"},{"role":"user","content":[{"type":"text","text":"a b c"},{"type":"image_url","image_url":{}}]}],"max_completion_tokens":3,"max_tokens":9}"#,
         )
         .unwrap();
@@ -424,19 +434,19 @@ mod tests {
     #[test]
     fn rejects_malformed() {
         for (kind, body) in [
-            (Kind::Completion, &b"not json"[..]),
-            (Kind::Completion, b"[]"),
-            (Kind::Completion, b"{}"),
-            (Kind::Completion, br#"{"prompt":5}"#),
-            (Kind::Completion, br#"{"prompt":[-1]}"#),
-            (Kind::Completion, br#"{"prompt":"a","max_tokens":0}"#),
-            (Kind::Completion, br#"{"prompt":"a","max_tokens":-3}"#),
-            (Kind::Completion, br#"{"prompt":"a","max_tokens":1.5}"#),
-            (Kind::Completion, br#"{"prompt":"a","stream":"yes"}"#),
-            (Kind::Chat, br#"{"prompt":"a"}"#),
-            (Kind::Chat, br#"{"messages":"hi"}"#),
-            (Kind::Chat, br#"{"messages":[{"content":"hi"}]}"#),
-            (Kind::Chat, br#"{"messages":[{"role":"user","content":5}]}"#),
+            (Api::Completions, &b"not json"[..]),
+            (Api::Completions, b"[]"),
+            (Api::Completions, b"{}"),
+            (Api::Completions, br#"{"prompt":5}"#),
+            (Api::Completions, br#"{"prompt":[-1]}"#),
+            (Api::Completions, br#"{"prompt":"a","max_tokens":0}"#),
+            (Api::Completions, br#"{"prompt":"a","max_tokens":-3}"#),
+            (Api::Completions, br#"{"prompt":"a","max_tokens":1.5}"#),
+            (Api::Completions, br#"{"prompt":"a","stream":"yes"}"#),
+            (Api::Chat, br#"{"prompt":"a"}"#),
+            (Api::Chat, br#"{"messages":"hi"}"#),
+            (Api::Chat, br#"{"messages":[{"content":"hi"}]}"#),
+            (Api::Chat, br#"{"messages":[{"role":"user","content":5}]}"#),
         ] {
             let e = parse(kind, body).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body:?}");
@@ -445,7 +455,7 @@ mod tests {
 
     #[test]
     fn chunks_are_json() {
-        let f = Formatter::new(Kind::Chat, "x", 1, "m\"q", 3, 0, true);
+        let f = Formatter::new(Gen::new(Api::Chat, "x", 1, "m\"q", 3, 0), true, true);
         for b in [
             f.role_chunk(),
             f.content_chunk(0, 2, None),

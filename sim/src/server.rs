@@ -2,37 +2,43 @@
 //! body that turns engine emissions into vLLM-shaped SSE chunks.
 
 mod answer;
+mod body;
 
-use std::collections::VecDeque;
+pub(crate) use body::{far, gen_response, GenSpec, SimBody, StartFn};
+use body::{fixed_stream, StreamTimes};
+
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc::{self, UnboundedReceiver};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
-use crate::engine::{Emit, Engine};
+use crate::engine::Engine;
 use crate::from_trace::{TraceMock, REQUEST_ID_HEADER};
 use crate::metrics::{FinishReason, Metrics};
-use crate::openai::{self, ApiError, Formatter, GenRequest, Kind};
+use crate::openai::{ApiError, Formatter, GenRequest};
+use crate::output::Gen;
 use crate::slots::Slots;
+use crate::store::Store;
 use crate::tokens::{combine, content_hash, mix, output_len};
+use crate::typed::{Keep, Typed};
+use crate::writer::Writer;
 use crate::{Faults, SimConfig, SimError, Timing};
+use wire::api::Api;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 << 20;
@@ -62,7 +68,14 @@ enum Backend {
 
 pub(crate) struct AppState {
     pub(crate) model: String,
+    /// The only model names requests may name (`--served-model-name`); empty: any.
+    served: Vec<String>,
     pub(crate) seed: u64,
+    /// Mixed into response ids, so two sims (or runs) never issue the same id.
+    pub(crate) nonce: u64,
+    tool_calls: f64,
+    /// Responses kept for `previous_response_id`.
+    pub(crate) store: Arc<Store>,
     tokens_per_chunk: u32,
     faults: Faults,
     reasoning: crate::Reasoning,
@@ -92,6 +105,7 @@ pub(crate) fn validate(cfg: &SimConfig) -> Result<(), SimError> {
     for (name, v) in [
         ("reasoning share", cfg.reasoning.share),
         ("reasoning fraction", cfg.reasoning.fraction),
+        ("tool call share", cfg.tool_calls),
     ] {
         if !(0.0..=1.0).contains(&v) {
             return Err(SimError::Config(format!(
@@ -143,7 +157,14 @@ pub(crate) async fn serve(
     };
     let state = Arc::new(AppState {
         model: cfg.model_name,
+        served: cfg.served_models,
         seed: cfg.seed,
+        nonce: mix(wire::clock::epoch_us() as u64 ^ u64::from(std::process::id())),
+        tool_calls: cfg.tool_calls,
+        store: Arc::new(Store::new(
+            crate::store::MAX_RESPONSES,
+            crate::store::MAX_TOKENS,
+        )),
         tokens_per_chunk: cfg.tokens_per_chunk,
         faults: cfg.faults,
         reasoning: cfg.reasoning,
@@ -232,6 +253,21 @@ pub(crate) fn error_response(e: &ApiError) -> Response<SimBody> {
     json_response(e.status, e.body())
 }
 
+/// An error in `api`'s shape (Anthropic's for Messages).
+pub(crate) fn error_response_for(api: Api, e: &ApiError) -> Response<SimBody> {
+    json_response(e.status, e.body_for(api))
+}
+
+/// The API served at `path`: each API's `/v1/…` path, and vLLM's other paths of rerank
+/// (`/rerank`, `/v2/rerank`) and score (`/score`).
+fn served_api(path: &str) -> Option<Api> {
+    match path {
+        "/rerank" | "/v2/rerank" => Some(Api::Rerank),
+        "/score" => Some(Api::Score),
+        _ => Api::ALL.into_iter().find(|a| a.default_path() == path),
+    }
+}
+
 fn not_found(path: &str) -> Response<SimBody> {
     error_response(&ApiError {
         status: StatusCode::NOT_FOUND,
@@ -277,18 +313,26 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Response<SimBody> 
                 Backend::Engine { max_model_len, .. } => Some(*max_model_len),
                 Backend::Fixed { .. } | Backend::Slots(_) | Backend::Trace(_) => None,
             };
-            let body = serde_json::json!({
-                "object": "list",
-                "data": [{
-                    "id": st.model,
-                    "object": "model",
-                    "created": unix_now(),
-                    "owned_by": "llmreplay-sim",
-                    "root": st.model,
-                    "parent": null,
-                    "max_model_len": max_model_len,
-                }]
-            });
+            let names = if st.served.is_empty() {
+                std::slice::from_ref(&st.model)
+            } else {
+                &st.served[..]
+            };
+            let data: Vec<serde_json::Value> = names
+                .iter()
+                .map(|name| {
+                    serde_json::json!({
+                        "id": name,
+                        "object": "model",
+                        "created": unix_now(),
+                        "owned_by": "llmreplay-sim",
+                        "root": st.model,
+                        "parent": null,
+                        "max_model_len": max_model_len,
+                    })
+                })
+                .collect();
+            let body = serde_json::json!({"object": "list", "data": data});
             json_response(StatusCode::OK, Bytes::from(body.to_string()))
         }
         "/metrics" if get => {
@@ -304,10 +348,11 @@ async fn handle(st: Arc<AppState>, req: Request<Incoming>) -> Response<SimBody> 
             r
         }
         "/health" | "/version" | "/v1/models" | "/metrics" => method_not_allowed("GET"),
-        "/v1/completions" if method == Method::POST => generate(st, Kind::Completion, req).await,
-        "/v1/chat/completions" if method == Method::POST => generate(st, Kind::Chat, req).await,
-        "/v1/completions" | "/v1/chat/completions" => method_not_allowed("POST"),
-        _ => not_found(&path),
+        p => match served_api(p) {
+            Some(api) if method == Method::POST => generate(st, api, req).await,
+            Some(_) => method_not_allowed("POST"),
+            None => not_found(&path),
+        },
     }
 }
 
@@ -355,24 +400,30 @@ fn header_fault(req: &Request<Incoming>) -> Result<Option<Fault>, ApiError> {
     }
 }
 
-/// The answer of a request whose fault is an error status (500, or 429 with its
+/// The answer of a request of `api` whose fault is an error status (500, or 429 with its
 /// `retry-after`); `None` for no fault, or one that acts on the stream.
-fn fault_response(st: &AppState, fault: Option<Fault>) -> Option<Response<SimBody>> {
+fn fault_response(st: &AppState, api: Api, fault: Option<Fault>) -> Option<Response<SimBody>> {
     match fault {
-        Some(Fault::Error) => Some(error_response(&ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: "The server had an error while processing your request (simulated fault)."
-                .into(),
-            kind: "server_error",
-            code: None,
-        })),
+        Some(Fault::Error) => Some(error_response_for(
+            api,
+            &ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: "The server had an error while processing your request (simulated fault)."
+                    .into(),
+                kind: "server_error",
+                code: None,
+            },
+        )),
         Some(Fault::RateLimit) => {
-            let mut r = error_response(&ApiError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                message: "Rate limit reached (simulated fault).".into(),
-                kind: "rate_limit_error",
-                code: Some("rate_limit_exceeded"),
-            });
+            let mut r = error_response_for(
+                api,
+                &ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    message: "Rate limit reached (simulated fault).".into(),
+                    kind: "rate_limit_error",
+                    code: Some("rate_limit_exceeded"),
+                },
+            );
             let secs = st.faults.retry_after_secs.max(1);
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -382,7 +433,83 @@ fn fault_response(st: &AppState, fault: Option<Fault>) -> Option<Response<SimBod
     }
 }
 
-async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Response<SimBody> {
+/// Reads and checks a request of `api`: its body parsed, its model served, its
+/// `previous_response_id` known (the conversation it continues put before its prompt).
+async fn read_request(
+    st: &AppState,
+    api: Api,
+    req: Request<Incoming>,
+) -> Result<(GenRequest, Bytes), Response<SimBody>> {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return Err(error_response_for(
+                api,
+                &ApiError::bad_request(format!("could not read the request body: {e}")),
+            ))
+        }
+    };
+    let mut g = crate::apis::parse(api, &body).map_err(|e| error_response_for(api, &e))?;
+    if let Some(m) = g.model.as_deref() {
+        if !st.served.is_empty() && !st.served.iter().any(|s| s == m) {
+            return Err(error_response_for(api, &ApiError::unknown_model(m)));
+        }
+    }
+    if let Some(prev) = g.previous_response_id.as_deref() {
+        let Some(conv) = st.store.get(prev) else {
+            return Err(error_response_for(api, &ApiError::unknown_response(prev)));
+        };
+        g.prompt.splice(0..0, conv.iter().copied());
+    }
+    Ok((g, body))
+}
+
+impl AppState {
+    /// Whether a request offering `tool` (not after a tool's result) calls it, drawn per
+    /// request content and seed: Responses and Messages only.
+    fn calls(&self, api: Api, g: &GenRequest, content: u64) -> bool {
+        if !api.typed_events() || g.tool.is_none() || g.after_tool_result || self.tool_calls <= 0.0
+        {
+            return false;
+        }
+        let draw = mix(self.seed ^ content ^ 0x746f_6f6c) as f64 / u64::MAX as f64;
+        draw < self.tool_calls
+    }
+
+    /// A new response id's suffix.
+    pub(crate) fn next_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{:016x}", mix(self.seed ^ n), mix(n ^ self.nonce))
+    }
+
+    /// The writer of `api`'s answer to `g`, described by `gen`.
+    pub(crate) fn writer(&self, api: Api, g: &GenRequest, gen: Gen) -> Writer {
+        match api {
+            Api::Completions | Api::Chat => Writer::Chunks(
+                Formatter::new(gen, g.continuous_usage, g.include_usage)
+                    .with_reasoning_details(self.reasoning.details),
+            ),
+            Api::Responses | Api::Messages => {
+                let keep = (api == Api::Responses && g.store).then(|| Keep {
+                    store: Arc::clone(&self.store),
+                    prompt: g.prompt.clone(),
+                });
+                Writer::Typed(Box::new(Typed::new(
+                    gen,
+                    g.max_tokens,
+                    g.previous_response_id.clone(),
+                    keep,
+                )))
+            }
+            Api::Embeddings | Api::Rerank | Api::Score => Writer::Pooled {
+                g: gen,
+                entries: g.entries,
+            },
+        }
+    }
+}
+
+async fn generate(st: Arc<AppState>, api: Api, req: Request<Incoming>) -> Response<SimBody> {
     // t0 of a recorded answer: the request's headers read, as capture's t0.
     let t0 = Instant::now();
     let request_id = req
@@ -392,23 +519,15 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
         .map(str::to_owned);
     let forced = match header_fault(&req) {
         Ok(f) => f,
-        Err(e) => return error_response(&e),
+        Err(e) => return error_response_for(api, &e),
     };
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return error_response(&ApiError::bad_request(format!(
-                "could not read the request body: {e}"
-            )))
-        }
-    };
-    let mut g: GenRequest = match openai::parse(kind, &body) {
-        Ok(g) => g,
-        Err(e) => return error_response(&e),
+    let (mut g, body) = match read_request(&st, api, req).await {
+        Ok(r) => r,
+        Err(r) => return r,
     };
     if let Backend::Trace(mock) = &st.backend {
         let ask = answer::Asked {
-            kind,
+            api,
             req: &g,
             request_id: request_id.as_deref(),
             prompt_key: crate::from_trace::prompt_key(&body),
@@ -424,7 +543,7 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
         }
         let total = u64::from(prompt_eff) + u64::from(g.max_tokens);
         if total > u64::from(*max_model_len) {
-            return error_response(&ApiError::bad_request(format!(
+            return error_response_for(api, &ApiError::bad_request(format!(
                 "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
                 max_model_len, total, prompt_tokens, g.max_tokens
             )));
@@ -432,7 +551,7 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
     }
 
     let fault = forced.or_else(|| st.roll_fault());
-    if let Some(r) = fault_response(&st, fault) {
+    if let Some(r) = fault_response(&st, api, fault) {
         return r;
     }
 
@@ -443,32 +562,52 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
     } else {
         output_len(st.seed, content, g.max_tokens)
     };
-    let finish = if target >= g.max_tokens {
+    let call = st.calls(api, &g, content);
+    let finish = if target >= g.max_tokens && !call {
         FinishReason::Length
     } else {
         FinishReason::Stop
     };
-    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = format!("{:016x}{:016x}", mix(st.seed ^ n), mix(n));
-    let fmt = Formatter::new(
-        kind,
-        &id,
+    let mut gen = Gen::new(
+        api,
+        &st.next_id(),
         unix_now(),
         &st.model,
         prompt_tokens,
         combine(st.seed, content),
-        g.continuous_usage,
-    );
-    let fmt = match kind {
-        Kind::Chat => fmt.with_reasoning(
-            st.reasoning.tokens(st.seed, content, target),
-            st.reasoning.details,
-        ),
-        Kind::Completion => fmt,
-    };
+    )
+    .with_call(g.tool.as_deref().filter(|_| call));
+    if api.generates() && api != Api::Completions {
+        gen = gen.with_reasoning(st.reasoning.tokens(st.seed, content, target));
+    }
+    let out = st.writer(api, &g, gen);
+    let start = start_fn(&st, &mut g, target, finish);
+    let stall = (fault == Some(Fault::Stall)).then(|| {
+        let d = if st.faults.stall.is_zero() {
+            DEFAULT_STALL
+        } else {
+            st.faults.stall
+        };
+        Box::pin(tokio::time::sleep(d))
+    });
+    let reset_after =
+        (fault == Some(Fault::Reset)).then_some(if g.stream { RESET_AFTER_CHUNKS } else { 0 });
+    gen_response(GenSpec {
+        stream: g.stream,
+        out,
+        start,
+        stall,
+        reset_after,
+        target,
+        finish,
+    })
+}
 
+/// What starts the emissions of a request of `target` tokens on the sim's backend.
+fn start_fn(st: &AppState, g: &mut GenRequest, target: u32, finish: FinishReason) -> StartFn {
     let k = st.tokens_per_chunk;
-    let start: StartFn = match &st.backend {
+    let prompt_tokens = u32::try_from(g.prompt.len()).unwrap_or(u32::MAX);
+    match &st.backend {
         Backend::Engine { engine, .. } => {
             let engine = engine.clone();
             let prompt = std::mem::take(&mut g.prompt);
@@ -487,15 +626,8 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
                 fixed_stream(t, k, prompt_tokens, target, finish, metrics)
             })
         }
-        // Answered from the trace above; never reached.
-        Backend::Trace(_) => {
-            return error_response(&ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                message: "no recorded answer".into(),
-                kind: "server_error",
-                code: None,
-            })
-        }
+        // Answered from the trace before; never reached: a stream that ends at once.
+        Backend::Trace(_) => Box::new(|| mpsc::unbounded_channel().1),
         Backend::Slots(slots) => {
             let slots = Arc::clone(slots);
             let metrics = Arc::clone(&st.metrics);
@@ -511,284 +643,6 @@ async fn generate(st: Arc<AppState>, kind: Kind, req: Request<Incoming>) -> Resp
                 };
                 fixed_stream(t, k, prompt_tokens, target, finish, metrics)
             })
-        }
-    };
-    let stall = (fault == Some(Fault::Stall)).then(|| {
-        let d = if st.faults.stall.is_zero() {
-            DEFAULT_STALL
-        } else {
-            st.faults.stall
-        };
-        Box::pin(tokio::time::sleep(d))
-    });
-    let reset_after =
-        (fault == Some(Fault::Reset)).then_some(if g.stream { RESET_AFTER_CHUNKS } else { 0 });
-    gen_response(GenSpec {
-        stream: g.stream,
-        chat: kind == Kind::Chat,
-        include_usage: g.include_usage,
-        fmt,
-        start,
-        stall,
-        reset_after,
-        target,
-        finish,
-    })
-}
-
-/// What a generation's response is made of (see [`GenBody`]).
-pub(crate) struct GenSpec {
-    pub(crate) stream: bool,
-    pub(crate) chat: bool,
-    pub(crate) include_usage: bool,
-    pub(crate) fmt: Formatter,
-    /// Starts the emissions when the body is first polled.
-    pub(crate) start: StartFn,
-    pub(crate) stall: Option<Pin<Box<Sleep>>>,
-    /// Content chunks before the connection is reset (0: at once).
-    pub(crate) reset_after: Option<u32>,
-    /// Output tokens at which the response is complete.
-    pub(crate) target: u32,
-    pub(crate) finish: FinishReason,
-}
-
-/// The response of a generation: its headers, and a body streaming its emissions.
-pub(crate) fn gen_response(s: GenSpec) -> Response<SimBody> {
-    let stream = s.stream;
-    let body = GenBody {
-        stream: s.stream,
-        chat: s.chat,
-        include_usage: s.include_usage,
-        fmt: s.fmt,
-        start: Some(s.start),
-        stall: s.stall,
-        rx: None,
-        out: 0,
-        target: s.target,
-        finish: s.finish,
-        pending: VecDeque::new(),
-        reset_after: s.reset_after,
-        reset_wait: None,
-        chunks: 0,
-        phase: Phase::Active,
-    };
-    let mut r = Response::new(SimBody::Gen(Box::new(body)));
-    let ct = if stream {
-        "text/event-stream; charset=utf-8"
-    } else {
-        "application/json"
-    };
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    if stream {
-        r.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    }
-    r
-}
-
-pub(crate) fn far(t0: Instant, d: Duration) -> Instant {
-    t0.checked_add(d)
-        .unwrap_or_else(|| t0 + Duration::from_secs(365 * 86_400))
-}
-
-/// When a scripted stream's chunks are due: chunk `i` at `first + i × itl`.
-struct StreamTimes {
-    /// The request was handled.
-    t0: Instant,
-    /// The first chunk is due.
-    first: Instant,
-    /// Between chunks.
-    itl: Duration,
-}
-
-/// Scripted timing (ground truth, slots): chunk `i` at `first + i × itl`, on absolute
-/// deadlines.
-fn fixed_stream(
-    times: StreamTimes,
-    k: u32,
-    prompt_tokens: u32,
-    target: u32,
-    finish: FinishReason,
-    metrics: Arc<Metrics>,
-) -> UnboundedReceiver<Emit> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let StreamTimes { t0, first, itl } = times;
-    tokio::spawn(async move {
-        metrics.update().add_running(1);
-        let chunks = target.div_ceil(k.max(1));
-        let mut sent = 0u32;
-        let mut complete = true;
-        for i in 0..chunks {
-            let deadline = far(first, itl.saturating_mul(i));
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => {}
-                () = tx.closed() => { complete = false; break; }
-            }
-            let n = k.min(target - sent);
-            sent += n;
-            if tx
-                .send(Emit {
-                    tokens: n,
-                    last: sent >= target,
-                })
-                .is_err()
-            {
-                complete = false;
-                break;
-            }
-        }
-        let mut m = metrics.update();
-        m.add_running(-1);
-        if complete {
-            m.prompt_tokens(prompt_tokens);
-            m.generation_tokens(target);
-            m.ttft(first.saturating_duration_since(t0));
-            for _ in 1..chunks {
-                m.itl(itl);
-            }
-            m.e2e(Instant::now().saturating_duration_since(t0));
-            m.success(finish);
-        }
-    });
-    rx
-}
-
-pub(crate) type StartFn = Box<dyn FnOnce() -> UnboundedReceiver<Emit> + Send>;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Active,
-    Reset,
-    Done,
-}
-
-/// Streams one generation: optional stall, then engine emissions as SSE chunks (or one JSON
-/// body), then `[DONE]`; or an abrupt error for the `reset` fault.
-pub(crate) struct GenBody {
-    stream: bool,
-    chat: bool,
-    include_usage: bool,
-    fmt: Formatter,
-    start: Option<StartFn>,
-    stall: Option<Pin<Box<Sleep>>>,
-    rx: Option<UnboundedReceiver<Emit>>,
-    out: u32,
-    target: u32,
-    finish: FinishReason,
-    pending: VecDeque<Bytes>,
-    reset_after: Option<u32>,
-    reset_wait: Option<Pin<Box<Sleep>>>,
-    chunks: u32,
-    phase: Phase,
-}
-
-impl GenBody {
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, io::Error>>> {
-        loop {
-            if let Some(b) = self.pending.pop_front() {
-                return Poll::Ready(Some(Ok(b)));
-            }
-            match self.phase {
-                Phase::Done => return Poll::Ready(None),
-                Phase::Reset => {
-                    // Let hyper flush the chunks already written, then fail the body: hyper
-                    // closes the connection without the terminating chunk.
-                    let wait = self
-                        .reset_wait
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(RESET_FLUSH)));
-                    ready!(wait.as_mut().poll(cx));
-                    self.phase = Phase::Done;
-                    return Poll::Ready(Some(Err(io::Error::new(
-                        io::ErrorKind::ConnectionReset,
-                        "simulated connection reset",
-                    ))));
-                }
-                Phase::Active => {}
-            }
-            if let Some(sleep) = self.stall.as_mut() {
-                ready!(sleep.as_mut().poll(cx));
-                self.stall = None;
-            }
-            if let Some(start) = self.start.take() {
-                self.rx = Some(start());
-                if self.reset_after == Some(0) {
-                    self.phase = Phase::Reset;
-                }
-                continue;
-            }
-            let Some(rx) = self.rx.as_mut() else {
-                self.phase = Phase::Done;
-                continue;
-            };
-            let Some(emit) = ready!(rx.poll_recv(cx)) else {
-                // The engine ended the request without finishing it.
-                self.phase = Phase::Reset;
-                continue;
-            };
-            let from = self.out;
-            self.out = self.out.saturating_add(emit.tokens).min(self.target);
-            let last = emit.last || self.out >= self.target;
-            if self.stream {
-                // The role-only chunk goes out with the first token, as vLLM sends it (after
-                // queueing and prefill), never before.
-                if self.chat && self.chunks == 0 {
-                    self.pending.push_back(self.fmt.role_chunk());
-                }
-                let fin = last.then_some(self.finish);
-                self.pending
-                    .push_back(self.fmt.content_chunk(from, self.out, fin));
-                self.chunks += 1;
-                if self.reset_after.is_some_and(|n| self.chunks >= n) {
-                    self.phase = Phase::Reset;
-                } else if last {
-                    if self.include_usage {
-                        self.pending.push_back(self.fmt.usage_chunk(self.out));
-                    }
-                    self.pending.push_back(Formatter::done());
-                    self.phase = Phase::Done;
-                }
-            } else if last {
-                self.pending
-                    .push_back(self.fmt.full_response(self.out, self.finish));
-                self.phase = Phase::Done;
-            }
-        }
-    }
-}
-
-/// Response body of every route: a fixed body or a generation.
-pub(crate) enum SimBody {
-    Full(Option<Bytes>),
-    Gen(Box<GenBody>),
-}
-
-impl Body for SimBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        match self.get_mut() {
-            SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            SimBody::Gen(g) => g.poll_next(cx).map(|o| o.map(|r| r.map(Frame::data))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            SimBody::Full(b) => b.is_none(),
-            SimBody::Gen(_) => false,
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            SimBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
-            SimBody::Full(None) => SizeHint::with_exact(0),
-            SimBody::Gen(_) => SizeHint::default(),
         }
     }
 }

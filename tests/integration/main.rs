@@ -38,6 +38,7 @@ mod support;
 
 mod agents;
 mod apis;
+mod apis_replay;
 mod capture;
 mod capture_disk;
 mod capture_faults;

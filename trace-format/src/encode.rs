@@ -104,6 +104,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let mut image_dims = names_builder(records, |r| r.image_dims.as_deref());
     let mut audio_inputs = Int32Builder::with_capacity(n);
     let mut audio_bytes = Int64Builder::with_capacity(n);
+    let mut parent_wait = Int64Builder::with_capacity(n);
 
     for r in records {
         request_id.append_value(&r.request_id);
@@ -170,6 +171,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         append_names(&mut image_dims, r.image_dims.as_deref());
         audio_inputs.append_option(r.audio_inputs);
         audio_bytes.append_option(r.audio_bytes);
+        parent_wait.append_option(r.parent_wait_us);
     }
 
     // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
@@ -225,6 +227,7 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         Arc::new(image_dims.finish()),
         Arc::new(audio_inputs.finish()),
         Arc::new(audio_bytes.finish()),
+        Arc::new(parent_wait.finish()),
     ];
     RecordBatch::try_new(Arc::new(schema::schema()), columns)
         .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))

@@ -170,6 +170,11 @@ pub mod col {
     /// Decoded bytes of the prompt's audio inputs (int64, null when the body was not read;
     /// since 1.5).
     pub const AUDIO_BYTES: &str = "audio_bytes";
+    /// Replay: how long the request was held past the time it was otherwise due because its
+    /// parent had not answered yet, µs (a Responses turn needs its parent's id on the
+    /// candidate; closed mode waits for every turn's predecessor): not latency, not dispatch
+    /// lag, not queue time (int64, null for a row that waits for no parent; since 1.5).
+    pub const PARENT_WAIT_US: &str = "parent_wait_us";
 }
 
 /// Key-value metadata keys written into every file.
@@ -477,6 +482,9 @@ pub struct TraceRecord {
     /// Bytes of the prompt's audio inputs (since 1.5).
     #[serde(default)]
     pub audio_bytes: Option<i64>,
+    /// Replay: time held waiting for its parent's answer, µs (since 1.5).
+    #[serde(default)]
+    pub parent_wait_us: Option<i64>,
 }
 
 impl TraceRecord {
@@ -538,6 +546,7 @@ impl TraceRecord {
             image_dims: None,
             audio_inputs: None,
             audio_bytes: None,
+            parent_wait_us: None,
         }
     }
 
@@ -592,6 +601,18 @@ pub const COLUMNS_SINCE: &[(&str, &[&str])] = {
                 TOOL_CALL_NAMES,
                 PARENT_LINK,
                 PAIR_REQUEST_ID,
+            ],
+        ),
+        (
+            "1.5",
+            &[
+                CACHED_TOKENS,
+                IMAGES,
+                IMAGE_BYTES,
+                IMAGE_DIMS,
+                AUDIO_INPUTS,
+                AUDIO_BYTES,
+                PARENT_WAIT_US,
             ],
         ),
     ]
@@ -667,6 +688,7 @@ pub fn schema() -> Schema {
         Field::new(IMAGE_DIMS, list_of(DataType::Utf8), true),
         Field::new(AUDIO_INPUTS, DataType::Int32, true),
         Field::new(AUDIO_BYTES, DataType::Int64, true),
+        Field::new(PARENT_WAIT_US, DataType::Int64, true),
     ])
 }
 
@@ -747,6 +769,7 @@ mod tests {
             col::IMAGE_DIMS,
             col::AUDIO_INPUTS,
             col::AUDIO_BYTES,
+            col::PARENT_WAIT_US,
         ] {
             let idx = batch.schema().index_of(name).unwrap();
             batch.remove_column(idx);
@@ -787,6 +810,7 @@ mod tests {
         (want.parent_link, want.pair_request_id) = (None, None);
         (want.cached_tokens, want.images, want.image_bytes) = (None, None, None);
         (want.image_dims, want.audio_inputs, want.audio_bytes) = (None, None, None);
+        want.parent_wait_us = None;
         assert_eq!(t.records[0], want);
         assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
 
@@ -827,6 +851,7 @@ mod tests {
             "image_dims",
             "audio_inputs",
             "audio_bytes",
+            "parent_wait_us",
         ] {
             o.remove(k);
         }
@@ -840,11 +865,11 @@ mod tests {
             (r.ttfat_us, r.tool_names, r.parent_link),
             (None, None, None)
         );
-        assert_eq!(r.pair_request_id, None);
         assert_eq!(
             (r.cached_tokens, r.images, r.image_dims),
             (None, None, None)
         );
+        assert_eq!((r.pair_request_id, r.parent_wait_us), (None, None));
     }
 
     #[test]
@@ -895,6 +920,7 @@ mod tests {
             "image_dims",
             "audio_inputs",
             "audio_bytes",
+            "parent_wait_us",
         ] {
             assert!(s.field_with_name(name).is_ok(), "missing column {name}");
         }

@@ -57,6 +57,7 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
         image_dims: Some(vec!["640x480".into(), String::new()]),
         audio_inputs: Some(1),
         audio_bytes: Some(32_000),
+        parent_wait_us: Some(i * 7),
     }
 }
 

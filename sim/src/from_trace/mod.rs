@@ -8,9 +8,10 @@
 //! - [`MatchBy::Id`]: the request's `x-request-id` header (what `llmreplay replay` sends: the
 //!   row's `request_id`; a soak pass's `~k` suffix is taken off) names a row. A row may be
 //!   answered any number of times by id.
-//! - [`MatchBy::Prompt`]: the request's prompt (`messages` for chat, `prompt` for
-//!   completions, compared as JSON) is that of a row whose body was recorded
-//!   (`capture --record-bodies full`): the first such row not answered yet, else the first.
+//! - [`MatchBy::Prompt`]: the request's prompt (`messages` for chat and Messages, `prompt`
+//!   for completions, `input` for Responses and embeddings, compared as JSON) is that of a
+//!   row whose body was recorded (`capture --record-bodies full`): the first such row not
+//!   answered yet, else the first.
 //! - [`MatchBy::Order`]: the earliest row by arrival not answered yet.
 //!
 //! A request that matches nothing is answered 404 with an error naming why, and counted
@@ -268,10 +269,12 @@ impl RecordedAnswer {
 pub fn prompt_key(body: &[u8]) -> Option<u64> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let obj = v.as_object()?;
-    let (tag, p): (&[u8], _) = match (obj.get("messages"), obj.get("prompt")) {
-        (Some(m), _) => (b"messages", m),
-        (None, Some(p)) => (b"prompt", p),
-        (None, None) => return None,
+    let (tag, p): (&[u8], _) = match (obj.get("messages"), obj.get("prompt"), obj.get("input")) {
+        (Some(m), _, _) => (b"messages", m),
+        (None, Some(p), _) => (b"prompt", p),
+        // Responses, embeddings.
+        (None, None, Some(i)) => (b"input", i),
+        (None, None, None) => return None,
     };
     use trace_format::fnv::{fnv1a, OFFSET};
     Some(fnv1a(fnv1a(OFFSET, tag), p.to_string().as_bytes()))

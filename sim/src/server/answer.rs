@@ -9,18 +9,20 @@ use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::time::Instant;
 
 use super::{
-    drop_connection, error_response, far, gen_response, json_response, unix_now, AppState, GenSpec,
-    SimBody, DEFAULT_STALL,
+    drop_connection, error_response_for, far, gen_response, json_response, unix_now, AppState,
+    GenSpec, SimBody, DEFAULT_STALL,
 };
 use crate::engine::Emit;
 use crate::from_trace::{Ending, RecordedAnswer, TraceMock, Unmatched, MATCH_HEADER, ROW_HEADER};
 use crate::metrics::FinishReason;
-use crate::openai::{ApiError, Formatter, GenRequest, Kind};
+use crate::openai::{ApiError, GenRequest};
+use crate::output::Gen;
 use crate::tokens::{combine, mix};
+use wire::api::Api;
 
 /// What a request asked, as the server parsed it.
 pub(crate) struct Asked<'a> {
-    pub(crate) kind: Kind,
+    pub(crate) api: Api,
     pub(crate) req: &'a GenRequest,
     pub(crate) request_id: Option<&'a str>,
     pub(crate) prompt_key: Option<u64>,
@@ -66,12 +68,15 @@ pub(crate) async fn respond(st: &AppState, mock: &TraceMock, ask: Asked<'_>) -> 
     let (row, how) = match mock.find(ask.request_id, ask.prompt_key) {
         Ok(found) => found,
         Err(Unmatched(message)) => {
-            let r = error_response(&ApiError {
-                status: StatusCode::NOT_FOUND,
-                message,
-                kind: "not_found_error",
-                code: Some("no_recorded_request"),
-            });
+            let r = error_response_for(
+                ask.api,
+                &ApiError {
+                    status: StatusCode::NOT_FOUND,
+                    message,
+                    kind: "not_found_error",
+                    code: Some("no_recorded_request"),
+                },
+            );
             return with_headers(r, "unmatched", None);
         }
     };
@@ -87,14 +92,17 @@ async fn recorded(st: &AppState, row: &RecordedAnswer, ask: &Asked<'_>) -> Respo
         Ending::Status { status, error } => {
             tokio::time::sleep_until(at(row.e2el)).await;
             let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            return error_response(&ApiError {
-                status,
-                message: error
-                    .clone()
-                    .unwrap_or_else(|| format!("recorded HTTP {}", status.as_u16())),
-                kind: error_kind(status),
-                code: None,
-            });
+            return error_response_for(
+                ask.api,
+                &ApiError {
+                    status,
+                    message: error
+                        .clone()
+                        .unwrap_or_else(|| format!("recorded HTTP {}", status.as_u16())),
+                    kind: error_kind(status),
+                    code: None,
+                },
+            );
         }
         Ending::Reset { began: false } => {
             tokio::time::sleep_until(at(row.e2el)).await;
@@ -106,20 +114,20 @@ async fn recorded(st: &AppState, row: &RecordedAnswer, ask: &Asked<'_>) -> Respo
         }
         _ => {}
     }
-    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = format!("{:016x}{:016x}", mix(st.seed ^ n), mix(n));
+    let n = st.next_id.load(Ordering::Relaxed);
+    let id = st.next_id();
     let prompt_tokens = row
         .prompt_tokens
         .unwrap_or_else(|| u32::try_from(ask.req.prompt.len()).unwrap_or(u32::MAX));
-    let fmt = Formatter::new(
-        ask.kind,
+    let gen = Gen::new(
+        ask.api,
         &id,
         unix_now(),
         &st.model,
         prompt_tokens,
         combine(st.seed, mix(n)),
-        ask.req.continuous_usage,
     );
+    let mut out = st.writer(ask.api, ask.req, gen);
     let finish = match row.ending {
         Ending::Complete { length: true } => FinishReason::Length,
         _ => FinishReason::Stop,
@@ -128,7 +136,7 @@ async fn recorded(st: &AppState, row: &RecordedAnswer, ask: &Asked<'_>) -> Respo
         return match row.ending {
             Ending::Complete { .. } => {
                 tokio::time::sleep_until(at(row.e2el)).await;
-                let body = fmt.full_response(row.output_tokens, finish);
+                let body = out.whole(row.output_tokens, finish);
                 json_response(StatusCode::OK, body)
             }
             Ending::Hold { .. } => {
@@ -151,9 +159,7 @@ async fn recorded(st: &AppState, row: &RecordedAnswer, ask: &Asked<'_>) -> Respo
     let chunks = row.chunks.clone();
     gen_response(GenSpec {
         stream: true,
-        chat: ask.kind == Kind::Chat,
-        include_usage: ask.req.include_usage,
-        fmt,
+        out,
         start: Box::new(move || recorded_stream(t0, chunks, after)),
         stall: None,
         reset_after: None,

@@ -176,7 +176,8 @@ pub async fn request_inner(
         }
         while let Some(e) = find(&reply.body[ev_pos..], b"\n\n") {
             let ev = String::from_utf8_lossy(&reply.body[ev_pos..ev_pos + e]).to_string();
-            if let Some(data) = ev.strip_prefix("data: ") {
+            // `data: …`, after an `event: TYPE` line for the typed APIs.
+            if let Some(data) = ev.lines().find_map(|l| l.strip_prefix("data: ")) {
                 reply.events.push((now, data.to_string()));
             }
             ev_pos += e + 2;

@@ -110,6 +110,7 @@ pub(crate) fn convert(
     let image_dims = cx.str_lists(col::IMAGE_DIMS)?;
     let audio_inputs = cx.ints(col::AUDIO_INPUTS)?;
     let audio_bytes = cx.ints(col::AUDIO_BYTES)?;
+    let parent_wait = cx.ints(col::PARENT_WAIT_US)?;
 
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
@@ -217,6 +218,7 @@ pub(crate) fn convert(
             image_dims: image_dims.get(i, &cx, col::IMAGE_DIMS)?,
             audio_inputs: i32_of(&audio_inputs, col::AUDIO_INPUTS)?,
             audio_bytes: i64_of(&audio_bytes, col::AUDIO_BYTES)?,
+            parent_wait_us: i64_of(&parent_wait, col::PARENT_WAIT_US)?,
         };
         out.push(rec);
     }

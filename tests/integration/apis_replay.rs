@@ -1,0 +1,285 @@
+//! Replay speaks each row's own API (issue 51), through the real binary against the sim:
+//! rows of completions, chat, Responses, Messages and embeddings, with and without recorded
+//! bodies, each sent to its own endpoint in its API's shape; and a Responses chain
+//! (`previous_response_id`) replayed against the candidate's own state: each turn names the
+//! id the candidate gave its parent (the sim answers an id it did not issue 404, as real
+//! servers do, so forwarding the captured ids fails), is sent only once its parent answered,
+//! and reports the time it waited for it apart (`parent_wait_us`), in open and closed mode; a
+//! chain whose parent fails on the candidate is not sent, and says why.
+
+use crate::support;
+use support::env::tmpdir;
+use support::sim::SimProc;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+use trace_format::{
+    FileMeta, Outcome, ParentLink, Producer, TraceRecord, TraceWriter, WriterConfig,
+};
+
+fn bin() -> String {
+    std::env::var("LLMREPLAY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_llmreplay").into())
+}
+
+/// 2024-01-01, in µs: the trace's first arrival.
+const T0: i64 = 1_704_067_200_000_000;
+
+fn row(id: &str, at_ms: i64, endpoint: &str) -> TraceRecord {
+    let mut r = TraceRecord::new(id, T0 + at_ms * 1000, endpoint);
+    r.model = Some("m".into());
+    r.status = Some(200);
+    r.e2el_us = Some(30_000);
+    r
+}
+
+/// A Responses turn with its recorded body; `parent`: the row it continues and the id the
+/// captured server gave that row's response.
+fn turn(id: &str, at_ms: i64, input: &str, parent: Option<(&str, &str)>) -> TraceRecord {
+    let mut r = row(id, at_ms, "/v1/responses");
+    let mut body = json!({"model": "m", "input": [{"role": "user", "content": input}],
+        "max_output_tokens": 4, "ignore_eos": true, "stream": true});
+    if let Some((p, captured_id)) = parent {
+        body["previous_response_id"] = json!(captured_id);
+        r.parent_request_id = Some(p.into());
+        r.parent_link = Some(ParentLink::PreviousResponse);
+        r.session_id = Some("chain".into());
+    }
+    r.stream = true;
+    r.body = Some(body.to_string());
+    r
+}
+
+fn write(path: &Path, rows: &[TraceRecord]) {
+    let meta = FileMeta::new(Producer::Capture, "apis_replay test");
+    let (mut w, _) = TraceWriter::open(WriterConfig::one_file(path, meta)).unwrap();
+    for r in rows {
+        w.append(r.clone()).unwrap();
+    }
+    w.close().unwrap();
+}
+
+/// Runs `llmreplay replay TRACE --target sim=URL ARGS`; its rows by request id and result.
+fn replay(
+    dir: &Path,
+    trace: &Path,
+    url: &str,
+    args: &[&str],
+) -> (HashMap<String, TraceRecord>, Value) {
+    let results = dir.join(format!("r{}.parquet", args.len()));
+    let json_out = dir.join(format!("r{}.json", args.len()));
+    let _ = std::fs::remove_file(&results);
+    let out = Command::new(bin())
+        .arg("replay")
+        .arg(trace)
+        .args([
+            "--target",
+            &format!("sim={url}"),
+            "--speedup",
+            "2",
+            "--results",
+        ])
+        .arg(&results)
+        .arg("--save-result")
+        .arg(&json_out)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run llmreplay");
+    assert!(
+        out.status.success(),
+        "replay failed\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = trace_format::read_traces(&[results.to_str().unwrap()])
+        .unwrap()
+        .records
+        .into_iter()
+        .map(|r| (r.request_id.clone(), r))
+        .collect();
+    let doc = serde_json::from_slice(&std::fs::read(&json_out).unwrap()).unwrap();
+    (rows, doc)
+}
+
+/// The first value under `key` anywhere in `v`.
+fn find<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    match v {
+        Value::Object(o) => o.get(key).or_else(|| o.values().find_map(|x| find(x, key))),
+        Value::Array(a) => a.iter().find_map(|x| find(x, key)),
+        _ => None,
+    }
+}
+
+fn chain_trace(dir: &Path) -> PathBuf {
+    let t = dir.join("chain.parquet");
+    // Turn 2 arrives 50 ms after turn 1, turn 3 50 ms after turn 2 (at speedup 2: 25 ms),
+    // while the sim (40 ms to the first token, 10 ms a token, 4 tokens) answers each in
+    // ~70 ms: each waits for its parent.
+    write(
+        &t,
+        &[
+            turn("t1", 0, "one two three", None),
+            turn("t2", 50, "four five", Some(("t1", "resp_captured_1"))),
+            turn("t3", 100, "six", Some(("t2", "resp_captured_2"))),
+        ],
+    );
+    t
+}
+
+/// The chain replayed: every turn served, on the conversation the candidate holds (its
+/// prompt = the earlier turns' prompts and answers and its own input), after its parent.
+fn check_chain(rows: &HashMap<String, TraceRecord>) {
+    for id in ["t1", "t2", "t3"] {
+        let r = &rows[id];
+        assert_eq!(r.outcome, Outcome::Ok, "{id}: {:?} {:?}", r.status, r.error);
+        assert_eq!(r.endpoint, "/v1/responses");
+    }
+    // 3 words; then 3 + 4 answered + 2; then 9 + 4 + 1.
+    let prompts: Vec<_> = ["t1", "t2", "t3"]
+        .iter()
+        .map(|i| rows[*i].prompt_tokens)
+        .collect();
+    assert_eq!(prompts, [Some(3), Some(9), Some(14)]);
+    assert_eq!(rows["t1"].parent_wait_us, None, "t1 waits for no parent");
+    for (child, parent) in [("t2", "t1"), ("t3", "t2")] {
+        let (c, p) = (&rows[child], &rows[parent]);
+        let parent_end = p.arrival_time_us + p.e2el_us.unwrap();
+        assert!(
+            c.arrival_time_us >= parent_end,
+            "{child} sent at {} before its parent answered at {parent_end}",
+            c.arrival_time_us
+        );
+        let wait = c.parent_wait_us.expect("parent_wait_us");
+        assert!(wait > 0, "{child} waited {wait} µs");
+        // Waiting is neither latency nor the client's lag.
+        assert!(
+            c.dispatch_lag_us.unwrap() < 50_000,
+            "{:?}",
+            c.dispatch_lag_us
+        );
+        assert!(c.ttft_us.unwrap() < 200_000, "{:?}", c.ttft_us);
+    }
+}
+
+#[test]
+fn a_previous_response_chain_is_replayed_on_the_candidates_own_ids_open_and_closed() {
+    let sim = SimProc::fixed(&bin(), 40, 10);
+    let dir = tmpdir("apis-chain");
+    let t = chain_trace(&dir);
+    let (rows, _) = replay(&dir, &t, &sim.url(), &[]);
+    check_chain(&rows);
+    // Open mode keeps the first turn's offset and sends the others once their parent
+    // answered: the same chain, closed.
+    let (rows, _) = replay(&dir, &t, &sim.url(), &["--session-mode", "closed"]);
+    check_chain(&rows);
+}
+
+#[test]
+fn a_turn_whose_parent_failed_is_not_sent_and_says_why() {
+    let sim = SimProc::fixed(&bin(), 5, 1);
+    let dir = tmpdir("apis-chain-fail");
+    let t = dir.join("fail.parquet");
+    // The first turn's body is one the server refuses (400): the rest of the chain cannot
+    // continue a response that does not exist.
+    let mut bad = turn("f1", 0, "x", None);
+    bad.body = Some(json!({"model": "m", "input": 5, "stream": true}).to_string());
+    write(
+        &t,
+        &[
+            bad,
+            turn("f2", 50, "y", Some(("f1", "resp_a"))),
+            turn("f3", 100, "z", Some(("f2", "resp_b"))),
+            turn("ok", 120, "alone", None),
+        ],
+    );
+    for mode in ["open", "closed"] {
+        // The parent's failure is the server's: allowed here, counted once.
+        let args = ["--session-mode", mode, "--max-failed", "1"];
+        let (rows, doc) = replay(&dir, &t, &sim.url(), &args);
+        assert_eq!(rows["f1"].outcome, Outcome::HttpError, "{mode}");
+        assert_eq!(rows["ok"].outcome, Outcome::Ok, "{mode}");
+        assert!(
+            !rows.contains_key("f2") && !rows.contains_key("f3"),
+            "{mode}: {:?}",
+            rows.keys()
+        );
+        assert_eq!(find(&doc, "skipped_rows"), Some(&json!(2)), "{mode}");
+        let why = find(&doc, "skipped_examples").unwrap().to_string();
+        assert!(
+            why.contains("f2: not sent: its parent f1 failed on the target (http_error")
+                && why.contains("f3: not sent: its parent f2 was not sent"),
+            "{mode}: {why}"
+        );
+    }
+}
+
+#[test]
+fn every_row_goes_to_its_own_endpoint_in_its_apis_shape() {
+    let sim = SimProc::start(
+        &bin(),
+        &["--fixed-timing", "5,1", "--served-model-name", "m"],
+    );
+    let dir = tmpdir("apis-mixed");
+    let t = dir.join("mixed.parquet");
+    let mut rows = Vec::new();
+    for (i, ep) in [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/embeddings",
+    ]
+    .iter()
+    .enumerate()
+    {
+        for stream in [true, false] {
+            // Synthesized from their lengths (no body).
+            let mut r = row(&format!("s{i}{stream}"), (i * 20) as i64, ep);
+            r.prompt_tokens = Some(7);
+            r.output_tokens = Some(5);
+            r.stream = stream && !ep.ends_with("embeddings");
+            rows.push(r);
+        }
+    }
+    // Recorded bodies, as the clients sent them.
+    let mut m = row("bm", 150, "/v1/messages");
+    m.body = Some(
+        json!({"model": "m", "max_tokens": 3, "ignore_eos": true, "stream": true,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a b"}]}]})
+        .to_string(),
+    );
+    m.stream = true;
+    let mut e = row("be", 160, "/v1/embeddings");
+    e.body = Some(json!({"model": "m", "input": ["a b", "c"]}).to_string());
+    rows.extend([m, e]);
+    write(&t, &rows);
+    let (got, _) = replay(&dir, &t, &sim.url(), &[]);
+    assert_eq!(got.len(), rows.len());
+    for r in &rows {
+        let g = &got[&r.request_id];
+        assert_eq!(g.outcome, Outcome::Ok, "{}: {:?}", r.request_id, g.error);
+        assert_eq!(g.endpoint, r.endpoint, "{}", r.request_id);
+        assert_eq!(g.stream, r.stream, "{}", r.request_id);
+        if r.body.is_none() {
+            assert_eq!(g.prompt_tokens, Some(7), "{}", r.request_id);
+        }
+        if r.endpoint.ends_with("embeddings") {
+            assert!(
+                g.ttft_us.is_none() && g.e2el_us.is_some(),
+                "{}",
+                r.request_id
+            );
+        } else if r.body.is_none() {
+            // ignore_eos: exactly the recorded length, on every generation API.
+            assert_eq!(g.output_tokens, Some(5), "{}", r.request_id);
+            if r.stream {
+                assert_eq!(g.chunk_times_us.len(), 5, "{}", r.request_id);
+            }
+        }
+    }
+    assert_eq!(got["bm"].output_tokens, Some(3));
+    assert_eq!(got["be"].prompt_tokens, Some(3));
+}

@@ -174,9 +174,9 @@ pub fn prompt_blocks(
     })
 }
 
-/// Bytes of text per token in [`estimate_tokens`]: about what cl100k_base and o200k_base
-/// give for English prose.
-pub const ESTIMATE_BYTES_PER_TOKEN: usize = 4;
+// Bytes of text per token in [`estimate_tokens`] (about what cl100k_base and o200k_base give
+// for English prose), by the one token-count rule.
+pub use trace_format::tokens::{estimate_text, ESTIMATE_BYTES_PER_TOKEN};
 
 /// A prompt's tokens estimated without a tokenizer: [`ESTIMATE_BYTES_PER_TOKEN`] bytes of
 /// text per token (rounded up per piece of text), and token ids counted. What a row gets
@@ -208,11 +208,6 @@ pub fn prompt_tokens(req: &Map<String, Value>, tok: &Tokenizer) -> Option<usize>
         Some(())
     })?;
     Some(n)
-}
-
-/// Tokens of `text` estimated without a tokenizer (see [`estimate_tokens`]).
-pub fn estimate_text(text: &str) -> usize {
-    text.len().div_ceil(ESTIMATE_BYTES_PER_TOKEN)
 }
 
 /// Most block hashes a [`PrefixCache`] keeps (8 bytes each): 16 MiB.

@@ -519,7 +519,9 @@ async fn read_response(
         // records it with.
         ex.e2el_us = Outcome::from(v.outcome).e2el_us(None, us_since(t0, end));
         if v.outcome == verdict::Outcome::Ok {
-            let text_wanted = want_text && v.completion_tokens.is_none();
+            // Without usage the text is counted (with a tokenizer) or its bytes estimate the
+            // count (trace_format::tokens): read only then.
+            let text_wanted = api.generates() && v.completion_tokens.is_none();
             // Reasoning is read only when the body names it at all (one SIMD search).
             let reasoning_named = v.reasoning_tokens.is_none()
                 && memchr::memmem::find(&buf, api.reasoning_marker()).is_some();

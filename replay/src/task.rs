@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch, Semaphore};
-use trace_format::reasoning::Reasoning;
+use trace_format::tokens::{self, Reasoning, Seen};
 use trace_format::tracectx::TraceContext;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::api::Api;
@@ -216,7 +216,7 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
         std::pin::pin!(sh
             .client
             .execute(&item.req, Some(&item.request_id), trace.as_ref()));
-    let Some(ex) = unless_aborted(&sh.abort, execute).await else {
+    let Some(mut ex) = unless_aborted(&sh.abort, execute).await else {
         sh.in_flight.fetch_sub(1, Ordering::Relaxed);
         return; // the guard records it cancelled
     };
@@ -243,46 +243,22 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
             rec.prompt_tokens_source = item.prompt_tokens.map(|_| TokenSource::Estimate);
         }
     }
-    // Output tokens: the server's usage; without it, the generated text counted by the
-    // tokenizer (--tokenizer); with neither, the output chunks (labelled an estimate: a
-    // chunk may carry several tokens).
-    let counted = ex.output_text.as_deref().and_then(|t| {
+    // Output and reasoning tokens by the rule capture records them with
+    // (trace_format::tokens): the server's usage; without it, the generated text counted by
+    // the tokenizer (--tokenizer, or the capture's); with neither, an estimate.
+    let count = |t: &str| {
         let tok = sh.tokenizer.as_ref()?;
         tok.tokenizer().count(t).ok()
-    });
-    match (ex.completion_tokens, counted) {
-        (Some(c), _) => {
-            rec.output_tokens = Some(c);
-            rec.output_tokens_source = Some(TokenSource::Usage);
-        }
-        (None, Some(n)) => {
-            rec.output_tokens = Some(n as i64);
-            rec.output_tokens_source = Some(TokenSource::Tokenizer);
-        }
-        (None, None) if !ex.chunk_times_us.is_empty() => {
-            rec.output_tokens = Some(ex.chunk_times_us.len() as i64);
-            rec.output_tokens_source = Some(TokenSource::Estimate);
-        }
-        (None, None) => {}
-    }
-    // Reasoning tokens by the rule capture records them with (trace_format::reasoning).
-    let reasoning = match (ex.reasoning_tokens, ex.reasoning_seen) {
+    };
+    let seen = |chunks: usize, text: Option<String>| match item.req.stream {
+        true => Seen::streamed(chunks, text),
+        false => Seen::whole(text),
+    };
+    let output = seen(ex.chunk_times_us.len(), ex.output_text.take());
+    tokens::fill_output(&mut rec, ex.completion_tokens, &output, count);
+    let reasoning = match (ex.reasoning_tokens, ex.reasoning_seen.take()) {
         (Some(n), _) => Some(Reasoning::Reported(n)),
-        (None, Some((0, _))) => Some(Reasoning::Absent),
-        (None, Some((chunks, text))) => {
-            let counted = text.as_deref().and_then(|t| {
-                let tok = sh.tokenizer.as_ref()?;
-                tok.tokenizer().count(t).ok()
-            });
-            Some(match (counted, text) {
-                (Some(n), _) => Reasoning::Counted(n),
-                // A whole body's text (one "chunk"): about four bytes a token.
-                (None, Some(t)) if chunks == 1 && !rec.stream => {
-                    Reasoning::Estimated(t.len().div_ceil(4))
-                }
-                (None, _) => Reasoning::Estimated(chunks),
-            })
-        }
+        (None, Some((chunks, text))) => Some(Reasoning::of(None, &seen(chunks, text), count)),
         (None, None) => None,
     };
     if let Some(r) = reasoning {

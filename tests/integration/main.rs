@@ -63,4 +63,5 @@ mod secrets;
 mod sessions;
 mod shadow;
 mod shard;
+mod tokens;
 mod verdict;

@@ -22,7 +22,6 @@ pub mod order;
 pub mod prefix_cache;
 pub mod quantiles;
 pub mod reader;
-pub mod reasoning;
 pub mod redact;
 pub mod schema;
 pub mod sessions;
@@ -30,6 +29,7 @@ pub mod stats;
 pub mod stream;
 #[cfg(test)]
 mod test_records;
+pub mod tokens;
 pub mod tracectx;
 pub mod writer;
 

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tokio::time::Sleep;
-use trace_format::reasoning::Reasoning;
+use trace_format::tokens::{self, Reasoning};
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::api::Api;
 use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
@@ -319,20 +319,19 @@ impl ObservedBody {
                     r.e2el_us = Some(last);
                 }
                 r.ttfat_us = o.first_answer_us;
-                // No usage: the writer thread counts the texts with the tokenizer.
-                let output = o
-                    .output_text
-                    .take()
-                    .filter(|_| v.completion_tokens.is_none());
-                let reasoning = o.reasoning_text.take().filter(|_| o.reasoning_chunks > 0);
+                // No usage: the writer thread counts what was seen by the one rule
+                // (trace_format::tokens): the text with the tokenizer, else the chunks.
+                let output = v.completion_tokens.is_none().then(|| {
+                    tokens::Seen::streamed(r.chunk_times_us.len(), o.output_text.take())
+                });
                 self.rec.output.reasoning = match v.reasoning_tokens {
                     Some(n) => Some(Reasoning::Reported(n)),
                     None if o.reasoning_chunks == 0 => Some(Reasoning::Absent),
-                    // The text was not kept (past its bound): the chunks estimate it.
-                    None if reasoning.is_none() => Some(Reasoning::Estimated(o.reasoning_chunks)),
                     None => None,
                 };
-                let reasoning = reasoning.filter(|_| self.rec.output.reasoning.is_none());
+                let reasoning = self.rec.output.reasoning.is_none().then(|| {
+                    tokens::Seen::streamed(o.reasoning_chunks, o.reasoning_text.take())
+                });
                 if output.is_some() || reasoning.is_some() {
                     self.rec.output.text = Some(OutputText::Text { output, reasoning });
                 }

@@ -44,7 +44,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokenize::Tokenizer;
-use trace_format::reasoning::Reasoning;
+use trace_format::tokens::{self, Reasoning};
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
@@ -55,7 +55,7 @@ use crate::linking::completions::CompletionLinker;
 use crate::linking::responses::{ResponseIds, DEFAULT_MAX_RESPONSES};
 use crate::linking::sessions::{Linker, DEFAULT_MAX_KEYS};
 use crate::metrics::Metrics;
-use crate::prefix::{estimate_text, prompt_tokens};
+use crate::prefix::prompt_tokens;
 use crate::recording::apis::chat_view;
 use crate::recording::prompts::PendingPrompt;
 use wire::api::Api;
@@ -71,14 +71,15 @@ pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 /// shed budget still gets this long; a starved runner cannot stall the writer beyond it).
 const PROMPT_WAIT_MIN: Duration = Duration::from_millis(1);
 
-/// The generated texts of a response whose usage did not count them, for the tokenizer.
+/// What was seen of a response's generated output whose usage did not count it, for the
+/// writer thread to count by the one rule ([`trace_format::tokens`]).
 #[derive(Debug)]
 pub(crate) enum OutputText {
-    /// A stream's texts: its output chunks' (None: usage counted them, or the text was not
-    /// kept) and its reasoning's (None: nothing to count).
+    /// A stream's: its output (None: usage counted it) and its reasoning (None: nothing to
+    /// count), each with the chunks that carried it and its text if kept.
     Text {
-        output: Option<String>,
-        reasoning: Option<String>,
+        output: Option<tokens::Seen>,
+        reasoning: Option<tokens::Seen>,
     },
     /// A whole (non-streamed) JSON response body of `api`, and which of its texts to count.
     Body {
@@ -90,8 +91,8 @@ pub(crate) enum OutputText {
 }
 
 impl OutputText {
-    /// (output text, reasoning text) to count.
-    fn texts(self) -> (Option<String>, Option<String>) {
+    /// What was seen of (the output, the reasoning) to count.
+    fn seen(self) -> (Option<tokens::Seen>, Option<tokens::Seen>) {
         match self {
             OutputText::Text { output, reasoning } => (output, reasoning),
             OutputText::Body {
@@ -99,10 +100,14 @@ impl OutputText {
                 body,
                 output,
                 reasoning,
-            } => match wire::sse::read_whole(api, &body) {
-                Some(w) => (output.then_some(w.output), reasoning.then_some(w.reasoning)),
-                None => (None, None),
-            },
+            } => {
+                let w = wire::sse::read_whole(api, &body);
+                let (out, reason) = w.map(|w| (w.output, w.reasoning)).unzip();
+                (
+                    output.then(|| tokens::Seen::whole(out)),
+                    reasoning.then(|| tokens::Seen::whole(reason)),
+                )
+            }
         }
     }
 }
@@ -175,34 +180,23 @@ impl Resolver<'_> {
         } = q;
         let behind = queued_at.elapsed() > self.shed_after;
         let shed = &self.metrics.shed;
-        let (output_text, reasoning_text) = output.text.map(OutputText::texts).unwrap_or_default();
+        let (output_seen, reasoning_seen) = output.text.map(OutputText::seen).unwrap_or_default();
+        // Counted with the tokenizer unless the row is behind (then estimated).
         let count = |t: &str| {
             let counted = (!behind).then(|| self.tokenizer.count(t).ok()).flatten();
             if counted.is_none() {
                 shed.output_tokens.fetch_add(1, Relaxed);
             }
-            counted.ok_or_else(|| estimate_text(t))
+            counted
         };
-        if rec.output_tokens.is_none() {
-            if let Some(t) = output_text.filter(|t| !t.is_empty()) {
-                let (n, source) = match count(&t) {
-                    Ok(n) => (n, TokenSource::Tokenizer),
-                    Err(n) => (n, TokenSource::Estimate),
-                };
-                rec.output_tokens = Some(n as i64);
-                rec.output_tokens_source = Some(source);
-            }
+        if let (None, Some(seen)) = (rec.output_tokens, &output_seen) {
+            tokens::fill_output(&mut rec, None, seen, count);
         }
-        // Reasoning tokens by the rule replay records them with (trace_format::reasoning),
-        // once the output's count (which a response without reasoning takes its 0's source
-        // from) is known.
-        let reasoning = output.reasoning.or_else(|| {
-            let t = reasoning_text.filter(|t| !t.is_empty())?;
-            Some(match count(&t) {
-                Ok(n) => Reasoning::Counted(n),
-                Err(n) => Reasoning::Estimated(n),
-            })
-        });
+        // Reasoning tokens by the same rule, once the output's count (which a response
+        // without reasoning takes its 0's source from) is known.
+        let reasoning = output
+            .reasoning
+            .or_else(|| Some(Reasoning::of(None, &reasoning_seen?, count)));
         if let Some(r) = reasoning {
             r.fill(&mut rec);
         }

@@ -1,5 +1,5 @@
 //! A loopback HTTP/1.1 upstream that answers each request with the script its `x-script`
-//! header names: a whole JSON body, or SSE events written one by one after the pause the
+//! header names (`*`'s when it names none): a whole JSON body, or SSE events written one by one after the pause the
 //! script gives each (so a test knows when every event left), framed as the servers frame
 //! them (`event: <type>` then `data: …`). Every request it read is kept (path, headers,
 //! body). Dropping it stops the acceptor (connection threads end with their peer).
@@ -107,7 +107,11 @@ fn serve(s: TcpStream, scripts: &HashMap<String, Script>, seen: &Mutex<Vec<Seen>
         if r.read_exact(&mut body).is_err() {
             return;
         }
-        let script = get("x-script").and_then(|k| scripts.get(&k).cloned());
+        // A request naming no script (a replayed one) gets the script named `*`, if any.
+        let script = match get("x-script") {
+            Some(k) => scripts.get(&k).cloned(),
+            None => scripts.get("*").cloned(),
+        };
         seen.lock().unwrap().push(Seen {
             path,
             headers: headers.clone(),

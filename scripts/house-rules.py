@@ -3,7 +3,7 @@
 
 1. sizes: no source file over MAX_FILE lines and no function over MAX_FN lines, tests
    (`#[cfg(test)]` modules, `tests/`, `*_tests.rs`), examples and benches aside; a table of
-   data is excepted by name in EXCEPT;
+   data is excepted by name in EXCEPT (files) and EXCEPT_FN (functions);
 2. links: every relative link of the Markdown docs (`[text](path)`) and every backticked
    repository path in them (`crate/src/file.rs`, `scripts/x.sh`, `docs/x.md`, …) names a path
    that exists;
@@ -23,6 +23,11 @@ MAX_FN = 150
 # Files that are tables of data, not logic (path relative to the root: why).
 EXCEPT = {
     "replay/src/prompt/words.rs": "a word list",
+}
+# Functions that are tables of data: one line or statement per column of the trace schema.
+EXCEPT_FN = {
+    ("trace-format/src/encode.rs", "records_to_batch"): "one builder per column",
+    ("trace-format/src/reader/columns.rs", "convert"): "one read per column",
 }
 SKIP_DIRS = {"target", ".git", "node_modules", "__pycache__"}
 
@@ -125,6 +130,8 @@ def check_sizes():
         if n > MAX_FILE and rel not in EXCEPT:
             yield f"{rel}: {n} lines before its tests (at most {MAX_FILE})"
         for name, line, lines in long_functions(code):
+            if (rel, name) in EXCEPT_FN:
+                continue
             yield f"{rel}:{line}: fn {name} is {lines} lines (at most {MAX_FN})"
 
 

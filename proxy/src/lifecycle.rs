@@ -155,28 +155,7 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
     };
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
 
-    let wcfg = writer_config(&cfg);
-    let out = cfg.out.clone();
-    let capacity = cfg.queue_capacity;
-    let m2 = metrics.clone();
-    let record_bodies = cfg.record_bodies;
-    let shed_after = cfg.recorder_shed_after;
-    let tok = cfg.tokenizer.clone();
-    // Further outputs of the recorder, beside the trace files.
-    let mut taps: Vec<Box<dyn writer::Tap>> = Vec::new();
-    if let Some(o) = &cfg.otlp {
-        taps.push(Box::new(crate::recording::otlp::OtlpTap::start(
-            o.clone(),
-            &cfg.upstream,
-            &metrics,
-        )?));
-    }
-    let (sink, writer, recovered) = tokio::task::spawn_blocking(move || {
-        writer::start(wcfg, capacity, record_bodies, shed_after, tok, m2, taps)
-    })
-    .await
-    .map_err(|e| ProxyError::WriterThread(e.to_string()))??;
-    let _ = out;
+    let (sink, writer, recovered) = start_recorder(&cfg, &metrics).await?;
 
     let mut local_authorities = vec![addr.to_string(), forward.authority().to_string()];
     if addr.ip().is_loopback() {
@@ -271,6 +250,37 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
         stop: stop_tx,
         task,
     })
+}
+
+/// The recorder's writer thread (recovering what journals a crash left) with its further
+/// outputs beside the trace files (the OTLP tap).
+async fn start_recorder(
+    cfg: &crate::ProxyConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<(
+    writer::Sink,
+    WriterThread,
+    trace_format::writer::RecoveryReport,
+)> {
+    let wcfg = writer_config(cfg);
+    let capacity = cfg.queue_capacity;
+    let m2 = metrics.clone();
+    let record_bodies = cfg.record_bodies;
+    let shed_after = cfg.recorder_shed_after;
+    let tok = cfg.tokenizer.clone();
+    let mut taps: Vec<Box<dyn writer::Tap>> = Vec::new();
+    if let Some(o) = &cfg.otlp {
+        taps.push(Box::new(crate::recording::otlp::OtlpTap::start(
+            o.clone(),
+            &cfg.upstream,
+            metrics,
+        )?));
+    }
+    tokio::task::spawn_blocking(move || {
+        writer::start(wcfg, capacity, record_bodies, shed_after, tok, m2, taps)
+    })
+    .await
+    .map_err(|e| ProxyError::WriterThread(e.to_string()))?
 }
 
 /// The trace writer's configuration: where, rotation, and the file metadata of a capture.

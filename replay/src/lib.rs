@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod output;
 pub mod pacer;
 pub mod plan;
+pub mod preflight;
 pub mod prompt;
 pub mod request;
 pub mod run;

@@ -15,7 +15,7 @@ use trace_format::tracectx::TraceContext;
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::api::Api;
 
-use crate::client::Client;
+use crate::client::{Client, Exchange};
 use crate::feed::{Fed, FeedMsg};
 use crate::pacer::PacerEnd;
 use crate::plan::PlannedRequest;
@@ -232,38 +232,7 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
     rec.session_id = item.session_id.clone();
     rec.model = Some(sh.model.clone());
     rec.stream = item.req.stream;
-    rec.cached_tokens = ex.cached_tokens;
-    match ex.prompt_tokens {
-        Some(p) => {
-            rec.prompt_tokens = Some(p);
-            rec.prompt_tokens_source = Some(TokenSource::Usage);
-        }
-        None => {
-            rec.prompt_tokens = item.prompt_tokens;
-            rec.prompt_tokens_source = item.prompt_tokens.map(|_| TokenSource::Estimate);
-        }
-    }
-    // Output and reasoning tokens by the rule capture records them with
-    // (trace_format::tokens): the server's usage; without it, the generated text counted by
-    // the tokenizer (--tokenizer, or the capture's); with neither, an estimate.
-    let count = |t: &str| {
-        let tok = sh.tokenizer.as_ref()?;
-        tok.tokenizer().count(t).ok()
-    };
-    let seen = |chunks: usize, text: Option<String>| match item.req.stream {
-        true => Seen::streamed(chunks, text),
-        false => Seen::whole(text),
-    };
-    let output = seen(ex.chunk_times_us.len(), ex.output_text.take());
-    tokens::fill_output(&mut rec, ex.completion_tokens, &output, count);
-    let reasoning = match (ex.reasoning_tokens, ex.reasoning_seen.take()) {
-        (Some(n), _) => Some(Reasoning::Reported(n)),
-        (None, Some((chunks, text))) => Some(Reasoning::of(None, &seen(chunks, text), count)),
-        (None, None) => None,
-    };
-    if let Some(r) = reasoning {
-        r.fill(&mut rec);
-    }
+    fill_counts(&mut rec, &mut ex, item, sh.tokenizer.as_deref());
     rec.ttfat_us = ex.ttfat_us;
     rec.max_tokens = item.req.max_tokens;
     rec.status = ex.status;
@@ -310,6 +279,48 @@ pub(crate) async fn one_request(sh: Arc<Shared>, fed: Box<Fed>, gid: u64, schedu
             .response_id
             .filter(|_| item.chained && item.req.api == Api::Responses),
     });
+}
+
+/// The row's token counts from the exchange: the prompt's from the usage (else the plan's
+/// estimate), the output's and reasoning's by the rule capture records them with.
+fn fill_counts(
+    rec: &mut TraceRecord,
+    ex: &mut Exchange,
+    item: &PlannedRequest,
+    tokenizer: Option<&crate::prompt::PromptTokenizer>,
+) {
+    rec.cached_tokens = ex.cached_tokens;
+    match ex.prompt_tokens {
+        Some(p) => {
+            rec.prompt_tokens = Some(p);
+            rec.prompt_tokens_source = Some(TokenSource::Usage);
+        }
+        None => {
+            rec.prompt_tokens = item.prompt_tokens;
+            rec.prompt_tokens_source = item.prompt_tokens.map(|_| TokenSource::Estimate);
+        }
+    }
+    // Output and reasoning tokens by the rule capture records them with
+    // (trace_format::tokens): the server's usage; without it, the generated text counted by
+    // the tokenizer (--tokenizer, or the capture's); with neither, an estimate.
+    let count = |t: &str| {
+        let tok = tokenizer?;
+        tok.tokenizer().count(t).ok()
+    };
+    let seen = |chunks: usize, text: Option<String>| match item.req.stream {
+        true => Seen::streamed(chunks, text),
+        false => Seen::whole(text),
+    };
+    let output = seen(ex.chunk_times_us.len(), ex.output_text.take());
+    tokens::fill_output(rec, ex.completion_tokens, &output, count);
+    let reasoning = match (ex.reasoning_tokens, ex.reasoning_seen.take()) {
+        (Some(n), _) => Some(Reasoning::Reported(n)),
+        (None, Some((chunks, text))) => Some(Reasoning::of(None, &seen(chunks, text), count)),
+        (None, None) => None,
+    };
+    if let Some(r) = reasoning {
+        r.fill(rec);
+    }
 }
 
 /// Requests due at one instant (identical timestamps in a trace, `--request-rate inf`) leave

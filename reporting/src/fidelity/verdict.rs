@@ -264,6 +264,23 @@ fn moved(c: &ClassFidelity, l: &super::LatencyFidelity) -> String {
     )
 }
 
+/// A finding when the noise run is too far from the replay to be the engine's own spread.
+fn noise_suspect(classes: &[ClassFidelity]) -> Option<String> {
+    let widest = classes
+        .iter()
+        .flat_map(|c| &c.latencies)
+        .filter_map(|l| l.noise.as_ref().map(|n| n.bound))
+        .fold(0f64, f64::max);
+    (widest > NOISE_SUSPECT).then(|| {
+        format!(
+            "The noise run is far from the replay (a bound of ×{widest:.2}): two warm runs \
+             against one server are not that far apart; check that it replayed the same \
+             capture against the same server — against another one, every difference reads \
+             as noise."
+        )
+    })
+}
+
 /// (latencies reproduced, findings): what is within the engine's noise, the stalls, and the
 /// drifts, with an explanation that follows their direction.
 fn latency_findings(
@@ -327,19 +344,7 @@ fn latency_findings(
             }
         }
     }
-    let widest = classes
-        .iter()
-        .flat_map(|c| &c.latencies)
-        .filter_map(|l| l.noise.as_ref().map(|n| n.bound))
-        .fold(0f64, f64::max);
-    if widest > NOISE_SUSPECT {
-        findings.push(format!(
-            "The noise run is far from the replay (a bound of ×{widest:.2}): two warm runs \
-             against one server are not that far apart; check that it replayed the same \
-             capture against the same server — against another one, every difference reads \
-             as noise."
-        ));
-    }
+    findings.extend(noise_suspect(classes));
     if !too_few.is_empty() {
         findings.push(format!(
             "Too few requests to tell: {}: past the tolerance, but no further than sampling \

@@ -24,7 +24,7 @@ use crate::sim_cmd::{EmbeddedSim, SimOpts, DEFAULT_PROFILE};
 fn parse_start_at(s: &str) -> Result<i64, String> {
     match s.trim().strip_prefix('+') {
         Some(rel) => Ok(wire::clock::epoch_us() + parse_duration(rel)?.as_micros() as i64),
-        None => replay::config::parse_rfc3339_us(s),
+        None => replay::config::parse_rfc3339_us(s).map_err(|e| e.to_string()),
     }
 }
 
@@ -436,7 +436,6 @@ fn configure(
     }
     if let Some(spec) = &a.tokenizer {
         let pt = replay::prompt::PromptTokenizer::load(spec)
-            .map_err(anyhow::Error::msg)
             .with_context(|| format!("--tokenizer {spec}"))?;
         cfg.request.tokenizer = Some(std::sync::Arc::new(pt));
     } else if let Some(name) = capture_tokenizer(stream).filter(|_| !a.targets.is_empty()) {

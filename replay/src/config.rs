@@ -84,14 +84,15 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Parses a target's base URL.
-    pub fn parse(url: &str) -> Result<Endpoint, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    pub fn parse(url: &str) -> Result<Endpoint, ReplayError> {
+        let bad = |why: String| ReplayError::Config(format!("{url}: {why}"));
+        let uri: http::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
         let https = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
-            _ => return Err(format!("{url}: scheme must be http or https")),
+            _ => return Err(bad("scheme must be http or https".into())),
         };
-        let auth = uri.authority().ok_or_else(|| format!("{url}: no host"))?;
+        let auth = uri.authority().ok_or_else(|| bad("no host".into()))?;
         let host = auth
             .host()
             .trim_start_matches('[')
@@ -422,14 +423,14 @@ pub struct Shard {
 
 impl Shard {
     /// Builds shard `index` of `count`, checking `index < count`.
-    pub fn new(index: u32, count: u32) -> Result<Shard, String> {
+    pub fn new(index: u32, count: u32) -> Result<Shard, ReplayError> {
         if count == 0 {
-            return Err("shard count must be at least 1".into());
+            return Err(ReplayError::Config("shard count must be at least 1".into()));
         }
         if index >= count {
-            return Err(format!(
+            return Err(ReplayError::Config(format!(
                 "shard index {index} is not within 0..{count} (shards count from 0)"
-            ));
+            )));
         }
         Ok(Shard { index, count })
     }
@@ -467,10 +468,14 @@ impl FromStr for Shard {
 }
 
 /// An RFC 3339 time (`2026-01-02T03:04:05Z`, any offset) as µs since the epoch.
-pub fn parse_rfc3339_us(s: &str) -> Result<i64, String> {
+pub fn parse_rfc3339_us(s: &str) -> Result<i64, ReplayError> {
     chrono::DateTime::parse_from_rfc3339(s.trim())
         .map(|t| t.timestamp_micros())
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time such as 2026-01-02T03:04:05Z: {e}"))
+        .map_err(|e| {
+            ReplayError::Config(format!(
+                "{s:?} is not an RFC 3339 time such as 2026-01-02T03:04:05Z: {e}"
+            ))
+        })
 }
 
 impl fmt::Display for Shard {
@@ -723,7 +728,7 @@ impl ReplayConfig {
         let endpoints = self
             .targets
             .iter()
-            .map(|t| Endpoint::parse(&t.url).map_err(ReplayError::Config))
+            .map(|t| Endpoint::parse(&t.url))
             .collect::<Result<_, _>>()?;
         Ok(ValidatedConfig {
             cfg: self.clone(),

@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use tokenize::Tokenizer;
 
 use super::words::{MORE_WORDS, WORDS};
+use crate::error::ReplayError;
 use super::{block_seed, mix, request_seed};
 
 /// Most pool words tried (a pool of a few hundred words makes equal text by chance
@@ -60,14 +61,14 @@ impl std::fmt::Debug for PromptTokenizer {
 
 impl PromptTokenizer {
     /// Loads the tokenizer `spec` (see [`Tokenizer::load`]) and builds its word pool.
-    pub fn load(spec: &str) -> Result<PromptTokenizer, String> {
-        let tok = Tokenizer::load(spec).map_err(|e| e.to_string())?;
+    pub fn load(spec: &str) -> Result<PromptTokenizer, ReplayError> {
+        let tok = Tokenizer::load(spec).map_err(|e| ReplayError::Config(e.to_string()))?;
         PromptTokenizer::new(Arc::new(tok))
     }
 
     /// Builds the word pool of `tok`.
-    pub fn new(tok: Arc<Tokenizer>) -> Result<PromptTokenizer, String> {
-        let err = |e: tokenize::Error| e.to_string();
+    pub fn new(tok: Arc<Tokenizer>) -> Result<PromptTokenizer, ReplayError> {
+        let err = |e: tokenize::Error| ReplayError::Config(e.to_string());
         let mut seen_ids = std::collections::HashSet::new();
         let mut seen_words = std::collections::HashSet::new();
         let mut pool = Vec::new();
@@ -82,10 +83,11 @@ impl PromptTokenizer {
             }
         }
         if pool.len() < 2 {
-            return Err(format!(
-                "tokenizer {}: fewer than two common English words are single tokens;                  it cannot synthesize prompts",
+            return Err(ReplayError::Config(format!(
+                "tokenizer {}: fewer than two common English words are single tokens; it \
+                 cannot synthesize prompts",
                 tok.name()
-            ));
+            )));
         }
         // Drop words that merge with a neighbour, until every ordered pair is clean.
         let mut separable = false;

@@ -111,7 +111,7 @@ pub fn run(cli: Cli) -> Result<ExitStatus> {
         Command::Replay(a) => crate::replay_cmd::run_replay(a),
         Command::Synth(a) => done(crate::trace_cmd::run_synth(a)),
         Command::Inspect(a) => done(crate::trace_cmd::run_inspect(a)),
-        Command::Demo(a) => done(crate::demo_cmd::run_demo(a)),
+        Command::Demo(a) => crate::demo_cmd::run_demo(a),
         Command::Compare(a) => Ok(if crate::report_cmd::run_compare(a)? {
             said("regression beyond noise found", ExitStatus::Regression)
         } else {

@@ -47,7 +47,7 @@ pub(crate) struct DemoArgs {
     pub(crate) sim: SimOpts,
 }
 
-pub(crate) fn run_demo(a: DemoArgs) -> Result<()> {
+pub(crate) fn run_demo(a: DemoArgs) -> Result<crate::exit::ExitStatus> {
     // The default for `sim` and `replay` is the H100 profile; the demo's is `tiny`, whose knee
     // a laptop reaches in seconds. An explicit --profile is what runs.
     let profile = a.sim.profile_or("tiny").to_string();
@@ -134,7 +134,11 @@ pub(crate) fn run_demo(a: DemoArgs) -> Result<()> {
     let cfg = cfg.validate().map_err(refused)?;
     let sweep_path = a.out.join("sweep.json");
     let spec = sweep_args.sweep.clone().context("the demo's sweep")?;
-    crate::report_cmd::run_sweep(
+    // Ctrl-C stops the sweep as it stops a replay: the levels run so far are kept and
+    // reported.
+    let stop = replay::Stop::new();
+    crate::replay_cmd::stop_on_signals(&stop, Duration::from_secs(5))?;
+    let stopped = crate::report_cmd::run_sweep(
         &cfg,
         &spec,
         &sweep_args,
@@ -148,10 +152,11 @@ pub(crate) fn run_demo(a: DemoArgs) -> Result<()> {
             quiet: false,
         },
         &|_, _| {},
+        &stop,
     )?;
     drop(s);
     crate::report_cmd::write_reports(&sweep_path, &a.out)?;
     println!("Past the knee, requests queue in the engine: TTFT climbs first (prefill queueing), then TPOT as batches fill.");
     println!("trace, sweep JSON and reports in {}", a.out.display());
-    Ok(())
+    Ok(stopped.unwrap_or(crate::exit::ExitStatus::Success))
 }

@@ -346,7 +346,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
     if let Some(spec) = sweep {
         let r = sweep_levels(&a, &cfg, &spec, block_size, &command);
         drop(sim_guard);
-        return r.map(|()| ExitStatus::Success);
+        return r.map(|stopped| stopped.unwrap_or(ExitStatus::Success));
     }
     // The trace's content hash is known once the run has read it (the stream hashes its rows
     // as they go by; a run that stopped early reads the rest of the ids then): nothing reads
@@ -506,7 +506,7 @@ fn sweep_levels(
     spec: &reporting::sweep::SweepSpec,
     block_size: Option<usize>,
     command: &str,
-) -> Result<()> {
+) -> Result<Option<ExitStatus>> {
     if cfg.start_at_us.is_some() {
         refuse!("--start-at starts one run; it cannot be combined with a sweep or repeats");
     }
@@ -518,6 +518,8 @@ fn sweep_levels(
     }
     // Every level replays the same rows: they are read once, into memory.
     let trace = crate::traces::read_traces(&a.traces).context("reading the trace")?;
+    let stop = replay::Stop::new();
+    stop_on_signals(&stop, a.drain_timeout)?;
     crate::report_cmd::run_sweep(
         cfg,
         spec,
@@ -532,6 +534,7 @@ fn sweep_levels(
             quiet: a.quiet,
         },
         &progress_bar(cfg.progress),
+        &stop,
     )
 }
 
@@ -638,7 +641,7 @@ fn interrupted_exit(
 /// the second cancels them at once (the run still returns and everything that ran is
 /// written), a third exits at once with the first signal's status (rows that finished are
 /// in the --results journal).
-fn stop_on_signals(stop: &replay::Stop, drain: Duration) -> Result<()> {
+pub(crate) fn stop_on_signals(stop: &replay::Stop, drain: Duration) -> Result<()> {
     let (first, second) = (stop.clone(), stop.clone());
     signals::watch(
         "replay",

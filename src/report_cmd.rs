@@ -140,7 +140,10 @@ pub struct SweepOutputs<'a> {
     pub quiet: bool,
 }
 
-/// Runs a sweep and prints the level table, the capacity answer and the plan.
+/// Runs a sweep and prints the level table, the capacity answer and the plan. A signal
+/// (`stop`, see [`crate::replay_cmd::stop_on_signals`]) stops the level running as it stops
+/// a replay, no further level starts, and the levels run so far are summarized and written
+/// as usual; the signal's exit status is returned then.
 pub fn run_sweep(
     cfg: &replay::ValidatedConfig,
     spec: &SweepSpec,
@@ -149,7 +152,8 @@ pub fn run_sweep(
     block_size: Option<usize>,
     out: SweepOutputs,
     progress: &dyn Fn(&Target, replay::Progress),
-) -> Result<()> {
+    stop: &replay::Stop,
+) -> Result<Option<crate::exit::ExitStatus>> {
     let opts = SweepOptions {
         num_runs: a.num_runs as usize,
         level_duration: a.level_duration,
@@ -187,10 +191,17 @@ pub fn run_sweep(
             block_size,
             progress,
             &mut replay::sink::NoSink,
-            &replay::Stop::new(),
+            stop,
         )?;
         for lr in plan.record(step, runs) {
             println!("{}", sweep::run_line(lr, spec, &opts));
+        }
+        if let Some(reason) = stop.reason() {
+            eprintln!(
+                "sweep stopped ({reason}): no further level runs; the levels run so far are \
+                 summarized and written (the last one partly run)"
+            );
+            break;
         }
     }
     let runs = plan.finish();
@@ -229,7 +240,10 @@ pub fn run_sweep(
         store::write_trace(p, &rows, &meta).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("{} result rows written to {}", rows.len(), p.display());
     }
-    Ok(())
+    Ok(stop
+        .reason()
+        .and_then(crate::signals::Signal::named)
+        .map(crate::signals::Signal::status))
 }
 
 /// Writes `report.html` and `report.md` of one result file into `dir`.

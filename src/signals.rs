@@ -1,5 +1,5 @@
 //! SIGINT and SIGTERM, one way for every command that runs until stopped or for long
-//! (capture, sim, replay): the first signal asks for a graceful stop (what that is, is the
+//! (capture, sim, replay, its sweeps and the demo): the first signal asks for a graceful stop (what that is, is the
 //! command's), a command may give the next ones a step of their own (replay: cancel the
 //! requests in flight), and the one after the last step ends the process at once with the
 //! first signal's status (130 for SIGINT, 143 for SIGTERM; what was not finished is in the

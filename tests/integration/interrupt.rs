@@ -394,3 +394,42 @@ fn a_leftover_journal_is_refused_then_recovered_by_merge() {
     assert!(String::from_utf8_lossy(&rep.stdout).contains("PARTIAL (killed"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A sweep stops on SIGINT like a replay: the level running stops, no further level starts,
+/// and the levels run so far are summarized and written; it exits 130.
+#[test]
+fn sigint_mid_sweep_keeps_the_levels_run_and_exits_130() {
+    let dir = tmpdir("sweep-sigint");
+    let t = trace(&dir);
+    let gt = ground_truth(Duration::from_millis(2));
+    // Level 1 replays the ~10 s schedule at half speed (~20 s); the signal comes 3 s in.
+    let child = bin()
+        .args(["replay", &t, "-q", "--target"])
+        .arg(format!("gt={}", gt.url()))
+        .args(["--sweep", "speedup=0.5,1,2", "--drain-timeout", "2s"])
+        .arg("--save-result")
+        .arg(dir.join("sweep.json"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_into_the_run(&gt, Duration::from_secs(3));
+    let sent_by_then = gt.log().len();
+    signal(&child, libc::SIGINT);
+    let (out, took) = finish(child, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(took < Duration::from_secs(8), "stopped in {took:?}");
+    assert!(stderr.contains("sweep stopped (SIGINT)"), "{stderr}");
+    let doc = json(&dir.join("sweep.json"));
+    assert_eq!(doc["summary"]["levels"], serde_json::json!([0.5]), "{doc}");
+    assert_eq!(doc["results"].as_array().map(Vec::len), Some(1));
+    // No later level ran: the server saw about what the first level had sent.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        gt.log().len() <= sent_by_then + 10,
+        "{} requests after the signal",
+        gt.log().len() - sent_by_then
+    );
+}

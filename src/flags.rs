@@ -61,6 +61,21 @@ pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// The metric flags of every command that computes a run's metrics (`replay`, `merge`):
+/// declared once, flattened into each.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct MetricFlags {
+    /// Latency SLOs for goodput, `KEY:MS` with keys ttft, tpot, e2el.
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<replay::config::Slo>,
+    /// Metrics that get percentiles.
+    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
+    pub percentile_metrics: Vec<replay::config::PercentileMetric>,
+    /// Percentiles to report.
+    #[arg(long, value_delimiter = ',', value_parser = parse_percentile, default_value = "50,95,99")]
+    pub metric_percentiles: Vec<f64>,
+}
+
 /// A whole number from 1 (a count of requests, a cap on them).
 pub(crate) fn parse_count(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {

@@ -5,10 +5,8 @@
 
 use std::path::PathBuf;
 
-use crate::flags::parse_percentile;
 use anyhow::{Context, Result};
 use clap::Args;
-use replay::config::{PercentileMetric, Slo};
 
 /// `llmreplay merge` flags.
 #[derive(Args, Debug)]
@@ -21,15 +19,8 @@ pub struct MergeArgs {
     /// Output path without extension: writes PATH.parquet (every row) and PATH.json (vLLM's keys).
     #[arg(short, long)]
     output: PathBuf,
-    /// Latency SLOs for goodput, `KEY:MS` with keys ttft, tpot, e2el.
-    #[arg(long, num_args = 1..)]
-    goodput: Vec<Slo>,
-    /// Metrics that get percentiles.
-    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
-    percentile_metrics: Vec<PercentileMetric>,
-    /// Percentiles to report.
-    #[arg(long, value_delimiter = ',', value_parser = parse_percentile, default_value = "50,95,99")]
-    metric_percentiles: Vec<f64>,
+    #[command(flatten)]
+    metrics: crate::flags::MetricFlags,
 }
 
 /// Runs `llmreplay merge`.
@@ -58,9 +49,9 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
         &stream,
         checked,
         &results::merge::MergeOptions {
-            goodput: a.goodput,
-            percentile_metrics: a.percentile_metrics,
-            metric_percentiles: a.metric_percentiles,
+            goodput: a.metrics.goodput,
+            percentile_metrics: a.metrics.percentile_metrics,
+            metric_percentiles: a.metrics.metric_percentiles,
         },
         &mut sink,
     );

@@ -167,15 +167,8 @@ pub(crate) struct ReplayArgs {
     /// Requests sent before the clock starts, not counted.
     #[arg(long, default_value_t = 0)]
     num_warmups: usize,
-    /// Latency SLOs for goodput, `KEY:MS` with keys ttft, tpot, e2el.
-    #[arg(long, num_args = 1..)]
-    goodput: Vec<Slo>,
-    /// Metrics that get percentiles.
-    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
-    percentile_metrics: Vec<PercentileMetric>,
-    /// Percentiles to report.
-    #[arg(long, value_delimiter = ',', value_parser = parse_percentile, default_value = "50,95,99")]
-    metric_percentiles: Vec<f64>,
+    #[command(flatten)]
+    metrics: crate::flags::MetricFlags,
     /// Write the JSON result here (vLLM's key names); with several targets, one file each (NAME inserted).
     #[arg(long)]
     save_result: Option<PathBuf>,
@@ -264,10 +257,10 @@ fn replay_config(a: &ReplayArgs, targets: Vec<Target>) -> ReplayConfig {
         preconnect: !a.no_preconnect,
         num_warmups: a.num_warmups,
         seed: a.seed,
-        goodput: a.goodput.clone(),
+        goodput: a.metrics.goodput.clone(),
         slo_percentile: a.capacity.slo_percentile,
-        percentile_metrics: a.percentile_metrics.clone(),
-        metric_percentiles: a.metric_percentiles.clone(),
+        percentile_metrics: a.metrics.percentile_metrics.clone(),
+        metric_percentiles: a.metrics.metric_percentiles.clone(),
         cooldown: a.cooldown,
         progress: !a.quiet,
         client_threads: a.client_threads,
@@ -786,6 +779,6 @@ mod tests {
         else {
             panic!("not replay")
         };
-        assert_eq!(r.metric_percentiles, vec![50.0, 99.9]);
+        assert_eq!(r.metrics.metric_percentiles, vec![50.0, 99.9]);
     }
 }

@@ -31,13 +31,14 @@
 //! Memory: the ids and argument hashes of the last [`DEFAULT_MAX_REQUESTS`] responses that
 //! made tool calls (a few hundred bytes each).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use serde_json::{Map, Value};
 use trace_format::{ParentLink, TraceRecord};
 use wire::sse::{ToolCallPiece, Whole};
 
+use crate::linking::bounded::Recent;
 use crate::linking::responses::ResponseIds;
 use crate::linking::sessions::{content_hash, Linker, Parent, TextHash};
 use crate::prefix::{fnv, FNV_OFFSET};
@@ -362,11 +363,10 @@ struct Made {
 /// thread's memory for agent linking. Requests are given in the order they finish.
 #[derive(Debug)]
 pub struct Agents {
-    made: HashMap<u64, Made>,
-    order: VecDeque<u64>,
+    /// The responses that made calls, by sequence number: the last `max`.
+    made: Recent<u64, Made>,
     by_id: HashMap<u64, Vec<u64>>,
     by_string: HashMap<u64, Vec<u64>>,
-    max: usize,
     seq: u64,
 }
 
@@ -393,11 +393,9 @@ impl Agents {
     /// Remembers the last `max` responses that made tool calls.
     pub fn new(max: usize) -> Agents {
         Agents {
-            made: HashMap::new(),
-            order: VecDeque::new(),
+            made: Recent::new(max),
             by_id: HashMap::new(),
             by_string: HashMap::new(),
-            max: max.max(1),
             seq: 0,
         }
     }
@@ -415,11 +413,9 @@ impl Agents {
         let best = seqs
             .iter()
             .copied()
-            .filter(|s| self.made.contains_key(s))
-            .max_by_key(|s| {
-                let m = &self.made[s];
-                (m.end_us <= arrival_us, m.client == client, m.end_us)
-            })?;
+            .filter_map(|s| Some((s, self.made.get(&s)?)))
+            .max_by_key(|(_, m)| (m.end_us <= arrival_us, m.client == client, m.end_us))
+            .map(|(s, _)| s)?;
         let m = self.made.get_mut(&best)?;
         m.resolved_at = Some(m.resolved_at.map_or(arrival_us, |r| r.min(arrival_us)));
         Some(Parent {
@@ -444,10 +440,9 @@ impl Agents {
                         && m.resolved_at.is_none_or(|r| r > arrival_us)
                 })
             })
-            .max_by_key(|s| {
-                let m = &self.made[s];
-                (!m.spawned.contains(&first), m.end_us)
-            })?;
+            .filter_map(|s| Some((s, self.made.get(&s)?)))
+            .max_by_key(|(_, m)| (!m.spawned.contains(&first), m.end_us))
+            .map(|(s, _)| s)?;
         let m = self.made.get_mut(&best)?;
         m.spawned.push(first);
         Some(Parent {
@@ -487,7 +482,7 @@ impl Agents {
         for &k in &strings {
             index(&mut self.by_string, k, seq);
         }
-        self.made.insert(
+        let forgotten = self.made.insert(
             seq,
             Made {
                 request_id: request_id.to_string(),
@@ -500,18 +495,12 @@ impl Agents {
                 spawned: Vec::new(),
             },
         );
-        self.order.push_back(seq);
-        while self.order.len() > self.max {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(m) = self.made.remove(&old) {
-                for k in m.ids {
-                    unindex(&mut self.by_id, k, old);
-                }
-                for k in m.strings {
-                    unindex(&mut self.by_string, k, old);
-                }
+        for (old, m) in forgotten {
+            for k in m.ids {
+                unindex(&mut self.by_id, k, old);
+            }
+            for k in m.strings {
+                unindex(&mut self.by_string, k, old);
             }
         }
     }

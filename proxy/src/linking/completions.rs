@@ -25,10 +25,11 @@
 //! Memory: the keys of the last `max_keys` finished completions ([`DEFAULT_MAX_KEYS`], ~150
 //! bytes each), at most [`MAX_CANDIDATES`] per key.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 
 use trace_format::{Outcome, ParentLink, TraceRecord};
 
+use crate::linking::bounded::Candidates;
 use crate::linking::sessions::{pick, Link, TextHash};
 use crate::prefix::{fnv, FNV_OFFSET};
 
@@ -45,7 +46,6 @@ const SCAN_SLACK: usize = 1024;
 
 #[derive(Debug, Clone)]
 struct Candidate {
-    seq: u64,
     request_id: String,
     session_id: String,
     end_us: i64,
@@ -61,13 +61,11 @@ type Key = (u64, u64);
 /// Links completions into conversations. Requests are given in the order they finished.
 #[derive(Debug)]
 pub struct CompletionLinker {
-    index: HashMap<Key, Vec<Candidate>>,
+    /// Completions by their prompt's key, the last `max_keys` (at most [`MAX_CANDIDATES`] a
+    /// key).
+    index: Candidates<Key, Candidate>,
     /// How many remembered candidates have a key at each length.
     lengths: BTreeMap<u64, u32>,
-    /// Keys in the order remembered, with the candidate's sequence number.
-    order: VecDeque<(Key, u64)>,
-    max_keys: usize,
-    seq: u64,
 }
 
 /// The key of a prompt, and the (length, hash, byte offset in `prompt` just past that
@@ -123,17 +121,14 @@ impl CompletionLinker {
     /// A linker that remembers the last `max_keys` finished completions.
     pub fn new(max_keys: usize) -> Self {
         CompletionLinker {
-            index: HashMap::new(),
+            index: Candidates::new(max_keys, MAX_CANDIDATES),
             lengths: BTreeMap::new(),
-            order: VecDeque::new(),
-            max_keys: max_keys.max(1),
-            seq: 0,
         }
     }
 
     /// Keys remembered now (at most `max_keys`).
     pub fn remembered(&self) -> usize {
-        self.order.len()
+        self.index.len()
     }
 
     /// Links one finished completion and remembers it for its children. `prompt`: its
@@ -160,24 +155,23 @@ impl CompletionLinker {
         };
         // An empty answer continues nothing a child could tell from a retry.
         if let Some(a) = answer.filter(|&a| a != TextHash::default().finish()) {
-            self.seq += 1;
             let scan = output_tokens
                 .and_then(|t| usize::try_from(t).ok())
                 .map_or(usize::MAX, |t| {
                     t.saturating_mul(SCAN_PER_TOKEN).saturating_add(SCAN_SLACK)
                 });
-            self.remember(
-                key,
-                Candidate {
-                    seq: self.seq,
-                    request_id: request_id.to_string(),
-                    session_id: session_id.clone(),
-                    end_us,
-                    answer: a,
-                    scan,
-                    continued: false,
-                },
-            );
+            let c = Candidate {
+                request_id: request_id.to_string(),
+                session_id: session_id.clone(),
+                end_us,
+                answer: a,
+                scan,
+                continued: false,
+            };
+            *self.lengths.entry(key.0).or_default() += 1;
+            let lengths = &mut self.lengths;
+            self.index
+                .insert(key, c, |old| forget_length(lengths, old.0));
         }
         Link {
             session_id,
@@ -202,46 +196,20 @@ impl CompletionLinker {
             };
             let rest = &prompt[at..];
             let ok: Vec<usize> = (0..cands.len())
-                .filter(|&i| carries(rest, cands[i].answer, cands[i].scan))
+                .filter(|&i| carries(rest, cands[i].1.answer, cands[i].1.scan))
                 .collect();
             let best = pick(
                 ok.iter().copied(),
                 arrival_us,
-                |i| cands[i].end_us,
-                |i| cands[i].continued,
+                |i| cands[i].1.end_us,
+                |i| cands[i].1.continued,
             );
             if let Some(b) = best {
-                cands[b].continued = true;
-                return Some(cands[b].clone());
+                cands[b].1.continued = true;
+                return Some(cands[b].1.clone());
             }
         }
         None
-    }
-
-    fn remember(&mut self, key: Key, c: Candidate) {
-        self.order.push_back((key, c.seq));
-        *self.lengths.entry(key.0).or_default() += 1;
-        let v = self.index.entry(key).or_default();
-        v.push(c);
-        if v.len() > MAX_CANDIDATES {
-            v.remove(0);
-            forget_length(&mut self.lengths, key.0);
-        }
-        while self.order.len() > self.max_keys {
-            let Some((old, seq)) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(v) = self.index.get_mut(&old) {
-                // One already pushed out by the per-key bound is gone (and uncounted).
-                if v.first().is_some_and(|c| c.seq == seq) {
-                    v.remove(0);
-                    forget_length(&mut self.lengths, old.0);
-                }
-                if v.is_empty() {
-                    self.index.remove(&old);
-                }
-            }
-        }
     }
 }
 

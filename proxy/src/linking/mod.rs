@@ -5,11 +5,13 @@
 //! - [`completions`]: `/v1/completions` turns, a prompt that carries an earlier answer;
 //! - [`agents`]: tool results to the response that made the call, sub-agents to the pending
 //!   call whose prompt they open with, and the tool columns;
-//! - [`responses`]: Responses turns to the response their `previous_response_id` names.
+//! - [`responses`]: Responses turns to the response their `previous_response_id` names;
+//! - [`bounded`]: the memory they all keep, forgotten oldest first.
 //!
 //! It may call: `prefix` (the content hashes). The recording side calls it.
 
 pub mod agents;
+pub mod bounded;
 pub mod completions;
 pub mod responses;
 pub mod sessions;

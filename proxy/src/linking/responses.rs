@@ -7,10 +7,9 @@
 //! kept as text), for the last [`DEFAULT_MAX_RESPONSES`] of them, and looks a request's
 //! `previous_response_id` (hashed the same way) up among them.
 
-use std::collections::{HashMap, VecDeque};
-
 use trace_format::ParentLink;
 
+use crate::linking::bounded::Recent;
 use crate::linking::sessions::Parent;
 use crate::prefix::{fnv, FNV_OFFSET};
 
@@ -32,18 +31,14 @@ struct Made {
 /// The responses whose ids a later turn may name, bounded (the oldest forgotten first).
 #[derive(Debug)]
 pub struct ResponseIds {
-    by_id: HashMap<u64, Made>,
-    order: VecDeque<u64>,
-    max: usize,
+    by_id: Recent<u64, Made>,
 }
 
 impl ResponseIds {
     /// Remembers the last `max` responses.
     pub fn new(max: usize) -> ResponseIds {
         ResponseIds {
-            by_id: HashMap::new(),
-            order: VecDeque::new(),
-            max: max.max(1),
+            by_id: Recent::new(max),
         }
     }
 
@@ -60,14 +55,7 @@ impl ResponseIds {
             session_id: session_id.to_string(),
             end_us,
         };
-        if self.by_id.insert(id, made).is_none() {
-            self.order.push_back(id);
-        }
-        while self.order.len() > self.max {
-            if let Some(old) = self.order.pop_front() {
-                self.by_id.remove(&old);
-            }
-        }
+        self.by_id.insert(id, made);
     }
 
     /// The row whose response's id hashes to `id`, if remembered.

@@ -26,11 +26,10 @@
 //! per key; a conversation idle for longer than that many other finished turns starts a new
 //! session.
 
-use std::collections::{HashMap, VecDeque};
-
 use serde_json::{Map, Value};
 use trace_format::ParentLink;
 
+use crate::linking::bounded::Candidates;
 use crate::prefix::{fnv, FNV_OFFSET};
 
 /// The FNV-1a hash of a text with surrounding whitespace trimmed, fed piece by piece (a
@@ -194,7 +193,6 @@ pub struct Link {
 
 #[derive(Debug, Clone)]
 struct Candidate {
-    seq: u64,
     request_id: String,
     session_id: String,
     end_us: i64,
@@ -205,11 +203,8 @@ struct Candidate {
 /// parent finished before the turn was sent, so it is always seen first.
 #[derive(Debug)]
 pub struct Linker {
-    index: HashMap<u64, Vec<Candidate>>,
-    /// Keys in the order they were remembered, with the candidate's sequence number.
-    order: VecDeque<(u64, u64)>,
-    max_keys: usize,
-    seq: u64,
+    /// Answers by their key, the last `max_keys` (at most [`MAX_CANDIDATES`] a key).
+    index: Candidates<u64, Candidate>,
 }
 
 /// Answer keys kept by default: the oldest is forgotten beyond this, so a conversation idle
@@ -225,16 +220,13 @@ impl Linker {
     /// A linker that remembers the answers of the last `max_keys` finished chat requests.
     pub fn new(max_keys: usize) -> Linker {
         Linker {
-            index: HashMap::new(),
-            order: VecDeque::new(),
-            max_keys: max_keys.max(1),
-            seq: 0,
+            index: Candidates::new(max_keys, MAX_CANDIDATES),
         }
     }
 
     /// Answer keys remembered now (at most `max_keys`).
     pub fn remembered(&self) -> usize {
-        self.order.len()
+        self.index.len()
     }
 
     /// Links one finished request and remembers its answer for its children.
@@ -279,17 +271,13 @@ impl Linker {
         answer: u64,
     ) {
         if let Some(key) = answer_key(chain, answer) {
-            self.seq += 1;
-            self.remember(
-                key,
-                Candidate {
-                    seq: self.seq,
-                    request_id: request_id.to_string(),
-                    session_id: session_id.to_string(),
-                    end_us,
-                    continued: false,
-                },
-            );
+            let c = Candidate {
+                request_id: request_id.to_string(),
+                session_id: session_id.to_string(),
+                end_us,
+                continued: false,
+            };
+            self.index.insert(key, c, |_| {});
         }
     }
 
@@ -311,7 +299,7 @@ impl Linker {
         let upto = chain.len().saturating_sub(1);
         for h in &chain[..upto] {
             if let Some(cands) = self.index.get_mut(h) {
-                if let Some(c) = cands.iter_mut().find(|c| c.request_id == request_id) {
+                if let Some((_, c)) = cands.iter_mut().find(|c| c.1.request_id == request_id) {
                     c.continued = true;
                     return;
                 }
@@ -330,37 +318,13 @@ impl Linker {
             let best = pick(
                 0..cands.len(),
                 arrival_us,
-                |i| cands[i].end_us,
-                |i| cands[i].continued,
+                |i| cands[i].1.end_us,
+                |i| cands[i].1.continued,
             )?;
-            cands[best].continued = true;
-            return Some(cands[best].clone());
+            cands[best].1.continued = true;
+            return Some(cands[best].1.clone());
         }
         None
-    }
-
-    fn remember(&mut self, key: u64, c: Candidate) {
-        self.order.push_back((key, c.seq));
-        let v = self.index.entry(key).or_default();
-        v.push(c);
-        if v.len() > MAX_CANDIDATES {
-            v.remove(0);
-        }
-        while self.order.len() > self.max_keys {
-            let Some((old, seq)) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(v) = self.index.get_mut(&old) {
-                // Candidates are in the order remembered; one already pushed out by the
-                // per-key bound is gone.
-                if v.first().is_some_and(|c| c.seq == seq) {
-                    v.remove(0);
-                }
-                if v.is_empty() {
-                    self.index.remove(&old);
-                }
-            }
-        }
     }
 }
 

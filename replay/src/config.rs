@@ -67,47 +67,9 @@ impl FromStr for Target {
     }
 }
 
-/// Where a target lives, parsed from its URL once, by [`ReplayConfig::validate`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `https://` (else `http://`).
-    pub https: bool,
-    /// Host name or address (an IPv6 address without its brackets).
-    pub host: String,
-    /// Port (the scheme's default when the URL gives none).
-    pub port: u16,
-    /// Host and port as the URL gives them (the `Host` header).
-    pub authority: String,
-    /// Path prefix put before each request's path, without a trailing `/` (empty: none).
-    pub base_path: String,
-}
-
-impl Endpoint {
-    /// Parses a target's base URL.
-    pub fn parse(url: &str) -> Result<Endpoint, ReplayError> {
-        let bad = |why: String| ReplayError::Config(format!("{url}: {why}"));
-        let uri: http::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
-        let https = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => return Err(bad("scheme must be http or https".into())),
-        };
-        let auth = uri.authority().ok_or_else(|| bad("no host".into()))?;
-        let host = auth
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = auth.port_u16().unwrap_or(if https { 443 } else { 80 });
-        Ok(Endpoint {
-            https,
-            host,
-            port,
-            authority: auth.as_str().to_string(),
-            base_path: uri.path().trim_end_matches('/').to_string(),
-        })
-    }
-}
+/// Where a target lives, parsed from its URL once, by [`ReplayConfig::validate`]: an origin
+/// as every URL reader takes it ([`wire::origin`]).
+pub type Endpoint = wire::origin::Origin;
 
 /// The paths that end an OpenAI API endpoint: a target URL ending in one (with or without
 /// `/v1` before it) names an endpoint, not a server.
@@ -728,7 +690,10 @@ impl ReplayConfig {
         let endpoints = self
             .targets
             .iter()
-            .map(|t| Endpoint::parse(&t.url))
+            .map(|t| {
+                Endpoint::parse(&t.url)
+                    .map_err(|e| ReplayError::Config(format!("{}: {e}", t.url)))
+            })
             .collect::<Result<_, _>>()?;
         Ok(ValidatedConfig {
             cfg: self.clone(),
@@ -769,23 +734,6 @@ impl std::ops::Deref for ValidatedConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_parse() {
-        let e = Endpoint::parse("http://127.0.0.1:8000").unwrap();
-        assert_eq!(
-            (e.https, e.host.as_str(), e.port, e.base_path.as_str()),
-            (false, "127.0.0.1", 8000, "")
-        );
-        let e = Endpoint::parse("https://api.example.com/proxy/").unwrap();
-        assert_eq!(
-            (e.https, e.port, e.base_path.as_str()),
-            (true, 443, "/proxy")
-        );
-        let e = Endpoint::parse("http://[::1]:9").unwrap();
-        assert_eq!(e.host, "::1");
-        assert!(Endpoint::parse("ftp://x").is_err());
-    }
 
     /// Validation parses each target's URL once and keeps it: the client takes it from
     /// there, and a URL it cannot parse is refused before any run.

@@ -25,43 +25,22 @@ impl Endpoint {
     /// Parses `url`. Only `http://` is supported (send to a local collector for TLS).
     pub fn parse(url: &str) -> Result<Endpoint, TelemetryError> {
         let bad = |why: &str| TelemetryError::Config(format!("--otlp-endpoint {url:?}: {why}"));
-        let rest = match url.split_once("://") {
-            Some(("http", r)) => r,
-            Some(("https", _)) => {
-                return Err(bad(
-                    "https is not supported by the exporter; send to a local OpenTelemetry Collector over http",
-                ))
-            }
-            _ => return Err(bad("expected http://host[:port][/path]")),
-        };
-        let (auth, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let mut base = path.trim_end_matches('/').to_string();
+        let o = wire::origin::Origin::parse_or_port(url, Some(4318)).map_err(|e| bad(e.why()))?;
+        if o.https {
+            return Err(bad(
+                "https is not supported by the exporter; send to a local OpenTelemetry Collector over http",
+            ));
+        }
+        let mut base = o.base_path;
         // `.../v1/traces` given as the endpoint: the base is what comes before it.
         for sig in ["/v1/traces", "/v1/metrics"] {
             if let Some(b) = base.strip_suffix(sig) {
                 base = b.to_string();
             }
         }
-        if base.contains(['?', '#', ' ']) {
-            return Err(bad("the path may not carry a query"));
-        }
-        let (host, port) = match auth.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
-                let port = p.parse().map_err(|_| bad("the port is not a number"))?;
-                (h, port)
-            }
-            _ => (auth, 4318),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() || auth.contains('@') {
-            return Err(bad("expected http://host[:port][/path]"));
-        }
         Ok(Endpoint {
-            host: host.to_string(),
-            port,
+            host: o.host,
+            port: o.port,
             base,
         })
     }

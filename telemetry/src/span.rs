@@ -59,17 +59,10 @@ pub struct Server {
 impl Server {
     /// From a base URL (`http://host:port/...`); `None` when it names no host.
     pub fn from_url(url: &str) -> Option<Server> {
-        let rest = url.split_once("://").map_or(url, |(_, r)| r);
-        let auth = rest.split('/').next()?.rsplit('@').next()?;
-        let https = url.starts_with("https://");
-        let (host, port) = match auth.rsplit_once(':') {
-            Some((h, p)) if !p.contains(']') => (h, p.parse().ok()?),
-            _ => (auth, if https { 443 } else { 80 }),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        (!host.is_empty()).then(|| Server {
-            address: host.to_string(),
-            port,
+        let o = wire::origin::Origin::parse(url).ok()?;
+        Some(Server {
+            address: o.host,
+            port: o.port,
         })
     }
 }

@@ -28,6 +28,7 @@
 //!   tests read responses with, for every API's events.
 //! - [`verdict`]: the one response verdict (outcome, error text, usage, tokens per chunk)
 //!   capture and replay judge a finished response with.
+//! - [`origin`]: an origin URL (`http[s]://host[:port][/base]`), read one way by every reader.
 //! - [`vllm_metrics`]: vLLM's Prometheus latency histogram names and bounds, shared by the
 //!   sim (which exports them), capture and replay's alert rules.
 #![deny(missing_docs)]
@@ -39,6 +40,7 @@ pub mod direct;
 pub mod framing;
 pub mod habit;
 pub mod listen;
+pub mod origin;
 mod pool;
 pub mod rxstamp;
 pub mod sse;

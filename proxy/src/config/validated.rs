@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use http::header::{HeaderName, HeaderValue};
-use http::Uri;
 
 use crate::config::tls;
 use crate::config::{ProxyConfig, ShadowConfig};
@@ -39,29 +38,19 @@ impl Upstream {
             url: url.to_string(),
             why,
         };
-        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| bad("needs http:// or https://"))?;
-        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
-            return Err(bad("only http and https are supported"));
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| bad("needs a host"))?;
-        if authority.as_str().contains('@') {
-            return Err(bad("credentials in the URL are not supported"));
-        }
-        if uri.query().is_some() {
-            return Err(bad("a query string is not supported"));
-        }
-        let base_path = uri.path().trim_end_matches('/').to_string();
+        let o = wire::origin::Origin::parse(url).map_err(|e| bad(e.why()))?;
+        let authority = o
+            .authority
+            .parse()
+            .map_err(|_| bad(wire::origin::OriginError::NoHost.why()))?;
         Ok(Upstream {
-            scheme,
+            scheme: if o.https {
+                http::uri::Scheme::HTTPS
+            } else {
+                http::uri::Scheme::HTTP
+            },
             authority,
-            base_path,
+            base_path: o.base_path,
         })
     }
 }

@@ -764,3 +764,15 @@ fn server_section(o: &mut String, d: &ReportData) {
         table(o, &head, &rows);
     }
 }
+
+/// A page of preformatted text (a verdict's console text) above its plots: the shell of the
+/// fidelity and shadow reports.
+pub fn text_page(title: &str, text: &str, plots: &str) -> String {
+    format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>{CSS}</style></head><body><h1>{t}</h1><pre style=\"white-space:pre-wrap\">{text}</pre><div class=\"plots\">{plots}</div></body></html>\n",
+        t = esc(title),
+        text = esc(text),
+    )
+}
+

@@ -23,6 +23,7 @@ pub mod document;
 pub mod fidelity;
 pub mod html;
 pub mod outputs;
+pub mod paired;
 pub mod plan;
 pub mod series;
 pub mod shadow;

@@ -32,24 +32,11 @@ use results::verdict::RunVerdict;
 use serde::Serialize;
 use trace_format::{Outcome, TraceRecord};
 
-pub use crate::fidelity::paired::Paired;
+pub use crate::paired::Paired;
+use crate::paired::{mean_var, t975};
 
 /// Requests listed by name among those whose outcome differed, per candidate.
 pub const DIFFERED_LISTED: usize = 50;
-
-/// Two-sided 95% quantiles of Student's t for 1..=30 degrees of freedom; 1.96 beyond.
-const T975: [f64; 30] = [
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-    2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-    2.052, 2.048, 2.045, 2.042,
-];
-
-fn t975(df: usize) -> f64 {
-    df.checked_sub(1)
-        .and_then(|i| T975.get(i))
-        .copied()
-        .unwrap_or(1.96)
-}
 
 /// What a shadow assessment found, per candidate.
 #[derive(Debug, Clone, Serialize)]
@@ -220,13 +207,6 @@ impl Delta {
     pub fn unpaired_shows(&self) -> bool {
         self.unpaired_ci.0 > 0.0 || self.unpaired_ci.1 < 0.0
     }
-}
-
-fn mean_var(v: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
-    let n = v.clone().count() as f64;
-    let mean = v.clone().sum::<f64>() / n;
-    let var = v.map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
-    (mean, var)
 }
 
 /// The request's mean ITL, ms (streamed, two chunks or more).
@@ -654,13 +634,7 @@ impl ShadowReport {
                 }
             }
         }
-        format!(
-            "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
-             <style>{css}</style></head><body><h1>{t}</h1><pre style=\"white-space:pre-wrap\">{text}</pre><div class=\"plots\">{body}</div></body></html>\n",
-            t = esc(title),
-            css = crate::html::CSS,
-            text = esc(&self.to_string()),
-        )
+        crate::html::text_page(title, &self.to_string(), &body)
     }
 }
 

@@ -50,13 +50,7 @@ impl Fidelity {
                 body.push_str(&format!("<div class=\"chart\">{}</div>", chart.render()));
             }
         }
-        format!(
-            "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\
-             <style>{css}</style></head><body><h1>{t}</h1><pre style=\"white-space:pre-wrap\">{text}</pre><div class=\"plots\">{body}</div></body></html>\n",
-            t = esc(title),
-            css = crate::html::CSS,
-            text = esc(&self.to_string()),
-        )
+        crate::html::text_page(title, &self.to_string(), &body)
     }
 }
 

@@ -1,8 +1,9 @@
 //! Per-request paired comparison and the engine's own noise floor.
 //!
 //! The captured row and its replay are the same request, so a difference between them is
-//! measured per request ([`Paired`]: the geometric mean of replayed / captured with a t-based
-//! 95% confidence interval on the log ratios), not only between two distributions.
+//! measured per request ([`Paired`], shared with shadow: the geometric mean of replayed /
+//! captured with a t-based 95% confidence interval on the log ratios), not only between two
+//! distributions.
 //!
 //! An engine does not answer the same requests in the same time twice: llama-server, warm, is
 //! ×1.10–1.15 apart between two runs of the same bodies at the same offsets. A second replay of
@@ -13,59 +14,13 @@
 use serde::Serialize;
 
 use super::{quantile_beyond, shape_drifts, LatencyFidelity, RATIO_TOL};
-
-/// Two-sided 95% quantiles of Student's t for 1..=30 degrees of freedom; 1.96 beyond.
-const T975: [f64; 30] = [
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-    2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-    2.052, 2.048, 2.045, 2.042,
-];
+pub use crate::paired::Paired;
 
 /// How far beyond the measured run-to-run spread a difference must be, in log ratio, to be a
 /// drift. The noise run is one draw of the engine's run-to-run shift and the comparison is
 /// another, so the comparison may land past the one measured; twice it keeps an A/A's false
 /// alarm rare, while a server 1.5× slower is still a drift against a spread of ×1.10–1.15.
 pub const NOISE_MARGIN: f64 = 2.0;
-
-/// Replayed / captured per request, over the requests with a value on both sides.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Paired {
-    /// Requests paired.
-    pub n: usize,
-    /// Geometric mean of replayed / captured.
-    pub ratio: f64,
-    /// Its 95% confidence interval (t-based, on the log ratios; needs two requests).
-    pub ci: (f64, f64),
-}
-
-impl Paired {
-    /// The paired ratio of (captured, replayed) values; None without two positive pairs.
-    pub fn of(pairs: impl IntoIterator<Item = (f64, f64)>) -> Option<Paired> {
-        let logs: Vec<f64> = pairs
-            .into_iter()
-            .filter(|(c, r)| *c > 0.0 && *r > 0.0 && c.is_finite() && r.is_finite())
-            .map(|(c, r)| (r / c).ln())
-            .collect();
-        let n = logs.len();
-        if n < 2 {
-            return None;
-        }
-        let mean = logs.iter().sum::<f64>() / n as f64;
-        let var = logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-        let t = T975.get(n - 2).copied().unwrap_or(1.96);
-        let half = t * (var / n as f64).sqrt();
-        Some(Paired {
-            n,
-            ratio: mean.exp(),
-            ci: ((mean - half).exp(), (mean + half).exp()),
-        })
-    }
-
-    /// Whether the whole interval is beyond `bound_log` (a log ratio) on one side.
-    fn beyond(&self, bound_log: f64) -> bool {
-        self.ci.0.ln() > bound_log || self.ci.1.ln() < -bound_log
-    }
-}
 
 /// What a second replay of the same requests showed for one class and metric, against the
 /// replay assessed: the engine's own run-to-run spread.

@@ -1062,7 +1062,24 @@ fn the_official_sdks_through_capture_are_recorded() {
             p.display()
         );
     }
-    let rows: HashMap<String, TraceRecord> = records(&out)
+    let captured = records(&out);
+    // The capture replayed against the same server: every row to its own API's endpoint,
+    // none failed.
+    let replayed_path = out.with_extension("replayed.parquet");
+    replay_results(&out, &engine.url, &replayed_path);
+    let replayed: HashMap<String, TraceRecord> = records(&replayed_path)
+        .into_iter()
+        .map(|r| (r.request_id.clone(), r))
+        .collect();
+    assert_eq!(replayed.len(), captured.len(), "{replayed:#?}");
+    for c in &captured {
+        let r = &replayed[&c.request_id];
+        assert_eq!(r.endpoint, c.endpoint, "{}", c.request_id);
+        assert_eq!(r.outcome, Outcome::Ok, "{}: {:?}", c.request_id, r.error);
+        assert_eq!(r.stream, c.stream, "{}", c.request_id);
+    }
+    let _ = std::fs::remove_file(&replayed_path);
+    let rows: HashMap<String, TraceRecord> = captured
         .into_iter()
         .map(|r| (r.session_id.clone().unwrap_or_default(), r))
         .collect();

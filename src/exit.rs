@@ -23,7 +23,7 @@ pub(crate) enum ExitStatus {
     /// 5: `fidelity --fail-on-drift`: the replay does not reproduce the captured load or
     /// schedule.
     Drift,
-    /// 6: `replay --fail-on-slo`: a target's verdict is FAIL.
+    /// 6: `replay --fail-on-slo`: a target's verdict is FAIL; `shadow --fail-on-slo`: a candidate's.
     SloFail,
     /// 7: `capture` stopped, but its trace is incomplete (rows dropped, or journals kept
     /// for the next start; the summary says which). It was 3 before, which `compare` keeps.
@@ -81,7 +81,7 @@ impl ExitStatus {
             ExitStatus::Drift => {
                 "fidelity --fail-on-drift: the replay does not reproduce the captured load or schedule"
             }
-            ExitStatus::SloFail => "replay --fail-on-slo: a target's verdict is FAIL",
+            ExitStatus::SloFail => "replay --fail-on-slo: a target's verdict is FAIL (shadow --fail-on-slo: a candidate's)",
             ExitStatus::TraceIncomplete => {
                 "capture: stopped, but the trace is incomplete (rows dropped or journals kept; see the summary)"
             }

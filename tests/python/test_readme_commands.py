@@ -1,8 +1,9 @@
 """The README's walk-through runs as written, and prints what the README shows.
 
 The README marks each block a reader is meant to paste and run with a
-`<!-- runs-in-test ... -->` comment right before its fenced `sh` block. Each marked block runs
-here as one bash script (`set -euo pipefail`), in a temporary directory, with `llmreplay` on
+`<!-- runs-in-test ... -->` comment right before its fenced `sh` block. The marked blocks run
+here in order, as one bash script (`set -euo pipefail`: a later block may use what an earlier
+one wrote, as a reader's would), in a temporary directory, with `llmreplay` on
 PATH resolved to the binary under test ($LLMREPLAY, else target/release/llmreplay). Servers the
 block starts itself (`llmreplay sim` standing in for production, `llmreplay capture` in front of
 it) listen on 127.0.0.1 ports the README names; each distinct port is swapped for a free one, so
@@ -123,9 +124,9 @@ def run_block(script: str, tmp_path):
     return proc.returncode, out, err, work
 
 
-@pytest.mark.parametrize("n", range(len(runnable_blocks(README.read_text(encoding="utf-8")))))
-def test_each_marked_block_runs_as_written(n, tmp_path):
-    script, shown = runnable_blocks(README.read_text(encoding="utf-8"))[n]
+def test_the_marked_blocks_run_as_written(tmp_path):
+    blocks = runnable_blocks(README.read_text(encoding="utf-8"))
+    script = "".join(b[0] for b in blocks)
     code, out, err, work = run_block(script, tmp_path)
     assert code == 0, f"exit {code}\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}"
     for name in written_files(script):
@@ -137,7 +138,7 @@ def test_each_marked_block_runs_as_written(n, tmp_path):
         else:
             assert path.stat().st_size > 0, f"{name} is empty"
     printed = out + err
-    for line in shown:
+    for line in (l for b in blocks for l in b[1]):
         key = label(line)
         if len(key) >= 6:
             assert key in printed, f"the README shows {line!r}, which the run no longer prints"

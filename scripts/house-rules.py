@@ -144,7 +144,7 @@ def doc_files():
     for d in DOCS:
         if os.path.exists(os.path.join(ROOT, d)):
             yield d
-    for base in ("docs", "deploy"):
+    for base in ("docs", "deploy", "bench/history"):
         for dirpath, dirs, files in os.walk(os.path.join(ROOT, base)):
             for f in files:
                 if f.endswith(".md"):

@@ -194,7 +194,7 @@ pub struct CaptureArgs {
     shadow: ShadowArgs,
 }
 
-/// `--shadow` and its settings (README: "Shadow traffic").
+/// `--shadow` and its settings (docs/fidelity.md: "Shadow traffic").
 #[derive(Args, Debug)]
 pub struct ShadowArgs {
     /// Mirror recorded generation requests to candidate NAME at URL (repeatable): each is

@@ -134,8 +134,8 @@ impl RecorderQueue {
     }
 }
 
-/// Recording work left undone to keep up (the row is written without it; see the README's
-/// capture section), by kind.
+/// Recording work left undone to keep up (the row is written without it; see docs/internals.md,
+/// "What the recorder sheds"), by kind.
 #[derive(Debug, Default)]
 pub struct ShedWork {
     /// Prompts not tokenized into `prefix_hashes` (the row has none).

@@ -701,7 +701,7 @@ mod tests {
 
     #[test]
     fn lateness_is_judged_against_what_it_could_change() {
-        // The README's first example: 8 req/s, every send 1.24 ms late. The allowance is 10%
+        // docs/replay.md's first example: 8 req/s, every send 1.24 ms late. The allowance is 10%
         // of the 125 ms gap: the load it changed is not worth a warning.
         let m = paced(200, 125.0, 1_240, 812.0);
         assert!(

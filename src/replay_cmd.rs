@@ -8,14 +8,14 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use replay::config::{
-    Arrivals, EndpointKind, OutputLen, PercentileMetric, ReplayConfig, RequestOptions, Selection,
-    SessionMode, Shard, Slo, Target,
+    Arrivals, EndpointKind, OutputLen, ReplayConfig, RequestOptions, Selection, SessionMode, Shard,
+    Target,
 };
 
 use crate::exit::{refuse, refused, ExitStatus, Failure};
 use crate::flags::{
-    command_line, parse_count, parse_duration, parse_fraction, parse_kv, parse_percentile,
-    parse_positive, parse_positive_duration, parse_rate, parse_share,
+    command_line, parse_count, parse_duration, parse_fraction, parse_kv, parse_positive,
+    parse_positive_duration, parse_rate, parse_share,
 };
 use crate::signals::{self, Signal};
 use crate::sim_cmd::{EmbeddedSim, SimOpts, DEFAULT_PROFILE};

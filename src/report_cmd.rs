@@ -196,7 +196,7 @@ pub fn run_sweep(
         for lr in plan.record(step, runs) {
             println!("{}", sweep::run_line(lr, spec, &opts));
         }
-        if let Some(reason) = stop.reason() {
+        if let Some(reason) = stop.state().reason() {
             eprintln!(
                 "sweep stopped ({reason}): no further level runs; the levels run so far are \
                  summarized and written (the last one partly run)"
@@ -241,6 +241,7 @@ pub fn run_sweep(
         eprintln!("{} result rows written to {}", rows.len(), p.display());
     }
     Ok(stop
+        .state()
         .reason()
         .and_then(crate::signals::Signal::named)
         .map(crate::signals::Signal::status))

@@ -691,8 +691,7 @@ impl ReplayConfig {
             .targets
             .iter()
             .map(|t| {
-                Endpoint::parse(&t.url)
-                    .map_err(|e| ReplayError::Config(format!("{}: {e}", t.url)))
+                Endpoint::parse(&t.url).map_err(|e| ReplayError::Config(format!("{}: {e}", t.url)))
             })
             .collect::<Result<_, _>>()?;
         Ok(ValidatedConfig {

@@ -78,4 +78,3 @@ pub(crate) async fn check_prefix(
         _ => Ok(()),
     }
 }
-

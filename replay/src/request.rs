@@ -96,9 +96,7 @@ fn serialize(
 
 /// Whether `rec` is a Responses turn that continues its parent's response on the server.
 fn chained(rec: &TraceRecord) -> bool {
-    false
-        && rec.parent_link == Some(ParentLink::PreviousResponse)
-        && rec.parent_request_id.is_some()
+    rec.parent_link == Some(ParentLink::PreviousResponse) && rec.parent_request_id.is_some()
 }
 
 /// What the row a request replays was: its status and outcome, and whether the request sends

@@ -775,4 +775,3 @@ pub fn text_page(title: &str, text: &str, plots: &str) -> String {
         text = esc(text),
     )
 }
-

@@ -66,4 +66,3 @@ impl Paired {
         self.ci.0.ln() > bound_log || self.ci.1.ln() < -bound_log
     }
 }
-

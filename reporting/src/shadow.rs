@@ -563,7 +563,7 @@ impl ShadowReport {
     /// production's and the candidate's values over the same requests, and of the per-request
     /// differences.
     pub fn render_html(&self, rows: &[TraceRecord], title: &str) -> String {
-        use crate::svg::{cdf, esc, Chart, Line, PALETTE};
+        use crate::svg::{cdf, Chart, Line, PALETTE};
         let production: HashMap<&str, &TraceRecord> = rows
             .iter()
             .filter(|r| r.pair_request_id.is_none())

@@ -111,7 +111,7 @@ async fn post(c: &TestClient, url: &str, path: &str, body: &str, headers: &[(&st
     }
 }
 
-/// The sim stamps `"created":<unix seconds>`; two runs may straddle a second.
+/// The sim stamps `"created":<unix seconds>`; two runs may straddle a second. Ids masked.
 fn normalize(b: &[u8]) -> String {
     let s = String::from_utf8_lossy(b);
     let mut out = String::with_capacity(s.len());
@@ -123,7 +123,18 @@ fn normalize(b: &[u8]) -> String {
         rest = tail.trim_start_matches(|c: char| c.is_ascii_digit());
     }
     out.push_str(rest);
-    out
+    // Each sim process draws its own id nonce (ids stay unique across restarts): the two
+    // sims answer with different ids, everything else the same.
+    let mut masked = String::with_capacity(out.len());
+    let mut rest: &str = &out;
+    while let Some(i) = rest.find("\"id\":\"") {
+        let (head, tail) = rest.split_at(i + 6);
+        masked.push_str(head);
+        masked.push_str("ID");
+        rest = &tail[tail.find('"').unwrap_or(tail.len())..];
+    }
+    masked.push_str(rest);
+    masked
 }
 
 fn records(out: &Path) -> Vec<TraceRecord> {

@@ -87,8 +87,9 @@ fn replay_without_target_prints_a_full_report() {
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
+    // -q: no definitions block above the results.
+    assert!(!out.contains("Metric definitions"), "{out}");
     for needle in [
-        "Metric definitions",
         "Serving Benchmark Result",
         "Successful requests:                     30",
         "Request goodput (req/s):",

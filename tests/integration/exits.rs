@@ -584,8 +584,8 @@ fn sim_stops_gracefully_on_sigterm() {
     assert_eq!(st.code(), Some(0), "{st:?}");
 }
 
-/// Capture's configuration is checked once (`ProxyConfig::validate`), before it binds
-/// anything; each refusal names its flag and exits 1.
+/// Capture's configuration is checked once (`ProxyConfig::validate`, or clap for a value out
+/// of its range), before it binds anything; each refusal names its flag and exits 2.
 #[test]
 fn capture_configuration_errors_name_their_flag() {
     let out = tmpdir("exits-config");
@@ -598,7 +598,7 @@ fn capture_configuration_errors_name_their_flag() {
         (&["--threads", "0"], "error: --threads must be > 0"),
         (
             &["--sample-rate", "2"],
-            "error: --sample-rate 2 must be in (0, 1]",
+            "'2' for '--sample-rate <SAMPLE_RATE>': \"2\" is not a share above 0 and at most 1",
         ),
         (
             &["--session-header", "Authorization"],
@@ -616,7 +616,7 @@ fn capture_configuration_errors_name_their_flag() {
         }
         args.extend_from_slice(extra);
         let o = run(&args);
-        assert_eq!(o.status.code(), Some(1), "{extra:?}: {}", text(&o));
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(said), "{extra:?}: {err}");
     }

@@ -522,7 +522,7 @@ fn bad_shadow_flags_are_refused_by_name() {
         ),
         (
             &["--shadow", "a=http://x:1", "--shadow-sample", "2"],
-            "--shadow-sample \"2\": must be in (0, 1]",
+            "'2' for '--shadow-sample <SHADOW_SAMPLE>': \"2\" is not a share above 0 and at most 1",
         ),
         (
             &["--shadow", "a=http://x:1", "--shadow-timeout", "0s"],

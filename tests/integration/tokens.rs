@@ -155,8 +155,12 @@ fn capture_and_replay_count_a_stream_without_usage_the_same_way() {
     assert_eq!(counts(&replayed), want, "replay, no --tokenizer");
 
     // With --tokenizer cl100k_base on both sides.
-    let (captured, replayed) =
-        capture_then_replay(&up, "tokens-cl100k", Some("cl100k_base"), Some("cl100k_base"));
+    let (captured, replayed) = capture_then_replay(
+        &up,
+        "tokens-cl100k",
+        Some("cl100k_base"),
+        Some("cl100k_base"),
+    );
     let want = vec![(Some(cl100k), Some(TokenSource::Tokenizer)); 3];
     assert_eq!(counts(&captured), want, "capture --tokenizer cl100k_base");
     assert_eq!(counts(&replayed), want, "replay --tokenizer cl100k_base");

@@ -185,12 +185,21 @@ mod tests {
         let mut r = TraceRecord::new("a", 0, "/v1/chat/completions");
         let stream = Seen::streamed(3, Some("one two three four five six".into()));
         fill_output(&mut r, Some(9), &stream, words);
-        assert_eq!((r.output_tokens, r.output_tokens_source), (Some(9), Some(TokenSource::Usage)));
+        assert_eq!(
+            (r.output_tokens, r.output_tokens_source),
+            (Some(9), Some(TokenSource::Usage))
+        );
         fill_output(&mut r, None, &stream, words);
-        assert_eq!((r.output_tokens, r.output_tokens_source), (Some(6), Some(TokenSource::Tokenizer)));
+        assert_eq!(
+            (r.output_tokens, r.output_tokens_source),
+            (Some(6), Some(TokenSource::Tokenizer))
+        );
         // No tokenizer (or the count shed), and a stream whose text was not kept: its chunks.
         fill_output(&mut r, None, &stream, none);
-        assert_eq!((r.output_tokens, r.output_tokens_source), (Some(3), Some(TokenSource::Estimate)));
+        assert_eq!(
+            (r.output_tokens, r.output_tokens_source),
+            (Some(3), Some(TokenSource::Estimate))
+        );
         fill_output(&mut r, None, &Seen::streamed(3, None), words);
         assert_eq!(r.output_tokens, Some(3));
         // A whole body: its bytes / 4.
@@ -208,9 +217,18 @@ mod tests {
     fn reasoning_by_the_same_rule() {
         let words = |t: &str| Some(t.split_whitespace().count());
         let none = |_: &str| None;
-        assert_eq!(Reasoning::of(Some(4), &Seen::default(), words), Reasoning::Reported(4));
-        assert_eq!(Reasoning::of(None, &Seen::streamed(0, None), words), Reasoning::Absent);
-        assert_eq!(Reasoning::of(None, &Seen::whole(None), words), Reasoning::Absent);
+        assert_eq!(
+            Reasoning::of(Some(4), &Seen::default(), words),
+            Reasoning::Reported(4)
+        );
+        assert_eq!(
+            Reasoning::of(None, &Seen::streamed(0, None), words),
+            Reasoning::Absent
+        );
+        assert_eq!(
+            Reasoning::of(None, &Seen::whole(None), words),
+            Reasoning::Absent
+        );
         let seen = Seen::streamed(2, Some("a b c".into()));
         assert_eq!(Reasoning::of(None, &seen, words), Reasoning::Counted(3));
         assert_eq!(Reasoning::of(None, &seen, none), Reasoning::Estimated(2));

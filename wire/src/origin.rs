@@ -130,7 +130,10 @@ mod tests {
             (false, "127.0.0.1", 8000, "")
         );
         let o = Origin::parse("https://api.example.com/proxy/").unwrap();
-        assert_eq!((o.https, o.port, o.base_path.as_str()), (true, 443, "/proxy"));
+        assert_eq!(
+            (o.https, o.port, o.base_path.as_str()),
+            (true, 443, "/proxy")
+        );
         assert_eq!(o.authority, "api.example.com");
         let o = Origin::parse_or_port("http://[::1]/otlp", Some(4318)).unwrap();
         assert_eq!((o.host.as_str(), o.port), ("::1", 4318));

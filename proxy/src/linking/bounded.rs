@@ -41,6 +41,16 @@ impl<K: Hash + Eq + Copy, V> Candidates<K, V> {
     }
 
     /// The entries under `key`, oldest first, with their sequence numbers.
+    pub fn get(&self, key: &K) -> Option<&Vec<(u64, V)>> {
+        self.index.get(key)
+    }
+
+    /// Entries held now, under every key (at most [`Candidates::len`]).
+    pub fn held(&self) -> usize {
+        self.index.values().map(Vec::len).sum()
+    }
+
+    /// The entries under `key`, oldest first, with their sequence numbers, to change.
     pub fn get_mut(&mut self, key: &K) -> Option<&mut Vec<(u64, V)>> {
         self.index.get_mut(key)
     }

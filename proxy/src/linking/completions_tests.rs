@@ -68,7 +68,7 @@ fn old_keys_are_forgotten_and_lengths_stay_counted() {
     }
     assert_eq!(l.remembered(), 2);
     assert_eq!(l.lengths.values().sum::<u32>(), 2);
-    assert_eq!(l.index.values().map(Vec::len).sum::<usize>(), 2);
+    assert_eq!(l.index.held(), 2);
     let old = l.observe("x", 20, 30, "p0 a more", None, None, None);
     assert_eq!(old.parent_request_id, None, "r0 was forgotten");
     let new = l.observe("y", 20, 30, "p4 a more", None, None, None);

@@ -525,7 +525,7 @@ mod tests {
             let b = l.observe(&format!("b{i}"), t + 20, t + 30, Some(&c2), None, None);
             assert_eq!(b.parent_request_id, Some(format!("a{i}")), "repeat {i}");
             assert_eq!(b.think_time_us, Some(10));
-            assert!(l.index[&key].len() <= MAX_CANDIDATES);
+            assert!(l.index.get(&key).map_or(0, Vec::len) <= MAX_CANDIDATES);
             assert!(l.remembered() <= 1_000);
         }
     }

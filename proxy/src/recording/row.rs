@@ -321,17 +321,19 @@ impl ObservedBody {
                 r.ttfat_us = o.first_answer_us;
                 // No usage: the writer thread counts what was seen by the one rule
                 // (trace_format::tokens): the text with the tokenizer, else the chunks.
-                let output = v.completion_tokens.is_none().then(|| {
-                    tokens::Seen::streamed(r.chunk_times_us.len(), o.output_text.take())
-                });
+                let output = v
+                    .completion_tokens
+                    .is_none()
+                    .then(|| tokens::Seen::streamed(r.chunk_times_us.len(), o.output_text.take()));
                 self.rec.output.reasoning = match v.reasoning_tokens {
                     Some(n) => Some(Reasoning::Reported(n)),
                     None if o.reasoning_chunks == 0 => Some(Reasoning::Absent),
                     None => None,
                 };
-                let reasoning = self.rec.output.reasoning.is_none().then(|| {
-                    tokens::Seen::streamed(o.reasoning_chunks, o.reasoning_text.take())
-                });
+                let reasoning =
+                    self.rec.output.reasoning.is_none().then(|| {
+                        tokens::Seen::streamed(o.reasoning_chunks, o.reasoning_text.take())
+                    });
                 if output.is_some() || reasoning.is_some() {
                     self.rec.output.text = Some(OutputText::Text { output, reasoning });
                 }

@@ -3,7 +3,7 @@
 //! Inputs are the result rows themselves (integer microseconds), added one at a time to a
 //! [`MetricsBuilder`] in any order: every value is converted to milliseconds once, and
 //! percentiles are exact over all values (numpy's linear interpolation) up to
-//! [`EXACT_CAP`] values a metric, then estimates within
+//! [`EXACT_CAP`](trace_format::quantiles::EXACT_CAP) values a metric, then estimates within
 //! [`RELATIVE_ERROR`](trace_format::quantiles::RELATIVE_ERROR) that their
 //! [`Summary::estimate`] names; counts, sums, means and std stay exact. Memory is bounded
 //! whatever the number of rows (see [`MetricsBuilder`]).
@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use trace_format::quantiles::{Quantiles, EXACT_CAP};
+use trace_format::quantiles::Quantiles;
 use trace_format::stats::Summary;
 use trace_format::{Cause, CauseCounts, Outcome, TraceRecord};
 
@@ -21,7 +21,9 @@ mod overlap;
 pub use overlap::max_overlap;
 use overlap::Overlap;
 #[cfg(test)]
-use overlap::Events;
+use overlap::{Events, EVENT_BUCKETS};
+#[cfg(test)]
+use trace_format::quantiles::EXACT_CAP;
 
 /// The aggregate metrics of one run against one target.
 #[derive(Debug, Clone, Serialize)]
@@ -50,7 +52,7 @@ pub struct Metrics {
     pub output_throughput: f64,
     /// (Σ prompt + Σ output tokens) / duration.
     pub total_token_throughput: f64,
-    /// Most requests in flight at once: exact up to [`EXACT_CAP`] requests, then an upper
+    /// Most requests in flight at once: exact up to [`EXACT_CAP`](trace_format::quantiles::EXACT_CAP) requests, then an upper
     /// bound from start and end counts per time bucket (over by at most the requests that
     /// started in one bucket, 1/2^19 of the run's span rounded up to a power of two µs).
     pub max_concurrent_requests: usize,
@@ -244,9 +246,9 @@ pub fn compute(
 /// order in practice), without keeping them.
 ///
 /// Memory is bounded whatever the number of rows: eight latency samples ([`Quantiles`]:
-/// at most [`EXACT_CAP`] values, 8 MiB, each, then ~100 KiB of buckets) and four more per
+/// at most [`EXACT_CAP`](trace_format::quantiles::EXACT_CAP) values, 8 MiB, each, then ~100 KiB of buckets) and four more per
 /// class of request when the run mixes classes (endpoints × streamed or not: the trace's,
-/// not the rows'), the (start, end) of up to [`EXACT_CAP`] requests (16 MiB) then 4 MiB of
+/// not the rows'), the (start, end) of up to [`EXACT_CAP`](trace_format::quantiles::EXACT_CAP) requests (16 MiB) then 4 MiB of
 /// event counts, [`served`](crate::served::ServedBuilder)'s sample (at most 12 MiB), and at
 /// most [`ERROR_KEYS`] error texts. [`retained`](Self::retained) counts what it holds.
 pub struct MetricsBuilder {

@@ -4,7 +4,7 @@
 use trace_format::quantiles::EXACT_CAP;
 
 /// Buckets of start and end counts once the intervals passed [`EXACT_CAP`] (4 MiB).
-const EVENT_BUCKETS: usize = 1 << 19;
+pub(super) const EVENT_BUCKETS: usize = 1 << 19;
 
 /// The requests' (start, end) for their peak concurrency: exact up to [`EXACT_CAP`], then
 /// starts and ends counted per time bucket (see [`super::Metrics::max_concurrent_requests`]).
@@ -168,4 +168,3 @@ pub fn max_overlap(intervals: &mut [(i64, i64)]) -> usize {
     }
     best as usize
 }
-

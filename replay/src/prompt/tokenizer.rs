@@ -9,8 +9,8 @@ use rand_chacha::ChaCha8Rng;
 use tokenize::Tokenizer;
 
 use super::words::{MORE_WORDS, WORDS};
-use crate::error::ReplayError;
 use super::{block_seed, mix, request_seed};
+use crate::error::ReplayError;
 
 /// Most pool words tried (a pool of a few hundred words makes equal text by chance
 /// impossible in practice: 256^16 sequences for a 16-token block).

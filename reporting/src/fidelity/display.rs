@@ -8,7 +8,7 @@ impl Fidelity {
     /// A self-contained HTML page: the console text, and per class and metric the captured
     /// and replayed distributions overlaid (CDFs: captured solid, replayed dashed).
     pub fn render_html(&self, title: &str) -> String {
-        use crate::svg::{cdf, esc, Chart, Line, PALETTE};
+        use crate::svg::{cdf, Chart, Line, PALETTE};
         let mut body = String::new();
         for (i, c) in self.classes.iter().enumerate() {
             for l in &c.latencies {

@@ -205,8 +205,13 @@ pub fn run_sweep(
         }
     }
     let runs = plan.finish();
-    // The levels run, refined ones included.
-    let spec = &sweep::levels_run(spec, &runs);
+    // The levels run, refined ones included; a stopped sweep's only.
+    let mut ran = sweep::levels_run(spec, &runs);
+    if stop.state().reason().is_some() {
+        ran.levels
+            .retain(|l| runs.iter().any(|r| r.level.to_bits() == l.to_bits()));
+    }
+    let spec = &ran;
     let o = sweep::outcome(
         runs,
         cfg,

@@ -195,7 +195,10 @@ fn a_rate_sweep_on_the_tiny_sim_finds_the_knee_and_states_the_capacity() {
         plots.iter().map(|p| &p.0).collect::<Vec<_>>()
     );
     let html = reporting::html::render(&data);
-    assert_eq!(html.matches("<svg").count(), plots.len());
+    // The plots, and the plan's chart of replicas per window when the trace gave a demand
+    // curve.
+    let demand = usize::from(html.contains("Over the trace's own demand"));
+    assert_eq!(html.matches("<svg").count(), plots.len() + demand);
     assert!(html.matches("<polyline").count() >= plots.len());
     for bad in ["src=", "href=", "<script", "<link", "url(", "@import"] {
         assert!(

@@ -423,8 +423,16 @@ fn sigint_mid_sweep_keeps_the_levels_run_and_exits_130() {
     assert!(took < Duration::from_secs(8), "stopped in {took:?}");
     assert!(stderr.contains("sweep stopped (SIGINT)"), "{stderr}");
     let doc = json(&dir.join("sweep.json"));
-    assert_eq!(doc["summary"]["levels"], serde_json::json!([0.5]), "{doc}");
+    assert_eq!(
+        doc["llmreplay_sweep"]["levels"],
+        serde_json::json!([0.5]),
+        "{doc}"
+    );
     assert_eq!(doc["results"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        doc["results"][0]["llmreplay"]["interrupted"]["reason"],
+        "SIGINT"
+    );
     // No later level ran: the server saw about what the first level had sent.
     std::thread::sleep(Duration::from_millis(300));
     assert!(

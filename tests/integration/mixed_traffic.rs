@@ -1061,7 +1061,8 @@ fn cancelled_requests_are_cancelled_again_at_their_recorded_point() {
 /// A server that ignores `stream_options` and sends no usage, streaming 30 tokens in 20
 /// chunks (2, 1, 2, 1, ...): with `--tokenizer cl100k_base` replay counts the generated text
 /// (30 tokens, source `tokenizer`, for streamed and whole answers alike) and says so; with no
-/// tokenizer it falls back to the chunk count (20, source `estimate`) and warns.
+/// tokenizer it estimates by the one rule (trace_format::tokens): a stream's chunk count (20,
+/// source `estimate`), a whole answer's text bytes / 4, and warns for all 6.
 #[test]
 fn replay_counts_output_tokens_with_the_tokenizer_when_the_server_sends_no_usage() {
     let server = MisbehavingServer::start(Behaviour {
@@ -1132,7 +1133,7 @@ fn replay_counts_output_tokens_with_the_tokenizer_when_the_server_sends_no_usage
     }
     if !chunks
         .stdout
-        .contains("WARNING: the target sent no usage for 4 requests and there is no --tokenizer")
+        .contains("WARNING: the target sent no usage for 6 requests and there is no --tokenizer")
     {
         problems.push("no tokenizer: no warning that tokens are chunk counts".into());
     }

@@ -36,6 +36,8 @@ pub enum OriginError {
     Credentials,
     /// A `?query`.
     Query,
+    /// A port that is not a number.
+    Port,
 }
 
 impl OriginError {
@@ -48,6 +50,7 @@ impl OriginError {
             OriginError::NoHost => "needs a host",
             OriginError::Credentials => "credentials in the URL are not supported",
             OriginError::Query => "a query string is not supported",
+            OriginError::Port => "the port is not a number",
         }
     }
 }
@@ -85,6 +88,11 @@ impl Origin {
         let host = auth.host().trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
             return Err(OriginError::NoHost);
+        }
+        // What follows the host: nothing, or `:` and a port number.
+        let after_host = &auth.as_str()[auth.host().len()..];
+        if !after_host.is_empty() && auth.port_u16().is_none() {
+            return Err(OriginError::Port);
         }
         let port = auth
             .port_u16()
@@ -142,7 +150,7 @@ mod tests {
             ("ftp://x", OriginError::UnsupportedScheme),
             ("127.0.0.1:4318", OriginError::Scheme),
             ("http://:4318", OriginError::NoHost),
-            ("http://x:port", OriginError::NotAUrl),
+            ("http://x:port", OriginError::Port),
             ("http://u:p@x", OriginError::Credentials),
             ("http://x/?a=1", OriginError::Query),
             ("not a url", OriginError::NotAUrl),

@@ -11,15 +11,27 @@ use clap::{Args, ValueEnum};
 use crate::exit::{ExitStatus, Failure};
 use crate::flags::{command_line, parse_duration};
 use crate::signals;
+use trace_format::keyed::HashKey;
 
-/// What to keep of request bodies.
+/// What leaves with a trace (docs/privacy.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PrivacyArg {
+    /// Timings, counts, outcomes, sessions and links: no content-derived value at all.
+    Perf,
+    /// No text; keyed hashes of the prompt's blocks and of tool names.
+    Hashes,
+    /// The request JSON (for exact replay) and tool names as sent, and the keyed hashes.
+    Full,
+}
+
+/// `--record-bodies`, the older name of `--privacy` (`none` is `perf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RecordBodiesArg {
-    /// Nothing: no text, no hashes.
+    /// `--privacy perf`.
     None,
-    /// No text; prefix hashes of the prompt's blocks.
+    /// `--privacy hashes`.
     Hashes,
-    /// The request JSON (for exact replay) and the hashes.
+    /// `--privacy full`.
     Full,
 }
 
@@ -82,9 +94,21 @@ pub struct CaptureArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// What to keep of request bodies.
-    #[arg(long, value_enum, default_value_t = RecordBodiesArg::Hashes)]
-    record_bodies: RecordBodiesArg,
+    /// What leaves with the trace: perf (no content-derived value), hashes (keyed hashes
+    /// only; the default), full (request bodies too). Recorded in each file's privacy
+    /// manifest, which `inspect` prints first (docs/privacy.md).
+    #[arg(long, value_enum)]
+    privacy: Option<PrivacyArg>,
+    /// The older name of --privacy: none = perf, hashes, full.
+    #[arg(long, value_enum, conflicts_with = "privacy")]
+    record_bodies: Option<RecordBodiesArg>,
+    /// The file holding the key every content hash is made under (64 hex digits, e.g.
+    /// `openssl rand -hex 32`); give every capture whose hashes must compare (a fleet, a
+    /// series of days) the same file. Without it, a key is created in `<out>.hash-key`
+    /// beside the output (0600; reused by later captures to the same output). The key is
+    /// never written into traces, journals, metrics or logs; files record its id.
+    #[arg(long, env = "LLMREPLAY_HASH_KEY_FILE", value_name = "PATH")]
+    hash_key_file: Option<PathBuf>,
     /// Tokens per prefix-hash block.
     #[arg(long, default_value_t = 16)]
     block_size: u32,
@@ -353,11 +377,18 @@ impl CaptureArgs {
             (None, None) => None,
             _ => crate::exit::refuse!("--tls-cert and --tls-key go together"),
         };
-        c.record_bodies = match self.record_bodies {
-            RecordBodiesArg::None => proxy::RecordBodies::None,
-            RecordBodiesArg::Hashes => proxy::RecordBodies::Hashes,
-            RecordBodiesArg::Full => proxy::RecordBodies::Full,
+        c.privacy = match (self.privacy, self.record_bodies) {
+            (Some(PrivacyArg::Perf), _) | (None, Some(RecordBodiesArg::None)) => {
+                proxy::Privacy::Perf
+            }
+            (Some(PrivacyArg::Full), _) | (None, Some(RecordBodiesArg::Full)) => {
+                proxy::Privacy::Full
+            }
+            _ => proxy::Privacy::Hashes,
         };
+        if c.privacy.hashes() {
+            c.hash_key = std::sync::Arc::new(hash_key(self.hash_key_file.as_deref(), &c.out)?);
+        }
         c.block_size = self.block_size;
         c.tokenizer = std::sync::Arc::new(
             proxy::Tokenizer::load(&self.tokenizer).context("loading the tokenizer")?,
@@ -399,6 +430,38 @@ impl CaptureArgs {
         c.command = command_line();
         c.validate().map_err(flag_error)
     }
+}
+
+/// The key of `--hash-key-file`, else the one beside the output directory `dir`
+/// (`<dir>.hash-key`, created when missing), said once on stderr.
+fn hash_key(file: Option<&std::path::Path>, dir: &std::path::Path) -> Result<HashKey> {
+    if let Some(f) = file {
+        return HashKey::load(f).context("--hash-key-file");
+    }
+    let abs = std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?;
+    let Some(name) = abs.file_name() else {
+        crate::exit::refuse!(
+            "--out {} has no name to put its hash key beside: give --hash-key-file",
+            dir.display()
+        );
+    };
+    let path = abs.with_file_name(format!("{}.hash-key", name.to_string_lossy()));
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("{}", parent.display()))?;
+    }
+    let (key, created) = HashKey::load_or_create(&path)?;
+    eprintln!(
+        "llmreplay capture: no --hash-key-file: content hashes are keyed with the key {} {} \
+         (id {}); give every capture whose hashes must compare the same key file",
+        if created {
+            "just created in"
+        } else {
+            "kept in"
+        },
+        path.display(),
+        key.id()
+    );
+    Ok(key)
 }
 
 /// A configuration error, named by the flag that set the value: refused (status 2).

@@ -47,6 +47,16 @@ pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
     } else {
         Some(crate::traces::read_traces(&a.noise).context("reading the noise run's results")?)
     };
+    // The capture and the replay's rows are compared by their hashes too: one key.
+    let files = [Some(&captured), Some(&replayed), noise.as_ref()];
+    trace_format::file_meta::one_key(
+        files
+            .iter()
+            .flatten()
+            .flat_map(|t| &t.files)
+            .map(|f| (f.path.as_path(), &f.meta)),
+    )
+    .context("comparing the capture with the replay")?;
     let replay_run = match &a.replay_result {
         Some(p) => {
             let text =

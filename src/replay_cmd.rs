@@ -359,7 +359,9 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
         .results
         .as_deref()
         .map(|p| {
-            let meta = results::outputs::results_meta(&cfg, &identity, &command);
+            let mut meta = results::outputs::results_meta(&cfg, &identity, &command);
+            // The results carry the trace's prefix hashes, so its privacy manifest (key id).
+            meta.privacy = trace_format::file_meta::carried(stream.files().iter().map(|f| &f.meta));
             results::sink::ResultsSink::create(p, meta)
         })
         .transpose()?;

@@ -240,7 +240,9 @@ pub fn run_sweep(
             .iter()
             .flat_map(|lr| lr.output.records.iter().cloned())
             .collect();
-        let meta = sweep::results_meta(&o, spec, out.command);
+        let mut meta = sweep::results_meta(&o, spec, out.command);
+        // The rows carry the trace's prefix hashes, so its privacy manifest (key id).
+        meta.privacy = trace_format::file_meta::carried(trace.files.iter().map(|f| &f.meta));
         // Through the object-store layer like every other output (`s3://…` works here too).
         store::write_trace(p, &rows, &meta).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("{} result rows written to {}", rows.len(), p.display());

@@ -46,7 +46,7 @@ mod upstream;
 
 pub use config::validated::{ValidatedProxyConfig, SECRET_HEADERS};
 pub use config::{
-    ClientLimits, ForwardedHeaders, ProxyConfig, RecordBodies, ShadowConfig, ShadowSampleBy,
+    ClientLimits, ForwardedHeaders, Privacy, ProxyConfig, ShadowConfig, ShadowSampleBy,
     ShadowTarget, TlsFiles, UsageMode,
 };
 pub use error::{ConfigError, ProxyError, Result, Setting};

@@ -27,7 +27,6 @@ use trace_format::{FileMeta, Producer, WriterConfig};
 
 use crate::admin::admin_response;
 use crate::config::validated::{Parts, ValidatedProxyConfig};
-use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
 use crate::metrics::Metrics;
 use crate::phases::PhaseLog;
@@ -39,6 +38,7 @@ use crate::serving::handler::handle;
 use crate::serving::limits::{ConnPhase, Guarded, GuardedIo};
 use crate::serving::state::Shared;
 use crate::upstream::route::{ClientAddr, Forward};
+use trace_format::privacy::Manifest;
 
 /// How long shadow requests still in flight when production has drained may take to finish.
 const SHADOW_GRACE: Duration = Duration::from_secs(5);
@@ -265,7 +265,10 @@ async fn start_recorder(
     let wcfg = writer_config(cfg);
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
-    let record_bodies = cfg.record_bodies;
+    let keep = writer::Keep {
+        grade: cfg.privacy,
+        key: cfg.hash_key.clone(),
+    };
     let shed_after = cfg.recorder_shed_after;
     let tok = cfg.tokenizer.clone();
     let mut taps: Vec<Box<dyn writer::Tap>> = Vec::new();
@@ -277,7 +280,7 @@ async fn start_recorder(
         )?));
     }
     tokio::task::spawn_blocking(move || {
-        writer::start(wcfg, capacity, record_bodies, shed_after, tok, m2, taps)
+        writer::start(wcfg, capacity, keep, shed_after, tok, m2, taps)
     })
     .await
     .map_err(|e| ProxyError::WriterThread(e.to_string()))?
@@ -286,18 +289,15 @@ async fn start_recorder(
 /// The trace writer's configuration: where, rotation, and the file metadata of a capture.
 fn writer_config(cfg: &crate::ProxyConfig) -> WriterConfig {
     let mut meta = FileMeta::new(Producer::Capture, cfg.command.clone());
-    meta.block_size = (cfg.record_bodies != RecordBodies::None).then_some(cfg.block_size);
+    meta.block_size = cfg.privacy.hashes().then_some(cfg.block_size);
     meta.extra
         .insert("tokenizer".into(), cfg.tokenizer.name().to_string());
-    meta.extra.insert(
-        "record_bodies".into(),
-        match cfg.record_bodies {
-            RecordBodies::None => "none",
-            RecordBodies::Hashes => "hashes",
-            RecordBodies::Full => "full",
-        }
-        .into(),
-    );
+    meta.privacy = Some(Manifest::new(
+        cfg.privacy,
+        Some(&cfg.hash_key.id()),
+        cfg.block_size,
+        cfg.tokenizer.name(),
+    ));
     meta.extra
         .insert("sample_rate".into(), cfg.sample_rate.to_string());
     let mut wcfg = WriterConfig::new(&cfg.out, cfg.file_prefix.clone(), meta);

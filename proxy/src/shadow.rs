@@ -32,7 +32,7 @@ use trace_format::tracectx::{TraceContext, TRACEPARENT};
 use trace_format::{Outcome, TraceRecord};
 
 use crate::config::validated::{ValidTarget, SECRET_HEADERS};
-use crate::config::{ProxyConfig, RecordBodies, ShadowConfig, ShadowSampleBy};
+use crate::config::{Privacy, ProxyConfig, ShadowConfig, ShadowSampleBy};
 use crate::metrics::Metrics;
 use crate::recording::observe::Strip;
 use crate::recording::request::RequestInfo;
@@ -237,7 +237,7 @@ impl Shadow {
             queued: AtomicUsize::new(0),
             stop,
             thread: Mutex::new(Some(thread)),
-            record_full: cfg.record_bodies == RecordBodies::Full,
+            record_full: cfg.privacy == Privacy::Full,
             scope: cfg.traceparent.then(|| id_prefix.to_string()),
             idle_timeout: cfg.idle_timeout,
             max_sse_event: cfg.max_sse_event,

@@ -488,6 +488,7 @@ pub fn check(stream: &TraceStream, command: &str) -> Result<Checked, ReplayError
     };
     let interrupted = interrupted_inputs(files, rows.last_offset_us, rows.rows);
     let mut meta = FileMeta::new(Producer::Replay, command.to_string());
+    meta.privacy = trace_format::file_meta::carried(metas.iter().copied());
     meta.source = Some(
         files
             .iter()

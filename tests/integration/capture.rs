@@ -490,7 +490,7 @@ async fn trace_files_are_private_and_hold_no_secret() {
     let s = sim(1, 1).await;
     let out = fresh_path("secrets");
     let mut c = cfg(&s.url(), &out);
-    c.record_bodies = proxy::RecordBodies::Full;
+    c.privacy = proxy::Privacy::Full;
     c.session_header = Some("x-session-id".into());
     let p = proxy::start(c.validate().expect("config"))
         .await
@@ -927,13 +927,13 @@ fn irregular_gaps_ms(n: usize) -> Vec<u64> {
 /// in front of a sim, each sent at its own absolute time (start + sum of the gaps before
 /// it), then stops the proxy cleanly. Mixes chat/completions and streamed/not.
 async fn capture_with_gaps(
-    mode: proxy::RecordBodies,
+    mode: proxy::Privacy,
     gaps: &[u64],
     upstream: &str,
     out: &Path,
 ) -> Vec<TraceRecord> {
     let mut c = cfg(upstream, out);
-    c.record_bodies = mode;
+    c.privacy = mode;
     let p = proxy::start(c.validate().expect("config"))
         .await
         .expect("proxy");
@@ -967,7 +967,7 @@ async fn capture_with_gaps(
     assert_eq!(recs.len(), gaps.len());
     for r in &recs {
         assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-        assert_eq!(r.body.is_some(), mode == proxy::RecordBodies::Full, "{r:?}");
+        assert_eq!(r.body.is_some(), mode == proxy::Privacy::Full, "{r:?}");
         assert!(
             r.prompt_tokens.is_some() && r.output_tokens == Some(3),
             "{r:?}"
@@ -986,7 +986,7 @@ fn replay_of_a_capture_keeps_captured_arrival_offsets() {
     let upstream = rt.block_on(sim(1, 1));
     let target = rt.block_on(sim(1, 1));
     let gaps = irregular_gaps_ms(36);
-    for mode in [proxy::RecordBodies::Hashes, proxy::RecordBodies::Full] {
+    for mode in [proxy::Privacy::Hashes, proxy::Privacy::Full] {
         let out = fresh_path("replay-capture");
         let captured = rt.block_on(capture_with_gaps(mode, &gaps, &upstream.url(), &out));
         let first = captured[0].arrival_time_us;

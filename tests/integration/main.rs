@@ -57,6 +57,7 @@ mod mixed_traffic;
 mod otel;
 mod outputs;
 mod polish;
+mod privacy;
 mod reasoning;
 mod recorder;
 mod secrets;

@@ -11,7 +11,7 @@ use support::http1::Http1Client;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proxy::{ProxyConfig, RecordBodies, UsageMode};
+use proxy::{Privacy, ProxyConfig, UsageMode};
 use trace_format::{TokenSource, TraceRecord};
 
 async fn sim() -> sim::SimHandle {
@@ -42,7 +42,7 @@ async fn capture(
     prompts: &[String],
     shed_after: Duration,
     usage: UsageMode,
-    bodies: RecordBodies,
+    bodies: Privacy,
 ) -> (Vec<TraceRecord>, String) {
     let s = sim().await;
     let out = fresh_path("recorder");
@@ -51,7 +51,7 @@ async fn capture(
     c.tokenizer = Arc::new(proxy::Tokenizer::load("cl100k_base").unwrap());
     c.block_size = 4;
     c.usage = usage;
-    c.record_bodies = bodies;
+    c.privacy = bodies;
     c.recorder_shed_after = shed_after;
     let p = proxy::start(c.validate().expect("config"))
         .await
@@ -111,7 +111,7 @@ async fn shed_rows_are_written_without_the_work_and_say_so() {
         &ps,
         Duration::from_nanos(1),
         UsageMode::Off,
-        RecordBodies::Hashes,
+        Privacy::Hashes,
     )
     .await;
     assert_eq!(rows.len(), ps.len(), "no row dropped");
@@ -142,7 +142,7 @@ async fn shed_rows_are_written_without_the_work_and_say_so() {
         &ps,
         Duration::from_nanos(1),
         UsageMode::Standard,
-        RecordBodies::Hashes,
+        Privacy::Hashes,
     )
     .await;
     assert_eq!(rows.len(), ps.len());
@@ -168,7 +168,7 @@ async fn shed_rows_are_written_without_the_work_and_say_so() {
 }
 
 /// Within the budget nothing is shed: hashes of real tokens, counts by the tokenizer. And
-/// with no hashes to keep (`--record-bodies none`), a prompt is tokenized only when the
+/// with no hashes to keep (`--privacy perf`), a prompt is tokenized only when the
 /// upstream reports no usage: with usage, the rows carry the server's counts and nothing is
 /// shed or estimated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +177,7 @@ async fn within_the_budget_nothing_is_shed() {
     let tok = proxy::Tokenizer::load("cl100k_base").unwrap();
     let ps = prompts(4);
     let budget = Duration::from_secs(30);
-    let (rows, m) = capture(&ps, budget, UsageMode::Off, RecordBodies::Hashes).await;
+    let (rows, m) = capture(&ps, budget, UsageMode::Off, Privacy::Hashes).await;
     for (r, p) in rows.iter().zip(&ps) {
         let n = tok.count(p).unwrap();
         assert_eq!(r.prefix_hashes.as_ref().map(Vec::len), Some(n / 4), "{r:?}");
@@ -187,13 +187,13 @@ async fn within_the_budget_nothing_is_shed() {
     }
     assert!(m.contains("llmreplay_capture_recorder_shed_total{work=\"prefix_hashes\"} 0\n"));
 
-    let (rows, _) = capture(&ps, budget, UsageMode::Off, RecordBodies::None).await;
+    let (rows, _) = capture(&ps, budget, UsageMode::Off, Privacy::Perf).await;
     for (r, p) in rows.iter().zip(&ps) {
         assert_eq!(r.prefix_hashes, None);
         assert_eq!(r.prompt_tokens, Some(tok.count(p).unwrap() as i64), "{r:?}");
         assert_eq!(r.prompt_tokens_source, Some(TokenSource::Tokenizer));
     }
-    let (rows, m) = capture(&ps, budget, UsageMode::Standard, RecordBodies::None).await;
+    let (rows, m) = capture(&ps, budget, UsageMode::Standard, Privacy::Perf).await;
     for r in &rows {
         assert_eq!(r.prompt_tokens_source, Some(TokenSource::Usage), "{r:?}");
     }

@@ -67,6 +67,22 @@ pub enum Error {
     /// An invalid argument.
     #[error("{0}")]
     Invalid(String),
+    /// Traces whose content hashes were made under different keys, combined.
+    #[error(
+        "{a} was hashed under key id {a_key} and {b} under key id {b_key}: hashes under \
+         different keys never compare (no shared prefix, no link would be found), so they are \
+         not combined; capture every trace to be compared with the same --hash-key-file"
+    )]
+    KeysDiffer {
+        /// The first file.
+        a: PathBuf,
+        /// Its key id (`unkeyed` for a capture before keyed hashes).
+        a_key: String,
+        /// The file whose key differs.
+        b: PathBuf,
+        /// Its key id.
+        b_key: String,
+    },
     /// A trace writer closed without every record in a finished file (records dropped
     /// because the directory could not take them, or journals left for the next start).
     #[error("trace incomplete: {0}")]

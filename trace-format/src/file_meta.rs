@@ -1,12 +1,14 @@
 //! A trace file's provenance: the key-value metadata every writer puts in a file and the
-//! reader checks (schema version first).
+//! reader checks (schema version first), and the check that files hashed under different keys
+//! are never combined ([`one_key`]).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use parquet::file::metadata::KeyValue;
 
 use crate::error::{Error, Result};
+use crate::privacy::Manifest;
 use crate::redact;
 use crate::schema::{self, meta, Producer, SCHEMA_MAJOR};
 
@@ -24,6 +26,9 @@ pub struct FileMeta {
     /// Free-form provenance (`--metadata K=V`, target info), stored under
     /// [`meta::EXTRA_PREFIX`].
     pub extra: BTreeMap<String, String>,
+    /// A capture's privacy manifest (grade, key id, content-derived columns), stored under
+    /// [`meta::PRIVACY`]; a replay's results carry their trace's.
+    pub privacy: Option<Manifest>,
 }
 
 impl FileMeta {
@@ -35,6 +40,7 @@ impl FileMeta {
             source: None,
             block_size: None,
             extra: BTreeMap::new(),
+            privacy: None,
         }
     }
 
@@ -57,6 +63,9 @@ impl FileMeta {
         }
         for (k, v) in &self.extra {
             out.push(kv(&format!("{}{k}", meta::EXTRA_PREFIX), v.clone()));
+        }
+        if let Some(m) = &self.privacy {
+            out.push(KeyValue::new(meta::PRIVACY.to_string(), m.to_json()));
         }
         out
     }
@@ -101,8 +110,61 @@ impl FileMeta {
             source: get(meta::SOURCE).map(str::to_string),
             block_size,
             extra,
+            privacy: get(meta::PRIVACY)
+                .map(|s| Manifest::from_json(s, path))
+                .transpose()?,
         })
     }
+}
+
+/// The hashing a file's `prefix_hashes` were made with, for comparing files: under a key
+/// (its id), unkeyed (a capture before keyed hashing, with prefix hashes), or none to compare.
+fn key_of(meta: &FileMeta) -> Option<String> {
+    match &meta.privacy {
+        Some(m) => m.key_id.clone(),
+        None if meta.producer == Producer::Capture && meta.block_size.is_some() => {
+            Some("unkeyed".to_string())
+        }
+        None => None,
+    }
+}
+
+/// The one key the files' hashes were made under (None when no file has keyed hashes), or
+/// an error naming two files and their key ids when they differ: hashes under different keys
+/// never compare, so combining them would silently lose every shared prefix and link.
+pub fn one_key<'a>(
+    files: impl IntoIterator<Item = (&'a Path, &'a FileMeta)>,
+) -> Result<Option<String>> {
+    let mut first: Option<(PathBuf, String)> = None;
+    for (path, meta) in files {
+        let Some(k) = key_of(meta) else { continue };
+        match &first {
+            None => first = Some((path.to_path_buf(), k)),
+            Some((p0, k0)) if *k0 != k => {
+                return Err(Error::KeysDiffer {
+                    a: p0.clone(),
+                    a_key: k0.clone(),
+                    b: path.to_path_buf(),
+                    b_key: k,
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(first.map(|(_, k)| k).filter(|k| k != "unkeyed"))
+}
+
+/// The manifest a file made from these files carries (a replay's results, a merge): the
+/// first naming a key (the files share it, [`one_key`]), else the first.
+pub fn carried<'a>(metas: impl IntoIterator<Item = &'a FileMeta>) -> Option<Manifest> {
+    let all: Vec<&Manifest> = metas
+        .into_iter()
+        .filter_map(|m| m.privacy.as_ref())
+        .collect();
+    all.iter()
+        .find(|m| m.key_id.is_some())
+        .or(all.first())
+        .map(|m| (*m).clone())
 }
 
 /// Checks that `version` (e.g. `1.0`) has the major version this build reads.
@@ -115,5 +177,46 @@ pub(crate) fn check_version(version: &str, path: &Path) -> Result<()> {
             found: version.to_string(),
             supported: SCHEMA_MAJOR,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyed::KeyId;
+    use crate::privacy::Grade;
+
+    /// Files under one key combine; under two keys (or keyed with unkeyed) they are refused
+    /// with both ids named; files without hashes combine with anything.
+    #[test]
+    fn keys_never_mix() {
+        let meta = |key: Option<&str>| {
+            let mut m = FileMeta::new(Producer::Capture, "c");
+            m.block_size = Some(16);
+            m.privacy =
+                key.map(|k| Manifest::new(Grade::Hashes, Some(&KeyId(k.into())), 16, "words"));
+            m
+        };
+        let (a, b, old) = (meta(Some("aaaa")), meta(Some("bbbb")), meta(None));
+        let perf = {
+            let mut m = FileMeta::new(Producer::Capture, "c");
+            m.privacy = Some(Manifest::new(Grade::Perf, None, 16, "words"));
+            m
+        };
+        let p = Path::new;
+        let ok = one_key([(p("1"), &a), (p("2"), &a), (p("3"), &perf)]).unwrap();
+        assert_eq!(ok.as_deref(), Some("aaaa"));
+        let e = one_key([(p("1"), &a), (p("2"), &perf), (p("3"), &b)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("aaaa") && e.contains("bbbb") && e.contains('3'),
+            "{e}"
+        );
+        let e = one_key([(p("1"), &old), (p("2"), &a)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unkeyed") && e.contains("aaaa"), "{e}");
+        assert_eq!(one_key([(p("1"), &old), (p("2"), &old)]).unwrap(), None);
     }
 }

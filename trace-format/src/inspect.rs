@@ -28,6 +28,9 @@ pub const UNKNOWN_MODEL: &str = "(unknown)";
 /// Summary of a trace.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TraceSummary {
+    /// The files' privacy manifests, each distinct one once ([`crate::privacy`]; empty when
+    /// no file has one: not a capture, or one from before manifests).
+    pub privacy: Vec<crate::privacy::Manifest>,
     /// Number of requests (production's: shadow rows are not among them).
     pub rows: usize,
     /// Shadow rows (with `pair_request_id`: a `capture --shadow` candidate's answer to a
@@ -205,6 +208,7 @@ pub fn summarize_stream(stream: &TraceStream, cache_blocks: &[u64]) -> Result<Tr
 /// - endpoints, models, outcomes: one count per distinct value;
 /// - the prefix cache: see [`PrefixCacheSim`] (the unbounded cache is capped).
 pub struct Summarizer {
+    privacy: Vec<crate::privacy::Manifest>,
     files: usize,
     producers: BTreeMap<String, usize>,
     rows: usize,
@@ -238,7 +242,14 @@ impl Summarizer {
             .next()
             .flatten()
             .filter(|&b| blocks.all(|o| o == Some(b)));
+        let mut privacy = Vec::new();
+        for m in files.iter().filter_map(|f| f.meta.privacy.as_ref()) {
+            if !privacy.contains(m) {
+                privacy.push(m.clone());
+            }
+        }
         Summarizer {
+            privacy,
             files: files.len(),
             producers,
             rows: 0,
@@ -306,6 +317,7 @@ impl Summarizer {
             _ => 0.0,
         };
         TraceSummary {
+            privacy: self.privacy,
             rows,
             shadow_rows: self.shadow_rows,
             files: self.files,
@@ -474,6 +486,19 @@ fn tokens(
 
 impl fmt::Display for TraceSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, m) in self.privacy.iter().enumerate() {
+            for (j, line) in m.lines().iter().enumerate() {
+                let label = if i == 0 && j == 0 { "privacy" } else { "" };
+                writeln!(f, "{label:<14} {line}")?;
+            }
+        }
+        if self.privacy.is_empty() {
+            writeln!(
+                f,
+                "{:<14} no manifest (not a capture, or a capture before manifests)",
+                "privacy"
+            )?;
+        }
         let plural = if self.files == 1 { "" } else { "s" };
         write!(
             f,

@@ -112,7 +112,8 @@ impl ContentHash {
 /// Errors: an input matching nothing → [`Error::NoFiles`]; a file of another major schema
 /// version → [`Error::UnsupportedVersion`]; a Parquet file without llmreplay metadata or
 /// without a required column → [`Error::NotATrace`]; an unreadable or corrupt file →
-/// [`Error::Format`] naming it.
+/// [`Error::Format`] naming it; files hashed under different keys →
+/// [`Error::KeysDiffer`] ([`crate::file_meta::one_key`]).
 pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
     read_traces_with(inputs, &LocalOnly)
 }
@@ -155,6 +156,7 @@ pub fn read_traces_with<S: AsRef<str>>(inputs: &[S], remote: &dyn RemoteFiles) -
         trace.files.push(file);
         trace.records.extend(records);
     }
+    crate::file_meta::one_key(trace.files.iter().map(|f| (f.path.as_path(), &f.meta)))?;
     trace.records.sort_by_key(|r| r.arrival_time_us);
     Ok(trace)
 }

@@ -196,6 +196,8 @@ pub mod meta {
     /// The file's first and last arrival and its disorder, measured as it was written
     /// ([`crate::order::FileOrder`], JSON): what a reader knows from the footer alone.
     pub const ARRIVAL_ORDER: &str = "llmreplay.arrival_order";
+    /// A capture's privacy manifest ([`crate::privacy::Manifest`], JSON).
+    pub const PRIVACY: &str = "llmreplay.privacy";
 }
 
 /// Which program wrote a trace file.

@@ -141,6 +141,7 @@ impl TraceStream {
             files.push(info);
             opened.push(input);
         }
+        crate::file_meta::one_key(files.iter().map(|f| (f.path.as_path(), &f.meta)))?;
         Ok(TraceStream {
             files,
             inputs: opened,

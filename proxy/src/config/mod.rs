@@ -14,17 +14,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokenize::Tokenizer;
+use trace_format::keyed::HashKey;
 
-/// How much of each request body is kept in the trace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RecordBodies {
-    /// Nothing: no text and no hashes.
-    None,
-    /// No text, but `prefix_hashes` of the prompt's blocks (the default).
-    #[default]
-    Hashes,
-    /// The request JSON as the client sent it (for exact replay), and the hashes.
-    Full,
+/// How much of the content the trace keeps (`--privacy`): `perf` none, `hashes` keyed
+/// hashes only (the default), `full` the request JSON too.
+pub use trace_format::privacy::Grade as Privacy;
+
+/// This process's random hash key (kept nowhere), the default of [`ProxyConfig::hash_key`].
+fn process_key() -> Arc<HashKey> {
+    static KEY: std::sync::OnceLock<Arc<HashKey>> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| Arc::new(HashKey::random())).clone()
 }
 
 /// Whether and how the proxy asks a streaming upstream for token counts.
@@ -179,8 +178,12 @@ pub struct ProxyConfig {
     pub out: PathBuf,
     /// Trace file name prefix.
     pub file_prefix: String,
-    /// What to keep of request bodies.
-    pub record_bodies: RecordBodies,
+    /// What the trace keeps of the content.
+    pub privacy: Privacy,
+    /// The key every content hash written is made under ([`trace_format::keyed`]); unless
+    /// set (the CLI reads it from `--hash-key-file`), one random key per process, so
+    /// proxies restarted in one process into one directory still agree.
+    pub hash_key: Arc<HashKey>,
     /// Tokens per prefix-hash block.
     pub block_size: u32,
     /// How tokens are counted for prefix hashes (and for `prompt_tokens` when the upstream
@@ -269,7 +272,8 @@ impl ProxyConfig {
             forwarded: ForwardedHeaders::Set,
             out: out.into(),
             file_prefix: "capture".into(),
-            record_bodies: RecordBodies::Hashes,
+            privacy: Privacy::Hashes,
+            hash_key: process_key(),
             block_size: 16,
             tokenizer: Arc::new(Tokenizer::words()),
             usage: UsageMode::Standard,

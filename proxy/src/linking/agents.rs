@@ -35,6 +35,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use serde_json::{Map, Value};
+use trace_format::keyed::HashKey;
 use trace_format::{ParentLink, TraceRecord};
 use wire::sse::{ToolCallPiece, Whole};
 
@@ -70,13 +71,23 @@ fn hash_str(s: &str) -> u64 {
     fnv(FNV_OFFSET, s.as_bytes())
 }
 
-/// A tool's name as the trace records it: itself when bodies are kept (`--record-bodies
-/// full`), else `h:` and the 16 hex digits of its FNV-1a hash.
-pub fn tool_name(name: &str, full: bool) -> String {
-    if full {
-        name.to_string()
-    } else {
-        format!("h:{:016x}", hash_str(name))
+/// How the trace names tools, by its privacy grade.
+#[derive(Debug, Clone, Copy)]
+pub enum ToolNaming<'a> {
+    /// Not at all (`perf`): the tool columns hold counts only.
+    Omit,
+    /// `h:` and the 16 hex digits of the name's keyed hash (`hashes`).
+    Keyed(&'a HashKey),
+    /// As sent (`full`).
+    Plain,
+}
+
+/// A tool's name as the trace records it under `naming` (None: not recorded).
+pub fn tool_name(name: &str, naming: &ToolNaming<'_>) -> Option<String> {
+    match naming {
+        ToolNaming::Omit => None,
+        ToolNaming::Keyed(k) => Some(format!("h:{:016x}", k.hash_bytes(name.as_bytes()))),
+        ToolNaming::Plain => Some(name.to_string()),
     }
 }
 
@@ -586,15 +597,20 @@ pub(crate) fn fill_tools(
     rec: &mut TraceRecord,
     req: Option<&RequestTools>,
     calls: Option<&ResponseCalls>,
-    full: bool,
+    naming: &ToolNaming<'_>,
 ) {
+    // Under `perf` not even an empty list: the column is null.
+    let names = |names: &mut dyn Iterator<Item = &str>| match naming {
+        ToolNaming::Omit => None,
+        _ => names.map(|n| tool_name(n, naming)).collect(),
+    };
     if let Some(r) = req {
         rec.tools_offered = Some(r.offered.len().min(i32::MAX as usize) as i32);
-        rec.tool_names = Some(r.offered.iter().map(|n| tool_name(n, full)).collect());
+        rec.tool_names = names(&mut r.offered.iter().map(String::as_str));
     }
     if let Some(c) = calls {
         rec.tool_calls = Some(c.count.min(i32::MAX as usize) as i32);
-        rec.tool_call_names = Some(c.calls.iter().map(|c| tool_name(&c.name, full)).collect());
+        rec.tool_call_names = names(&mut c.calls.iter().map(|c| c.name.as_str()));
     }
 }
 
@@ -671,16 +687,15 @@ mod tests {
         assert_eq!(r.opening, Some(TextHash::of("Fix the parser bug")));
         let none = request_tools(&obj(json!({"prompt": "x"})));
         assert_eq!(none, RequestTools::default());
-        assert_eq!(tool_name("task", true), "task");
-        let h = tool_name("task", false);
         assert_eq!(
-            h,
-            format!(
-                "h:{:016x}",
-                trace_format::fnv::fnv1a(trace_format::fnv::OFFSET, b"task")
-            )
+            tool_name("task", &ToolNaming::Plain).as_deref(),
+            Some("task")
         );
+        let key = HashKey::random();
+        let h = tool_name("task", &ToolNaming::Keyed(&key)).unwrap();
+        assert_eq!(h, format!("h:{:016x}", key.hash_bytes(b"task")));
         assert_eq!(h.len(), 18);
+        assert_eq!(tool_name("task", &ToolNaming::Omit), None);
     }
 
     /// Streamed through the observer, split anywhere: each call's id and name from its
@@ -966,8 +981,9 @@ mod tests {
         assert_eq!(late.session_id.as_deref(), Some("late"));
     }
 
-    /// The tool columns: counts always, names kept under `--record-bodies full` and hashed
-    /// otherwise; nothing for what was not read (a shed prompt, an unobserved body).
+    /// The tool columns: counts always, names kept under `--privacy full`, keyed hashes
+    /// under `hashes` (equal under one key, not under another), none under `perf`; nothing
+    /// for what was not read (a shed prompt, an unobserved body).
     #[test]
     fn tool_columns_name_or_hash() {
         let req = request_tools(&obj(json!({"tools": [
@@ -980,7 +996,7 @@ mod tests {
             ("c", "read_file", "{}"),
         ]);
         let mut full = chat_row("r", 0, 1);
-        fill_tools(&mut full, Some(&req), Some(&made), true);
+        fill_tools(&mut full, Some(&req), Some(&made), &ToolNaming::Plain);
         assert_eq!((full.tools_offered, full.tool_calls), (Some(2), Some(3)));
         assert_eq!(
             full.tool_names,
@@ -991,9 +1007,41 @@ mod tests {
             Some(vec!["task".to_string(), "task".into(), "read_file".into()])
         );
         let mut hashed = chat_row("r", 0, 1);
-        fill_tools(&mut hashed, Some(&req), Some(&made), false);
-        let h = |n: &str| tool_name(n, false);
+        let (key, other) = (HashKey::random(), HashKey::random());
+        let keyed = ToolNaming::Keyed(&key);
+        fill_tools(&mut hashed, Some(&req), Some(&made), &keyed);
+        let h = |n: &str| tool_name(n, &keyed).unwrap();
         assert_eq!(hashed.tool_names, Some(vec![h("read_file"), h("task")]));
+        let unkeyed = format!("h:{:016x}", hash_str("read_file"));
+        assert_ne!(h("read_file"), unkeyed);
+        assert_ne!(
+            tool_name("read_file", &ToolNaming::Keyed(&other)).unwrap(),
+            h("read_file")
+        );
+        let mut perf = chat_row("r", 0, 1);
+        fill_tools(&mut perf, Some(&req), Some(&made), &ToolNaming::Omit);
+        assert_eq!(
+            (
+                perf.tools_offered,
+                perf.tool_calls,
+                perf.tool_names,
+                perf.tool_call_names
+            ),
+            (Some(2), Some(3), None, None)
+        );
+        let mut perf = chat_row("r", 0, 1);
+        let nothing = (RequestTools::default(), ResponseCalls::default());
+        fill_tools(
+            &mut perf,
+            Some(&nothing.0),
+            Some(&nothing.1),
+            &ToolNaming::Omit,
+        );
+        assert_eq!(
+            (perf.tool_names, perf.tool_call_names),
+            (None, None),
+            "not even []"
+        );
         assert_eq!(
             hashed.tool_call_names,
             Some(vec![h("task"), h("task"), h("read_file")])
@@ -1004,7 +1052,7 @@ mod tests {
             .flatten()
             .all(|n| n.starts_with("h:") && n.len() == 18));
         let mut none = chat_row("r", 0, 1);
-        fill_tools(&mut none, None, None, false);
+        fill_tools(&mut none, None, None, &keyed);
         assert_eq!(
             (none.tools_offered, none.tool_names, none.tool_calls),
             (None, None, None)
@@ -1014,7 +1062,7 @@ mod tests {
             &mut no_tools,
             Some(&RequestTools::default()),
             Some(&ResponseCalls::default()),
-            false,
+            &keyed,
         );
         assert_eq!(
             (no_tools.tools_offered, no_tools.tool_calls),

@@ -48,9 +48,8 @@ use trace_format::tokens::{self, Reasoning};
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
-use crate::config::RecordBodies;
 use crate::error::{ProxyError, Result};
-use crate::linking::agents::{fill_tools, Agents, Links, Seen, DEFAULT_MAX_REQUESTS};
+use crate::linking::agents::{fill_tools, Agents, Links, Seen, ToolNaming, DEFAULT_MAX_REQUESTS};
 use crate::linking::completions::CompletionLinker;
 use crate::linking::responses::{ResponseIds, DEFAULT_MAX_RESPONSES};
 use crate::linking::sessions::{Linker, DEFAULT_MAX_KEYS};
@@ -58,6 +57,8 @@ use crate::metrics::Metrics;
 use crate::prefix::prompt_tokens;
 use crate::recording::apis::chat_view;
 use crate::recording::prompts::PendingPrompt;
+use trace_format::keyed::HashKey;
+use trace_format::privacy::Grade;
 use wire::api::Api;
 
 /// Longest time a queued record waits for the writer thread: the queue's default 16 Ki
@@ -152,11 +153,28 @@ enum Msg {
     Close,
 }
 
+/// What the writer keeps of the content: the grade, and the key every content hash it
+/// writes is made under (the prompt runners' hashes are unkeyed chains, kept in memory).
+#[derive(Debug, Clone)]
+pub(crate) struct Keep {
+    pub(crate) grade: Grade,
+    pub(crate) key: Arc<HashKey>,
+}
+
+impl Keep {
+    /// How the grade names tools.
+    fn naming(&self) -> ToolNaming<'_> {
+        match self.grade {
+            Grade::Perf => ToolNaming::Omit,
+            Grade::Hashes => ToolNaming::Keyed(&self.key),
+            Grade::Full => ToolNaming::Plain,
+        }
+    }
+}
+
 /// What the writer thread needs to finish a row.
 struct Resolver<'a> {
-    keep_hashes: bool,
-    /// Tool names are kept (`--record-bodies full`), else hashed.
-    full_names: bool,
+    keep: Keep,
     tokenizer: &'a Tokenizer,
     /// A row queued longer than this gets estimates instead of token counts.
     shed_after: Duration,
@@ -214,8 +232,9 @@ impl Resolver<'_> {
                     .ok()
             })
             .unwrap_or_default();
+        let keep_hashes = self.keep.grade.hashes();
         if late {
-            if self.keep_hashes {
+            if keep_hashes {
                 shed.prefix_hashes.fetch_add(1, Relaxed);
             }
             if rec.prompt_tokens.is_none() {
@@ -223,8 +242,9 @@ impl Resolver<'_> {
             }
         }
         if let Some(p) = info.blocks {
-            if self.keep_hashes {
-                rec.prefix_hashes = Some(p.hashes);
+            if keep_hashes {
+                let key = &self.keep.key;
+                rec.prefix_hashes = Some(p.hashes.iter().map(|&h| key.hash_u64(h)).collect());
             }
             if rec.prompt_tokens.is_none() {
                 rec.prompt_tokens = Some(p.tokens as i64);
@@ -247,7 +267,7 @@ impl Resolver<'_> {
                     let api = Api::of_endpoint(&rec.endpoint).unwrap_or(Api::Chat);
                     prompt_tokens(&chat_view(api, o), self.tokenizer)
                 });
-            if self.keep_hashes && s.body.is_none() && s.estimate.is_some() {
+            if keep_hashes && s.body.is_none() && s.estimate.is_some() {
                 shed.prefix_hashes.fetch_add(1, Relaxed);
             }
             if rec.prompt_tokens.is_none() {
@@ -273,7 +293,7 @@ impl Resolver<'_> {
             &mut rec,
             info.tools.as_ref(),
             seen.calls.as_ref(),
-            self.full_names,
+            &self.keep.naming(),
         );
         self.links
             .link(&mut rec, info.chain.as_deref(), info.tools.as_ref(), &seen);
@@ -303,7 +323,7 @@ pub(crate) struct WriterThread {
 pub(crate) fn start(
     cfg: WriterConfig,
     capacity: usize,
-    record_bodies: RecordBodies,
+    keep: Keep,
     shed_after: Duration,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
@@ -318,8 +338,7 @@ pub(crate) fn start(
         .spawn(move || {
             crate::runtime::threads::background();
             let resolver = Resolver {
-                keep_hashes: record_bodies != RecordBodies::None,
-                full_names: record_bodies == RecordBodies::Full,
+                keep,
                 tokenizer: &tokenizer,
                 shed_after,
                 metrics: &m,
@@ -565,6 +584,13 @@ mod tests {
     use super::*;
     use trace_format::{Outcome, ParentLink};
 
+    fn test_keep() -> Keep {
+        Keep {
+            grade: Grade::Hashes,
+            key: Arc::new(HashKey::random()),
+        }
+    }
+
     fn links() -> Links {
         Links {
             sessions: Linker::new(100),
@@ -647,8 +673,8 @@ mod tests {
     }
 
     /// A row whose prompt is still tokenizing counts in the recorder's queue (its lag) until
-    /// the writer has it; then it is written with what the runner gave, and the queue is
-    /// empty again.
+    /// the writer has it; then it is written with what the runner gave (its hashes keyed),
+    /// and the queue is empty again.
     #[test]
     fn a_row_waiting_for_its_prompt_counts_in_the_lag() {
         use crate::prefix::PromptBlocks;
@@ -659,10 +685,12 @@ mod tests {
         cfg.flush_interval = Duration::from_millis(20);
         let m = Arc::new(Metrics::default());
         let tok = Arc::new(Tokenizer::words());
+        let keep = test_keep();
+        let key = keep.key.clone();
         let (sink, writer, _) = start(
             cfg,
             16,
-            RecordBodies::Hashes,
+            keep,
             Duration::from_secs(3600),
             tok,
             m.clone(),
@@ -699,7 +727,11 @@ mod tests {
             .unwrap()
             .records;
         assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].prefix_hashes, Some(vec![7, 8]));
+        // Written under the key, never as the runner's unkeyed chain.
+        assert_eq!(
+            rows[0].prefix_hashes,
+            Some(vec![key.hash_u64(7), key.hash_u64(8)])
+        );
         assert_eq!(rows[0].prompt_tokens, Some(33));
         assert_eq!(m.shed.prefix_hashes.load(Relaxed), 0);
     }
@@ -716,16 +748,8 @@ mod tests {
         let m = Arc::new(Metrics::default());
         let tok = Arc::new(Tokenizer::words());
         let budget = Duration::from_millis(20);
-        let (sink, writer, _) = start(
-            cfg,
-            16,
-            RecordBodies::Hashes,
-            budget,
-            tok,
-            m.clone(),
-            Vec::new(),
-        )
-        .unwrap();
+        let (sink, writer, _) =
+            start(cfg, 16, test_keep(), budget, tok, m.clone(), Vec::new()).unwrap();
         let (tx, rx) = mpsc::sync_channel::<crate::recording::prompts::PromptInfo>(1);
         sink.send(
             chat("a", 0, 10, Outcome::Ok),

@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use trace_format::{Outcome, TraceRecord};
 use wire::api::Api;
 
-use crate::config::{RecordBodies, UsageMode};
+use crate::config::{Privacy, UsageMode};
 use crate::phases::Phases;
 use crate::recording::request::{inject_usage, RequestInfo};
 use crate::recording::row::{ObservedBody, Recording};
@@ -449,7 +449,7 @@ pub(crate) async fn forward_generation(
         r.model = info.model.clone();
         r.stream = info.stream;
         r.max_tokens = info.max_tokens;
-        if shared.cfg.record_bodies == RecordBodies::Full {
+        if shared.cfg.privacy == Privacy::Full {
             r.body = Some(String::from_utf8_lossy(&body).into_owned());
         }
     }
@@ -459,7 +459,7 @@ pub(crate) async fn forward_generation(
     // keep, the body is only parsed there (the chat chain); its tokens are counted only when
     // the upstream reports no usage.
     if recording.sampled() && info.object {
-        let tokenize = shared.cfg.record_bodies != RecordBodies::None;
+        let tokenize = shared.cfg.privacy.hashes();
         recording.prompt = Some(shared.prompts.submit(recording.api, body.clone(), tokenize));
     }
     // Responses and Messages streams report their usage themselves.

@@ -1,0 +1,416 @@
+//! End-to-end: what leaves with a trace (issue 54, docs/privacy.md). The real `llmreplay
+//! capture` records chat traffic with a known system prompt and tools in front of the sim,
+//! under `--privacy` grades and hash keys given by `--hash-key-file`:
+//! - under one key, equal prompts give equal prefix hashes in two captures; under two keys no
+//!   hash is equal, and `inspect`, `merge` and `fidelity` refuse to combine them, naming both
+//!   key ids;
+//! - the trace holds the keyed value of the system prompt's block, never its unkeyed FNV-1a
+//!   value nor its text; no byte of the key (raw or hex) is in any file written (journals
+//!   while capturing, Parquet after), on /metrics or on stderr;
+//! - a `perf` trace has every content-derived column null ([`content_column`], the one list),
+//!   and every file's manifest says its grade and key id.
+
+use crate::support;
+use support::capture::CaptureProc;
+use support::env::{free_addr, tmpdir};
+use support::http1::Http1Client;
+use support::sim::SimProc;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::json;
+use trace_format::keyed::HashKey;
+use trace_format::privacy::{content_column, Grade};
+use trace_format::{TraceFile, TraceRecord};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llmreplay");
+/// The system prompt a competitor could guess: 8 words, two blocks of 4.
+const SYSTEM: &str = "You are AcmeBank's support agent AcmeBot always polite";
+const BLOCK: u32 = 4;
+
+/// A key file of fixed bytes (hex), mode 0600.
+fn key_file(dir: &Path, name: &str, byte: u8) -> (PathBuf, [u8; 32]) {
+    let bytes: [u8; 32] = std::array::from_fn(|i| byte.wrapping_add(i as u8 * 7));
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{hex}\n")).unwrap();
+    (p, bytes)
+}
+
+fn chat_body(user: &str) -> String {
+    json!({
+        "model": "m",
+        "max_tokens": 4,
+        "stream": true,
+        "tools": [{"type": "function", "function": {"name": "lookup_account_balance"}}],
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": user}
+        ]
+    })
+    .to_string()
+}
+
+/// What one capture left: its rows, files, stderr, /metrics text, and the bytes of every
+/// file in its directory while it ran (journals) and after (Parquet).
+struct Captured {
+    out: PathBuf,
+    rows: Vec<TraceRecord>,
+    files: Vec<TraceFile>,
+    log: Vec<String>,
+    metrics: String,
+    written: Vec<(PathBuf, Vec<u8>)>,
+}
+
+fn all_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
+        .collect()
+}
+
+/// Captures three chat requests (two users, one repeated) under `flags`.
+fn capture(sim: &SimProc, name: &str, flags: &[&str]) -> Captured {
+    let out = tmpdir(name);
+    let (listen, admin) = (free_addr(), free_addr());
+    let bs = BLOCK.to_string();
+    let mut args = vec!["--block-size", &bs, "--flush-interval", "20ms"];
+    args.extend_from_slice(flags);
+    let mut cap = CaptureProc::spawn_admin(BIN, listen, admin, &sim.url(), &out, &args);
+    cap.wait_for("listening on");
+    let mut c = Http1Client::new(listen);
+    for user in [
+        "what is my balance",
+        "close my account",
+        "what is my balance",
+    ] {
+        let r = c
+            .post("/v1/chat/completions", &[], &chat_body(user))
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut written = all_bytes(&out);
+    let metrics = Http1Client::new(admin)
+        .send("GET", "/metrics", &[], None)
+        .unwrap()
+        .text();
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "{status:?}: {log:#?}");
+    written.extend(all_bytes(&out));
+    let t = trace_format::read_traces(&[out.to_str().unwrap()]).expect("read the capture");
+    assert_eq!(t.records.len(), 3, "{log:#?}");
+    Captured {
+        out,
+        rows: t.records,
+        files: t.files,
+        log,
+        metrics,
+        written,
+    }
+}
+
+/// The unkeyed FNV-1a chain of the system prompt's blocks, as capture computes it before
+/// keying (a guesser holding the prompt computes the same).
+fn unkeyed_system_blocks() -> Vec<u64> {
+    let body = json!({"messages": [{"role": "system", "content": SYSTEM}]});
+    let h =
+        proxy::prefix::prefix_hashes(body.as_object().unwrap(), BLOCK, &proxy::Tokenizer::words())
+            .unwrap();
+    assert_eq!(h.len(), 2, "8 words in blocks of 4");
+    h
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn llmreplay(args: &[&str]) -> (bool, String) {
+    let o = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run llmreplay");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+#[test]
+fn one_key_compares_two_keys_never_mix_and_no_key_or_prompt_is_written() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let keys = tmpdir("keys");
+    let (ka, ka_bytes) = key_file(&keys, "a.key", 1);
+    let (kb, _) = key_file(&keys, "b.key", 99);
+    let (ka, kb) = (ka.to_str().unwrap(), kb.to_str().unwrap());
+    let a1 = capture(&sim, "a1", &["--hash-key-file", ka]);
+    let a2 = capture(&sim, "a2", &["--hash-key-file", ka, "--privacy", "hashes"]);
+    let b = capture(&sim, "b", &["--hash-key-file", kb]);
+    let key_a = HashKey::load(Path::new(ka)).unwrap();
+    let key_b = HashKey::load(Path::new(kb)).unwrap();
+
+    // Under one key: the same prompts, the same hashes, in both captures.
+    let hashes = |c: &Captured| -> Vec<Vec<u64>> {
+        c.rows
+            .iter()
+            .map(|r| r.prefix_hashes.clone().expect("hashes"))
+            .collect()
+    };
+    let mut h1 = hashes(&a1);
+    let mut h2 = hashes(&a2);
+    h1.sort();
+    h2.sort();
+    assert_eq!(h1, h2);
+    // Rows in arrival order: the first and third asked the same.
+    let same = |c: &Captured| {
+        (
+            c.rows[0].prefix_hashes.clone(),
+            c.rows[1].prefix_hashes.clone(),
+        )
+    };
+    assert_eq!(a1.rows[0].prefix_hashes, a1.rows[2].prefix_hashes);
+    assert_ne!(same(&a1).0, same(&a1).1);
+    assert_eq!(same(&a1), same(&a2));
+    // The system prompt's blocks: the keyed values are there (the first two of every row),
+    // the unkeyed ones nowhere; under the other key no hash is equal.
+    let unkeyed = unkeyed_system_blocks();
+    let keyed_a: Vec<u64> = unkeyed.iter().map(|&h| key_a.hash_u64(h)).collect();
+    let keyed_b: Vec<u64> = unkeyed.iter().map(|&h| key_b.hash_u64(h)).collect();
+    for r in a1.rows.iter().chain(&a2.rows) {
+        assert_eq!(r.prefix_hashes.as_ref().unwrap()[..2], keyed_a[..], "{r:?}");
+    }
+    let all_b: Vec<u64> = b
+        .rows
+        .iter()
+        .flat_map(|r| r.prefix_hashes.clone().unwrap())
+        .collect();
+    assert_eq!(b.rows[0].prefix_hashes.as_ref().unwrap()[..2], keyed_b[..]);
+    let all_a: Vec<u64> = h1.concat();
+    assert!(
+        all_a.iter().all(|h| !all_b.contains(h)),
+        "a hash equal under two keys"
+    );
+    for c in [&a1, &a2, &b] {
+        for r in &c.rows {
+            let ph = r.prefix_hashes.as_ref().unwrap();
+            assert!(
+                unkeyed.iter().all(|u| !ph.contains(u)),
+                "an unkeyed hash: {r:?}"
+            );
+            let names = r.tool_names.as_ref().expect("tool names");
+            assert_eq!(names.len(), 1);
+            assert!(
+                names[0].starts_with("h:") && names[0].len() == 18,
+                "{names:?}"
+            );
+            let row = serde_json::to_string(r).unwrap();
+            assert!(
+                !row.contains("AcmeBank") && !row.contains("lookup_account"),
+                "{row}"
+            );
+        }
+    }
+    // Tool names: keyed (equal under one key, not under the other, not FNV-1a's).
+    let name = |c: &Captured| c.rows[0].tool_names.clone().unwrap()[0].clone();
+    assert_eq!(name(&a1), name(&a2));
+    assert_ne!(name(&a1), name(&b));
+    let fnv = trace_format::fnv::fnv1a(trace_format::fnv::OFFSET, b"lookup_account_balance");
+    assert_ne!(name(&a1), format!("h:{fnv:016x}"));
+
+    // No byte of the key, raw or hex, and no text of the prompt, in anything written.
+    let hex: String = ka_bytes.iter().map(|b| format!("{b:02x}")).collect();
+    for c in [&a1, &a2] {
+        let mut journals = 0;
+        for (p, bytes) in &c.written {
+            journals += p.to_string_lossy().contains("journal") as usize;
+            for needle in [
+                &ka_bytes[..],
+                hex.as_bytes(),
+                &hex.as_bytes()[..16],
+                SYSTEM.as_bytes(),
+            ] {
+                assert!(!contains(bytes, needle), "{} holds a secret", p.display());
+            }
+            for u in &unkeyed {
+                assert!(
+                    !contains(bytes, &u.to_le_bytes()),
+                    "{}: unkeyed hash",
+                    p.display()
+                );
+            }
+        }
+        assert!(
+            journals > 0,
+            "no journal seen: {:?}",
+            c.written.iter().map(|w| &w.0).collect::<Vec<_>>()
+        );
+        let text = format!("{}\n{}", c.metrics, c.log.join("\n"));
+        assert!(c.metrics.contains("llmreplay_capture"), "{}", c.metrics);
+        assert!(
+            !text.contains(&hex[..16]) && !text.contains("AcmeBank"),
+            "{text}"
+        );
+    }
+
+    // The manifest: grade and key id (not the key), printed first by inspect.
+    for f in a1.files.iter().chain(&a2.files) {
+        let m = f.meta.privacy.as_ref().expect("a manifest");
+        assert_eq!(m.grade, Grade::Hashes);
+        assert_eq!(m.key_id.as_deref(), Some(key_a.id().0.as_str()));
+        assert_eq!(m.block_size, Some(BLOCK));
+    }
+    let (ok, text) = llmreplay(&["inspect", a1.out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("privacy") && first.contains("grade: hashes"),
+        "{text}"
+    );
+    assert!(text.contains(&key_a.id().0), "{text}");
+
+    // Two keys never mix: inspect (its prefix-cache hit rate), merge and fidelity refuse,
+    // naming both key ids; one key combines.
+    let (ida, idb) = (key_a.id().0, key_b.id().0);
+    let (a1s, a2s, bs) = (
+        a1.out.to_str().unwrap(),
+        a2.out.to_str().unwrap(),
+        b.out.to_str().unwrap(),
+    );
+    let (ok, text) = llmreplay(&["inspect", a1s, a2s]);
+    assert!(ok, "{text}");
+    let refused = |args: &[&str]| {
+        let (ok, text) = llmreplay(args);
+        assert!(!ok, "{args:?} combined two keys: {text}");
+        assert!(
+            text.contains(&ida) && text.contains(&idb),
+            "{args:?}: {text}"
+        );
+    };
+    refused(&["inspect", a1s, bs]);
+    // A replay's results carry their trace's key id (they carry its hashes).
+    let res = tmpdir("results");
+    let replay = |trace: &str, name: &str| {
+        let p = res.join(name).to_str().unwrap().to_string();
+        let target = format!("sim={}", sim.url());
+        let (ok, text) = llmreplay(&["replay", trace, "--target", &target, "--results", &p]);
+        assert!(ok, "{text}");
+        p
+    };
+    let (ra, rb) = (replay(a1s, "a.parquet"), replay(bs, "b.parquet"));
+    let t = trace_format::read_traces(&[ra.as_str()]).unwrap();
+    let carried = t.files[0]
+        .meta
+        .privacy
+        .as_ref()
+        .expect("the trace's manifest");
+    assert_eq!(carried.key_id.as_deref(), Some(ida.as_str()));
+    let merged = res.join("m");
+    refused(&["merge", &ra, &rb, "--output", merged.to_str().unwrap()]);
+    refused(&["fidelity", "--captured", a1s, "--replayed", &rb]);
+    let (_, text) = llmreplay(&["fidelity", "--captured", a1s, "--replayed", &ra]);
+    assert!(!text.contains(&idb) && !text.contains("key id"), "{text}");
+}
+
+#[test]
+fn a_perf_trace_has_no_content_derived_value() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let keys = tmpdir("perf-keys");
+    let (k, _) = key_file(&keys, "k", 7);
+    let c = capture(
+        &sim,
+        "perf",
+        &["--privacy", "perf", "--hash-key-file", k.to_str().unwrap()],
+    );
+    let m = c.files[0].meta.privacy.clone().expect("a manifest");
+    assert_eq!((m.grade, m.key_id, m.block_size), (Grade::Perf, None, None));
+    assert!(m.content_columns.is_empty());
+    // Every column of the schema, by the one list: the content-derived ones are null in
+    // every row; the others are not all null (the check reads real values).
+    let schema = trace_format::schema::schema();
+    let mut content = Vec::new();
+    for f in schema.fields() {
+        let derived = content_column(f.name()).expect("every column classified");
+        if !derived {
+            continue;
+        }
+        content.push(f.name().clone());
+        for r in &c.rows {
+            // The record's fields are named as the columns.
+            let v = serde_json::to_value(r).unwrap();
+            assert!(
+                v[f.name()].is_null(),
+                "{} is not null under perf: {v}",
+                f.name()
+            );
+        }
+    }
+    assert_eq!(content.len(), 4, "{content:?}");
+    for r in &c.rows {
+        assert_eq!(r.tools_offered, Some(1), "counts stay: {r:?}");
+        assert!(r.prompt_tokens.is_some() && r.ttft_us.is_some());
+    }
+    // The same flags under the older name mean the same grade.
+    let old = capture(
+        &sim,
+        "perf-old",
+        &[
+            "--record-bodies",
+            "none",
+            "--hash-key-file",
+            k.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        old.files[0].meta.privacy.as_ref().unwrap().grade,
+        Grade::Perf
+    );
+    assert!(old
+        .rows
+        .iter()
+        .all(|r| r.tool_names.is_none() && r.prefix_hashes.is_none()));
+}
+
+/// Without --hash-key-file capture makes a key beside its output (0600), says so once on
+/// stderr (its path and id, never the key), and a second capture to that output reuses it.
+#[test]
+fn without_a_key_file_one_is_made_beside_the_output_and_reused() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let c1 = capture(&sim, "auto", &[]);
+    let key_path = PathBuf::from(format!("{}.hash-key", c1.out.display()));
+    let said: Vec<&String> = c1
+        .log
+        .iter()
+        .filter(|l| l.contains("hash-key-file"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:#?}", c1.log);
+    assert!(said[0].contains("just created") && said[0].contains(&key_path.display().to_string()));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let key = HashKey::load(&key_path).unwrap();
+    let hex = std::fs::read_to_string(&key_path).unwrap();
+    assert!(!c1.log.join("\n").contains(hex.trim()));
+    let id = key.id().0;
+    assert_eq!(
+        c1.files[0].meta.privacy.as_ref().unwrap().key_id.as_deref(),
+        Some(id.as_str())
+    );
+    // Again into the same directory: the same key, so the same hashes.
+    let out = c1.out.to_str().unwrap().to_string();
+    let (listen, admin) = (free_addr(), free_addr());
+    let mut cap = CaptureProc::spawn_admin(BIN, listen, admin, &sim.url(), Path::new(&out), &[]);
+    let line = cap.wait_for("hash-key-file");
+    assert!(line.contains("kept in") && line.contains(&id), "{line}");
+    cap.wait_for("listening on");
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "{log:#?}");
+}

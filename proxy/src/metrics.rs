@@ -155,8 +155,11 @@ pub const UNRECORDED_PATHS: usize = 32;
 /// (never on a recorded one), under a lock.
 #[derive(Debug, Default)]
 pub struct Unrecorded {
-    seen: Mutex<(Vec<(String, String, u64)>, u64)>,
+    seen: Mutex<UnrecordedCounts>,
 }
+
+/// (method, path, requests) for the pairs counted apart, and the requests of all others.
+type UnrecordedCounts = (Vec<(String, String, u64)>, u64);
 
 impl Unrecorded {
     /// Counts one request; true the first time this method and path is seen (when it is

@@ -113,7 +113,9 @@ pub fn demand_plan(
     window_s: f64,
 ) -> Option<DemandPlan> {
     let per = p.per_replica_rps;
-    if arrivals.counts.is_empty() || !(window_s > 0.0) || !(per > 0.0) {
+    // NaN is not positive either.
+    let positive = |x: f64| x > 0.0;
+    if arrivals.counts.is_empty() || !positive(window_s) || !positive(per) {
         return None;
     }
     let bucket = arrivals.bucket_s.max(1e-9);

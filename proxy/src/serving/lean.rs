@@ -229,9 +229,7 @@ fn lean_head(req: &httparse::Request<'_, '_>, len: usize, max_body: usize) -> Op
         return None;
     }
     let path = target.split('?').next().unwrap_or(target);
-    if handler::recorded_api(&Method::POST, path).is_none() {
-        return None;
-    }
+    handler::recorded_api(&Method::POST, path)?;
     let mut content_length = None;
     let mut close = false;
     let mut headers = HeaderMap::with_capacity(req.headers.len());

@@ -144,6 +144,7 @@ pub struct SweepOutputs<'a> {
 /// (`stop`, see [`crate::replay_cmd::stop_on_signals`]) stops the level running as it stops
 /// a replay, no further level starts, and the levels run so far are summarized and written
 /// as usual; the signal's exit status is returned then.
+#[allow(clippy::too_many_arguments)]
 pub fn run_sweep(
     cfg: &replay::ValidatedConfig,
     spec: &SweepSpec,

@@ -292,9 +292,11 @@ def test_merge_and_report_stream_shard_results_from_s3(s3, sim, tmp_path):
     trace = tmp_path / "t.parquet"
     subprocess.run(
         [str(llmreplay_binary()), "synth", "-o", str(trace), "--num-prompts", "40",
-         "--input-len", "16", "--output-len", "4", "--request-rate", "200"],
+         "--input-len", "16", "--output-len", "4", "--request-rate", "20"],
         check=True, capture_output=True, timeout=60,
     )
+    # 40 requests at 20 req/s span ~2 s: an arrival curve (one second of arrivals is no curve,
+    # and the report draws none).
     client.upload_file(str(trace), "caps", "shardtrace/t.parquet")
     for k in range(2):
         out = subprocess.run(

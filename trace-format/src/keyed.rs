@@ -19,12 +19,13 @@ use rand::RngCore;
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// The file could not be read or created.
-    #[error("hash key file {path}: {source}")]
+    #[error("hash key file {path}: {cause}")]
     Io {
         /// The key file.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, so not also a `source`: a chain printer such as
+        /// anyhow's would print it twice).
+        cause: std::io::Error,
     },
     /// The file does not hold a key.
     #[error(
@@ -102,9 +103,9 @@ impl HashKey {
 
     /// The key in `path` (64 hex digits, surrounding whitespace ignored).
     pub fn load(path: &Path) -> Result<HashKey, KeyError> {
-        let text = std::fs::read(path).map_err(|source| KeyError::Io {
+        let text = std::fs::read(path).map_err(|cause| KeyError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         parse_hex(text.trim_ascii())
             .map(|b| HashKey::from_bytes(&b))
@@ -117,9 +118,9 @@ impl HashKey {
     /// The key in `path`, created there (32 random bytes as 64 hex digits, mode 0600, never
     /// overwriting a file) when there is none; `true` when it was created.
     pub fn load_or_create(path: &Path) -> Result<(HashKey, bool), KeyError> {
-        let io = |source| KeyError::Io {
+        let io = |cause| KeyError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         };
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create_new(true);

@@ -109,8 +109,8 @@ pub(crate) struct ReplayArgs {
     /// plus the recorded think time; with neither, at its recorded time).
     #[arg(long, default_value = "open")]
     session_mode: SessionMode,
-    /// Endpoint for rows without a recorded body: completions or chat (default: the row's own;
-    /// paths other than chat are sent as completions).
+    /// API for generation rows without a recorded body: completions, chat, responses or
+    /// messages (default: the row's own; a path of no known API is sent as completions).
     #[arg(long)]
     endpoint: Option<EndpointKind>,
     /// Model name for every request (default: the row's, else the target's first model).

@@ -32,7 +32,8 @@ pub(crate) struct SynthArgs {
     /// Gamma shape of inter-arrivals (1 = Poisson).
     #[arg(long, default_value_t = 1.0, value_parser = parse_positive)]
     burstiness: f64,
-    /// Endpoint recorded on every row.
+    /// Endpoint recorded on every row: completions, chat, responses or messages (replay
+    /// sends each row to it, in its API's shape).
     #[arg(long, default_value = "completions")]
     endpoint: EndpointKind,
     /// Fraction of requests that stream.

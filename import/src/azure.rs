@@ -40,9 +40,25 @@ pub(crate) fn import(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<
     )
 }
 
+/// Why a timestamp does not parse: what was expected or out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadTimestamp(String);
+
+impl std::fmt::Display for BadTimestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadTimestamp {}
+
 /// Parses `YYYY-MM-DD HH:MM:SS[.fraction][Z|±HH:MM]` (a `T` separator is accepted too) into
 /// µs since the Unix epoch, UTC. Fraction digits beyond 6 are truncated.
-pub fn parse_timestamp(s: &str) -> std::result::Result<i64, String> {
+pub fn parse_timestamp(s: &str) -> std::result::Result<i64, BadTimestamp> {
+    timestamp_us(s).map_err(BadTimestamp)
+}
+
+fn timestamp_us(s: &str) -> std::result::Result<i64, String> {
     let s = s.trim();
     let b = s.as_bytes();
     let num = |r: std::ops::Range<usize>| -> std::result::Result<i64, String> {

@@ -11,13 +11,13 @@
 //! scrape (a path has no query or header).
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use trace_format::Outcome;
 
+use wire::prometheus::{self, escape_label};
 use wire::vllm_metrics::{ITL_BUCKETS, REQUEST_LATENCY_BUCKETS as E2E_BUCKETS, TTFT_BUCKETS};
 
 /// OpenTelemetry GenAI advice for `gen_ai.client.operation.duration`.
@@ -66,23 +66,12 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, labels: &str, help: &str, head: bool) {
         if head {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            prometheus::head(out, name, help, "histogram");
         }
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cum = 0;
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            cum += c.load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}");
-        }
-        let count = self.count.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let counts = self.counts.iter().map(|c| c.load(Relaxed));
         let sum = self.sum_micro.load(Relaxed) as f64 / 1e6;
-        let l = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{l} {sum}\n{name}_count{l} {count}");
+        let count = self.count.load(Relaxed);
+        prometheus::histogram(out, name, labels, self.bounds, counts, sum, count);
     }
 }
 
@@ -183,13 +172,6 @@ impl Unrecorded {
     pub fn counts(&self) -> (Vec<(String, String, u64)>, u64) {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-}
-
-/// A Prometheus label value with `\`, `"` and line feeds escaped.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// All of the proxy's metrics.
@@ -322,116 +304,104 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(16 * 1024);
         let p = "llmreplay_capture";
-        let _ = writeln!(
-            s,
-            "# HELP {p}_requests_total Recorded requests by outcome.\n# TYPE {p}_requests_total counter"
-        );
+        let name = format!("{p}_requests_total");
+        prometheus::head(&mut s, &name, "Recorded requests by outcome.", "counter");
         for o in Outcome::ALL {
-            let _ = writeln!(
-                s,
-                "{p}_requests_total{{outcome=\"{o}\"}} {}",
-                self.requests(*o)
-            );
+            let outcome = format!("outcome=\"{o}\"");
+            prometheus::sample(&mut s, &name, &outcome, self.requests(*o));
         }
         self.render_counters(&mut s, p);
         self.render_unrecorded(&mut s, p);
         self.render_otlp(&mut s, p);
         let up = self.upstream_up.load(Relaxed);
         if up >= 0 {
-            let _ = writeln!(
-                s,
-                "# HELP {p}_upstream_up 1 while the last check reached the upstream (a TCP connection to its host and port), else 0.\n# TYPE {p}_upstream_up gauge\n{p}_upstream_up {up}"
-            );
+            let name = format!("{p}_upstream_up");
+            let help = "1 while the last check reached the upstream (a TCP connection to its host and port), else 0.";
+            prometheus::head(&mut s, &name, help, "gauge");
+            prometheus::sample(&mut s, &name, "", up);
         }
-        let _ = writeln!(
-            s,
-            "# HELP {p}_client_timeouts_total Client connections closed by a client-side timeout, by phase.\n# TYPE {p}_client_timeouts_total counter"
-        );
+        let name = format!("{p}_client_timeouts_total");
+        let help = "Client connections closed by a client-side timeout, by phase.";
+        prometheus::head(&mut s, &name, help, "counter");
         for (phase, v) in [
             ("first_byte", &self.client_first_byte_timeouts),
             ("header", &self.client_header_timeouts),
             ("keepalive", &self.client_keepalive_timeouts),
         ] {
-            let _ = writeln!(
-                s,
-                "{p}_client_timeouts_total{{phase=\"{phase}\"}} {}",
-                v.load(Relaxed)
-            );
+            let phase = format!("phase=\"{phase}\"");
+            prometheus::sample(&mut s, &name, &phase, v.load(Relaxed));
         }
-        let _ = writeln!(
-            s,
-            "# HELP {p}_recorder_lag_seconds Age of the oldest record queued for the trace writer (its prompt may still be tokenizing).\n# TYPE {p}_recorder_lag_seconds gauge\n{p}_recorder_lag_seconds {:.6}",
-            self.recorder_queue.lag(Instant::now()).as_secs_f64()
-        );
-        let _ = writeln!(
-            s,
-            "# HELP {p}_recorder_queued_records Records queued for the trace writer.\n# TYPE {p}_recorder_queued_records gauge\n{p}_recorder_queued_records {}",
-            self.recorder_queue.len()
-        );
-        let _ = writeln!(
-            s,
-            "# HELP {p}_recorder_shed_total Recording work left undone to keep up, by kind (the row is written without it).\n# TYPE {p}_recorder_shed_total counter"
-        );
+        let lag = self.recorder_queue.lag(Instant::now()).as_secs_f64();
+        let gauges: [(&str, &str, String); 3] = [
+            (
+                "recorder_lag_seconds",
+                "Age of the oldest record queued for the trace writer (its prompt may still be tokenizing).",
+                format!("{lag:.6}"),
+            ),
+            (
+                "recorder_queued_records",
+                "Records queued for the trace writer.",
+                self.recorder_queue.len().to_string(),
+            ),
+            (
+                "requests_in_flight",
+                "Recorded requests in flight.",
+                self.in_flight.load(Relaxed).to_string(),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let name = format!("{p}_{name}");
+            prometheus::head(&mut s, &name, help, "gauge");
+            prometheus::sample(&mut s, &name, "", v);
+        }
+        let name = format!("{p}_recorder_shed_total");
+        let help =
+            "Recording work left undone to keep up, by kind (the row is written without it).";
+        prometheus::head(&mut s, &name, help, "counter");
         for (work, v) in [
             ("prefix_hashes", &self.shed.prefix_hashes),
             ("prompt_tokens", &self.shed.prompt_tokens),
             ("output_tokens", &self.shed.output_tokens),
         ] {
-            let _ = writeln!(
-                s,
-                "{p}_recorder_shed_total{{work=\"{work}\"}} {}",
-                v.load(Relaxed)
-            );
+            let work = format!("work=\"{work}\"");
+            prometheus::sample(&mut s, &name, &work, v.load(Relaxed));
         }
-        let _ = writeln!(
-            s,
-            "# HELP {p}_requests_in_flight Recorded requests in flight.\n# TYPE {p}_requests_in_flight gauge\n{p}_requests_in_flight {}",
-            self.in_flight.load(Relaxed)
-        );
         self.render_histograms(&mut s, p);
         s
     }
 
     /// Pass-through requests by method and path ([`Unrecorded`]).
     fn render_unrecorded(&self, s: &mut String, p: &str) {
-        let _ = writeln!(
-            s,
-            "# HELP {p}_unrecorded_requests_total Requests forwarded without a record, by method and path (the first {UNRECORDED_PATHS} distinct ones; then method and path \"other\").\n# TYPE {p}_unrecorded_requests_total counter"
-        );
+        let name = format!("{p}_unrecorded_requests_total");
+        let help = format!("Requests forwarded without a record, by method and path (the first {UNRECORDED_PATHS} distinct ones; then method and path \"other\").");
+        prometheus::head(s, &name, &help, "counter");
         let (paths, other) = self.unrecorded.counts();
         for (method, path, n) in paths {
-            let _ = writeln!(
-                s,
-                "{p}_unrecorded_requests_total{{method=\"{}\",path=\"{}\"}} {n}",
-                label(&method),
-                label(&path)
+            let labels = format!(
+                "method=\"{}\",path=\"{}\"",
+                escape_label(&method),
+                escape_label(&path)
             );
+            prometheus::sample(s, &name, &labels, n);
         }
         if other > 0 {
-            let _ = writeln!(
-                s,
-                "{p}_unrecorded_requests_total{{method=\"other\",path=\"other\"}} {other}"
-            );
+            prometheus::sample(s, &name, "method=\"other\",path=\"other\"", other);
         }
     }
 
     /// The OTLP exporter's span counts, while exporting (`--otlp-endpoint`).
     fn render_otlp(&self, s: &mut String, p: &str) {
         if let Some(o) = self.otlp.get() {
-            let _ = writeln!(
-                s,
-                "# HELP {p}_otlp_spans_total Recorded rows sent to --otlp-endpoint as spans, by result (dropped: the exporter's queue was full; failed: lost in a failed export).\n# TYPE {p}_otlp_spans_total counter"
-            );
+            let name = format!("{p}_otlp_spans_total");
+            let help = "Recorded rows sent to --otlp-endpoint as spans, by result (dropped: the exporter's queue was full; failed: lost in a failed export).";
+            prometheus::head(s, &name, help, "counter");
             for (result, v) in [
                 ("exported", &o.spans_exported),
                 ("dropped", &o.spans_dropped),
                 ("failed", &o.spans_failed),
             ] {
-                let _ = writeln!(
-                    s,
-                    "{p}_otlp_spans_total{{result=\"{result}\"}} {}",
-                    v.load(Relaxed)
-                );
+                let result = format!("result=\"{result}\"");
+                prometheus::sample(s, &name, &result, v.load(Relaxed));
             }
         }
     }
@@ -506,11 +476,9 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(
-                s,
-                "# HELP {p}_{name} {help}\n# TYPE {p}_{name} counter\n{p}_{name} {}",
-                v.load(Relaxed)
-            );
+            let name = format!("{p}_{name}");
+            prometheus::head(s, &name, help, "counter");
+            prometheus::sample(s, &name, "", v.load(Relaxed));
         }
         let gauges: [(&str, &str, &AtomicU64); 2] = [
             (
@@ -525,11 +493,9 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in gauges {
-            let _ = writeln!(
-                s,
-                "# HELP {p}_{name} {help}\n# TYPE {p}_{name} gauge\n{p}_{name} {}",
-                v.load(Relaxed)
-            );
+            let name = format!("{p}_{name}");
+            prometheus::head(s, &name, help, "gauge");
+            prometheus::sample(s, &name, "", v.load(Relaxed));
         }
     }
 
@@ -622,9 +588,9 @@ mod tests {
         assert!(s.contains("llmreplay_capture_time_to_first_token_seconds_bucket{le=\"0.06\"} 2"));
         assert!(s.contains("llmreplay_capture_time_to_first_token_seconds_count 2"));
         assert!(s.contains("llmreplay_capture_requests_total{outcome=\"client_cancelled\"} 1"));
-        assert!(
-            s.contains("gen_ai_client_token_usage_bucket{gen_ai_token_type=\"output\",le=\"1\"} 0")
-        );
+        assert!(s.contains(
+            "gen_ai_client_token_usage_bucket{gen_ai_token_type=\"output\",le=\"1.0\"} 0"
+        ));
     }
 
     /// The lag is the age of the oldest record still queued; a record refused by the queue

@@ -483,13 +483,12 @@ impl Shadow {
 
     /// The shadow metrics, in the Prometheus text format.
     pub(crate) fn render(&self, s: &mut String) {
-        use std::fmt::Write as _;
+        use wire::prometheus::{escape_label, head, sample};
         let p = "llmreplay_shadow";
-        let _ = writeln!(
-            s,
-            "# HELP {p}_on 1 while production requests are mirrored (admin POST /shadow/off, /shadow/on).\n# TYPE {p}_on gauge\n{p}_on {}",
-            u8::from(self.on.load(Relaxed))
-        );
+        let on = format!("{p}_on");
+        let help = "1 while production requests are mirrored (admin POST /shadow/off, /shadow/on).";
+        head(s, &on, help, "gauge");
+        sample(s, &on, "", u8::from(self.on.load(Relaxed)));
         type Value = fn(&Candidate) -> u64;
         let series: [(&str, &str, &str, Value); 3] = [
             (
@@ -512,24 +511,24 @@ impl Shadow {
             ),
         ];
         for (name, kind, help, value) in series {
-            let _ = writeln!(s, "# HELP {p}_{name} {help}\n# TYPE {p}_{name} {kind}");
+            let name = format!("{p}_{name}");
+            head(s, &name, help, kind);
             for c in &self.candidates {
-                let _ = writeln!(s, "{p}_{name}{{target=\"{}\"}} {}", c.name, value(c));
+                let target = format!("target=\"{}\"", escape_label(&c.name));
+                sample(s, &name, &target, value(c));
             }
         }
-        let _ = writeln!(
-            s,
-            "# HELP {p}_dropped_total Mirrored requests that did not complete, by reason (queue_full and max_in_flight: never sent, no row).\n# TYPE {p}_dropped_total counter"
-        );
+        let name = format!("{p}_dropped_total");
+        let help = "Mirrored requests that did not complete, by reason (queue_full and max_in_flight: never sent, no row).";
+        head(s, &name, help, "counter");
         for c in &self.candidates {
             for (d, n) in Dropped::ALL.iter().zip(&c.dropped) {
-                let _ = writeln!(
-                    s,
-                    "{p}_dropped_total{{target=\"{}\",reason=\"{}\"}} {}",
-                    c.name,
-                    d.name(),
-                    n.load(Relaxed)
+                let labels = format!(
+                    "target=\"{}\",reason=\"{}\"",
+                    escape_label(&c.name),
+                    d.name()
                 );
+                sample(s, &name, &labels, n.load(Relaxed));
             }
         }
     }

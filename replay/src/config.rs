@@ -93,35 +93,51 @@ fn endpoint_base(url: &str) -> Option<&str> {
     Some(&url[..path_start + url[path_start..].find('/')? + rest.len()])
 }
 
-/// Which OpenAI endpoint a built request (a row without a body) goes to.
+/// Which generation API a built request (a row without a body) speaks: `--endpoint`'s values
+/// for replay (every generation row sent to it) and synth (the endpoint every row records).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndpointKind {
     /// `/v1/completions`.
     Completions,
     /// `/v1/chat/completions`.
     Chat,
+    /// `/v1/responses` (OpenAI Responses).
+    Responses,
+    /// `/v1/messages` (Anthropic Messages).
+    Messages,
 }
 
 impl EndpointKind {
+    /// The API it speaks.
+    pub fn api(self) -> Api {
+        match self {
+            EndpointKind::Completions => Api::Completions,
+            EndpointKind::Chat => Api::Chat,
+            EndpointKind::Responses => Api::Responses,
+            EndpointKind::Messages => Api::Messages,
+        }
+    }
+
     /// The request path.
     pub fn path(self) -> &'static str {
-        match self {
-            EndpointKind::Completions => "/v1/completions",
-            EndpointKind::Chat => "/v1/chat/completions",
-        }
+        self.api().default_path()
     }
 }
 
 impl FromStr for EndpointKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "completions" | "/v1/completions" => Ok(EndpointKind::Completions),
-            "chat" | "/v1/chat/completions" => Ok(EndpointKind::Chat),
-            _ => Err(format!(
-                "unknown endpoint {s:?} (expected completions or chat)"
-            )),
-        }
+        [
+            EndpointKind::Completions,
+            EndpointKind::Chat,
+            EndpointKind::Responses,
+            EndpointKind::Messages,
+        ]
+        .into_iter()
+        .find(|k| s == k.api().name() || s == k.path())
+        .ok_or_else(|| {
+            format!("unknown endpoint {s:?} (expected completions, chat, responses or messages)")
+        })
     }
 }
 
@@ -351,8 +367,7 @@ impl RequestOptions {
         let own = Api::of_endpoint(row_endpoint);
         match (own, self.endpoint) {
             (Some(a), _) if !a.generates() => a,
-            (_, Some(EndpointKind::Chat)) => Api::Chat,
-            (_, Some(EndpointKind::Completions)) => Api::Completions,
+            (_, Some(k)) => k.api(),
             (own, None) => own.unwrap_or(Api::Completions),
         }
     }
@@ -824,6 +839,16 @@ mod tests {
         assert_eq!(o.endpoint_for("/v1/messages"), Api::Chat);
         // A row that generates nothing stays what it is.
         assert_eq!(o.endpoint_for("/v1/embeddings"), Api::Embeddings);
+        // Every generation API can be forced (and synthesized), by name or path.
+        for (s, a) in [
+            ("responses", Api::Responses),
+            ("/v1/messages", Api::Messages),
+            ("completions", Api::Completions),
+        ] {
+            o.endpoint = Some(s.parse().unwrap());
+            assert_eq!(o.endpoint_for("/v1/chat/completions"), a, "{s}");
+        }
+        assert!("embeddings".parse::<EndpointKind>().is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The server's own view: samples a target's Prometheus `/metrics` during a run and keeps
 //! the mean and peak of the scheduler gauges (vLLM's running, waiting and KV-cache usage;
 //! llama.cpp's `llama-server --metrics` processing and deferred requests), so the server's
-//! queue can be read beside the client's latencies.
+//! queue can be read beside the client's latencies. The text is read by
+//! [`wire::prometheus`], the one reader and writer of the format.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,6 +11,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::client::Client;
+use wire::prometheus;
+pub use wire::prometheus::Histogram;
 
 /// Gauges sampled, by the engine's own names (a gauge the server does not export is left out).
 /// llama.cpp has no KV-usage gauge and none of vLLM's histograms; its `requests_processing`
@@ -34,35 +37,6 @@ pub struct GaugeStats {
     pub max: f64,
 }
 
-/// Sums every series of `name` in a Prometheus text exposition (labels ignored).
-pub fn gauge_value(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let rest = match rest.as_bytes().first() {
-            Some(b'{') => match rest.find('}') {
-                Some(i) => &rest[i + 1..],
-                None => continue,
-            },
-            Some(b' ') => rest,
-            _ => continue, // a longer name with this prefix
-        };
-        if let Some(v) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
-}
-
 /// Polls `client`'s `/metrics` every `every` until `stop` fires; returns stats per gauge.
 pub async fn sample(
     client: Arc<Client>,
@@ -78,7 +52,7 @@ pub async fn sample(
                 let Ok((200, body)) = client.get("/metrics").await else { continue };
                 let text = String::from_utf8_lossy(&body);
                 for g in GAUGES {
-                    if let Some(v) = gauge_value(&text, g) {
+                    if let Some(v) = prometheus::sum(&text, g) {
                         let s = sums.entry((*g).to_string()).or_default();
                         s.mean += v; // a running sum until the end
                         s.max = if s.samples == 0 { v } else { s.max.max(v) };
@@ -103,135 +77,6 @@ pub const HISTOGRAMS: &[(&str, &str)] = &[
     ("queue_time_ms", wire::vllm_metrics::QUEUE_TIME),
     ("e2el_ms", wire::vllm_metrics::E2E),
 ];
-
-/// A Prometheus histogram at one moment: cumulative counts per upper bound (all label sets
-/// summed), sum and count.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Histogram {
-    /// (le, cumulative count), ascending, `+Inf` last.
-    pub buckets: Vec<(f64, f64)>,
-    /// `_sum`.
-    pub sum: f64,
-    /// `_count`.
-    pub count: f64,
-}
-
-fn series_value<'a>(line: &'a str, name: &str) -> Option<(&'a str, f64)> {
-    let rest = line.strip_prefix(name)?;
-    let (labels, value) = match rest.as_bytes().first() {
-        Some(b'{') => {
-            let i = rest.find('}')?;
-            (&rest[1..i], &rest[i + 1..])
-        }
-        Some(b' ') => ("", rest),
-        _ => return None,
-    };
-    Some((labels, value.split_whitespace().next()?.parse().ok()?))
-}
-
-/// Reads histogram `name` from a text exposition (None when absent).
-pub fn histogram(text: &str, name: &str) -> Option<Histogram> {
-    let (b, s, c) = (
-        format!("{name}_bucket"),
-        format!("{name}_sum"),
-        format!("{name}_count"),
-    );
-    let mut h = Histogram::default();
-    let mut seen = false;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        if let Some((labels, v)) = series_value(line, &b) {
-            let le = labels.split(',').find_map(|kv| {
-                let (k, val) = kv.split_once('=')?;
-                (k.trim() == "le").then(|| val.trim().trim_matches('"').to_string())
-            })?;
-            let le: f64 = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            match h.buckets.iter_mut().find(|(x, _)| *x == le) {
-                Some((_, n)) => *n += v,
-                None => h.buckets.push((le, v)),
-            }
-            seen = true;
-        } else if let Some((_, v)) = series_value(line, &s) {
-            h.sum += v;
-            seen = true;
-        } else if let Some((_, v)) = series_value(line, &c) {
-            h.count += v;
-            seen = true;
-        }
-    }
-    h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    seen.then_some(h)
-}
-
-impl Histogram {
-    /// `self − before`: what was observed between two scrapes.
-    pub fn since(&self, before: &Histogram) -> Histogram {
-        Histogram {
-            buckets: self
-                .buckets
-                .iter()
-                .map(|(le, n)| {
-                    let b = before
-                        .buckets
-                        .iter()
-                        .find(|(x, _)| x == le)
-                        .map_or(0.0, |x| x.1);
-                    (*le, (n - b).max(0.0))
-                })
-                .collect(),
-            sum: (self.sum - before.sum).max(0.0),
-            count: (self.count - before.count).max(0.0),
-        }
-    }
-
-    /// Prometheus' `histogram_quantile`: linear interpolation within the bucket holding rank
-    /// q × count (the lowest bucket from 0; a rank in `+Inf` gives the highest finite bound).
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        let total = self.buckets.last()?.1;
-        if total <= 0.0 {
-            return None;
-        }
-        let rank = q * total;
-        let mut prev = (0.0, 0.0);
-        for &(le, n) in &self.buckets {
-            if n >= rank {
-                if le.is_infinite() {
-                    return Some(prev.0);
-                }
-                let width = n - prev.1;
-                let frac = if width > 0.0 {
-                    (rank - prev.1) / width
-                } else {
-                    1.0
-                };
-                return Some(prev.0 + (le - prev.0) * frac);
-            }
-            prev = (le, n);
-        }
-        Some(prev.0)
-    }
-
-    /// The bucket [`Histogram::quantile`] interpolates in for `q`: (lower, upper) bound in
-    /// the histogram's unit, upper infinite for `+Inf`.
-    pub fn bucket_of(&self, q: f64) -> Option<(f64, f64)> {
-        let total = self.buckets.last()?.1;
-        if total <= 0.0 {
-            return None;
-        }
-        let rank = q * total;
-        let mut lower = 0.0;
-        for &(le, n) in &self.buckets {
-            if n >= rank {
-                return Some((lower, le));
-            }
-            lower = le;
-        }
-        None
-    }
-}
 
 /// What the server's histogram saw during a run, ms.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -275,7 +120,7 @@ impl HistogramSummary {
 pub fn histograms(text: &str) -> BTreeMap<String, Histogram> {
     HISTOGRAMS
         .iter()
-        .filter_map(|(k, n)| Some((k.to_string(), histogram(text, n)?)))
+        .filter_map(|(k, n)| Some((k.to_string(), Histogram::read(text, n)?)))
         .collect()
 }
 
@@ -339,9 +184,15 @@ mod tests {
         let text = "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n\
             vllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_running_total 99\n\
             vllm:num_requests_waiting 2.5\n";
-        assert_eq!(gauge_value(text, "vllm:num_requests_running"), Some(3.0));
-        assert_eq!(gauge_value(text, "vllm:num_requests_waiting"), Some(2.5));
-        assert_eq!(gauge_value(text, "vllm:kv_cache_usage_perc"), None);
+        assert_eq!(
+            prometheus::sum(text, "vllm:num_requests_running"),
+            Some(3.0)
+        );
+        assert_eq!(
+            prometheus::sum(text, "vllm:num_requests_waiting"),
+            Some(2.5)
+        );
+        assert_eq!(prometheus::sum(text, "vllm:kv_cache_usage_perc"), None);
     }
 
     #[test]
@@ -352,7 +203,10 @@ mod tests {
             # HELP llamacpp:requests_deferred Number of requests deferred\n\
             # TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 3\n\
             llamacpp:n_busy_slots_per_decode 5.5\n";
-        let got: Vec<_> = GAUGES.iter().filter_map(|g| gauge_value(text, g)).collect();
+        let got: Vec<_> = GAUGES
+            .iter()
+            .filter_map(|g| prometheus::sum(text, g))
+            .collect();
         assert_eq!(got, [8.0, 3.0]);
     }
 }

@@ -17,6 +17,7 @@ use crate::series::Series;
 use replay::config::SloMetric;
 use replay::error::ReplayError;
 
+use wire::prometheus::le;
 use wire::vllm_metrics::{
     self as vllm, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS as E2E_BUCKETS, TTFT_BUCKETS,
 };
@@ -35,16 +36,6 @@ fn histogram(m: SloMetric) -> Option<(&'static str, &'static [f64], &'static str
         SloMetric::Tpot => (vllm::ITL, ITL_BUCKETS, "TPOT"),
         SloMetric::E2el => (vllm::E2E, E2E_BUCKETS, "E2EL"),
     })
-}
-
-/// The Prometheus `le` label of a bucket bound, as the client library writes it.
-fn le(b: f64) -> String {
-    let s = format!("{b}");
-    if s.contains('.') || s.contains('e') {
-        s
-    } else {
-        format!("{s}.0")
-    }
 }
 
 fn ident(s: &str) -> String {

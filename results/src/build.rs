@@ -155,8 +155,12 @@ pub fn prompt_lengths(cfg: &ReplayConfig) -> String {
             t.tokenizer().name(),
             match cfg.request.endpoint {
                 Some(replay::config::EndpointKind::Completions) => "completions prompt",
-                Some(replay::config::EndpointKind::Chat) => "chat content; the template adds its own",
-                None => "completions prompt; for chat rows the content, the template adds its own",
+                Some(
+                    replay::config::EndpointKind::Chat
+                    | replay::config::EndpointKind::Responses
+                    | replay::config::EndpointKind::Messages,
+                ) => "message content; the template adds its own",
+                None => "completions prompt; for other APIs' rows the message content, the template adds its own",
             }
         ),
         None => "word filler: exact for the llmreplay sim, approximate for other targets (use --tokenizer)".into(),

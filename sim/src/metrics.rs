@@ -1,10 +1,10 @@
 //! Server-side metrics in vLLM's Prometheus names (V1 engine), so a replay can be checked
 //! against what the server itself saw. Updated once per engine step, rendered on `/metrics`.
 
-use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use wire::prometheus::{self, escape_label};
 use wire::vllm_metrics as names;
 pub use wire::vllm_metrics::{ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS};
 
@@ -150,16 +150,12 @@ impl Metrics {
         let label = format!("model_name=\"{}\"", escape_label(&self.model_name));
         let mut out = String::with_capacity(8192);
         let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {v}"
-            );
+            prometheus::head(out, name, help, "gauge");
+            prometheus::sample(out, name, &label, prometheus::float(v));
         };
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{label}}} {v}"
-            );
+            prometheus::head(out, name, help, "counter");
+            prometheus::sample(out, name, &label, v);
         };
         gauge(
             &mut out,
@@ -191,14 +187,20 @@ impl Metrics {
             "Number of generation tokens processed.",
             s.generation_tokens_total,
         );
-        let _ = writeln!(
-            out,
-            "# HELP vllm:request_success_total Count of successfully processed requests.\n\
-             # TYPE vllm:request_success_total counter\n\
-             vllm:request_success_total{{finished_reason=\"stop\",{label}}} {}\n\
-             vllm:request_success_total{{finished_reason=\"length\",{label}}} {}",
-            s.request_success_stop, s.request_success_length
+        let success = "vllm:request_success_total";
+        prometheus::head(
+            &mut out,
+            success,
+            "Count of successfully processed requests.",
+            "counter",
         );
+        for (reason, n) in [
+            ("stop", s.request_success_stop),
+            ("length", s.request_success_length),
+        ] {
+            let labels = format!("finished_reason=\"{reason}\",{label}");
+            prometheus::sample(&mut out, success, &labels, n);
+        }
         counter(
             &mut out,
             "vllm:num_preemptions_total",
@@ -240,15 +242,9 @@ impl Metrics {
             ),
         ];
         for (name, help, h) in hists {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            let mut cum = 0u64;
-            for (b, c) in h.bounds.iter().zip(&h.counts) {
-                cum += c;
-                let _ = writeln!(out, "{name}_bucket{{le=\"{b:?}\",{label}}} {cum}");
-            }
-            let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\",{label}}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum{{{label}}} {:?}", h.sum);
-            let _ = writeln!(out, "{name}_count{{{label}}} {}", h.count);
+            prometheus::head(&mut out, name, help, "histogram");
+            let counts = h.counts.iter().copied();
+            prometheus::histogram(&mut out, name, &label, h.bounds, counts, h.sum, h.count);
         }
         out
     }
@@ -299,10 +295,4 @@ impl Update<'_> {
     pub(crate) fn queue_time(&mut self, d: Duration) {
         self.g.queue_time.observe(d);
     }
-}
-
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

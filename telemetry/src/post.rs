@@ -9,48 +9,37 @@ use std::time::{Duration, Instant};
 
 use crate::TelemetryError;
 
-/// Where the OTLP receiver listens: `http://host[:port][/base]`; signals go to
-/// `/base/v1/traces` and `/base/v1/metrics` (the OTLP/HTTP default paths).
+/// Where the OTLP receiver listens: `http://host[:port][/base]` (an origin, port 4318 when
+/// not given); signals go to `/base/v1/traces` and `/base/v1/metrics` (the OTLP/HTTP default
+/// paths).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
-    /// Host name or address.
-    pub host: String,
-    /// Port (4318, OTLP/HTTP's, when not given).
-    pub port: u16,
-    /// Path prefix, without a trailing `/`.
-    pub base: String,
+    /// The receiver's origin; its base path without a signal's path or a trailing `/`.
+    pub origin: wire::origin::Origin,
 }
 
 impl Endpoint {
     /// Parses `url`. Only `http://` is supported (send to a local collector for TLS).
     pub fn parse(url: &str) -> Result<Endpoint, TelemetryError> {
         let bad = |why: &str| TelemetryError::Config(format!("--otlp-endpoint {url:?}: {why}"));
-        let o = wire::origin::Origin::parse_or_port(url, Some(4318)).map_err(|e| bad(e.why()))?;
+        let mut o =
+            wire::origin::Origin::parse_or_port(url, Some(4318)).map_err(|e| bad(e.why()))?;
         if o.https {
             return Err(bad(
                 "https is not supported by the exporter; send to a local OpenTelemetry Collector over http",
             ));
         }
-        let mut base = o.base_path;
         // `.../v1/traces` given as the endpoint: the base is what comes before it.
         for sig in ["/v1/traces", "/v1/metrics"] {
-            if let Some(b) = base.strip_suffix(sig) {
-                base = b.to_string();
+            if let Some(b) = o.base_path.strip_suffix(sig) {
+                o.base_path = b.to_string();
             }
         }
-        Ok(Endpoint {
-            host: o.host,
-            port: o.port,
-            base,
-        })
+        Ok(Endpoint { origin: o })
     }
 
     fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        self.origin.host_port()
     }
 }
 
@@ -69,11 +58,11 @@ pub(crate) fn post(
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
-    let addrs: Vec<_> = (ep.host.as_str(), ep.port)
+    let addrs: Vec<_> = (ep.origin.host.as_str(), ep.origin.port)
         .to_socket_addrs()
-        .map_err(|e| format!("resolving {}: {e}", ep.host))?
+        .map_err(|e| format!("resolving {}: {e}", ep.origin.host))?
         .collect();
-    let mut last = format!("{} resolves to no address", ep.host);
+    let mut last = format!("{} resolves to no address", ep.origin.host);
     let mut conn = None;
     for a in addrs {
         match TcpStream::connect_timeout(&a, left()) {
@@ -88,7 +77,7 @@ pub(crate) fn post(
     let _ = s.set_nodelay(true);
     let mut req = format!(
         "POST {}{path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\nconnection: close\r\n",
-        ep.base,
+        ep.origin.base_path,
         ep.authority(),
         body.len()
     );
@@ -155,16 +144,31 @@ mod tests {
     fn endpoints_parse_with_defaults_and_signal_paths() {
         let e = Endpoint::parse("http://127.0.0.1:4318").unwrap();
         assert_eq!(
-            (e.host.as_str(), e.port, e.base.as_str()),
+            (
+                e.origin.host.as_str(),
+                e.origin.port,
+                e.origin.base_path.as_str()
+            ),
             ("127.0.0.1", 4318, "")
         );
         let e = Endpoint::parse("http://collector/otlp/").unwrap();
         assert_eq!(
-            (e.host.as_str(), e.port, e.base.as_str()),
+            (
+                e.origin.host.as_str(),
+                e.origin.port,
+                e.origin.base_path.as_str()
+            ),
             ("collector", 4318, "/otlp")
         );
         let e = Endpoint::parse("http://[::1]:9/v1/traces").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.base.as_str()), ("::1", 9, ""));
+        assert_eq!(
+            (
+                e.origin.host.as_str(),
+                e.origin.port,
+                e.origin.base_path.as_str()
+            ),
+            ("::1", 9, "")
+        );
         assert_eq!(e.authority(), "[::1]:9");
         for bad in [
             "https://x:4318",

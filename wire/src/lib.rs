@@ -42,6 +42,7 @@ pub mod habit;
 pub mod listen;
 pub mod origin;
 mod pool;
+pub mod prometheus;
 pub mod rxstamp;
 pub mod sse;
 pub mod verdict;

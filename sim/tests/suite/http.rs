@@ -379,7 +379,15 @@ async fn metrics_and_info_endpoints() {
         "{text}"
     );
     assert!(text.contains("vllm:prompt_tokens_total{model_name=\"llmreplay-sim\"} 3"));
-    assert!(text.contains("vllm:time_to_first_token_seconds_bucket{le=\"0.001\","));
+    assert!(
+        text.contains(
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"llmreplay-sim\",le=\"0.001\"}"
+        ),
+        "{text}"
+    );
+    // What the sim writes, replay's reader reads: one request's TTFT.
+    let ttft = wire::prometheus::Histogram::read(&text, wire::vllm_metrics::TTFT).unwrap();
+    assert_eq!(ttft.count, 1.0, "{text}");
 
     let v = request(a, "GET", "/v1/models", &[], "").await.json();
     assert_eq!(v["object"], "list");
@@ -448,8 +456,10 @@ async fn engine_backed_stream_and_disconnect_cleanup() {
     for _ in 0..100 {
         let m = request(h.addr(), "GET", "/metrics", &[], "").await;
         let text = String::from_utf8(m.body).unwrap();
-        if text.contains("vllm:num_requests_running{model_name=\"llmreplay-sim\"} 0\n")
-            && text.contains("vllm:kv_cache_usage_perc{model_name=\"llmreplay-sim\"} 0\n")
+        let gauge =
+            |name| wire::prometheus::labelled(&text, name, &[("model_name", "llmreplay-sim")]);
+        if gauge("vllm:num_requests_running") == Some(0.0)
+            && gauge("vllm:kv_cache_usage_perc") == Some(0.0)
         {
             running = Some(0);
             break;

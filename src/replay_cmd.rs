@@ -161,6 +161,10 @@ pub(crate) struct ReplayArgs {
     /// 1% error budget (the `VERDICT` line of each target says which).
     #[arg(long)]
     fail_on_slo: bool,
+    /// Exit 0 even when a run's validity stamp is INVALID (its own timing error over its
+    /// budget: the stamp is still printed and written); without it such a run exits 8.
+    #[arg(long)]
+    allow_invalid: bool,
     /// Do not open the connection pool before the clock starts.
     #[arg(long)]
     no_preconnect: bool,
@@ -527,6 +531,7 @@ fn sweep_levels(
             detailed: a.save_detailed,
             results: a.results.as_deref(),
             quiet: a.quiet,
+            allow_invalid: a.allow_invalid,
         },
         &progress_bar(cfg.progress),
         &stop,
@@ -575,7 +580,10 @@ fn finish(
             return Err(Failure::error(ExitStatus::SloFail, why));
         }
     }
-    Ok(ExitStatus::Success)
+    crate::exit::invalid(
+        runs.iter().map(|(run, m)| (&**cfg, run, m)),
+        a.allow_invalid,
+    )
 }
 
 /// Rows [`prompt_note`] looks at when the footers do not say: enough to say how prompts are

@@ -26,9 +26,12 @@ pub fn validity_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
             continue;
         };
         let budget = match (v.budget_ms, v.references.first()) {
-            (Some(b), Some((what, x))) => {
-                format!("{b:.2} ({:.0}% of {what}, {x:.2})", v.fraction * 100.0)
-            }
+            (Some(b), Some(r)) => format!(
+                "{b:.2} ({:.0}% of {}, {:.2})",
+                v.fraction * 100.0,
+                r.what,
+                r.ms
+            ),
             _ => "– (nothing to judge against)".into(),
         };
         rows.push(vec![

@@ -41,8 +41,8 @@ pub struct Validity {
     pub budget_ms: Option<f64>,
     /// [`ERROR_FRACTION`].
     pub fraction: f64,
-    /// The references judged: (what, ms), e.g. `("measured TTFT p50", 52.1)`.
-    pub references: Vec<(String, f64)>,
+    /// The references judged, smallest first.
+    pub references: Vec<Reference>,
     /// Reader lateness p50, p99 and max, ms, and how many probes measured it.
     pub reader_lateness_p50_ms: f64,
     /// See `reader_lateness_p50_ms`.
@@ -65,6 +65,16 @@ pub struct Validity {
     pub warnings: Vec<String>,
     /// One line for people: the stamp, the error against its budget.
     pub message: String,
+}
+
+/// A figure the client's timing error is judged against.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reference {
+    /// What it is: `the measured TTFT p50`, `the ttft SLO`.
+    pub what: String,
+    /// Its value, ms.
+    pub ms: f64,
 }
 
 /// What the stamp is judged from: the measured lateness, the host, the references.
@@ -156,7 +166,10 @@ pub fn stamp(i: &StampInputs) -> Validity {
         error_of: error_of.into(),
         budget_ms,
         fraction: ERROR_FRACTION,
-        references: refs,
+        references: refs
+            .into_iter()
+            .map(|(what, ms)| Reference { what, ms })
+            .collect(),
         reader_lateness_p50_ms: i.reader.0,
         reader_lateness_p99_ms: i.reader.1,
         reader_lateness_max_ms: i.reader.2,

@@ -256,19 +256,7 @@ fn validity(out: &mut String, i: &ResultInputs) {
             v.thread_lateness_p99_ms, v.dispatch_lag_p99_ms
         ),
     );
-    line(
-        out,
-        "CPU steal / governor:",
-        format!(
-            "{} / {}",
-            v.cpu_steal
-                .map_or("not measured".into(), |s| format!("{:.1}%", s * 100.0)),
-            match v.cpu_governors.is_empty() {
-                true => "not readable".to_string(),
-                false => v.cpu_governors.join(", "),
-            }
-        ),
-    );
+    line(out, "CPU steal / governor:", v.host_text("not measured"));
     for r in v.reasons.iter().chain(&v.warnings) {
         let _ = writeln!(out, "  {r}");
     }

@@ -566,7 +566,7 @@ pub fn render(d: &ReportData) -> String {
         let (h, r) = level_rows(s);
         table(&mut o, &h, &r);
     }
-    let (h, r) = crate::validity::validity_rows(d);
+    let (h, r) = crate::validity::validity_rows(&d.verdicts);
     if !r.is_empty() {
         o.push_str("<h2>Validity</h2><p class=\"note\">VALID when the client's own timing error (reader lateness p99; dispatch lag p99 from 100 requests) is at most 10% of every SLO judged and of the measured TTFT p50 (docs/metrics.md).</p>");
         table(&mut o, &h, &r);

@@ -2,11 +2,12 @@
 //! the client's own timing error against its budget, and what it was measured from.
 
 use crate::capacity::fmt_num;
-use crate::document::ReportData;
+use results::doc::Extension;
 
-/// The validity table: head and one row per run with a stamp (runs that predate it, and
-/// merged shards, have none).
-pub fn validity_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
+/// The validity table of a report's runs (`(configuration, level, result)`, the report's
+/// `verdicts`): head and one row per run with a stamp (runs that predate it, and merged
+/// shards, have none).
+pub fn validity_rows(runs: &[(String, f64, Extension)]) -> (Vec<String>, Vec<Vec<String>>) {
     let head: Vec<String> = [
         "configuration",
         "level",
@@ -21,7 +22,7 @@ pub fn validity_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
     .map(|s| s.to_string())
     .collect();
     let mut rows = Vec::new();
-    for (name, level, e) in &d.verdicts {
+    for (name, level, e) in runs {
         let Some(v) = &e.client.validity else {
             continue;
         };
@@ -44,15 +45,7 @@ pub fn validity_rows(d: &ReportData) -> (Vec<String>, Vec<Vec<String>>) {
                 "{:.3} / {:.3}",
                 v.reader_lateness_p50_ms, v.reader_lateness_p99_ms
             ),
-            format!(
-                "{} / {}",
-                v.cpu_steal
-                    .map_or("–".into(), |s| format!("{:.1}%", s * 100.0)),
-                match v.cpu_governors.is_empty() {
-                    true => "–".to_string(),
-                    false => v.cpu_governors.join(", "),
-                }
-            ),
+            v.host_text("–"),
             match v.reasons.is_empty() && v.warnings.is_empty() {
                 true => "–".into(),
                 false => v

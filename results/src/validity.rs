@@ -67,6 +67,22 @@ pub struct Validity {
     pub message: String,
 }
 
+impl Validity {
+    /// The host's side, `CPU steal / governors` (`0.2% / performance`), `none` for what was
+    /// not measured.
+    pub fn host_text(&self, none: &str) -> String {
+        format!(
+            "{} / {}",
+            self.cpu_steal
+                .map_or(none.to_string(), |s| format!("{:.1}%", s * 100.0)),
+            match self.cpu_governors.is_empty() {
+                true => none.to_string(),
+                false => self.cpu_governors.join(", "),
+            }
+        )
+    }
+}
+
 /// A figure the client's timing error is judged against.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -31,7 +31,7 @@ one() { # one TAG NHOGS
   wait_port "$port"
   for _ in $(seq "$n"); do taskset -c 0 sh -c 'while :; do :; done' & hogs+=($!); done
   taskset -c 0 "$BIN" replay "$OUT/trace.parquet" --target "gt=http://127.0.0.1:$port" -q \
-    --results "$OUT/$tag-results.parquet" --save-result "$OUT/$tag.json" \
+    --results "$OUT/$tag-results.parquet" --save-result "$OUT/$tag.json" --fail-on-invalid \
     > "$OUT/$tag.txt" 2> "$OUT/$tag.err" || rc=$?
   [ ${#hogs[@]} -gt 0 ] && kill "${hogs[@]}"
   kill -TERM "$gt"; wait "$gt" 2>/dev/null || true

@@ -28,7 +28,7 @@ pub(crate) enum ExitStatus {
     /// 7: `capture` stopped, but its trace is incomplete (rows dropped, or journals kept
     /// for the next start; the summary says which). It was 3 before, which `compare` keeps.
     TraceIncomplete,
-    /// 8: `replay`: a run's validity stamp is INVALID, its own timing error over its budget
+    /// 8: `replay --fail-on-invalid`: a run's validity stamp is INVALID, its own timing error over its budget
     /// (`results::validity`; every output written first).
     Invalid,
     /// 130 (128 + 2): SIGINT stopped the command before its work was done.
@@ -91,7 +91,7 @@ impl ExitStatus {
                 "capture: stopped, but the trace is incomplete (rows dropped or journals kept; see the summary)"
             }
             ExitStatus::Invalid => {
-                "replay: a run is INVALID, the client's own timing error over its budget (outputs written; --allow-invalid: 0)"
+                "replay --fail-on-invalid: a run is INVALID, the client's own timing error over its budget (outputs written)"
             }
             ExitStatus::Interrupted => {
                 "stopped by SIGINT before the work was done (replay: what ran is written, marked partial)"
@@ -194,7 +194,7 @@ pub(crate) use refuse;
 /// The exit status of runs whose validity stamps are read (a replay's targets, a sweep's
 /// levels: `(configuration, run, metrics)`), once every output is written:
 /// [`ExitStatus::Invalid`] when one is INVALID (the error names each and why), unless
-/// `allow` (`--allow-invalid`).
+/// `allow` (without `--fail-on-invalid`).
 pub(crate) fn invalid<'a>(
     runs: impl Iterator<
         Item = (

@@ -138,7 +138,7 @@ pub struct SweepOutputs<'a> {
     pub results: Option<&'a Path>,
     /// `-q`: no definitions block above the results.
     pub quiet: bool,
-    /// `--allow-invalid`: an INVALID level does not make the exit status 8.
+    /// Not `--fail-on-invalid`: an INVALID level does not make the exit status 8.
     pub allow_invalid: bool,
 }
 

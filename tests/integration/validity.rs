@@ -5,8 +5,8 @@
 //! (`sched_setaffinity` in its `pre_exec`, what `taskset -c` does) and four threads of this
 //! process spin pinned to the same CPU. The same replay alone on that CPU reads VALID and
 //! exits 0; starved, its own measured timing error is over 10% of the measured TTFT p50, it
-//! reads INVALID in the console, the JSON result and the report, and exits 8 after writing
-//! the result; `--allow-invalid` keeps the stamp and exits 0.
+//! reads INVALID in the console, the JSON result and the report, and with `--fail-on-invalid`
+//! exits 8 after writing the result; without it the stamp is kept and the exit is 0.
 
 use crate::support;
 use support::env::{serial, tmpdir};
@@ -120,7 +120,7 @@ fn a_starved_client_reads_invalid_and_a_quiet_one_valid() {
 
     // Alone on its CPU: VALID, exit 0, the measured TTFT the server's 50 ms.
     let quiet = dir.join("quiet.json");
-    let out = replay_on(cpu, &trace, &sim.url(), &quiet, &[]);
+    let out = replay_on(cpu, &trace, &sim.url(), &quiet, &["--fail-on-invalid"]);
     let console = String::from_utf8_lossy(&out.stdout);
     let s = stamp(&quiet);
     assert!(out.status.success(), "{out:?}\n{s:#}");
@@ -139,7 +139,7 @@ fn a_starved_client_reads_invalid_and_a_quiet_one_valid() {
     let starved = dir.join("starved.json");
     let out = {
         let _hogs = Hogs::start(cpu, 4);
-        replay_on(cpu, &trace, &sim.url(), &starved, &[])
+        replay_on(cpu, &trace, &sim.url(), &starved, &["--fail-on-invalid"])
     };
     let console = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -178,11 +178,11 @@ fn a_starved_client_reads_invalid_and_a_quiet_one_valid() {
     assert!(md.contains("## Validity (the client's own timing error against its budget)"));
     assert!(md.contains("| INVALID |"), "{md}");
 
-    // --allow-invalid: the stamp still INVALID, the exit 0.
+    // Without --fail-on-invalid: the stamp still INVALID, the exit 0.
     let allowed = dir.join("allowed.json");
     let out = {
         let _hogs = Hogs::start(cpu, 4);
-        replay_on(cpu, &trace, &sim.url(), &allowed, &["--allow-invalid"])
+        replay_on(cpu, &trace, &sim.url(), &allowed, &[])
     };
     let s = stamp(&allowed);
     assert!(out.status.success(), "{out:?}\n{s:#}");

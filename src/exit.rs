@@ -28,6 +28,9 @@ pub(crate) enum ExitStatus {
     /// 7: `capture` stopped, but its trace is incomplete (rows dropped, or journals kept
     /// for the next start; the summary says which). It was 3 before, which `compare` keeps.
     TraceIncomplete,
+    /// 8: `replay --fail-on-invalid`: a run's validity stamp is INVALID, its own timing error over its budget
+    /// (`results::validity`; every output written first).
+    Invalid,
     /// 130 (128 + 2): SIGINT stopped the command before its work was done.
     Interrupted,
     /// 143 (128 + 15): SIGTERM stopped the command before its work was done.
@@ -36,7 +39,7 @@ pub(crate) enum ExitStatus {
 
 impl ExitStatus {
     /// Every status, in the order of their numbers.
-    pub(crate) const ALL: [ExitStatus; 10] = [
+    pub(crate) const ALL: [ExitStatus; 11] = [
         ExitStatus::Success,
         ExitStatus::Error,
         ExitStatus::Usage,
@@ -45,6 +48,7 @@ impl ExitStatus {
         ExitStatus::Drift,
         ExitStatus::SloFail,
         ExitStatus::TraceIncomplete,
+        ExitStatus::Invalid,
         ExitStatus::Interrupted,
         ExitStatus::Terminated,
     ];
@@ -60,6 +64,7 @@ impl ExitStatus {
             ExitStatus::Drift => 5,
             ExitStatus::SloFail => 6,
             ExitStatus::TraceIncomplete => 7,
+            ExitStatus::Invalid => 8,
             ExitStatus::Interrupted => 130,
             ExitStatus::Terminated => 143,
         }
@@ -84,6 +89,9 @@ impl ExitStatus {
             ExitStatus::SloFail => "replay --fail-on-slo: a target's verdict is FAIL (shadow --fail-on-slo: a candidate's)",
             ExitStatus::TraceIncomplete => {
                 "capture: stopped, but the trace is incomplete (rows dropped or journals kept; see the summary)"
+            }
+            ExitStatus::Invalid => {
+                "replay --fail-on-invalid: a run is INVALID, the client's own timing error over its budget (outputs written)"
             }
             ExitStatus::Interrupted => {
                 "stopped by SIGINT before the work was done (replay: what ran is written, marked partial)"
@@ -182,6 +190,35 @@ macro_rules! refuse {
     };
 }
 pub(crate) use refuse;
+
+/// The exit status of runs whose validity stamps are read (a replay's targets, a sweep's
+/// levels: `(configuration, run, metrics)`), once every output is written:
+/// [`ExitStatus::Invalid`] when one is INVALID (the error names each and why), unless
+/// `allow` (without `--fail-on-invalid`).
+pub(crate) fn invalid<'a>(
+    runs: impl Iterator<
+        Item = (
+            &'a replay::ReplayConfig,
+            &'a replay::RunOutput,
+            &'a replay::Metrics,
+        ),
+    >,
+    allow: bool,
+) -> anyhow::Result<ExitStatus> {
+    let invalid: Vec<String> = runs
+        .filter_map(|(cfg, run, m)| {
+            let v = results::validity::of_run(cfg, m, run).filter(|v| !v.valid)?;
+            Some(format!("{}: {}", run.target.name, v.reasons.join("; ")))
+        })
+        .collect();
+    if invalid.is_empty() || allow {
+        return Ok(ExitStatus::Success);
+    }
+    Err(Failure::error(
+        ExitStatus::Invalid,
+        format!("INVALID ({})", invalid.join(" | ")),
+    ))
+}
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

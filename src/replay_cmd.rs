@@ -161,6 +161,11 @@ pub(crate) struct ReplayArgs {
     /// 1% error budget (the `VERDICT` line of each target says which).
     #[arg(long)]
     fail_on_slo: bool,
+    /// Exit with status 8 (after writing every result) when a run's validity stamp is
+    /// INVALID: the client's own timing error over 10% of an SLO judged or of the measured
+    /// TTFT p50 (a sweep: any level). The stamp is printed and written either way.
+    #[arg(long)]
+    fail_on_invalid: bool,
     /// Do not open the connection pool before the clock starts.
     #[arg(long)]
     no_preconnect: bool,
@@ -527,6 +532,7 @@ fn sweep_levels(
             detailed: a.save_detailed,
             results: a.results.as_deref(),
             quiet: a.quiet,
+            allow_invalid: !a.fail_on_invalid,
         },
         &progress_bar(cfg.progress),
         &stop,
@@ -575,7 +581,10 @@ fn finish(
             return Err(Failure::error(ExitStatus::SloFail, why));
         }
     }
-    Ok(ExitStatus::Success)
+    crate::exit::invalid(
+        runs.iter().map(|(run, m)| (&**cfg, run, m)),
+        !a.fail_on_invalid,
+    )
 }
 
 /// Rows [`prompt_note`] looks at when the footers do not say: enough to say how prompts are

@@ -138,12 +138,15 @@ pub struct SweepOutputs<'a> {
     pub results: Option<&'a Path>,
     /// `-q`: no definitions block above the results.
     pub quiet: bool,
+    /// Not `--fail-on-invalid`: an INVALID level does not make the exit status 8.
+    pub allow_invalid: bool,
 }
 
 /// Runs a sweep and prints the level table, the capacity answer and the plan. A signal
 /// (`stop`, see [`crate::replay_cmd::stop_on_signals`]) stops the level running as it stops
 /// a replay, no further level starts, and the levels run so far are summarized and written
-/// as usual; the signal's exit status is returned then.
+/// as usual; the signal's exit status is returned then. A level stamped INVALID makes the
+/// sweep's status 8 ([`crate::exit::invalid`]), after everything is written.
 #[allow(clippy::too_many_arguments)]
 pub fn run_sweep(
     cfg: &replay::ValidatedConfig,
@@ -248,11 +251,19 @@ pub fn run_sweep(
         store::write_trace(p, &rows, &meta).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("{} result rows written to {}", rows.len(), p.display());
     }
-    Ok(stop
+    if let Some(s) = stop
         .state()
         .reason()
         .and_then(crate::signals::Signal::named)
-        .map(crate::signals::Signal::status))
+    {
+        return Ok(Some(s.status()));
+    }
+    // Every output is written: any level INVALID is the sweep's status.
+    crate::exit::invalid(
+        o.runs.iter().map(|lr| (&*lr.cfg, &lr.output, &lr.metrics)),
+        out.allow_invalid,
+    )
+    .map(|_| None)
 }
 
 /// Writes `report.html` and `report.md` of one result file into `dir`.

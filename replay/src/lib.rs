@@ -16,6 +16,7 @@ pub mod output;
 pub mod pacer;
 pub mod plan;
 pub mod preflight;
+pub mod probe;
 pub mod prompt;
 pub mod request;
 pub mod run;

@@ -105,6 +105,9 @@ pub struct RunOutput {
     pub peak_built: usize,
     /// Client CPU, when measurable.
     pub client_load: Option<ClientLoad>,
+    /// The client's own timing error as the run went ([`crate::probe`]): None where not
+    /// measured (a run assembled elsewhere, merged shards).
+    pub client_timing: Option<crate::probe::ClientTiming>,
     /// The server's scheduler gauges sampled during the run (`--server-metrics`).
     pub server_gauges: std::collections::BTreeMap<String, crate::server_metrics::GaugeStats>,
     /// The server's histograms over the run (after − before scrape; `--server-metrics`).

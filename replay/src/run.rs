@@ -280,6 +280,7 @@ fn run_fed(
     )
     .map_err(|e| ReplayError::Runtime(format!("pacer thread: {e}")))?;
 
+    let probe = crate::probe::Probe::start(rt.handle());
     let mut lp = Loop::new(cfg, &shared, sink, successor_tx, prefix.total);
     let wall0 = Instant::now();
     let mut rx = lp.drive(rt, rx, progress, feed);
@@ -300,6 +301,7 @@ fn run_fed(
     let wall = wall0.elapsed().saturating_sub(LEAD);
     let pool = shared.client.pool_stats().since(&pool_at_start);
     let client_load = client_load(rt, cpu0, pacer_cpu0, wall);
+    let client_timing = probe.map(|p| p.finish(rt));
     let server_gauges = match sampler {
         Some((stop, Some(task))) => {
             let _ = stop.send(());
@@ -335,6 +337,7 @@ fn run_fed(
         warmups: cfg.num_warmups,
         peak_built: feed.peak_held(),
         client_load,
+        client_timing,
         server_gauges,
         server_histograms: Default::default(),
         interrupted,

@@ -32,6 +32,7 @@ pub fn console_report(i: &ResultInputs) -> String {
     run_header(&mut out, i);
     totals(&mut out, i);
     latencies(&mut out, i.cfg, i.metrics);
+    validity(&mut out, i);
     by_class(&mut out, i.metrics);
     per_token(&mut out, i.metrics);
     let v = client(&mut out, i);
@@ -228,6 +229,36 @@ fn latencies(out: &mut String, cfg: &ReplayConfig, m: &Metrics) {
         if let (true, Some(t)) = (pm.key() == "ttft", &m.ttfat) {
             reasoning(out, m, t);
         }
+    }
+}
+
+/// The validity stamp, beside the latencies it judges: the client's own timing error, its
+/// budget, and what it was measured from (`results::validity`).
+fn validity(out: &mut String, i: &ResultInputs) {
+    let Some(v) = results::validity::of_run(i.cfg, i.metrics, i.run) else {
+        return;
+    };
+    section(out, "Client timing error (validity)");
+    line(out, "Validity:", &v.message);
+    line(
+        out,
+        "Reader lateness p50/p99/max (ms):",
+        format!(
+            "{:.3} / {:.3} / {:.3} ({} probes)",
+            v.reader_lateness_p50_ms, v.reader_lateness_p99_ms, v.reader_lateness_max_ms, v.probes
+        ),
+    );
+    line(
+        out,
+        "Thread wake / dispatch lag p99 (ms):",
+        format!(
+            "{:.3} / {:.3}",
+            v.thread_lateness_p99_ms, v.dispatch_lag_p99_ms
+        ),
+    );
+    line(out, "CPU steal / governor:", v.host_text("not measured"));
+    for r in v.reasons.iter().chain(&v.warnings) {
+        let _ = writeln!(out, "  {r}");
     }
 }
 

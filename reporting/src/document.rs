@@ -678,6 +678,10 @@ pub fn markdown(d: &ReportData) -> String {
     }
     for (title, (head, rows)) in [
         (
+            "Validity (the client's own timing error against its budget)",
+            crate::validity::validity_rows(&d.verdicts),
+        ),
+        (
             "Verdicts (load served, client, metric coverage)",
             verdict_rows(d),
         ),

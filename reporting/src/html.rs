@@ -566,6 +566,11 @@ pub fn render(d: &ReportData) -> String {
         let (h, r) = level_rows(s);
         table(&mut o, &h, &r);
     }
+    let (h, r) = crate::validity::validity_rows(&d.verdicts);
+    if !r.is_empty() {
+        o.push_str("<h2>Validity</h2><p class=\"note\">VALID when the client's own timing error (reader lateness p99; dispatch lag p99 from 100 requests) is at most 10% of every SLO judged and of the measured TTFT p50 (docs/metrics.md).</p>");
+        table(&mut o, &h, &r);
+    }
     let (h, r) = crate::document::verdict_rows(d);
     if !r.is_empty() {
         o.push_str("<h2>Verdicts</h2><p class=\"note\">Runs whose target did not serve the offered load, whose client could not keep up, or that hold requests not streamed (TTFT, TPOT and ITL cover streamed requests only).</p>");

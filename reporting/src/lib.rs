@@ -9,7 +9,7 @@
 //! - [`capacity`]: knee and capacity answer; [`plan`]: the capacity plan (replicas, cost).
 //!   [`compare`]: configurations side by side.
 //! - [`document`] (Markdown), [`html`] and [`svg`]: `llmreplay report`. [`alerts`]:
-//!   Prometheus rules for the SLOs.
+//!   Prometheus rules for the SLOs. [`validity`]: each run's validity stamp, in both.
 //! - [`fidelity`]: A/A fidelity of a replay against its capture; [`shadow`]: a shadow
 //!   candidate against production, request by request.
 #![deny(missing_docs)]
@@ -29,3 +29,4 @@ pub mod series;
 pub mod shadow;
 pub mod svg;
 pub mod sweep;
+pub mod validity;

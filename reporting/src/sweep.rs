@@ -443,7 +443,7 @@ pub fn run_line(lr: &LevelRun, spec: &SweepSpec, opts: &SweepOptions) -> String 
     let pl = trace_format::stats::percentile_label(opts.slo_percentile);
     let v = results::build::verdict(m, &lr.output);
     format!(
-        "  {} run {}/{} {}: {}{:.2} req/s served{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}",
+        "  {} run {}/{} {}: {}{:.2} req/s served{}, goodput {}, TTFT p50/p{pl} {:.1}/{:.1} ms, TPOT p50/p{pl} {:.1}/{:.1} ms, {} failed{}{}{}",
         spec.axis.level_label(lr.level),
         lr.run + 1,
         opts.num_runs,
@@ -459,7 +459,17 @@ pub fn run_line(lr: &LevelRun, spec: &SweepSpec, opts: &SweepOptions) -> String 
         m.tpot.get(opts.slo_percentile).unwrap_or(f64::NAN),
         m.failed,
         if v.client_saturated { "  [client saturated: see the JSON verdict]" } else { "" },
-        if v.target_overloaded { "  [OVERLOADED: the target fell behind the schedule]" } else { "" }
+        if v.target_overloaded { "  [OVERLOADED: the target fell behind the schedule]" } else { "" },
+        // The level's validity stamp (results::validity), beside its TTFT.
+        match results::validity::of_run(&lr.cfg, m, &lr.output) {
+            Some(s) if !s.valid => format!(
+                "  [INVALID: client timing error {:.2} ms over its {:.2} ms budget]",
+                s.error_ms,
+                s.budget_ms.unwrap_or(0.0)
+            ),
+            Some(_) => ", VALID".into(),
+            None => String::new(),
+        }
     )
 }
 

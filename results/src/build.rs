@@ -465,6 +465,7 @@ fn extension(i: &ResultInputs, settings: &RunSettings) -> Extension {
         client: ClientDoc {
             load: run.client_load.clone(),
             verdict: Some(verdict(m, run)),
+            validity: crate::validity::of_run(cfg, m, run),
         },
         e2el_ms: SummaryDoc::of(&m.e2el),
         metric_requests: m.coverage.into(),
@@ -566,6 +567,7 @@ pub fn empty_run(target: replay::config::Target) -> RunOutput {
         warmups: 0,
         peak_built: 0,
         client_load: None,
+        client_timing: None,
         server_gauges: Default::default(),
         server_histograms: Default::default(),
         interrupted: None,

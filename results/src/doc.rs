@@ -360,6 +360,10 @@ pub struct ClientDoc {
     pub load: Option<ClientLoad>,
     /// Whether the client kept up.
     pub verdict: Option<Verdict>,
+    /// The validity stamp: the client's own timing error against its budget (absent where
+    /// not measured: merged shards, results that predate it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validity: Option<crate::validity::Validity>,
 }
 
 /// One entry of `llmreplay.by_class`: the metrics of one (endpoint, stream) class.

@@ -11,6 +11,8 @@
 //!   values the engine returns), the trace's identity, the dispatch-lag verdict.
 //! - [`level`] and [`verdict`]: the rule a level or a run is judged by, and a run's PASS or
 //!   FAIL and why (one rule, over `trace_format::cause`).
+//! - [`validity`]: a run's validity stamp, its own timing error against the figures it
+//!   reports.
 //! - [`outputs`]: what a plain replay writes (its JSON results, the metadata of its
 //!   `--results` rows); [`sink`]: those rows as they finish.
 //! - [`merge`]: the shards of one run into one result (and a killed run's journal, first).
@@ -26,6 +28,7 @@ pub mod pct;
 pub mod settings;
 pub mod sink;
 pub mod sweep_doc;
+pub mod validity;
 pub mod verdict;
 
 pub use doc::{is_result_key, ResultDoc};

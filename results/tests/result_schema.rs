@@ -354,6 +354,10 @@ fn fresh_replay_and_sweep_results_validate() {
         assert_eq!(errors(&v), Vec::<String>::new(), "{v:#}");
         assert!(v["llmreplay"]["by_class"].is_array());
         assert_eq!(v["team"], "golden");
+        // Every run is stamped (issue 53), and the stamp is what the schema says.
+        let stamp = &v["llmreplay"]["client"]["validity"];
+        assert!(stamp["valid"].is_boolean(), "{stamp:#}");
+        assert!(stamp["probes"].as_u64().unwrap() > 0, "{stamp:#}");
     }
     // A sweep's level results: each level a fresh run, marked with its place in the sweep
     // (what `reporting::sweep::level_result` adds to the run's document).

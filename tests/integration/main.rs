@@ -65,4 +65,5 @@ mod sessions;
 mod shadow;
 mod shard;
 mod tokens;
+mod validity;
 mod verdict;

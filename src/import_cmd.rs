@@ -182,7 +182,8 @@ pub fn run_import(a: ImportArgs, command: &str) -> Result<()> {
     });
     let rows = progress.rows();
     progress.finish();
-    let (summary, at) = written.with_context(|| format!("importing into {}", a.output.display()))?;
+    let (summary, at) =
+        written.with_context(|| format!("importing into {}", a.output.display()))?;
     for s in &summary.sources {
         eprintln!("{s}");
         for line in s.details() {

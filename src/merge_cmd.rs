@@ -27,11 +27,11 @@ pub struct MergeArgs {
 pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
     let mut inputs = Vec::with_capacity(a.inputs.len());
     for input in &a.inputs {
-        if !results::sink::needs_recovery(input) {
+        if !results::parquet_sink::needs_recovery(input) {
             inputs.push(input.clone());
             continue;
         }
-        let (file, rows) = results::sink::recover(std::path::Path::new(input))
+        let (file, rows) = results::parquet_sink::recover(std::path::Path::new(input))
             .with_context(|| format!("recovering {input}"))?;
         eprintln!(
             "recovered {rows} rows of a replay that did not finish into {} (marked partial)",
@@ -44,7 +44,7 @@ pub fn run_merge(a: MergeArgs, command: &str) -> Result<()> {
     let stream = store::open_stream(&inputs).context("reading the shard results")?;
     let checked = results::merge::check(&stream, command)?;
     let (pq, js) = results::merge::output_paths(&a.output);
-    let mut sink = results::sink::ResultsSink::create(&pq, checked.meta().clone())?;
+    let mut sink = results::parquet_sink::ResultsSink::create(&pq, checked.meta().clone())?;
     let merged = results::merge::merge(
         &stream,
         checked,

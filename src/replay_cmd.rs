@@ -367,7 +367,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
             let mut meta = results::outputs::results_meta(&cfg, &identity, &command);
             // The results carry the trace's prefix hashes, so its privacy manifest (key id).
             meta.privacy = trace_format::file_meta::carried(stream.files().iter().map(|f| &f.meta));
-            results::sink::ResultsSink::create(p, meta)
+            results::parquet_sink::ResultsSink::create(p, meta)
         })
         .transpose()?;
     let mut otlp = a
@@ -546,7 +546,7 @@ fn finish(
     cfg: &replay::ValidatedConfig,
     identity: &results::build::TraceIdentity,
     runs: &[(replay::RunOutput, replay::Metrics)],
-    results: Option<results::sink::ResultsSink>,
+    results: Option<results::parquet_sink::ResultsSink>,
     stop: &replay::Stop,
     command: &str,
 ) -> Result<ExitStatus> {

@@ -31,11 +31,11 @@
 #![deny(missing_docs)]
 
 mod admin;
+pub mod capture_metrics;
 pub mod config;
 pub mod error;
 mod lifecycle;
 pub mod linking;
-pub mod metrics;
 mod phases;
 pub mod prefix;
 pub mod recording;
@@ -44,6 +44,7 @@ mod serving;
 mod shadow;
 mod upstream;
 
+pub use capture_metrics::Metrics;
 pub use config::validated::{ValidatedProxyConfig, SECRET_HEADERS};
 pub use config::{
     ClientLimits, ForwardedHeaders, Privacy, ProxyConfig, ShadowConfig, ShadowSampleBy,
@@ -51,7 +52,6 @@ pub use config::{
 };
 pub use error::{ConfigError, ProxyError, Result, Setting};
 pub use lifecycle::{start, ProxyHandle, ShutdownReport};
-pub use metrics::Metrics;
 pub use recording::observe::{StreamObserver, Strip};
 pub use tokenize::Tokenizer;
 

@@ -26,9 +26,9 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use trace_format::{FileMeta, Producer, WriterConfig};
 
 use crate::admin::admin_response;
+use crate::capture_metrics::Metrics;
 use crate::config::validated::{Parts, ValidatedProxyConfig};
 use crate::error::{ProxyError, Result};
-use crate::metrics::Metrics;
 use crate::phases::PhaseLog;
 use crate::recording::prompts::PromptQueue;
 use crate::recording::row::Recorder;

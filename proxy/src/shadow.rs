@@ -31,9 +31,9 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use trace_format::tracectx::{TraceContext, TRACEPARENT};
 use trace_format::{Outcome, TraceRecord};
 
+use crate::capture_metrics::Metrics;
 use crate::config::validated::{ValidTarget, SECRET_HEADERS};
 use crate::config::{Privacy, ProxyConfig, ShadowConfig, ShadowSampleBy};
-use crate::metrics::Metrics;
 use crate::recording::observe::Strip;
 use crate::recording::request::RequestInfo;
 use crate::recording::row::{ObservedBody, Recorder, Recording};

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use trace_format::tracectx::{self, TraceContext};
 use trace_format::Outcome;
 use wire::api::Api;
+use wire::response_verdict::{self, judge_stream, judge_whole, End, Rules, StreamTally, Verdict};
 use wire::sse::SseParser;
-use wire::verdict::{self, judge_stream, judge_whole, End, Rules, StreamTally, Verdict};
 use wire::{Conn, Head, Pool, PoolConfig, PoolStats, SendError, Sent};
 
 use crate::config::{Endpoint, RequestOptions};

@@ -104,7 +104,7 @@ pub struct Table {
     pub names: Vec<String>,
     /// Rows.
     pub rows: Vec<Row>,
-    /// SLO verdict per configuration ([`results::verdict::judge`]): Some(true) pass,
+    /// SLO verdict per configuration ([`results::run_verdict::judge`]): Some(true) pass,
     /// Some(false) fail, None without SLOs; with why it failed.
     pub slo: Vec<(Option<bool>, Vec<String>)>,
     /// Requests per cause of their outcome per configuration (None when its results do not
@@ -181,7 +181,7 @@ fn table_at(level: Option<f64>, series: &[&Series], points: &[Option<&LevelPoint
         .zip(points)
         .map(|(s, p)| match p {
             Some(p) if !s.slos.is_empty() => {
-                let v = results::verdict::judge(p, &s.slos, s.slo_percentile);
+                let v = results::run_verdict::judge(p, &s.slos, s.slo_percentile);
                 let bad = if v.pass { Vec::new() } else { vec![v.reason] };
                 (Some(v.pass), bad)
             }

@@ -119,7 +119,7 @@ fn totals(out: &mut String, i: &ResultInputs) {
     line(
         out,
         "Failed requests:",
-        results::verdict::failures_text(&m.causes),
+        results::run_verdict::failures_text(&m.causes),
     );
     line(
         out,
@@ -522,7 +522,7 @@ fn endings(out: &mut String, i: &ResultInputs, v: &results::doc::Verdict) {
     let _ = writeln!(
         out,
         "{}",
-        results::verdict::line(&run.target.name, &run_verdict(cfg, m))
+        results::run_verdict::line(&run.target.name, &run_verdict(cfg, m))
     );
 }
 

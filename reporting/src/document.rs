@@ -576,7 +576,7 @@ pub fn level_rows(s: &Series) -> (Vec<String>, Vec<Vec<String>>) {
             r.push(if p.causes.total() > 0 {
                 format!(
                     "{} ({:.1}%)",
-                    results::verdict::server_failed_text(&p.causes),
+                    results::run_verdict::server_failed_text(&p.causes),
                     p.failed_fraction * 100.0
                 )
             } else {

@@ -14,7 +14,7 @@
 //!   the requests for an interval as narrow);
 //! - the outcomes side by side, and the requests whose outcome differed (ok in production and
 //!   failed on the candidate, and the reverse);
-//! - the candidate's verdict, PASS or FAIL against the SLOs (`results::verdict`, the rule a
+//! - the candidate's verdict, PASS or FAIL against the SLOs (`results::run_verdict`, the rule a
 //!   replay is judged by), each candidate row judged with what production did with the same
 //!   request (a 4xx production also answered 4xx, a cancellation the client made, are the
 //!   client's, as a replay's are), and production's verdict over the same requests.
@@ -28,7 +28,7 @@ use std::fmt;
 
 use replay::config::Slo;
 use replay::metrics::{compute, itl_gaps_ms, tpot_ms, ttft_ms};
-use results::verdict::RunVerdict;
+use results::run_verdict::RunVerdict;
 use serde::Serialize;
 use trace_format::{Outcome, TraceRecord};
 
@@ -374,7 +374,7 @@ fn candidate(
     let verdict_of = |rows: &[TraceRecord]| {
         let start = rows.iter().map(|r| r.arrival_time_us).min().unwrap_or(0);
         let m = compute(rows, start, slos, &[pct]);
-        results::verdict::judge_metrics(&m, slos, pct)
+        results::run_verdict::judge_metrics(&m, slos, pct)
     };
     Candidate {
         target,
@@ -547,7 +547,7 @@ impl fmt::Display for ShadowReport {
                 },
                 c.production_verdict.reason
             )?;
-            writeln!(f, "{}", results::verdict::line(&c.target, &c.verdict))?;
+            writeln!(f, "{}", results::run_verdict::line(&c.target, &c.verdict))?;
         }
         Ok(())
     }

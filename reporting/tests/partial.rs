@@ -9,7 +9,7 @@ use std::time::Duration;
 use replay::config::Target;
 use replay::{Interrupted, ReplayConfig, RowSink};
 use results::build::{ResultInputs, TraceIdentity};
-use results::sink::{recover, ResultsSink, KILLED};
+use results::parquet_sink::{recover, ResultsSink, KILLED};
 use trace_format::TraceRecord;
 
 const T0: i64 = 1_767_323_045_000_000;
@@ -116,7 +116,7 @@ fn rows_are_journalled_as_they_finish_and_the_file_is_finished_at_the_end() {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{n} rows journalled");
-        std::thread::sleep(results::sink::FLUSH_EVERY);
+        std::thread::sleep(results::parquet_sink::FLUSH_EVERY);
     }
     assert!(!path.exists(), "the file appears only complete");
     let mut run = run_of(&rows, sigterm());
@@ -167,13 +167,19 @@ fn a_killed_runs_journal_is_recovered_once_and_merges_as_partial() {
     let err = ResultsSink::create(&path, meta).err().unwrap();
     let text = format!("{err} {}", std::error::Error::source(&err).unwrap());
     assert!(text.contains("llmreplay merge"), "{text}");
-    assert!(results::sink::needs_recovery(path.to_str().unwrap()));
-    assert!(results::sink::needs_recovery(journal.to_str().unwrap()));
+    assert!(results::parquet_sink::needs_recovery(
+        path.to_str().unwrap()
+    ));
+    assert!(results::parquet_sink::needs_recovery(
+        journal.to_str().unwrap()
+    ));
 
     let (file, n) = recover(&path).unwrap();
     assert_eq!((file.clone(), n), (path.clone(), 25));
     assert!(!journal.exists());
-    assert!(!results::sink::needs_recovery(path.to_str().unwrap()));
+    assert!(!results::parquet_sink::needs_recovery(
+        path.to_str().unwrap()
+    ));
     assert!(recover(&path).is_err(), "recovered once");
     let t = trace_format::read_traces(&[path.to_str().unwrap()]).unwrap();
     assert_eq!(t.records, rows);

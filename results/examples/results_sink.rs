@@ -1,4 +1,4 @@
-//! What `replay --results` costs written as rows finish ([`results::sink::ResultsSink`])
+//! What `replay --results` costs written as rows finish ([`results::parquet_sink::ResultsSink`])
 //! against holding every row and writing the file at the end (`store::write_trace`, what a
 //! replay did before): the time a row costs the thread that hands it over, the wall time to a
 //! finished file, and the process's peak RSS. Run each mode in its own process:
@@ -62,7 +62,7 @@ fn main() {
     let mut handing = std::time::Duration::ZERO;
     match mode.as_str() {
         "sink" => {
-            let mut sink = results::sink::ResultsSink::create(&path, meta).expect("sink");
+            let mut sink = results::parquet_sink::ResultsSink::create(&path, meta).expect("sink");
             for i in 0..n {
                 let r = row(i);
                 let t = Instant::now();

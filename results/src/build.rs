@@ -576,10 +576,10 @@ pub fn empty_run(target: replay::config::Target) -> RunOutput {
     }
 }
 
-/// The run's verdict ([`crate::verdict::judge`]) against the configuration's SLOs at its
+/// The run's verdict ([`crate::run_verdict::judge`]) against the configuration's SLOs at its
 /// SLO percentile.
-pub fn run_verdict(cfg: &ReplayConfig, m: &Metrics) -> crate::verdict::RunVerdict {
-    crate::verdict::judge_metrics(m, &cfg.goodput, cfg.slo_percentile)
+pub fn run_verdict(cfg: &ReplayConfig, m: &Metrics) -> crate::run_verdict::RunVerdict {
+    crate::run_verdict::judge_metrics(m, &cfg.goodput, cfg.slo_percentile)
 }
 
 /// The run's verdict as `slo_pass`: None without SLOs.

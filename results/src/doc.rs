@@ -465,7 +465,7 @@ pub struct MergeDoc {
     pub worst_shard_lag_too_high: bool,
 }
 
-/// `llmreplay.verdict`: a run's PASS or FAIL and why ([`crate::verdict::judge`]).
+/// `llmreplay.verdict`: a run's PASS or FAIL and why ([`crate::run_verdict::judge`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RunVerdict {
@@ -504,7 +504,7 @@ pub struct Extension {
     pub slo_attainment: Option<f64>,
     /// `verdict.pass`, or null without SLOs.
     pub slo_pass: Option<bool>,
-    /// PASS or FAIL and why ([`crate::verdict`]): absent from results that predate it.
+    /// PASS or FAIL and why ([`crate::run_verdict`]): absent from results that predate it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verdict: Option<RunVerdict>,
     /// Requests per cause of their outcome (`trace_format::cause`): absent from results

@@ -1,4 +1,4 @@
-//! The rule a level is judged by, shared by a run's verdict ([`crate::verdict`]), a sweep's
+//! The rule a level is judged by, shared by a run's verdict ([`crate::run_verdict`]), a sweep's
 //! levels and the capacity answer (`reporting::capacity`): every numeric figure of a level's
 //! results over its runs ([`LevelPoint`], [`Stat`]), each SLO's percentile within its limit
 //! and server-caused failures within [`MAX_ERROR_FRACTION`] ([`check_level`]).

@@ -24,11 +24,11 @@ pub mod figures;
 pub mod level;
 pub mod merge;
 pub mod outputs;
+pub mod parquet_sink;
 pub mod pct;
+pub mod run_verdict;
 pub mod settings;
-pub mod sink;
 pub mod sweep_doc;
 pub mod validity;
-pub mod verdict;
 
 pub use doc::{is_result_key, ResultDoc};

@@ -3,7 +3,7 @@
 //! inserted: [`save_result`]), marked partial when a run was interrupted. Every file goes
 //! through `store`, so a local path and an object-store URL (`s3://`, `gs://`, `az://`) are
 //! written alike. Every target's per-request rows (`--results`) are written while the runs
-//! go, by [`crate::sink::ResultsSink`], with the metadata made here ([`results_meta`],
+//! go, by [`crate::parquet_sink::ResultsSink`], with the metadata made here ([`results_meta`],
 //! [`add_target_meta`]). The console report beside them is `reporting::outputs`'.
 //!
 //! The runs themselves are [`replay::replay`]'s; this module only reads them.
@@ -30,7 +30,7 @@ pub fn save_result(path: &Path, many: bool, inputs: &ResultInputs) -> Result<Str
 
 /// The metadata of a plain replay's `--results` file known before the run: provenance,
 /// the replayed trace (its hash when `identity` has one: a streamed replay learns it at
-/// the end, [`crate::sink::ResultsSink::set_trace_hash`]), label, shard, `--metadata`, the
+/// the end, [`crate::parquet_sink::ResultsSink::set_trace_hash`]), label, shard, `--metadata`, the
 /// run settings (what `merge` reports the shards ran with) and each target's URL.
 /// [`add_target_meta`] adds what each run finds out.
 pub fn results_meta(cfg: &ValidatedConfig, identity: &TraceIdentity, command: &str) -> FileMeta {
@@ -119,7 +119,7 @@ pub fn too_many_failed(runs: &[(RunOutput, Metrics)], max_failed: f64) -> Option
     ))
 }
 
-/// The targets whose verdict ([`crate::verdict`]) is FAIL, as the message that says so
+/// The targets whose verdict ([`crate::run_verdict`]) is FAIL, as the message that says so
 /// (`--fail-on-slo`); None when every target passed.
 pub fn failed_verdicts(cfg: &ValidatedConfig, runs: &[(RunOutput, Metrics)]) -> Option<String> {
     let failed: Vec<String> = runs

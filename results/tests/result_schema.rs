@@ -231,7 +231,7 @@ fn a_partial_result_validates() {
             finished: 88,
         },
         results::doc::InterruptedDoc {
-            reason: results::sink::KILLED.into(),
+            reason: results::parquet_sink::KILLED.into(),
             schedule_reached_s: 3.0,
             finished: 88,
             ..Default::default()

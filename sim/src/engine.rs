@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::metrics::{FinishReason, Metrics};
+use crate::engine_metrics::{FinishReason, Metrics};
 use crate::profile::Profile;
 use crate::tokens::block_hashes;
 

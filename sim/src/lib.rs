@@ -60,9 +60,9 @@
 
 mod apis;
 pub mod engine;
+pub mod engine_metrics;
 pub mod from_trace;
 pub mod groundtruth;
-pub mod metrics;
 mod openai;
 mod output;
 pub mod profile;
@@ -82,7 +82,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 pub use engine::{Emit, Engine};
-pub use metrics::{FinishReason, Metrics, MetricsSnapshot};
+pub use engine_metrics::{FinishReason, Metrics, MetricsSnapshot};
 pub use profile::Profile;
 
 /// Configuration of a simulated server.

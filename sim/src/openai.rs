@@ -10,7 +10,7 @@ use http::StatusCode;
 use serde_json::{Map, Value};
 use wire::api::Api;
 
-use crate::metrics::FinishReason;
+use crate::engine_metrics::FinishReason;
 use crate::output::Gen;
 use crate::tokens::{push_words, token_id_hash};
 

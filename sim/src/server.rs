@@ -28,8 +28,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::engine::Engine;
+use crate::engine_metrics::{FinishReason, Metrics};
 use crate::from_trace::{TraceMock, REQUEST_ID_HEADER};
-use crate::metrics::{FinishReason, Metrics};
 use crate::openai::{ApiError, Formatter, GenRequest};
 use crate::output::Gen;
 use crate::slots::Slots;

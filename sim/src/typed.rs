@@ -22,7 +22,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use wire::api::Api;
 
-use crate::metrics::FinishReason;
+use crate::engine_metrics::FinishReason;
 use crate::output::Gen;
 use crate::store::Store;
 

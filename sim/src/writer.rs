@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde_json::json;
 use wire::api::Api;
 
-use crate::metrics::FinishReason;
+use crate::engine_metrics::FinishReason;
 use crate::openai::Formatter;
 use crate::output::Gen;
 use crate::tokens::mix;

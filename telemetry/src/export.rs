@@ -19,7 +19,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
 use trace_format::TraceRecord;
 
-use crate::metrics::Aggregate;
+use crate::otlp_metrics::Aggregate;
 use crate::post::{post, Endpoint};
 use crate::span::{row_span, Server, SpanId};
 use crate::TelemetryError;

@@ -20,7 +20,7 @@
 #![deny(missing_docs)]
 
 mod export;
-pub mod metrics;
+pub mod otlp_metrics;
 mod post;
 pub mod span;
 pub mod testing;

@@ -65,9 +65,9 @@ fn rows_arrive_as_spans_and_metrics() {
         .all(|h| h.iter().any(|(k, v)| k == "x-api-key" && v == "secret")));
     let names: Vec<&str> = got.metrics.iter().map(|m| m.name.as_str()).collect();
     for n in [
-        telemetry::metrics::name::DURATION,
-        telemetry::metrics::name::TTFC,
-        telemetry::metrics::name::TOKENS,
+        telemetry::otlp_metrics::name::DURATION,
+        telemetry::otlp_metrics::name::TTFC,
+        telemetry::otlp_metrics::name::TOKENS,
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }

@@ -514,7 +514,7 @@ fn malformed_and_non_utf8_sse_pass_through_byte_for_byte() {
 
 /// A 2xx that is not what was asked for (an HTML page from a gateway; JSON for a streamed
 /// request) reaches the client byte for byte, and its row is the server's failure with the
-/// error replay gives the same response (`wire::verdict`): capture recorded `ok`, so the
+/// error replay gives the same response (`wire::response_verdict`): capture recorded `ok`, so the
 /// request read `ok` in the capture and `upstream_error` in its replay, which `fidelity`
 /// called drift. An HTTP error's row has the E2EL of its end, as replay's has.
 #[test]

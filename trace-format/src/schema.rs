@@ -303,11 +303,11 @@ str_enum!(Outcome {
     ClientCancelled => "client_cancelled",
     Timeout => "timeout",
 });
-/// The outcome of the response verdict capture and replay share ([`wire::verdict`]): the
+/// The outcome of the response verdict capture and replay share ([`wire::response_verdict`]): the
 /// same variant, so the names written to traces are this file's.
-impl From<wire::verdict::Outcome> for Outcome {
-    fn from(o: wire::verdict::Outcome) -> Outcome {
-        use wire::verdict::Outcome as V;
+impl From<wire::response_verdict::Outcome> for Outcome {
+    fn from(o: wire::response_verdict::Outcome) -> Outcome {
+        use wire::response_verdict::Outcome as V;
         match o {
             V::Ok => Outcome::Ok,
             V::HttpError => Outcome::HttpError,
@@ -702,7 +702,7 @@ mod tests {
     /// is one.
     #[test]
     fn verdict_outcomes_are_the_traces() {
-        use wire::verdict::Outcome as V;
+        use wire::response_verdict::Outcome as V;
         let all = [
             V::Ok,
             V::HttpError,

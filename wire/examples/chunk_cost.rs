@@ -1,6 +1,6 @@
 //! The per-chunk cost of observing a stream, as capture and replay pay it: SSE parsing, the
 //! one-pass classification ([`wire::sse::read_event`]) and the tally
-//! ([`wire::verdict::StreamTally::note`]), on vLLM-shaped chat and completions streams, with
+//! ([`wire::response_verdict::StreamTally::note`]), on vLLM-shaped chat and completions streams, with
 //! and without reading the chunks' text (capture reads it; replay only with a tokenizer).
 //!
 //! It prints ns per chunk, but on this noisy machine compare builds by instructions:
@@ -21,8 +21,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use wire::api::Api;
+use wire::response_verdict::StreamTally;
 use wire::sse::{read_event_of, ChunkText, SseParser};
-use wire::verdict::StreamTally;
 
 const WORDS: [&str; 5] = [" lorem", " ipsum", " dolor", " sit", " amet\\n"];
 

@@ -43,9 +43,9 @@ pub mod listen;
 pub mod origin;
 mod pool;
 pub mod prometheus;
+pub mod response_verdict;
 pub mod rxstamp;
 pub mod sse;
-pub mod verdict;
 pub mod vllm_metrics;
 
 #[doc(hidden)]

@@ -36,8 +36,8 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 use wire::api::Api;
+use wire::response_verdict::StreamTally;
 use wire::sse::{read_event_of, ChunkText, SseParser, StreamEvent, DEFAULT_MAX_EVENT};
-use wire::verdict::StreamTally;
 
 use crate::linking::agents::CallsSeen;
 use crate::linking::sessions::TextHash;

@@ -8,8 +8,8 @@ use telemetry::span::{Server, SpanId};
 use telemetry::{Exporter, OtlpConfig};
 use trace_format::TraceRecord;
 
+use crate::capture_metrics::Metrics;
 use crate::error::{ConfigError, ProxyError, Result};
-use crate::metrics::Metrics;
 use crate::recording::writer::Tap;
 
 /// The exporter, and the upstream its spans name (`server.address`).

@@ -22,11 +22,11 @@ use tokio::time::Sleep;
 use trace_format::tokens::{self, Reasoning};
 use trace_format::{Outcome, TokenSource, TraceRecord};
 use wire::api::Api;
-use wire::verdict::{self, judge_stream, judge_whole, End, Rules};
+use wire::response_verdict::{self, judge_stream, judge_whole, End, Rules};
 
+use crate::capture_metrics::Metrics;
 use crate::linking::agents::{CallsSeen, Seen};
 use crate::linking::sessions::TextHash;
-use crate::metrics::Metrics;
 use crate::phases::{PhaseLog, Phases};
 use crate::recording::observe::{StreamObserver, Strip};
 use crate::recording::prompts::PendingPrompt;
@@ -293,7 +293,7 @@ impl ObservedBody {
     }
 
     /// Moves what was observed into the row and finishes it, with the response verdict
-    /// replay judges by too ([`wire::verdict`], capture's [`Rules`]).
+    /// replay judges by too ([`wire::response_verdict`], capture's [`Rules`]).
     fn end(&mut self, how: End, end: Instant) {
         if self.rec.done {
             return;
@@ -345,7 +345,7 @@ impl ObservedBody {
                 self.rec.rec.response_bytes = *bytes as i64;
                 let api = self.rec.api;
                 let v = judge_whole(api, status, copy, self.rec.rec.stream, how, Rules::CAPTURE);
-                if v.outcome == verdict::Outcome::Ok {
+                if v.outcome == response_verdict::Outcome::Ok {
                     // Embeddings, rerank and score generate nothing: no answer, calls or
                     // reasoning to read.
                     if self.rec.sampled && api.generates() {

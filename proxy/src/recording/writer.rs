@@ -22,7 +22,7 @@
 //! not ready when the row's budget is spent is not waited for (no hashes, no chat chain,
 //! `prompt_tokens` from usage or null), and
 //! each shed piece of work is counted (`recorder_shed_total{work}`). Every queued row's
-//! queueing time is kept in [`crate::metrics::RecorderQueue`], whose oldest is the lag on
+//! queueing time is kept in [`crate::capture_metrics::RecorderQueue`], whose oldest is the lag on
 //! /metrics (`recorder_lag_seconds`).
 //!
 //! Every finished row also goes to the recorder's taps ([`Tap`]: any number of further
@@ -48,12 +48,12 @@ use trace_format::tokens::{self, Reasoning};
 use trace_format::writer::{CloseReport, RecoveryReport, WriterStats};
 use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
+use crate::capture_metrics::Metrics;
 use crate::error::{ProxyError, Result};
 use crate::linking::agents::{fill_tools, Agents, Links, Seen, ToolNaming, DEFAULT_MAX_REQUESTS};
 use crate::linking::completions::CompletionLinker;
 use crate::linking::responses::{ResponseIds, DEFAULT_MAX_RESPONSES};
 use crate::linking::sessions::{Linker, DEFAULT_MAX_KEYS};
-use crate::metrics::Metrics;
 use crate::prefix::prompt_tokens;
 use crate::recording::apis::chat_view;
 use crate::recording::prompts::PendingPrompt;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-use crate::metrics::Metrics;
+use crate::capture_metrics::Metrics;
 
 /// Backs off failed accepts (EMFILE and ENFILE above all: retrying at once spins while the
 /// descriptors stay gone), counts every one, and logs at most one line per 5 s.

@@ -28,8 +28,8 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use crate::capture_metrics::Metrics;
 use crate::config::ClientLimits;
-use crate::metrics::Metrics;
 
 /// What a connection's requests tell its socket wrapper.
 #[derive(Debug)]

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use http::header::HeaderName;
 
+use crate::capture_metrics::Metrics;
 use crate::config::ProxyConfig;
-use crate::metrics::Metrics;
 use crate::recording::prompts::PromptQueue;
 use crate::recording::row::Recorder;
 use crate::serving::accept::HoldOff;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
-use crate::metrics::Metrics;
+use crate::capture_metrics::Metrics;
 
 /// How often an unreachable upstream is checked again.
 pub(crate) const DOWN_EVERY: Duration = Duration::from_secs(1);

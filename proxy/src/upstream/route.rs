@@ -23,9 +23,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use trace_format::Outcome;
 
+use crate::capture_metrics::Metrics;
 use crate::config::validated::Upstream;
 use crate::config::{ForwardedHeaders, ProxyConfig};
-use crate::metrics::Metrics;
 use crate::phases::Phases;
 use crate::upstream::lean::{LeanUpstream, SendError};
 use crate::upstream::reach::Reach;

@@ -13,8 +13,8 @@ use super::{
     GenSpec, SimBody, DEFAULT_STALL,
 };
 use crate::engine::Emit;
+use crate::engine_metrics::FinishReason;
 use crate::from_trace::{Ending, RecordedAnswer, TraceMock, Unmatched, MATCH_HEADER, ROW_HEADER};
-use crate::metrics::FinishReason;
 use crate::openai::{ApiError, GenRequest};
 use crate::output::Gen;
 use crate::tokens::{combine, mix};

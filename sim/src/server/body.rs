@@ -17,7 +17,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::RESET_FLUSH;
 use crate::engine::Emit;
-use crate::metrics::{FinishReason, Metrics};
+use crate::engine_metrics::{FinishReason, Metrics};
 use crate::writer::Writer;
 
 /// What a generation's response is made of (see [`GenBody`]).

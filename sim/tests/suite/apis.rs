@@ -8,8 +8,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sim::{start, Reasoning, SimConfig, SimHandle, Timing};
 use wire::api::Api;
+use wire::response_verdict::{
+    judge_stream, judge_whole, End, Outcome, Rules, StreamTally, Verdict,
+};
 use wire::sse::{read_event_of, ChunkText, SseParser};
-use wire::verdict::{judge_stream, judge_whole, End, Outcome, Rules, StreamTally, Verdict};
 
 use crate::util::{post, request, Reply};
 

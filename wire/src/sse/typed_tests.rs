@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::api::Api;
-use crate::verdict::{judge_stream, judge_whole, End, Outcome, Rules, StreamTally, Verdict};
+use crate::response_verdict::{
+    judge_stream, judge_whole, End, Outcome, Rules, StreamTally, Verdict,
+};
 
 /// Feeds `events` (data payloads, each sent as `event: …` + `data: …` as the servers frame
 /// them) one per 10 µs through the parser into a tally; also returns each output chunk's

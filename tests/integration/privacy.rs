@@ -539,3 +539,83 @@ fn a_capture_says_what_it_lost_in_its_manifest_and_on_metrics() {
     );
     assert!(privacy.iter().any(|l| l.contains("last 1000 ms")), "{text}");
 }
+
+/// `export` carries the trace's manifest into `<output>.privacy.json` (Mooncake and AIPerf
+/// JSONL have no field for it), its `hash_ids` are the keyed `prefix_hashes`, and a `full`
+/// trace is refused (status 2) unless `--allow-full-export`.
+#[test]
+fn export_carries_the_manifest_and_refuses_a_full_trace_unless_told() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let keys = tmpdir("export-keys");
+    let (k, _) = key_file(&keys, "k", 3);
+    let key = HashKey::load(&k).unwrap();
+    let k = k.to_str().unwrap();
+    let hashes = capture(&sim, "export-hashes", &["--hash-key-file", k]);
+    let full = capture(
+        &sim,
+        "export-full",
+        &["--privacy", "full", "--hash-key-file", k],
+    );
+    let dir = tmpdir("exported");
+    let run = |trace: &Path, out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "export",
+            trace.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let sidecar = |out: &Path| -> serde_json::Value {
+        let p = format!("{}.privacy.json", out.display());
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("the sidecar")).unwrap()
+    };
+    for (fmt, name) in [("mooncake", "h.jsonl"), ("aiperf", "h-aiperf.jsonl")] {
+        let out = dir.join(name);
+        let (code, err) = run(&hashes.out, &out, &["--format", fmt]);
+        assert_eq!(code, Some(0), "{err}");
+        let m = &sidecar(&out)["manifest"];
+        assert_eq!(m["grade"], "hashes");
+        assert_eq!(m["key_id"], key.id().0.as_str());
+        // hash_ids: the rows' keyed prefix hashes, as written.
+        let mut exported: Vec<Vec<u64>> = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                serde_json::from_value(v["hash_ids"].clone()).unwrap()
+            })
+            .collect();
+        let mut rows: Vec<Vec<u64>> = hashes
+            .rows
+            .iter()
+            .map(|r| r.prefix_hashes.clone().unwrap())
+            .collect();
+        exported.sort();
+        rows.sort();
+        assert_eq!(exported, rows);
+    }
+    let out = dir.join("f.jsonl");
+    let (code, err) = run(&full.out, &out, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--privacy full") && err.contains("--allow-full-export"),
+        "{err}"
+    );
+    assert!(!out.exists() && !Path::new(&format!("{}.privacy.json", out.display())).exists());
+    let (code, err) = run(&full.out, &out, &["--allow-full-export"]);
+    assert_eq!(code, Some(0), "{err}");
+    let side = sidecar(&out);
+    assert_eq!(side["manifest"]["grade"], "full");
+    assert!(side["manifest"]["note"]
+        .as_str()
+        .unwrap()
+        .starts_with("FULL"));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(!text.contains("AcmeBank"), "no text in the lines: {text}");
+}

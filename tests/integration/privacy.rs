@@ -619,3 +619,20 @@ fn export_carries_the_manifest_and_refuses_a_full_trace_unless_told() {
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(!text.contains("AcmeBank"), "no text in the lines: {text}");
 }
+
+/// `--time-bucket 100ms`: every arrival is a multiple of 100 ms, the manifest records the
+/// bucket and `inspect` prints it as the trace's resolution.
+#[test]
+fn a_time_bucket_rounds_arrivals_and_is_in_the_manifest() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let c = capture(&sim, "bucket", &["--time-bucket", "100ms"]);
+    for r in &c.rows {
+        assert_eq!(r.arrival_time_us % 100_000, 0, "{r:?}");
+    }
+    for f in &c.files {
+        assert_eq!(f.meta.privacy.as_ref().unwrap().time_bucket_ms, Some(100));
+    }
+    let (ok, text) = llmreplay(&["inspect", c.out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    assert!(text.contains("rounded down to 100 ms buckets"), "{text}");
+}

@@ -133,6 +133,10 @@ pub struct Manifest {
     /// running count, e.g. a file a later start finished from a journal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<Loss>,
+    /// Arrival times were rounded down to a multiple of this many milliseconds
+    /// (`capture --time-bucket`): the trace's time resolution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_bucket_ms: Option<u64>,
 }
 
 /// What a capture knows it lost: counted since the capture started, as of the moment the
@@ -293,6 +297,7 @@ impl Manifest {
                     .to_string()
             }),
             loss: None,
+            time_bucket_ms: None,
         }
     }
 
@@ -365,6 +370,11 @@ impl Manifest {
         ];
         if let Some(n) = &self.note {
             out.push(format!("NOTE: {n}"));
+        }
+        if let Some(b) = self.time_bucket_ms {
+            out.push(format!(
+                "arrival times rounded down to {b} ms buckets (the trace's time resolution)"
+            ));
         }
         if let Some(l) = &self.loss {
             out.extend(l.lines());

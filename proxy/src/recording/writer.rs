@@ -159,6 +159,8 @@ enum Msg {
 pub(crate) struct Keep {
     pub(crate) grade: Grade,
     pub(crate) key: Arc<HashKey>,
+    /// Arrival times are rounded down to a multiple of this many µs (0: not rounded).
+    pub(crate) time_bucket_us: i64,
 }
 
 impl Keep {
@@ -299,6 +301,11 @@ impl Resolver<'_> {
             .link(&mut rec, info.chain.as_deref(), info.tools.as_ref(), &seen);
         if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
             crate::linking::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
+        }
+        // After linking (think times are measured on the exact times).
+        let b = self.keep.time_bucket_us;
+        if b > 0 {
+            rec.arrival_time_us -= rec.arrival_time_us.rem_euclid(b);
         }
         rec
     }
@@ -664,6 +671,7 @@ mod tests {
 
     fn test_keep() -> Keep {
         Keep {
+            time_bucket_us: 0,
             grade: Grade::Hashes,
             key: Arc::new(HashKey::random()),
         }

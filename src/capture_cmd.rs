@@ -192,6 +192,10 @@ pub struct CaptureArgs {
     /// Loss window on a crash: buffered records are handed to the OS this often.
     #[arg(long, value_parser = parse_duration, default_value = "200ms")]
     flush_interval: Duration,
+    /// Round every arrival time down to a multiple of this (e.g. 100ms), for traces that
+    /// leave: recorded in the manifest as the trace's time resolution. Whole milliseconds.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    time_bucket: Option<Duration>,
     /// Trace file name prefix.
     #[arg(long, default_value = "capture")]
     file_prefix: String,
@@ -418,6 +422,7 @@ impl CaptureArgs {
         c.max_file_bytes = self.max_file_mb * 1024 * 1024;
         c.max_file_age = self.max_file_age;
         c.flush_interval = self.flush_interval;
+        c.time_bucket = self.time_bucket.filter(|b| !b.is_zero());
         c.file_prefix = self.file_prefix;
         c.session_header = self.session_header;
         c.phase_log = self.phase_log;

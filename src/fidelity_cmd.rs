@@ -80,6 +80,10 @@ pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
             speedup: a.speedup,
             noise: noise.as_ref().map(|n| n.records.as_slice()),
             replay_run: replay_run.as_ref(),
+            // The capture's time resolution, from its manifest (`--time-bucket`).
+            time_bucket_ms: trace_format::file_meta::carried(captured.files.iter().map(|f| &f.meta))
+                .and_then(|m| m.time_bucket_ms)
+                .unwrap_or(0) as f64,
         },
     )?;
     print!("{f}");

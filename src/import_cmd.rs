@@ -143,6 +143,18 @@ pub struct ExportArgs {
     /// Output format: mooncake (what AIPerf's --custom-dataset-type mooncake_trace and SGLang's bench_serving read), or aiperf (the same with AIPerf's session_id and delay, ms after the previous turn, so agent sessions move both ways).
     #[arg(long, default_value = "mooncake")]
     pub format: ExportFormat,
+    /// Export a trace captured with `--privacy full` all the same (its lines hold no text,
+    /// but Mooncake and AIPerf JSONL have no field to say where they came from; the sidecar
+    /// `<output>.privacy.json` does).
+    #[arg(long)]
+    pub allow_full_export: bool,
+}
+
+/// The manifest sidecar of an export: `<output>.privacy.json`, beside the output.
+fn sidecar_path(output: &std::path::Path) -> PathBuf {
+    let mut name = output.file_name().unwrap_or_default().to_os_string();
+    name.push(".privacy.json");
+    output.with_file_name(name)
 }
 
 /// Runs `llmreplay import`; `command` is the command line, kept in the file's metadata. Rows
@@ -242,8 +254,39 @@ pub fn run_export(a: ExportArgs) -> Result<()> {
                     "the trace files have prefix hashes of different block sizes ({sizes:?}); export them separately"
                 );
     }
+    // The manifest the trace's files carry (one key: the stream refused several).
+    let manifest = trace_format::file_meta::carried(stream.files().iter().map(|f| &f.meta));
+    if manifest
+        .as_ref()
+        .is_some_and(|m| m.grade == trace_format::privacy::Grade::Full)
+        && !a.allow_full_export
+    {
+        crate::exit::refuse!(
+            "the trace was captured with --privacy full (it holds the prompts); {name} has no \
+             field to say so, so it is not exported unless told: --allow-full-export (the \
+             lines hold lengths and keyed hash_ids, no text; {} records the trace's manifest)",
+            sidecar_path(&a.output).display()
+        );
+    }
     let e = import::export_stream(stream.records(), &a.output, flavor)
         .with_context(|| format!("exporting to {}", a.output.display()))?;
+    if let Some(m) = &manifest {
+        let side = sidecar_path(&a.output);
+        let doc = serde_json::json!({
+            "exported_to": a.output.file_name().map(|n| n.to_string_lossy().into_owned()),
+            "format": name,
+            "hash_ids": "the trace's prefix_hashes: keyed hashes under key_id",
+            "manifest": m,
+        });
+        std::fs::write(&side, format!("{doc:#}\n"))
+            .with_context(|| format!("writing {}", side.display()))?;
+        eprintln!(
+            "the trace's privacy manifest (grade {}, key id {}) is in {}",
+            m.grade,
+            m.key_id.as_deref().unwrap_or("none"),
+            side.display()
+        );
+    }
     eprintln!(
         "{} requests written to {} ({name})",
         e.written,

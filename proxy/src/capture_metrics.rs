@@ -190,8 +190,13 @@ pub struct Metrics {
     /// Records that will never reach a trace file, whatever the reason: the writer's queue
     /// was full, or the trace directory could not take them (full disk, I/O error). Exact.
     pub records_dropped: AtomicU64,
-    /// The part of `records_dropped` whose writer queue was full (for the summary).
+    /// The part of `records_dropped` whose writer queue was full.
     pub records_dropped_queue_full: AtomicU64,
+    /// The journal's flush interval, µs: what a `kill -9` can lose, uncounted (the rows of
+    /// requests that ended within it, and those in flight).
+    pub crash_window_us: AtomicU64,
+    /// This capture's id in the manifests' loss counts (random per start).
+    pub capture_id: String,
     /// Failed writes to the trace directory (journal lines, new journals, Parquet files,
     /// retries of journals not finished). The rows they cost are in `records_dropped`.
     pub record_errors: AtomicU64,
@@ -256,6 +261,8 @@ impl Default for Metrics {
             records_written: AtomicU64::new(0),
             records_dropped: AtomicU64::new(0),
             records_dropped_queue_full: AtomicU64::new(0),
+            crash_window_us: AtomicU64::new(0),
+            capture_id: trace_format::privacy::Loss::new_capture_id(),
             record_errors: AtomicU64::new(0),
             trace_write_failing: AtomicU64::new(0),
             journals_pending: AtomicU64::new(0),
@@ -332,7 +339,13 @@ impl Metrics {
             prometheus::sample(&mut s, &name, &phase, v.load(Relaxed));
         }
         let lag = self.recorder_queue.lag(Instant::now()).as_secs_f64();
-        let gauges: [(&str, &str, String); 3] = [
+        let crash_window = self.crash_window_us.load(Relaxed) as f64 / 1e6;
+        let gauges: [(&str, &str, String); 4] = [
+            (
+                "crash_window_seconds",
+                "What a kill -9 loses, uncounted: the rows of requests that ended within this long before it (the journal's flush interval), and those in flight.",
+                format!("{crash_window:.3}"),
+            ),
             (
                 "recorder_lag_seconds",
                 "Age of the oldest record queued for the trace writer (its prompt may still be tokenizing).",
@@ -408,7 +421,7 @@ impl Metrics {
 
     /// The plain counters and gauges of the exposition, each with its help.
     fn render_counters(&self, s: &mut String, p: &str) {
-        let counters: [(&str, &str, &AtomicU64); 13] = [
+        let counters: [(&str, &str, &AtomicU64); 14] = [
             (
                 "passthrough_requests_total",
                 "Requests forwarded without a record (not a recorded API: see unrecorded_requests_total).",
@@ -423,6 +436,11 @@ impl Metrics {
                 "records_dropped_total",
                 "Records that will never reach a trace file (writer queue full, or the trace directory could not take them).",
                 &self.records_dropped,
+            ),
+            (
+                "records_dropped_queue_full_total",
+                "The part of records_dropped_total dropped because the trace writer's queue was full (the rest: the trace directory could not take them).",
+                &self.records_dropped_queue_full,
             ),
             (
                 "record_errors_total",

@@ -266,6 +266,9 @@ async fn start_recorder(
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
     let keep = writer::Keep {
+        time_bucket_us: cfg
+            .time_bucket
+            .map_or(0, |b| i64::try_from(b.as_micros()).unwrap_or(i64::MAX)),
         grade: cfg.privacy,
         key: cfg.hash_key.clone(),
     };
@@ -292,12 +295,15 @@ fn writer_config(cfg: &crate::ProxyConfig) -> WriterConfig {
     meta.block_size = cfg.privacy.hashes().then_some(cfg.block_size);
     meta.extra
         .insert("tokenizer".into(), cfg.tokenizer.name().to_string());
-    meta.privacy = Some(Manifest::new(
-        cfg.privacy,
-        Some(&cfg.hash_key.id()),
-        cfg.block_size,
-        cfg.tokenizer.name(),
-    ));
+    meta.privacy = Some(Manifest {
+        time_bucket_ms: cfg.time_bucket.map(|b| b.as_millis() as u64),
+        ..Manifest::new(
+            cfg.privacy,
+            Some(&cfg.hash_key.id()),
+            cfg.block_size,
+            cfg.tokenizer.name(),
+        )
+    });
     meta.extra
         .insert("sample_rate".into(), cfg.sample_rate.to_string());
     let mut wcfg = WriterConfig::new(&cfg.out, cfg.file_prefix.clone(), meta);

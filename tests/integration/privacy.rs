@@ -414,3 +414,225 @@ fn without_a_key_file_one_is_made_beside_the_output_and_reused() {
     let (status, log) = cap.terminate();
     assert!(status.success(), "{log:#?}");
 }
+
+/// The loss bound (issue 54): a capture that drops rows (a writer queue of one, a burst of
+/// concurrent requests) and forwards requests it does not record says so on /metrics and in
+/// its files' manifests, counted since it started as of each file's close: the first file
+/// (rotated by age before the burst) holds the pass-through requests and no drop, the last
+/// one the drops too, and `inspect` prints the capture's latest counts with the manifest.
+/// Every request sent is a row or a drop.
+#[test]
+fn a_capture_says_what_it_lost_in_its_manifest_and_on_metrics() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let out = tmpdir("loss");
+    let (listen, admin) = (free_addr(), free_addr());
+    let flags = [
+        "--queue-capacity",
+        "1",
+        "--flush-interval",
+        "1s",
+        "--max-file-age",
+        "100ms",
+    ];
+    let mut cap = CaptureProc::spawn_admin(BIN, listen, admin, &sim.url(), &out, &flags);
+    cap.wait_for("listening on");
+    let mut c = Http1Client::new(listen);
+    for _ in 0..2 {
+        let r = c.send("GET", "/v1/models", &[], None).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let r = c
+        .post("/v1/chat/completions", &[], &chat_body("first"))
+        .unwrap();
+    assert_eq!(r.status, 200);
+    // The writer's tick (every half second) rotates the first file by age.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while trace_format::read_traces(&[out.to_str().unwrap()]).is_err() {
+        assert!(std::time::Instant::now() < deadline, "no first file");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The burst: 32 requests at once against a queue of one drained every 50 ms.
+    const BURST: usize = 32;
+    let go = std::sync::Arc::new(std::sync::Barrier::new(BURST));
+    let burst: Vec<_> = (0..BURST)
+        .map(|i| {
+            let go = go.clone();
+            std::thread::spawn(move || {
+                let mut c = Http1Client::new(listen);
+                go.wait();
+                let r = c
+                    .post(
+                        "/v1/chat/completions",
+                        &[],
+                        &chat_body(&format!("user {i}")),
+                    )
+                    .unwrap();
+                assert_eq!(r.status, 200);
+            })
+        })
+        .collect();
+    for t in burst {
+        t.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let metrics = Http1Client::new(admin)
+        .send("GET", "/metrics", &[], None)
+        .unwrap()
+        .text();
+    let (status, log) = cap.terminate();
+    let metric = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {name}: {metrics}"));
+        line[name.len() + 1..].trim().parse().unwrap()
+    };
+    let dropped = metric("llmreplay_capture_records_dropped_queue_full_total");
+    assert!(dropped > 0, "the burst dropped nothing: {metrics}");
+    assert_eq!(status.code(), Some(7), "rows were dropped: {log:#?}");
+    assert_eq!(metric("llmreplay_capture_records_dropped_total"), dropped);
+    assert_eq!(metric("llmreplay_capture_passthrough_requests_total"), 2);
+    assert!(
+        metrics.contains("llmreplay_capture_crash_window_seconds 1.000\n"),
+        "{metrics}"
+    );
+
+    let t = trace_format::read_traces(&[out.to_str().unwrap()]).unwrap();
+    assert_eq!(t.records.len() as u64 + dropped, 1 + BURST as u64);
+    assert!(t.files.len() >= 2, "{} files", t.files.len());
+    let loss = |f: &TraceFile| f.meta.privacy.as_ref().unwrap().loss.clone().unwrap();
+    let first = t
+        .files
+        .iter()
+        .find(|f| f.rows == 1)
+        .expect("the file before the burst");
+    let first = loss(first);
+    assert_eq!((first.queue_full, first.write_failed), (0, 0));
+    assert_eq!(first.unrecorded, 2);
+    assert_eq!(
+        first.unrecorded_paths,
+        [("GET".to_string(), "/v1/models".to_string(), 2)]
+    );
+    assert_eq!(first.crash_window_ms, 1000);
+    let latest = t
+        .files
+        .iter()
+        .map(loss)
+        .max_by_key(|l| l.queue_full)
+        .unwrap();
+    assert_eq!(latest.queue_full, dropped);
+    assert_eq!(latest.capture, first.capture, "one capture");
+
+    let (ok, text) = llmreplay(&["inspect", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let privacy: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("trace "))
+        .collect();
+    let want = format!("lost: {dropped} rows dropped ({dropped} recorder queue full, 0 trace");
+    assert!(privacy.iter().any(|l| l.contains(&want)), "{text}");
+    assert!(
+        privacy
+            .iter()
+            .any(|l| l.contains("not recorded: 2 requests (GET /v1/models 2)")),
+        "{text}"
+    );
+    assert!(privacy.iter().any(|l| l.contains("last 1000 ms")), "{text}");
+}
+
+/// `export` carries the trace's manifest into `<output>.privacy.json` (Mooncake and AIPerf
+/// JSONL have no field for it), its `hash_ids` are the keyed `prefix_hashes`, and a `full`
+/// trace is refused (status 2) unless `--allow-full-export`.
+#[test]
+fn export_carries_the_manifest_and_refuses_a_full_trace_unless_told() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let keys = tmpdir("export-keys");
+    let (k, _) = key_file(&keys, "k", 3);
+    let key = HashKey::load(&k).unwrap();
+    let k = k.to_str().unwrap();
+    let hashes = capture(&sim, "export-hashes", &["--hash-key-file", k]);
+    let full = capture(
+        &sim,
+        "export-full",
+        &["--privacy", "full", "--hash-key-file", k],
+    );
+    let dir = tmpdir("exported");
+    let run = |trace: &Path, out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "export",
+            trace.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let sidecar = |out: &Path| -> serde_json::Value {
+        let p = format!("{}.privacy.json", out.display());
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("the sidecar")).unwrap()
+    };
+    for (fmt, name) in [("mooncake", "h.jsonl"), ("aiperf", "h-aiperf.jsonl")] {
+        let out = dir.join(name);
+        let (code, err) = run(&hashes.out, &out, &["--format", fmt]);
+        assert_eq!(code, Some(0), "{err}");
+        let m = &sidecar(&out)["manifest"];
+        assert_eq!(m["grade"], "hashes");
+        assert_eq!(m["key_id"], key.id().0.as_str());
+        // hash_ids: the rows' keyed prefix hashes, as written.
+        let mut exported: Vec<Vec<u64>> = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                serde_json::from_value(v["hash_ids"].clone()).unwrap()
+            })
+            .collect();
+        let mut rows: Vec<Vec<u64>> = hashes
+            .rows
+            .iter()
+            .map(|r| r.prefix_hashes.clone().unwrap())
+            .collect();
+        exported.sort();
+        rows.sort();
+        assert_eq!(exported, rows);
+    }
+    let out = dir.join("f.jsonl");
+    let (code, err) = run(&full.out, &out, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--privacy full") && err.contains("--allow-full-export"),
+        "{err}"
+    );
+    assert!(!out.exists() && !Path::new(&format!("{}.privacy.json", out.display())).exists());
+    let (code, err) = run(&full.out, &out, &["--allow-full-export"]);
+    assert_eq!(code, Some(0), "{err}");
+    let side = sidecar(&out);
+    assert_eq!(side["manifest"]["grade"], "full");
+    assert!(side["manifest"]["note"]
+        .as_str()
+        .unwrap()
+        .starts_with("FULL"));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(!text.contains("AcmeBank"), "no text in the lines: {text}");
+}
+
+/// `--time-bucket 100ms`: every arrival is a multiple of 100 ms, the manifest records the
+/// bucket and `inspect` prints it as the trace's resolution.
+#[test]
+fn a_time_bucket_rounds_arrivals_and_is_in_the_manifest() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let c = capture(&sim, "bucket", &["--time-bucket", "100ms"]);
+    for r in &c.rows {
+        assert_eq!(r.arrival_time_us % 100_000, 0, "{r:?}");
+    }
+    for f in &c.files {
+        assert_eq!(f.meta.privacy.as_ref().unwrap().time_bucket_ms, Some(100));
+    }
+    let (ok, text) = llmreplay(&["inspect", c.out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    assert!(text.contains("rounded down to 100 ms buckets"), "{text}");
+}

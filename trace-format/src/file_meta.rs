@@ -155,16 +155,12 @@ pub fn one_key<'a>(
 }
 
 /// The manifest a file made from these files carries (a replay's results, a merge): the
-/// first naming a key (the files share it, [`one_key`]), else the first.
+/// first naming a key (the files share it, [`one_key`]), else the first, with the loss
+/// counts of the files sharing it combined ([`Manifest::distinct`]).
 pub fn carried<'a>(metas: impl IntoIterator<Item = &'a FileMeta>) -> Option<Manifest> {
-    let all: Vec<&Manifest> = metas
-        .into_iter()
-        .filter_map(|m| m.privacy.as_ref())
-        .collect();
-    all.iter()
-        .find(|m| m.key_id.is_some())
-        .or(all.first())
-        .map(|m| (*m).clone())
+    let all = Manifest::distinct(metas.into_iter().filter_map(|m| m.privacy.as_ref()));
+    let i = all.iter().position(|m| m.key_id.is_some()).unwrap_or(0);
+    all.into_iter().nth(i)
 }
 
 /// Checks that `version` (e.g. `1.0`) has the major version this build reads.

@@ -242,12 +242,9 @@ impl Summarizer {
             .next()
             .flatten()
             .filter(|&b| blocks.all(|o| o == Some(b)));
-        let mut privacy = Vec::new();
-        for m in files.iter().filter_map(|f| f.meta.privacy.as_ref()) {
-            if !privacy.contains(m) {
-                privacy.push(m.clone());
-            }
-        }
+        let privacy = crate::privacy::Manifest::distinct(
+            files.iter().filter_map(|f| f.meta.privacy.as_ref()),
+        );
         Summarizer {
             privacy,
             files: files.len(),

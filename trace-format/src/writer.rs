@@ -318,7 +318,12 @@ impl TraceWriter {
             }
             RecoveryReport::default()
         } else {
-            recover_dir(&cfg.dir, &cfg.meta)?
+            // A previous start's journals: this start's loss counts are not theirs.
+            let mut meta = cfg.meta.clone();
+            if let Some(p) = meta.privacy.as_mut() {
+                p.loss = None;
+            }
+            recover_dir(&cfg.dir, &meta)?
         };
         let mut writer = TraceWriter {
             cfg,
@@ -443,6 +448,25 @@ impl TraceWriter {
         self.cfg.meta = meta;
     }
 
+    /// Sets what the owner knows it lost so far, written into the manifest of the files
+    /// finished from now on (when the metadata has a manifest); the writer puts its own count
+    /// of rows the directory could not take ([`WriterStats::dropped`]) in `write_failed` as
+    /// each file closes.
+    pub fn set_loss(&mut self, loss: crate::privacy::Loss) {
+        if let Some(p) = self.cfg.meta.privacy.as_mut() {
+            p.loss = Some(loss);
+        }
+    }
+
+    /// The metadata of a file closing now: with the loss counts as of now.
+    fn meta_at_close(&self) -> FileMeta {
+        let mut meta = self.cfg.meta.clone();
+        if let Some(l) = meta.privacy.as_mut().and_then(|p| p.loss.as_mut()) {
+            l.write_failed = self.stats.dropped;
+        }
+        meta
+    }
+
     /// Files finished so far.
     pub fn finished(&self) -> &[PathBuf] {
         &self.finished
@@ -546,7 +570,8 @@ impl TraceWriter {
             let _ = fs::remove_file(&journal_path);
             return result;
         }
-        match write_trace_file_from_journal(&parquet_path, &journal_path, records, &self.cfg.meta) {
+        let meta = self.meta_at_close();
+        match write_trace_file_from_journal(&parquet_path, &journal_path, records, &meta) {
             Ok(()) => {
                 self.note_ok();
                 if let Err(e) = fs::remove_file(&journal_path) {
@@ -584,7 +609,7 @@ impl TraceWriter {
         if self.deferred.is_empty() || (!force && Instant::now() < self.retry_at) {
             return;
         }
-        let meta = recovered_meta(&self.cfg.meta);
+        let meta = recovered_meta(&self.meta_at_close());
         let mut report = RecoveryReport::default();
         for d in std::mem::take(&mut self.deferred) {
             recover_journal(&d.journal, &meta, &mut report);

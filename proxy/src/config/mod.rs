@@ -232,6 +232,8 @@ pub struct ProxyConfig {
     pub rotate_on_hour: bool,
     /// The writer's loss window on a crash (journal hand-over interval).
     pub flush_interval: Duration,
+    /// Arrival times are rounded down to a multiple of this (None: kept to the µs).
+    pub time_bucket: Option<Duration>,
     /// Request header whose value becomes `session_id` (never a credential header).
     pub session_header: Option<String>,
     /// The producing command line, for the file metadata.
@@ -292,6 +294,7 @@ impl ProxyConfig {
             max_file_age: Duration::from_secs(3600),
             rotate_on_hour: false,
             flush_interval: Duration::from_millis(200),
+            time_bucket: None,
             session_header: None,
             command: String::new(),
             phase_log: None,

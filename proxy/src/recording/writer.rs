@@ -58,7 +58,7 @@ use crate::prefix::prompt_tokens;
 use crate::recording::apis::chat_view;
 use crate::recording::prompts::PendingPrompt;
 use trace_format::keyed::HashKey;
-use trace_format::privacy::Grade;
+use trace_format::privacy::{Grade, Loss};
 use wire::api::Api;
 
 /// Longest time a queued record waits for the writer thread: the queue's default 16 Ki
@@ -159,6 +159,8 @@ enum Msg {
 pub(crate) struct Keep {
     pub(crate) grade: Grade,
     pub(crate) key: Arc<HashKey>,
+    /// Arrival times are rounded down to a multiple of this many µs (0: not rounded).
+    pub(crate) time_bucket_us: i64,
 }
 
 impl Keep {
@@ -300,6 +302,11 @@ impl Resolver<'_> {
         if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
             crate::linking::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
         }
+        // After linking (think times are measured on the exact times).
+        let b = self.keep.time_bucket_us;
+        if b > 0 {
+            rec.arrival_time_us -= rec.arrival_time_us.rem_euclid(b);
+        }
         rec
     }
 }
@@ -330,6 +337,9 @@ pub(crate) fn start(
     taps: Vec<Box<dyn Tap>>,
 ) -> Result<(Sink, WriterThread, RecoveryReport)> {
     let tick = cfg.flush_interval / 2;
+    metrics
+        .crash_window_us
+        .store(cfg.flush_interval.as_micros() as u64, Relaxed);
     let (writer, report) = TraceWriter::open(cfg)?;
     let (tx, rx) = mpsc::sync_channel(capacity.max(1));
     let m = metrics.clone();
@@ -369,18 +379,24 @@ fn run(
     metrics: &Metrics,
     mut taps: Vec<Box<dyn Tap>>,
 ) -> CloseReport {
+    let mut lost = LossCount::new(metrics, tick * 2);
     let tick = tick.max(Duration::from_millis(1));
     let mut last_tick = Instant::now();
     let mut mirror = Mirror::default();
     let mut log = ErrorLog::default();
     // A record is either written or counted by the writer (`stats`), so the result of an
     // append needs no handling here.
-    let mut append = |writer: &mut TraceWriter, taps: &mut Vec<Box<dyn Tap>>, q: Box<Queued>| {
+    let mut append = |writer: &mut TraceWriter,
+                      lost: &mut LossCount,
+                      taps: &mut Vec<Box<dyn Tap>>,
+                      q: Box<Queued>| {
         let started = q.trace_started;
         let rec = resolver.resolve(*q);
         for t in taps.iter_mut() {
             t.row(&rec, started);
         }
+        // The row may close a file: its manifest says what was lost until now.
+        lost.update(writer, metrics);
         let _ = writer.append(rec);
         metrics.recorder_queue.pop();
     };
@@ -399,13 +415,14 @@ fn run(
         std::thread::park_timeout(until_tick.min(DRAIN_EVERY));
         loop {
             match rx.try_recv() {
-                Ok(Msg::Record(q)) => append(&mut writer, &mut taps, q),
+                Ok(Msg::Record(q)) => append(&mut writer, &mut lost, &mut taps, q),
                 Ok(Msg::Close) | Err(TryRecvError::Disconnected) => {
                     // Anything still queued was sent before Close: keep it.
                     while let Ok(Msg::Record(q)) = rx.try_recv() {
-                        append(&mut writer, &mut taps, q);
+                        append(&mut writer, &mut lost, &mut taps, q);
                     }
                     let mut notices = writer.take_notices();
+                    LossCount::new(metrics, lost.window()).update(&mut writer, metrics);
                     let report = writer.finish();
                     mirror.sync(&report.stats, metrics);
                     notices.extend(report.notices.iter().cloned());
@@ -421,9 +438,77 @@ fn run(
         }
         if last_tick.elapsed() >= tick {
             last_tick = Instant::now();
+            lost.update(&mut writer, metrics);
             // Errors are counted in the writer's stats and logged by `log`.
             let _ = writer.tick();
         }
+    }
+}
+
+/// What the capture knows it lost, for the manifest of each file as it closes
+/// ([`trace_format::privacy::Loss`]): copied from the metrics into the writer whenever it
+/// changed (a few loads per row; the pass-through paths are read only when their count moved).
+struct LossCount {
+    last: Loss,
+}
+
+impl LossCount {
+    fn new(metrics: &Metrics, flush_interval: Duration) -> LossCount {
+        LossCount {
+            last: Loss {
+                capture: metrics.capture_id.clone(),
+                crash_window_ms: flush_interval.as_millis() as u64,
+                // Differs from any count: the first update sets the writer's.
+                unrecorded: u64::MAX,
+                ..Loss::default()
+            },
+        }
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_millis(self.last.crash_window_ms)
+    }
+
+    fn update(&mut self, writer: &mut TraceWriter, m: &Metrics) {
+        let unrecorded = m.passthrough.load(Relaxed);
+        let now = Loss {
+            queue_full: m.records_dropped_queue_full.load(Relaxed),
+            shed_prefix_hashes: m.shed.prefix_hashes.load(Relaxed),
+            shed_prompt_tokens: m.shed.prompt_tokens.load(Relaxed),
+            shed_output_tokens: m.shed.output_tokens.load(Relaxed),
+            unrecorded,
+            unrecorded_paths: Vec::new(),
+            ..self.last.clone()
+        };
+        let moved = unrecorded != self.last.unrecorded;
+        let same = Loss {
+            unrecorded_paths: Vec::new(),
+            ..self.last.clone()
+        };
+        if now == same {
+            return;
+        }
+        let paths = if moved {
+            m.unrecorded
+                .counts()
+                .0
+                .into_iter()
+                .map(|(method, path, n)| {
+                    (
+                        method,
+                        trace_format::redact::redact_text(&path).into_owned(),
+                        n,
+                    )
+                })
+                .collect()
+        } else {
+            std::mem::take(&mut self.last.unrecorded_paths)
+        };
+        self.last = Loss {
+            unrecorded_paths: paths,
+            ..now
+        };
+        writer.set_loss(self.last.clone());
     }
 }
 
@@ -586,6 +671,7 @@ mod tests {
 
     fn test_keep() -> Keep {
         Keep {
+            time_bucket_us: 0,
             grade: Grade::Hashes,
             key: Arc::new(HashKey::random()),
         }
@@ -738,11 +824,18 @@ mod tests {
 
     /// A prompt a starved runner never delivers does not hold the writer up past the row's
     /// shed budget: the row is written without hashes or a prompt count, and the shed work
-    /// is counted. (Before, the writer waited 10 s per such prompt and counted nothing.)
+    /// is counted, on /metrics and in the file's manifest. (Before, the writer waited 10 s
+    /// per such prompt and counted nothing.)
     #[test]
     fn a_prompt_not_ready_within_the_budget_is_not_waited_for() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "test");
+        let mut meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "test");
+        meta.privacy = Some(trace_format::privacy::Manifest::new(
+            Grade::Hashes,
+            None,
+            16,
+            "words",
+        ));
         let mut cfg = WriterConfig::new(dir.path(), "t", meta);
         cfg.flush_interval = Duration::from_millis(20);
         let m = Arc::new(Metrics::default());
@@ -774,6 +867,19 @@ mod tests {
             (rows[0].prefix_hashes.as_ref(), rows[0].prompt_tokens),
             (None, None)
         );
+        let t = trace_format::read_traces(&[dir.path().to_str().unwrap()]).unwrap();
+        let loss = t.files[0].meta.privacy.as_ref().unwrap().loss.clone();
+        let loss = loss.expect("the loss counts");
+        assert_eq!(
+            (
+                loss.shed_prefix_hashes,
+                loss.shed_prompt_tokens,
+                loss.queue_full,
+                loss.crash_window_ms
+            ),
+            (1, 1, 0, 20)
+        );
+        assert_eq!(loss.capture, m.capture_id);
     }
 
     /// A disk failing on every tick (every 25 ms) for a minute: the first error at once,

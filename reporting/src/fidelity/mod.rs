@@ -74,6 +74,9 @@ pub struct Options<'a> {
     pub noise: Option<&'a [TraceRecord]>,
     /// What the replay's result document says about its rows (why some were not sent).
     pub replay_run: Option<&'a ReplayRun>,
+    /// The capture's time resolution (`capture --time-bucket`, from its manifest), ms: the
+    /// schedule bound is at least this (at the speedup), so its rounding is no error.
+    pub time_bucket_ms: f64,
 }
 
 impl Default for Options<'_> {
@@ -82,6 +85,7 @@ impl Default for Options<'_> {
             speedup: 1.0,
             noise: None,
             replay_run: None,
+            time_bucket_ms: 0.0,
         }
     }
 }
@@ -465,7 +469,7 @@ pub fn assess(
         .filter(|r| !cap_ids.contains(r.request_id.as_str()))
         .count();
 
-    let schedule = schedule(&pairs, speedup);
+    let schedule = schedule(&pairs, speedup, opts.time_bucket_ms);
 
     let mut outcomes: BTreeMap<String, (usize, usize)> = Outcome::ALL
         .iter()
@@ -546,7 +550,7 @@ pub fn assess(
     })
 }
 
-fn schedule(pairs: &[(&TraceRecord, &TraceRecord)], speedup: f64) -> Schedule {
+fn schedule(pairs: &[(&TraceRecord, &TraceRecord)], speedup: f64, bucket_ms: f64) -> Schedule {
     let sent: Vec<(&TraceRecord, i64)> = pairs
         .iter()
         .filter_map(|(c, r)| send_offset_us(r).map(|s| (*c, s)))
@@ -578,7 +582,9 @@ fn schedule(pairs: &[(&TraceRecord, &TraceRecord)], speedup: f64) -> Schedule {
         }
         _ => 0.0,
     };
-    let bound_ms = (SCHEDULE_GAP_SHARE * gap_ms).max(SCHEDULE_FLOOR_MS);
+    let bound_ms = (SCHEDULE_GAP_SHARE * gap_ms)
+        .max(SCHEDULE_FLOOR_MS)
+        .max(bucket_ms / speedup);
 
     // Sessions: captured order (by arrival) against replayed send order.
     let mut by_session: BTreeMap<&str, Vec<(i64, Option<i64>)>> = BTreeMap::new();
@@ -882,6 +888,25 @@ mod tests {
         assert!(text.contains("The schedule drifts"), "{text}");
         assert!(text.contains("The server's state drifts"), "{text}");
         assert!(text.contains("TTFT ×3.00"), "{text}");
+    }
+
+    /// A capture with arrival times rounded to 100 ms buckets (`--time-bucket`): sends
+    /// 30 ms off its rounded instants are within its resolution, so no schedule drift.
+    #[test]
+    fn a_bucketed_capture_s_resolution_is_no_schedule_error() {
+        let c = trace();
+        let r: Vec<_> = c
+            .iter()
+            .enumerate()
+            .map(|(i, x)| rep(x, if i % 4 == 3 { 30 } else { 0 }, 1))
+            .collect();
+        let opts = Options {
+            time_bucket_ms: 100.0,
+            ..Options::default()
+        };
+        let f = assess(&c, &r, opts).unwrap();
+        assert_eq!(f.schedule.bound_ms, 100.0);
+        assert!(f.schedule_reproduced, "{f}");
     }
 
     #[test]

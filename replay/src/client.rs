@@ -518,7 +518,7 @@ async fn read_response(
         // Read whole: E2EL only (there is no first token to time), by the rule capture
         // records it with.
         ex.e2el_us = Outcome::from(v.outcome).e2el_us(None, us_since(t0, end));
-        if v.outcome == verdict::Outcome::Ok {
+        if v.outcome == response_verdict::Outcome::Ok {
             // Without usage the text is counted (with a tokenizer) or its bytes estimate the
             // count (trace_format::tokens): read only then.
             let text_wanted = api.generates() && v.completion_tokens.is_none();

@@ -324,8 +324,7 @@ impl Metrics {
         if up >= 0 {
             let name = format!("{p}_upstream_up");
             let help = "1 while the last check reached the upstream (a TCP connection to its host and port), else 0.";
-            prometheus::head(&mut s, &name, help, "gauge");
-            prometheus::sample(&mut s, &name, "", up);
+            prometheus::single(&mut s, &name, help, "gauge", "", up);
         }
         let name = format!("{p}_client_timeouts_total");
         let help = "Client connections closed by a client-side timeout, by phase.";
@@ -364,8 +363,7 @@ impl Metrics {
         ];
         for (name, help, v) in gauges {
             let name = format!("{p}_{name}");
-            prometheus::head(&mut s, &name, help, "gauge");
-            prometheus::sample(&mut s, &name, "", v);
+            prometheus::single(&mut s, &name, help, "gauge", "", v);
         }
         let name = format!("{p}_recorder_shed_total");
         let help =
@@ -495,8 +493,7 @@ impl Metrics {
         ];
         for (name, help, v) in counters {
             let name = format!("{p}_{name}");
-            prometheus::head(s, &name, help, "counter");
-            prometheus::sample(s, &name, "", v.load(Relaxed));
+            prometheus::single(s, &name, help, "counter", "", v.load(Relaxed));
         }
         let gauges: [(&str, &str, &AtomicU64); 2] = [
             (
@@ -512,8 +509,7 @@ impl Metrics {
         ];
         for (name, help, v) in gauges {
             let name = format!("{p}_{name}");
-            prometheus::head(s, &name, help, "gauge");
-            prometheus::sample(s, &name, "", v.load(Relaxed));
+            prometheus::single(s, &name, help, "gauge", "", v.load(Relaxed));
         }
     }
 

@@ -483,12 +483,11 @@ impl Shadow {
 
     /// The shadow metrics, in the Prometheus text format.
     pub(crate) fn render(&self, s: &mut String) {
-        use wire::prometheus::{escape_label, head, sample};
+        use wire::prometheus::{escape_label, head, sample, single};
         let p = "llmreplay_shadow";
         let on = format!("{p}_on");
         let help = "1 while production requests are mirrored (admin POST /shadow/off, /shadow/on).";
-        head(s, &on, help, "gauge");
-        sample(s, &on, "", u8::from(self.on.load(Relaxed)));
+        single(s, &on, help, "gauge", "", u8::from(self.on.load(Relaxed)));
         type Value = fn(&Candidate) -> u64;
         let series: [(&str, &str, &str, Value); 3] = [
             (

@@ -150,12 +150,10 @@ impl Metrics {
         let label = format!("model_name=\"{}\"", escape_label(&self.model_name));
         let mut out = String::with_capacity(8192);
         let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            prometheus::head(out, name, help, "gauge");
-            prometheus::sample(out, name, &label, prometheus::float(v));
+            prometheus::single(out, name, help, "gauge", &label, prometheus::float(v));
         };
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            prometheus::head(out, name, help, "counter");
-            prometheus::sample(out, name, &label, v);
+            prometheus::single(out, name, help, "counter", &label, v);
         };
         gauge(
             &mut out,

@@ -46,6 +46,19 @@ pub fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::
     }
 }
 
+/// A family of one series: its [`head`] and its one [`sample`].
+pub fn single(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    kind: &str,
+    labels: &str,
+    value: impl std::fmt::Display,
+) {
+    head(out, name, help, kind);
+    sample(out, name, labels, value);
+}
+
 /// A histogram's samples (its head is [`head`]'s): the cumulative `_bucket` of each bound
 /// and `+Inf`, then `_sum` and `_count`. `counts` are per bucket (not cumulative), one per
 /// bound; observations above the last bound are `count` minus their sum.

@@ -31,7 +31,7 @@ use trace_format::{ParentLink, TraceRecord};
 use wire::api::Api;
 
 use crate::config::{OutputLen, RequestOptions};
-use crate::prompt::{filler_prompt, stable_hash};
+use crate::prompt::{filler_prompt, image, stable_hash};
 
 /// What a chained turn's body holds where its parent's response id goes (a JSON string no
 /// client sends: it cannot be met elsewhere in a body).
@@ -208,6 +208,13 @@ pub fn build_request(
     // A recorded failure with 0 output tokens still sends a request: ask for one token.
     let max_tokens = max_tokens.max(1);
     let prefix = rec.prefix_hashes.as_deref().zip(block_size);
+    let images = synthetic_images(rec, api);
+    // The recorded prompt tokens counted the images: the text is what is left.
+    let image_tokens: u64 = images.iter().map(|i| image::estimated_tokens(i.dims)).sum();
+    let prompt_tokens = match image_tokens {
+        0 => prompt_tokens,
+        t => prompt_tokens.saturating_sub(t as i64).max(1),
+    };
     let prompt = synthesize_prompt(opts, api, &rec.request_id, prompt_tokens, prefix)?;
     let model = opts
         .model
@@ -216,7 +223,8 @@ pub fn build_request(
         .unwrap_or(model);
     // Built requests stream as the row did, unless streaming is turned off.
     let stream = opts.stream && rec.stream && api.generates();
-    let obj = synthesized_body(api, model, prompt, (max_tokens, ignore_eos), stream);
+    let mut obj = synthesized_body(api, model, prompt, (max_tokens, ignore_eos), stream);
+    add_images(api, &mut obj, &images);
     let (body, parent_id_at) = serialize(obj, api == Api::Responses && chained(rec));
     Ok(BuiltRequest {
         endpoint: api.default_path().to_string(),
@@ -295,6 +303,50 @@ fn synthesized_body(
         }
     }
     obj
+}
+
+/// The synthetic images of a row recorded without its body ([`image`]): as many as it
+/// recorded, for an API whose prompts take images (chat, Responses, Messages).
+fn synthetic_images(rec: &TraceRecord, api: Api) -> Vec<image::Png> {
+    let n = rec.images.filter(|&n| n > 0).unwrap_or(0) as usize;
+    if n == 0 || !matches!(api, Api::Chat | Api::Responses | Api::Messages) {
+        return Vec::new();
+    }
+    let seed = stable_hash(rec.session_id.as_deref().unwrap_or(&rec.request_id));
+    let bytes = rec.image_bytes.unwrap_or(0).max(0) as u64;
+    image::row_images(n, bytes, rec.image_dims.as_deref().unwrap_or(&[]), seed)
+}
+
+/// `images` as parts of the (first) user message of a synthesized body, after its text, in
+/// `api`'s shape: chat's `image_url`, Responses' `input_image`, Anthropic's base64 `image`.
+fn add_images(api: Api, obj: &mut serde_json::Map<String, Value>, images: &[image::Png]) {
+    if images.is_empty() {
+        return;
+    }
+    let (list, text_part) = match api {
+        Api::Chat => ("messages", "text"),
+        Api::Responses => ("input", "input_text"),
+        Api::Messages => ("messages", "text"),
+        _ => return,
+    };
+    let Some(msg) = obj
+        .get_mut(list)
+        .and_then(Value::as_array_mut)
+        .and_then(|m| m.first_mut())
+    else {
+        return;
+    };
+    let mut parts = match msg.get_mut("content").map(Value::take) {
+        Some(Value::String(t)) => vec![json!({"type": text_part, "text": t})],
+        Some(Value::Array(p)) => p,
+        _ => Vec::new(),
+    };
+    parts.extend(images.iter().map(|i| match api {
+        Api::Chat => json!({"type": "image_url", "image_url": {"url": i.data_url}}),
+        Api::Responses => json!({"type": "input_image", "image_url": i.data_url}),
+        _ => json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": i.base64()}}),
+    }));
+    msg["content"] = Value::Array(parts);
 }
 
 /// What replay sends for the rows of a trace, as one console note: their recorded bodies
@@ -445,6 +497,54 @@ mod tests {
         assert!(build_request(&rec, &opts(), "m", None)
             .unwrap_err()
             .contains("no body"));
+    }
+
+    /// A row recorded with images and no body is sent with as many synthetic images of its
+    /// sizes, in each API's image part, its text shortened by their estimated tokens; a
+    /// completion takes none.
+    #[test]
+    fn a_row_with_images_sends_synthetic_images_in_its_apis_shape() {
+        for (endpoint, list, kind) in [
+            ("/v1/chat/completions", "messages", "image_url"),
+            ("/v1/responses", "input", "input_image"),
+            ("/v1/messages", "messages", "image"),
+        ] {
+            let mut rec = TraceRecord::new("r1", 0, endpoint);
+            rec.prompt_tokens = Some(2_000);
+            rec.output_tokens = Some(3);
+            rec.images = Some(2);
+            rec.image_bytes = Some(60_000);
+            rec.image_dims = Some(vec!["560x280".into(), "56x56".into()]);
+            let b = build_request(&rec, &opts(), "m", None).unwrap();
+            let v: Value = serde_json::from_slice(&b.body).unwrap();
+            let parts = v[list][0]["content"].as_array().expect(endpoint);
+            let imgs: Vec<&Value> = parts.iter().filter(|p| p["type"] == kind).collect();
+            assert_eq!(imgs.len(), 2, "{endpoint}");
+            let text: usize = parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .map(|t| t.split(' ').count())
+                .sum();
+            // 560x280 is 20x10 tiles, 56x56 2x2: 204 tokens off 2,000.
+            assert_eq!(text, 2_000 - 204, "{endpoint}");
+            let data = match kind {
+                "image_url" => imgs[0]["image_url"]["url"].as_str().unwrap(),
+                "input_image" => imgs[0]["image_url"].as_str().unwrap(),
+                _ => imgs[0]["source"]["data"].as_str().unwrap(),
+            };
+            assert!(
+                data.len() > 30_000,
+                "{endpoint}: {} base64 bytes",
+                data.len()
+            );
+        }
+        let mut rec = TraceRecord::new("r1", 0, "/v1/completions");
+        rec.prompt_tokens = Some(10);
+        rec.output_tokens = Some(3);
+        rec.images = Some(1);
+        let b = build_request(&rec, &opts(), "m", None).unwrap();
+        let v: Value = serde_json::from_slice(&b.body).unwrap();
+        assert_eq!(v["prompt"].as_str().unwrap().split(' ').count(), 10);
     }
 
     /// Lengths from 1 to 100,000 tokens: small ones densely, block edges, and a few large.

@@ -12,6 +12,7 @@ use support::env::tmpdir;
 use support::sim::SimProc;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -282,4 +283,93 @@ fn every_row_goes_to_its_own_endpoint_in_its_apis_shape() {
     }
     assert_eq!(got["bm"].output_tokens, Some(3));
     assert_eq!(got["be"].prompt_tokens, Some(3));
+}
+
+/// A prompt's images survive a `hashes` trace (issue 51): capture records how many, their
+/// bytes and sizes but no pixel; replaying that trace sends, per image, a synthetic PNG of the
+/// recorded size and bytes in the row's API — checked by a second capture in front of the
+/// sim, which records the same images, sizes and bytes for every row of chat, Responses and
+/// Messages.
+#[test]
+fn a_hashes_traces_images_are_replayed_at_their_recorded_sizes_and_bytes() {
+    use support::capture::CaptureProc;
+    use support::env::free_addr;
+    use support::http1::Http1Client;
+    let sim = SimProc::start(&bin(), &["--fixed-timing", "2,1"]);
+    let dir = tmpdir("apis-images");
+    let png = |d, bytes, seed| replay::prompt::image::png(d, bytes, seed);
+    let (a, b) = (png((800, 600), 40_000, 1), png((64, 48), 0, 2));
+    let bodies = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "max_tokens": 3, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is this"},
+                {"type": "image_url", "image_url": {"url": a.data_url}},
+                {"type": "image_url", "image_url": {"url": b.data_url}}]}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "max_output_tokens": 3, "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "and this"},
+                {"type": "input_image", "image_url": a.data_url}]}]}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 3, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "and that"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                    "data": b.base64()}}]}]}),
+        ),
+    ];
+    let capture = |name: &str, send: &dyn Fn(SocketAddr)| {
+        let out = dir.join(name);
+        let listen = free_addr();
+        let mut cap = CaptureProc::spawn(listen, &sim.url(), &out, &["--flush-interval", "20ms"]);
+        cap.wait_for("listening on");
+        send(listen);
+        let (status, log) = cap.terminate();
+        assert!(status.success(), "{log:#?}");
+        let mut rows = trace_format::read_traces(&[out.to_str().unwrap()])
+            .unwrap()
+            .records;
+        rows.sort_by(|x, y| x.endpoint.cmp(&y.endpoint));
+        (out, rows)
+    };
+    let (first, captured) = capture("first", &|listen| {
+        let mut c = Http1Client::new(listen);
+        for (ep, body) in &bodies {
+            let r = c.post(ep, &[], &body.to_string()).unwrap();
+            assert_eq!(r.status, 200, "{ep}: {}", r.text());
+        }
+    });
+    assert_eq!(captured.len(), 3);
+    for r in &captured {
+        assert!(r.body.is_none() && r.images.unwrap_or(0) > 0, "{r:?}");
+    }
+    let (_, replayed) = capture("second", &|listen| {
+        let out = Command::new(bin())
+            .arg("replay")
+            .arg(&first)
+            .args(["--target", &format!("c=http://{listen}"), "--speedup", "10"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    assert_eq!(replayed.len(), 3);
+    for (c, r) in captured.iter().zip(&replayed) {
+        assert_eq!(c.endpoint, r.endpoint);
+        assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error);
+        assert_eq!(r.images, c.images, "{}", c.endpoint);
+        assert_eq!(r.image_dims, c.image_dims, "{}", c.endpoint);
+        assert_eq!(r.image_bytes, c.image_bytes, "{}", c.endpoint);
+    }
+    assert_eq!(
+        captured[0].image_dims.as_deref(),
+        Some(&["800x600".to_string(), "64x48".to_string()][..])
+    );
 }

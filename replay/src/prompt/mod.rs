@@ -19,6 +19,7 @@
 //! id), so unrelated requests share nothing. `--prompt-salt` (random per run by default)
 //! changes every text, so a repeated run does not hit the previous run's prefix cache.
 
+pub mod image;
 mod tokenizer;
 mod words;
 

@@ -69,6 +69,9 @@ pub(crate) enum Command {
     /// A/A fidelity: a capture beside its replay against the same upstream — schedule, load, outcomes and latencies, and which part drifts.
     #[command(allow_negative_numbers = true)]
     Fidelity(crate::fidelity_cmd::FidelityArgs),
+    /// A trace's content hashes under another key (to share it, or to compare captures made under different keys): by the holder of its key, or from a --privacy full trace's bodies.
+    #[command(allow_negative_numbers = true)]
+    Rekey(crate::rekey_cmd::RekeyArgs),
     /// Shadow traffic: each candidate of `capture --shadow` beside production, request by request — paired differences with confidence intervals, outcomes that differed, the candidate's SLO verdict.
     #[command(allow_negative_numbers = true)]
     Shadow(crate::shadow_cmd::ShadowArgs),
@@ -127,6 +130,7 @@ pub fn run(cli: Cli) -> Result<ExitStatus> {
         } else {
             ExitStatus::Success
         }),
+        Command::Rekey(a) => done(crate::rekey_cmd::run_rekey(a, &command_line())),
         Command::Shadow(a) => Ok(if crate::shadow_cmd::run_shadow(a)? {
             said("a shadow candidate's verdict is FAIL", ExitStatus::SloFail)
         } else {

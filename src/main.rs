@@ -10,6 +10,7 @@ mod flags;
 mod import_cmd;
 mod merge_cmd;
 mod otel;
+mod rekey_cmd;
 mod replay_cmd;
 mod report_cmd;
 mod shadow_cmd;

@@ -293,6 +293,7 @@ fn every_refused_flag_or_value_exits_2_per_command() {
             vec!["shadow", &t, "--slo-percentile", "101"],
             "--slo-percentile",
         ),
+        ("rekey", vec!["rekey", &t, "-o", &out], "--key-file"),
     ];
     let mut wrong = Vec::new();
     for (command, args, names) in &cases {

@@ -636,3 +636,113 @@ fn a_time_bucket_rounds_arrivals_and_is_in_the_manifest() {
     assert!(ok, "{text}");
     assert!(text.contains("rounded down to 100 ms buckets"), "{text}");
 }
+
+/// `rekey` (issue 54): the holder of a trace's key re-keys it to exactly what a capture under
+/// the new key recorded (prefix hashes and tool names, row by row), and then it compares with
+/// that capture; without the key a `hashes` trace is refused (status 2, naming its key id),
+/// as is a wrong key; a `full` trace is re-keyed from its bodies by anyone holding it.
+#[test]
+fn rekey_by_the_holder_of_the_key_or_from_full_bodies_equals_a_capture_under_the_new_key() {
+    let sim = SimProc::fixed(BIN, 1, 1);
+    let keys = tmpdir("rekey-keys");
+    let (ka, ka_bytes) = key_file(&keys, "a.key", 3);
+    let (kb, _) = key_file(&keys, "b.key", 77);
+    let (ka, kb) = (ka.to_str().unwrap(), kb.to_str().unwrap());
+    let a = capture(&sim, "rk-a", &["--hash-key-file", ka]);
+    let b = capture(&sim, "rk-b", &["--hash-key-file", kb]);
+    let full = capture(
+        &sim,
+        "rk-full",
+        &["--hash-key-file", ka, "--privacy", "full"],
+    );
+    let (ida, idb) = (
+        HashKey::load(Path::new(ka)).unwrap().id().0,
+        HashKey::load(Path::new(kb)).unwrap().id().0,
+    );
+    let out = tmpdir("rekeyed");
+    let status = |args: &[&str]| {
+        let o = Command::new(BIN).args(args).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let a_dir = a.out.to_str().unwrap();
+    let a2 = out.join("a2.parquet");
+    let a2s = a2.to_str().unwrap();
+    // Nobody but the key's holder.
+    let (code, err) = status(&["rekey", a_dir, "--key-file", kb, "-o", a2s]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("only the holder") && err.contains(&ida),
+        "{err}"
+    );
+    let (code, err) = status(&[
+        "rekey",
+        a_dir,
+        "--key-file",
+        kb,
+        "--old-key-file",
+        kb,
+        "-o",
+        a2s,
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&idb) && err.contains(&ida), "{err}");
+    assert!(!a2.exists(), "a refused rekey leaves no file");
+
+    let same_as_b = |path: &str| {
+        let t = trace_format::read_traces(&[path]).unwrap();
+        assert_eq!(t.records.len(), b.rows.len());
+        for (r, want) in t.records.iter().zip(&b.rows) {
+            assert_eq!(r.prefix_hashes, want.prefix_hashes, "{}", r.request_id);
+            assert!(r.prefix_hashes.as_ref().is_some_and(|h| !h.is_empty()));
+        }
+        let m = t.files[0].meta.privacy.clone().expect("a manifest");
+        assert_eq!(m.key_id.as_deref(), Some(idb.as_str()));
+        t
+    };
+    let (code, err) = status(&[
+        "rekey",
+        a_dir,
+        "--key-file",
+        kb,
+        "--old-key-file",
+        ka,
+        "-o",
+        a2s,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("with the trace's own key"), "{err}");
+    let t = same_as_b(a2s);
+    for (r, want) in t.records.iter().zip(&b.rows) {
+        assert_eq!(r.tool_names, want.tool_names);
+    }
+    assert_eq!(
+        t.files[0].meta.privacy.as_ref().unwrap().grade,
+        Grade::Hashes
+    );
+    // Re-keyed, it combines with the new key's capture, and holds no byte of either key.
+    let (ok, text) = llmreplay(&["inspect", a2s, b.out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let bytes = std::fs::read(&a2).unwrap();
+    let hex: String = ka_bytes.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(!contains(&bytes, &ka_bytes) && !contains(&bytes, hex.as_bytes()));
+
+    // A full trace: from its bodies, no key needed; tool names stay as sent.
+    let f2 = out.join("f2.parquet");
+    let f2s = f2.to_str().unwrap();
+    let (code, err) = status(&[
+        "rekey",
+        full.out.to_str().unwrap(),
+        "--key-file",
+        kb,
+        "-o",
+        f2s,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("derived again from the bodies"), "{err}");
+    let t = same_as_b(f2s);
+    assert_eq!(t.files[0].meta.privacy.as_ref().unwrap().grade, Grade::Full);
+    assert!(t.records.iter().all(|r| r.body.is_some()));
+}

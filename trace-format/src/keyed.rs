@@ -1,13 +1,20 @@
 //! The keyed hash, once: every content-derived value capture writes (a prefix block's hash, a
-//! tool's name) goes through [`HashKey`], a keyed PRF (SipHash-2-4, 64 bits) under the
-//! operator's key. Under one key equal contents give equal values, so linking, prefix
-//! sharing and the prefix-cache hit rate work as before; without the key a value cannot be
-//! recomputed from a guessed prompt, and under two keys no value is equal.
+//! tool's name) goes through [`HashKey`] under the operator's key. Under one key equal
+//! contents give equal values, so linking, prefix sharing and the prefix-cache hit rate work
+//! as before; without the key a value cannot be recomputed from a guessed prompt, and under
+//! two keys no value is equal.
 //!
-//! Capture keeps its cheap unkeyed chains ([`crate::fnv`]) in memory and finalizes each
-//! value it writes here. A trace names its key by [`KeyId`] (the PRF of a fixed label under
-//! the key), never by the key. The key lives in a file ([`HashKey::load_or_create`]): 64 hex
-//! digits (32 bytes), created 0600 when missing.
+//! The value written is a keyed *permutation* of the content's unkeyed 64-bit hash
+//! ([`crate::fnv`]): a 64-bit block cipher, an 8-round Feistel network whose round function is
+//! SipHash-2-4 under the key (Luby–Rackoff; a tool name's and a block's values are two
+//! different permutations). It is a PRF to whoever lacks the key, exactly as a keyed hash is,
+//! and it is what makes a trace re-keyable by the holder of its key ([`HashKey::rekey_u64`],
+//! `llmreplay rekey`) although its unkeyed values are never written.
+//!
+//! Capture keeps its cheap unkeyed chains in memory and finalizes each value it writes here.
+//! A trace names its key by [`KeyId`] (the PRF of a fixed label under the key), never by the
+//! key. The key lives in a file ([`HashKey::load_or_create`]): 64 hex digits (32 bytes),
+//! created 0600 when missing.
 
 use std::fmt;
 use std::io::Write;
@@ -42,12 +49,37 @@ pub enum KeyError {
 /// Bytes of a key.
 pub const KEY_BYTES: usize = 32;
 
-/// Domain tags, so a tool name can never hash to a block's value or the key id.
+/// Domain tags, so a tool name's value and a block's come from different permutations, and
+/// neither from the key id's PRF.
 const TAG_KEY_ID: u8 = 0;
 const TAG_U64: u8 = 1;
 const TAG_BYTES: u8 = 2;
-/// The label whose PRF is a key's id.
-const KEY_ID_LABEL: &[u8] = b"llmreplay.key_id.v1";
+/// The Feistel round function's inputs.
+const TAG_ROUND: u8 = 3;
+/// The label whose PRF is a key's id. `v2`: values are the Feistel permutation; `v1`'s
+/// (2026-12, a PRF of the unkeyed hash) cannot be re-keyed, and their different key id keeps
+/// the two from ever being compared.
+const KEY_ID_LABEL: &[u8] = b"llmreplay.key_id.v2";
+/// Rounds of the Feistel network.
+const ROUNDS: u8 = 8;
+
+/// Which content a keyed value was made from, so a value is re-keyed by its own permutation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Domain {
+    /// A prefix block's chained hash (`prefix_hashes`).
+    Block,
+    /// A string's (a tool's name: `tool_names`, `tool_call_names` as `h:` and 16 hex digits).
+    Bytes,
+}
+
+impl Domain {
+    fn tag(self) -> u8 {
+        match self {
+            Domain::Block => TAG_U64,
+            Domain::Bytes => TAG_BYTES,
+        }
+    }
+}
 
 /// A hash key: 32 secret bytes, folded into SipHash's 128-bit key. Its `Debug` shows only
 /// its [`KeyId`]; it is never serialized.
@@ -147,14 +179,56 @@ impl HashKey {
         KeyId(format!("{:016x}", self.tagged(TAG_KEY_ID, KEY_ID_LABEL)))
     }
 
-    /// The keyed value of an (unkeyed, internal) 64-bit content hash: a prefix block's.
-    pub fn hash_u64(&self, h: u64) -> u64 {
-        self.tagged(TAG_U64, &h.to_le_bytes())
+    /// The id this key had under the first keyed hash (2026-12, `v1`), to recognise its
+    /// traces.
+    pub fn id_v1(&self) -> KeyId {
+        KeyId(format!(
+            "{:016x}",
+            self.tagged(TAG_KEY_ID, b"llmreplay.key_id.v1")
+        ))
     }
 
-    /// The keyed value of a content string: a tool's name.
+    /// The keyed value of an (unkeyed, internal) 64-bit content hash: a prefix block's.
+    pub fn hash_u64(&self, h: u64) -> u64 {
+        self.permute(Domain::Block, h)
+    }
+
+    /// The keyed value of a content string: a tool's name (the permutation of its unkeyed
+    /// FNV-1a 64, so the holder of the key can re-key it).
     pub fn hash_bytes(&self, b: &[u8]) -> u64 {
-        self.tagged(TAG_BYTES, b)
+        self.permute(Domain::Bytes, crate::fnv::fnv1a(crate::fnv::OFFSET, b))
+    }
+
+    /// The keyed value of the unkeyed hash `h` of `domain`'s content.
+    pub fn permute(&self, domain: Domain, h: u64) -> u64 {
+        let (mut l, mut r) = ((h >> 32) as u32, h as u32);
+        for i in 0..ROUNDS {
+            (l, r) = (r, l ^ self.round(domain, i, r));
+        }
+        u64::from(l) << 32 | u64::from(r)
+    }
+
+    /// The unkeyed hash a keyed value of `domain` was made from ([`HashKey::permute`]'s
+    /// inverse): only the key's holder can compute it.
+    pub fn unpermute(&self, domain: Domain, v: u64) -> u64 {
+        let (mut l, mut r) = ((v >> 32) as u32, v as u32);
+        for i in (0..ROUNDS).rev() {
+            (l, r) = (r ^ self.round(domain, i, l), l);
+        }
+        u64::from(l) << 32 | u64::from(r)
+    }
+
+    /// `v`, a value of `domain` under this key, as it is under `to`.
+    pub fn rekey_u64(&self, to: &HashKey, domain: Domain, v: u64) -> u64 {
+        to.permute(domain, self.unpermute(domain, v))
+    }
+
+    fn round(&self, domain: Domain, i: u8, half: u32) -> u32 {
+        let mut b = [0u8; 6];
+        b[0] = domain.tag();
+        b[1] = i;
+        b[2..].copy_from_slice(&half.to_le_bytes());
+        self.tagged(TAG_ROUND, &b) as u32
     }
 
     fn tagged(&self, tag: u8, b: &[u8]) -> u64 {
@@ -163,6 +237,11 @@ impl HashKey {
         s.write(b);
         s.finish()
     }
+}
+
+/// A tool's name as a `hashes` trace writes it: `h:` and the 16 hex digits of its keyed value.
+pub fn keyed_name(v: u64) -> String {
+    format!("h:{v:016x}")
 }
 
 fn parse_hex(t: &[u8]) -> Result<[u8; KEY_BYTES], String> {
@@ -298,6 +377,31 @@ mod tests {
             !dbg.contains(&hex[..16]) && dbg.contains(&k1.id().0),
             "{dbg}"
         );
+    }
+
+    /// The permutation inverts, differs per domain and key, and re-keys to exactly what the
+    /// new key makes of the same content.
+    #[test]
+    fn values_invert_and_rekey_under_the_holders_key() {
+        let (a, b) = (HashKey::random(), HashKey::random());
+        for h in [0u64, 1, 42, u64::MAX, 0x0123_4567_89ab_cdef] {
+            for d in [Domain::Block, Domain::Bytes] {
+                let v = a.permute(d, h);
+                assert_ne!(v, h);
+                assert_eq!(a.unpermute(d, v), h);
+                assert_eq!(a.rekey_u64(&b, d, v), b.permute(d, h));
+                assert_ne!(b.unpermute(d, v), h, "another key does not invert it");
+            }
+            assert_ne!(a.permute(Domain::Block, h), a.permute(Domain::Bytes, h));
+        }
+        let t = a.hash_bytes(b"read_file");
+        assert_eq!(
+            a.rekey_u64(&b, Domain::Bytes, t),
+            b.hash_bytes(b"read_file")
+        );
+        // A bijection: 10,000 consecutive inputs give 10,000 values.
+        let vals: std::collections::HashSet<u64> = (0..10_000u64).map(|h| a.hash_u64(h)).collect();
+        assert_eq!(vals.len(), 10_000);
     }
 
     /// A missing file is created 0600 and read back as the same key; a malformed one is

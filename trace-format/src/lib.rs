@@ -25,6 +25,7 @@ pub mod privacy;
 pub mod quantiles;
 pub mod reader;
 pub mod redact;
+pub mod rekey;
 pub mod schema;
 pub mod sessions;
 pub mod stats;

@@ -111,6 +111,16 @@ pub fn content_column(name: &str) -> Option<bool> {
         .map(|_| false)
 }
 
+/// What the `error` column keeps of an error's text under `grade`: under `perf`, its kind
+/// only — the words before the first colon (`HTTP 400`, `response failed`, `stream error`),
+/// never the message after it, which is the upstream's and may quote the prompt; else all.
+pub fn error_text(grade: Grade, text: String) -> String {
+    match (grade, text.split_once(':')) {
+        (Grade::Perf, Some((kind, _))) => kind.trim_end().to_string(),
+        _ => text,
+    }
+}
+
 /// The privacy manifest of a capture file (JSON under [`crate::schema::meta::PRIVACY`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -386,6 +396,16 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Under perf an error keeps its kind, not the upstream's message quoting the prompt.
+    #[test]
+    fn a_perf_error_keeps_its_kind_not_its_message() {
+        let quoted = "HTTP 400: prompt 'my account is 12345' is too long".to_string();
+        assert_eq!(error_text(Grade::Perf, quoted.clone()), "HTTP 400");
+        assert_eq!(error_text(Grade::Hashes, quoted.clone()), quoted);
+        let ours = "cancelled by the client".to_string();
+        assert_eq!(error_text(Grade::Perf, ours.clone()), ours);
+    }
 
     /// Every column of the schema is classified, and the content-derived ones are exactly
     /// the list; perf keeps none of them, full keeps text.

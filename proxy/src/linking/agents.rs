@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use serde_json::{Map, Value};
-use trace_format::keyed::HashKey;
+use trace_format::keyed::{keyed_name, HashKey};
 use trace_format::{ParentLink, TraceRecord};
 use wire::sse::{ToolCallPiece, Whole};
 
@@ -86,7 +86,7 @@ pub enum ToolNaming<'a> {
 pub fn tool_name(name: &str, naming: &ToolNaming<'_>) -> Option<String> {
     match naming {
         ToolNaming::Omit => None,
-        ToolNaming::Keyed(k) => Some(format!("h:{:016x}", k.hash_bytes(name.as_bytes()))),
+        ToolNaming::Keyed(k) => Some(keyed_name(k.hash_bytes(name.as_bytes()))),
         ToolNaming::Plain => Some(name.to_string()),
     }
 }

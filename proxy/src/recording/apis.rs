@@ -24,6 +24,22 @@
 use serde_json::{json, Map, Value};
 use wire::api::Api;
 
+/// The unkeyed prefix hashes capture makes of the request `body` sent to `endpoint`
+/// ([`crate::prefix`] over [`chat_view`]), as `rekey` derives a `full` trace's again: None
+/// when the endpoint is no recorded API's or the body holds no prompt this reads.
+pub fn prefix_hashes_of_body(
+    endpoint: &str,
+    body: &str,
+    block_size: u32,
+    tokenizer: &tokenize::Tokenizer,
+) -> Option<Vec<u64>> {
+    let api = Api::of_endpoint(endpoint)?;
+    let Ok(Value::Object(obj)) = serde_json::from_str(body) else {
+        return None;
+    };
+    crate::prefix::prefix_hashes(&chat_view(api, obj), block_size, tokenizer)
+}
+
 /// `obj`, a request body of `api`, in chat's shape (see the module).
 pub(crate) fn chat_view(api: Api, mut obj: Map<String, Value>) -> Map<String, Value> {
     let mut messages = Vec::new();

@@ -15,6 +15,7 @@
 //! `phases`, `runtime`, `error`. It never calls the serving side.
 
 pub(crate) mod apis;
+pub use apis::prefix_hashes_of_body;
 pub mod jsonscan;
 pub(crate) mod media;
 pub mod observe;

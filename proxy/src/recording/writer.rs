@@ -302,6 +302,9 @@ impl Resolver<'_> {
         if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
             crate::linking::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
         }
+        rec.error = rec
+            .error
+            .map(|e| trace_format::privacy::error_text(self.keep.grade, e));
         // After linking (think times are measured on the exact times).
         let b = self.keep.time_bucket_us;
         if b > 0 {

@@ -423,6 +423,8 @@ impl CaptureArgs {
         c.max_file_age = self.max_file_age;
         c.flush_interval = self.flush_interval;
         c.time_bucket = self.time_bucket.filter(|b| !b.is_zero());
+        // An object store's uploader moves the trace files only: images stay inline.
+        c.blobs = !store::is_url(&self.out);
         c.file_prefix = self.file_prefix;
         c.session_header = self.session_header;
         c.phase_log = self.phase_log;

@@ -271,6 +271,8 @@ async fn start_recorder(
             .map_or(0, |b| i64::try_from(b.as_micros()).unwrap_or(i64::MAX)),
         grade: cfg.privacy,
         key: cfg.hash_key.clone(),
+        blobs: (cfg.privacy == crate::Privacy::Full && cfg.blobs)
+            .then(|| trace_format::blobs::dir_of(&cfg.out)),
     };
     let shed_after = cfg.recorder_shed_after;
     let tok = cfg.tokenizer.clone();

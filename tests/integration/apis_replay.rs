@@ -373,3 +373,108 @@ fn a_hashes_traces_images_are_replayed_at_their_recorded_sizes_and_bytes() {
         Some(&["800x600".to_string(), "64x48".to_string()][..])
     );
 }
+
+/// Under `--privacy full` an agent's screenshot re-sent with every turn is stored once
+/// (issue 51): `blobs/` beside the trace holds each distinct image once, the Parquet bodies
+/// refer to it, every reader gets the bodies back exactly as sent, and a replay sends the
+/// recorded bytes — a second capture in front of the sim stores the same images.
+#[test]
+fn a_full_captures_images_are_stored_once_and_replayed_as_sent() {
+    use support::capture::CaptureProc;
+    use support::env::free_addr;
+    use support::http1::Http1Client;
+    let sim = SimProc::start(&bin(), &["--fixed-timing", "2,1"]);
+    let dir = tmpdir("apis-blobs");
+    let shot = replay::prompt::image::png((1024, 768), 80_000, 5);
+    let other = replay::prompt::image::png((320, 200), 20_000, 6);
+    // Four turns of one agent: each re-sends the first screenshot, the third adds another.
+    let mut history = vec![
+        json!({"type": "text", "text": "look"}),
+        json!({"type": "image_url", "image_url": {"url": shot.data_url}}),
+    ];
+    let mut sent = Vec::new();
+    for turn in 0..4 {
+        if turn == 2 {
+            history.push(json!({"type": "image_url", "image_url": {"url": other.data_url}}));
+        }
+        history.push(json!({"type": "text", "text": format!("turn {turn}")}));
+        let body = json!({"model": "m", "max_tokens": 2,
+            "messages": [{"role": "user", "content": history}]});
+        sent.push(body.to_string());
+    }
+    let capture = |name: &str, send: &dyn Fn(SocketAddr)| {
+        let out = dir.join(name);
+        let listen = free_addr();
+        let mut cap = CaptureProc::spawn(
+            listen,
+            &sim.url(),
+            &out,
+            &["--flush-interval", "20ms", "--privacy", "full"],
+        );
+        cap.wait_for("listening on");
+        send(listen);
+        let (status, log) = cap.terminate();
+        assert!(status.success(), "{log:#?}");
+        let t = trace_format::read_traces(&[out.to_str().unwrap()]).unwrap();
+        let blobs: Vec<Vec<u8>> = {
+            let mut v: Vec<Vec<u8>> = std::fs::read_dir(out.join("blobs"))
+                .map(|d| {
+                    d.map(|e| std::fs::read(e.unwrap().path()).unwrap())
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        };
+        (out, t.records, blobs)
+    };
+    let (first, rows, blobs) = capture("first", &|listen| {
+        let mut c = Http1Client::new(listen);
+        for b in &sent {
+            let r = c.post("/v1/chat/completions", &[], b).unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    });
+    assert_eq!(blobs.len(), 2, "two distinct images, each stored once");
+    let mut want = vec![
+        shot.data_url.clone().into_bytes(),
+        other.data_url.clone().into_bytes(),
+    ];
+    want.sort();
+    assert_eq!(blobs, want);
+    let mut bodies: Vec<String> = rows.iter().map(|r| r.body.clone().unwrap()).collect();
+    bodies.sort();
+    let mut expected = sent.clone();
+    expected.sort();
+    assert_eq!(
+        bodies, expected,
+        "every reader gets the bodies back as sent"
+    );
+    let parquet: u64 = std::fs::read_dir(&first)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    let inline: usize = sent.iter().map(String::len).sum();
+    assert!(
+        parquet < inline as u64 / 4,
+        "{parquet} bytes of Parquet for {inline} sent"
+    );
+    // Replayed: the recorded bytes, as a second capture stores them.
+    let (_, _, again) = capture("second", &|listen| {
+        let out = Command::new(bin())
+            .arg("replay")
+            .arg(&first)
+            .args(["--target", &format!("c=http://{listen}"), "--speedup", "10"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    assert_eq!(again, blobs);
+}

@@ -56,6 +56,8 @@ const TAG_U64: u8 = 1;
 const TAG_BYTES: u8 = 2;
 /// The Feistel round function's inputs.
 const TAG_ROUND: u8 = 3;
+/// The two halves of a blob's id.
+const TAG_BLOB: [u8; 2] = [4, 5];
 /// The label whose PRF is a key's id. `v2`: values are the Feistel permutation; `v1`'s
 /// (2026-12, a PRF of the unkeyed hash) cannot be re-keyed, and their different key id keeps
 /// the two from ever being compared.
@@ -197,6 +199,17 @@ impl HashKey {
     /// FNV-1a 64, so the holder of the key can re-key it).
     pub fn hash_bytes(&self, b: &[u8]) -> u64 {
         self.permute(Domain::Bytes, crate::fnv::fnv1a(crate::fnv::OFFSET, b))
+    }
+
+    /// The id of a stored blob ([`crate::blobs`]): 32 hex digits, a 128-bit PRF of its bytes
+    /// (two SipHash-2-4 under the key), so no one without the key can make two contents
+    /// share one.
+    pub fn blob_id(&self, b: &[u8]) -> String {
+        format!(
+            "{:016x}{:016x}",
+            self.tagged(TAG_BLOB[0], b),
+            self.tagged(TAG_BLOB[1], b)
+        )
     }
 
     /// The keyed value of the unkeyed hash `h` of `domain`'s content.

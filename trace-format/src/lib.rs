@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod arrivals;
+pub mod blobs;
 pub mod cause;
 pub mod encode;
 pub mod error;

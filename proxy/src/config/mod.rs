@@ -234,6 +234,11 @@ pub struct ProxyConfig {
     pub flush_interval: Duration,
     /// Arrival times are rounded down to a multiple of this (None: kept to the µs).
     pub time_bucket: Option<Duration>,
+    /// Under `full`, each large base64 string of a body (an image) is written once to
+    /// `blobs/` beside the trace files, the body referring to it ([`trace_format::blobs`]);
+    /// false keeps them inline (an object-store `--out`, whose uploader moves trace files
+    /// only).
+    pub blobs: bool,
     /// Request header whose value becomes `session_id` (never a credential header).
     pub session_header: Option<String>,
     /// The producing command line, for the file metadata.
@@ -295,6 +300,7 @@ impl ProxyConfig {
             rotate_on_hour: false,
             flush_interval: Duration::from_millis(200),
             time_bucket: None,
+            blobs: true,
             session_header: None,
             command: String::new(),
             phase_log: None,

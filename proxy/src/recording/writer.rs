@@ -161,6 +161,8 @@ pub(crate) struct Keep {
     pub(crate) key: Arc<HashKey>,
     /// Arrival times are rounded down to a multiple of this many µs (0: not rounded).
     pub(crate) time_bucket_us: i64,
+    /// Where a `full` body's images are stored once ([`trace_format::blobs`]; None: inline).
+    pub(crate) blobs: Option<std::path::PathBuf>,
 }
 
 impl Keep {
@@ -301,6 +303,12 @@ impl Resolver<'_> {
             .link(&mut rec, info.chain.as_deref(), info.tools.as_ref(), &seen);
         if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
             crate::linking::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
+        }
+        if let (Some(dir), Some(body)) = (&self.keep.blobs, &rec.body) {
+            // On an I/O error (a full disk) the body keeps its images: nothing is lost.
+            if let Ok(Some(b)) = trace_format::blobs::store(body, dir, &self.keep.key) {
+                rec.body = Some(b);
+            }
         }
         rec.error = rec
             .error
@@ -675,6 +683,7 @@ mod tests {
     fn test_keep() -> Keep {
         Keep {
             time_bucket_us: 0,
+            blobs: None,
             grade: Grade::Hashes,
             key: Arc::new(HashKey::random()),
         }

@@ -46,11 +46,19 @@ pub fn batch_to_records(batch: &RecordBatch, path: &Path) -> Result<Vec<TraceRec
     convert(batch, path, 0)
 }
 
+/// [`batch_to_records`] from `first_row` of the file, the bodies' stored strings put back
+/// ([`crate::blobs`]).
 pub(crate) fn convert(
     batch: &RecordBatch,
     path: &Path,
     first_row: usize,
 ) -> Result<Vec<TraceRecord>> {
+    let mut rows = convert_rows(batch, path, first_row)?;
+    crate::blobs::restore_rows(&mut rows, path)?;
+    Ok(rows)
+}
+
+fn convert_rows(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<TraceRecord>> {
     let normalized = foreign::normalize(batch, path, first_row)?;
     let batch: &RecordBatch = &normalized;
     let cx = Cx {

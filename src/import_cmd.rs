@@ -15,7 +15,9 @@ use crate::flags::{parse_duration, parse_rate};
 /// What each import format maps and what it cannot (printed by `llmreplay import --help`).
 pub const IMPORT_HELP: &str = "\
 Formats (what becomes which column; what has no column and is not mapped):
-  azure     Azure LLM inference 2023/2024 CSV: TIMESTAMP, ContextTokens, GeneratedTokens.
+  azure     Azure LLM inference 2023/2024 CSV: TIMESTAMP, ContextTokens, GeneratedTokens; the
+            2025 multimodal trace's NumImages too (chat rows with their image count; a replay
+            sends the text tokens, images are not synthesized).
   burstgpt  BurstGPT CSV: Timestamp, Request/Response tokens (0 = failed), v3 Session ID.
             Not mapped: Model, Log Type (the endpoint is chat for conversation logs).
   mooncake  Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token
@@ -30,7 +32,8 @@ Formats (what becomes which column; what has no column and is not mapped):
             request_end events are requests (trajectory_id, else session_id, chained turn after
             turn; a subagent (parent_trajectory_id, else parent_session_id) linked to the parent
             request that had ended, and the parent's next request waiting on a finished
-            subagent; request_received_ms, ttft_ms, total_time_ms, input_tokens (else
+            subagent's last request to end; request_received_ms, ttft_ms, total_time_ms (else
+            the event time minus request_received_ms), input_tokens (else
             replay.input_length), output_tokens, model, replay.input_sequence_hashes with their
             trace_block_size); a complete request_payload gives its request's body. Tool spans
             (tool_start, tool_end, tool_error) are not requests: their time is in the next
@@ -44,7 +47,8 @@ Formats (what becomes which column; what has no column and is not mapped):
             timestamp_start_unix_ms, prompt (a /v1/completions body, replayed as recorded),
             input_tokens, output_tokens, duration_ttft_ms, duration_e2e_ms, request_canceled
             (replayed as a cancel at duration_e2e_ms), model_name, total_hashes with block_size,
-            provided_session_id or poor_man_session_id (chosen as AIPerf does). Not mapped:
+            provided_session_id or poor_man_session_id (chosen as AIPerf does), each session's
+            rows chained with the think time AIPerf replays. Not mapped:
             cached_tokens_reference, org_id, features, speculation_ratio, output_text,
             __version__, total_hashes_len, any other column (listed on import).
   weka      WEKA / SemiAnalysis agent traces (kv-cache-tester's docs/trace_replay_tester.md), a
@@ -62,6 +66,18 @@ Formats (what becomes which column; what has no column and is not mapped):
             at duration_ms) chained in its session. Not mapped: tokens.cached,
             tokens.cached_pct, tokens.total, message_metadata, initiator_type, message_id,
             turn_id, status_code, date, tool_batches (their time is in the think time).
+  otel      OpenTelemetry GenAI spans, OTLP/JSON lines (a collector's file exporter; what
+            --otlp-endpoint exports imports back to the same rows): spans with an inference
+            gen_ai.operation.name are requests (start and end times, gen_ai.request.model,
+            max_tokens, usage tokens, time_to_first_chunk, http.response.status_code, status
+            and error.type, trace and span ids; llmreplay's own request_id, endpoint, outcome,
+            stream, run_id, target, dispatch lag and chunk events). Other spans are counted.
+            Not mapped: resource and scope attributes, server.address/port, links.
+  swissai   SwissAI serving trace JSONL (eth-easl/swissai-serving-trace, OSDI '26; trace.jsonl
+            and the *-buckets.jsonl files): created_at (arrival), finished_at (end), model,
+            reported_token_input and reported_token_output (-1 = unknown), status (DEFAULT ok,
+            else a recorded failure), bucket_ids as chained 16-token prefix hashes. Not mapped:
+            id, model_parameters, token_count.
 
 Rows the source left incomplete (a count, a duration, a session missing) import with what
 they have, the unknowns counted per field; a malformed value is an error naming the file,
@@ -77,7 +93,7 @@ pub struct ImportArgs {
     /// Output trace file (Parquet).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Source format: azure, baseten, burstgpt, copilot, dynamo, mooncake, qwen, sharegpt, weka, or auto (detected from the content).
+    /// Source format: azure, baseten, burstgpt, copilot, dynamo, mooncake, otel, qwen, sharegpt, swissai, weka, or auto (detected from the content).
     #[arg(long, default_value = "auto")]
     pub format: Format,
     /// Tokenizer that counts ShareGPT text: cl100k_base, o200k_base, words, or a tokenizer.json path.

@@ -1,11 +1,15 @@
 //! Azure LLM inference traces (Azure/AzurePublicDataset), 2023 and 2024: CSV with header
-//! `TIMESTAMP,ContextTokens,GeneratedTokens`.
+//! `TIMESTAMP,ContextTokens,GeneratedTokens`; and the multimodal trace of 2025
+//! (`AzureLMMInferenceTrace_multimodal.csv.gz`, `AzureLMMInferenceDataset2025.md`), which adds
+//! `NumImages`, the images in the request.
 //!
 //! `TIMESTAMP` is absolute UTC: 2023 writes 7 fractional digits without a zone
 //! (`2023-11-16 18:17:03.9799600`), 2024 writes up to 6 with `+00:00`
 //! (`2024-05-10 00:00:00.009930+00:00`), and fewer digits or none where trailing zeros were
 //! dropped. Digits beyond the sixth (100 ns) are truncated to the µs of the trace schema;
-//! any other zone offset is applied. Rows become completions requests.
+//! any other zone offset is applied. Rows become completions requests; a file with
+//! `NumImages` holds a multimodal model's requests, which are chat requests, the count in the
+//! `images` column (a replay sends the text tokens: images are not synthesized).
 
 use std::path::Path;
 
@@ -16,6 +20,8 @@ use crate::rows::csv_records;
 
 /// Endpoint of imported rows.
 pub const ENDPOINT: &str = "/v1/completions";
+/// Endpoint of the multimodal trace's rows (images go in chat messages).
+pub const MULTIMODAL_ENDPOINT: &str = "/v1/chat/completions";
 
 /// Reads an Azure trace CSV.
 pub(crate) fn import(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
@@ -23,19 +29,33 @@ pub(crate) fn import(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<
         path,
         out,
         |h| {
-            Ok([
-                h.require("TIMESTAMP")?,
-                h.require("ContextTokens")?,
-                h.require("GeneratedTokens")?,
-            ])
+            Ok((
+                [
+                    h.require("TIMESTAMP")?,
+                    h.require("ContextTokens")?,
+                    h.require("GeneratedTokens")?,
+                ],
+                h.find("NumImages"),
+            ))
         },
-        |row, &[ts, ctx, gen]| {
+        |row, &([ts, ctx, gen], images)| {
             let f = &row.fields;
             let arrival = parse_timestamp(&f[ts])
                 .map_err(|e| row.at.bad(format!("TIMESTAMP {:?}: {e}", f[ts])))?;
             let prompt = row.count("ContextTokens", ctx)?;
             let output = row.count("GeneratedTokens", gen)?;
-            Ok(row.at.record(id_prefix, arrival, ENDPOINT, prompt, output))
+            let Some(i) = images else {
+                return Ok(row.at.record(id_prefix, arrival, ENDPOINT, prompt, output));
+            };
+            let n = row.count("NumImages", i)?;
+            let mut r = row
+                .at
+                .record(id_prefix, arrival, MULTIMODAL_ENDPOINT, prompt, output);
+            r.images = Some(
+                i32::try_from(n)
+                    .map_err(|_| row.at.bad(format!("NumImages {n} is out of range")))?,
+            );
+            Ok(r)
         },
     )
 }
@@ -157,6 +177,38 @@ mod tests {
         crate::read_as(crate::Format::Azure, p, prefix)
     }
     use crate::{import_file, test_shared_data, Format, ImportOptions};
+
+    /// The multimodal trace of 2025 (its dataset card's schema: `TIMESTAMP`, `NumImages`,
+    /// `ContextTokens`, `GeneratedTokens`): chat rows with the image count, each field as the
+    /// line says; a bad count names its line and column.
+    #[test]
+    fn the_multimodal_trace_keeps_its_image_counts() {
+        let csv = "TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\n\
+                   2024-10-15 00:00:00.013467+00:00,1,2187,27\n\
+                   2024-10-15 00:00:00.161420+00:00,0,431,9\n\
+                   2024-10-15 00:00:01.5+00:00,3,6702,112\n";
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("AzureLMMInferenceTrace_multimodal.csv");
+        std::fs::write(&p, csv).unwrap();
+        assert_eq!(crate::detect(&p).unwrap(), Format::Azure);
+        let rows = import(&p, "m").unwrap();
+        let lines: Vec<Vec<&str>> = csv
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect())
+            .collect();
+        assert_eq!(rows.len(), lines.len());
+        for (r, f) in rows.iter().zip(&lines) {
+            assert_eq!(r.arrival_time_us, parse_timestamp(f[0]).unwrap());
+            assert_eq!(r.images, Some(f[1].parse().unwrap()));
+            assert_eq!(r.prompt_tokens, Some(f[2].parse().unwrap()));
+            assert_eq!(r.output_tokens, Some(f[3].parse().unwrap()));
+            assert_eq!(r.endpoint, MULTIMODAL_ENDPOINT);
+        }
+        std::fs::write(&p, csv.replace(",3,", ",three,")).unwrap();
+        let e = import(&p, "m").unwrap_err().to_string();
+        assert!(e.contains(":4: NumImages"), "{e}");
+    }
 
     #[test]
     fn timestamps_of_both_releases_parse() {

@@ -14,6 +14,10 @@
 //! the captured TTFT and end-to-end latency. The session is
 //! chosen as AIPerf chooses it, for the whole file: `provided_session_id` when some value of it
 //! repeats, else `poor_man_session_id` when one of its values does, else whichever is present.
+//! A session's rows chain in file order, each continuing the one before with the think time
+//! after its end (the gap AIPerf replays as each continuation's delay: start-to-start minus the
+//! previous row's `duration_e2e_ms`; unknown, not the raw gap, when that is null); a row
+//! arriving before the previous of its session is left unlinked and counted.
 //! `total_hashes` become `prefix_hashes`, `block_size` the file's block size (one per file). A
 //! canceled row is a cancellation by the client at its duration (after its first token when
 //! the TTFT is earlier): `outcome = client_cancelled` with `e2el_us` the cancel point, which
@@ -44,6 +48,7 @@ use serde_json::json;
 use trace_format::fnv::{fnv1a, OFFSET};
 use trace_format::{Error, Outcome, Result, TokenSource, TraceRecord};
 
+use crate::link::Sessions;
 use crate::out::{Out, Sink};
 use crate::rows::bad;
 use crate::Format;
@@ -460,6 +465,11 @@ fn read(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
         .map_err(not_parquet(path))?;
     let mut rows = 0;
     let mut block: Option<(u32, usize)> = None;
+    let mut sessions = Sessions::default();
+    let finish = |out: &mut Out<'_>, block: Option<(u32, usize)>, sessions: &Sessions| {
+        out.stats.block_size = block.map(|(b, _)| b);
+        out.stats.notes.extend(sessions.note());
+    };
     for batch in reader {
         let batch = batch.map_err(|e| Error::NotATrace {
             path: path.to_path_buf(),
@@ -474,7 +484,8 @@ fn read(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
                 batch: &batch,
                 cols: &cols,
             };
-            let r = row.record(id_prefix, session, out)?;
+            let mut r = row.record(id_prefix, session, out)?;
+            sessions.link(&mut r);
             if r.prefix_hashes.is_some() {
                 if let Some(b) = row.count(BLOCK)? {
                     let b = u32::try_from(b)
@@ -492,12 +503,12 @@ fn read(path: &Path, id_prefix: &str, out: &mut Out<'_>) -> Result<()> {
                 }
             }
             if !out.push(r)? {
-                out.stats.block_size = block.map(|(b, _)| b);
+                finish(out, block, &sessions);
                 return Ok(());
             }
         }
     }
-    out.stats.block_size = block.map(|(b, _)| b);
+    finish(out, block, &sessions);
     Ok(())
 }
 
@@ -668,6 +679,98 @@ pub(crate) mod tests {
             Some(&1)
         );
         assert_eq!(r[0].model.as_deref(), Some("llama"));
+    }
+
+    /// Baseten's own fixture rows for AIPerf's loader (`tests/data/baseten/SOURCE.md`),
+    /// written by pyarrow: every row one request with its arrival, tokens, TTFT, duration,
+    /// cancel and session, and each continuation's think time the delay AIPerf replays
+    /// (start-to-start minus the previous row's duration), all read here from the file with
+    /// the parquet crate's row reader, not the importer's Arrow path.
+    #[test]
+    fn basetens_own_fixtures_import_as_aiperf_reads_them() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        use parquet::record::Field as P;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/baseten");
+        for name in [
+            "aiperf-offline-suite.parquet",
+            "aiperf-null-durations.parquet",
+        ] {
+            let p = dir.join(name);
+            assert_eq!(crate::detect(&p).unwrap(), Format::Baseten);
+            let (rows, stats) = import(&p).unwrap();
+            let reader = SerializedFileReader::new(std::fs::File::open(&p).unwrap()).unwrap();
+            let file: Vec<HashMap<String, P>> = reader
+                .get_row_iter(None)
+                .unwrap()
+                .map(|r| {
+                    r.unwrap()
+                        .get_column_iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
+                .collect();
+            assert_eq!(rows.len(), file.len(), "{name}");
+            assert_eq!(stats.block_size, Some(64));
+            let long = |f: &HashMap<String, P>, c: &str| match &f[c] {
+                P::Long(v) => Some(*v),
+                P::Null => None,
+                v => panic!("{c}: {v:?}"),
+            };
+            let text = |f: &HashMap<String, P>, c: &str| match &f[c] {
+                P::Str(v) => v.clone(),
+                v => panic!("{c}: {v:?}"),
+            };
+            // AIPerf's delays: per session, in arrival order, the start-to-start gap minus the
+            // previous row's duration (unknown without one).
+            let mut last: HashMap<String, (usize, i64, Option<i64>)> = HashMap::new();
+            let mut order: Vec<usize> = (0..file.len()).collect();
+            order.sort_by_key(|&i| long(&file[i], ARRIVAL));
+            let mut want_parent = vec![None; file.len()];
+            for i in order {
+                let f = &file[i];
+                let (at, e2e) = (long(f, ARRIVAL).unwrap(), long(f, E2E));
+                if let Some((j, prev_at, prev_e2e)) = last.get(&text(f, SESSION)) {
+                    want_parent[i] = Some((*j, prev_e2e.map(|d| (at - prev_at - d).max(0) * 1000)));
+                }
+                last.insert(text(f, SESSION), (i, at, e2e));
+            }
+            for (i, (r, f)) in rows.iter().zip(&file).enumerate() {
+                let what = format!("{name} row {}", i + 1);
+                assert_eq!(
+                    r.arrival_time_us,
+                    long(f, ARRIVAL).unwrap() * 1000,
+                    "{what}"
+                );
+                assert_eq!(r.prompt_tokens, long(f, INPUT), "{what}");
+                assert_eq!(r.output_tokens, long(f, OUTPUT), "{what}");
+                assert_eq!(r.ttft_us, long(f, TTFT).map(|v| v * 1000), "{what}");
+                assert_eq!(r.e2el_us, long(f, E2E).map(|v| v * 1000), "{what}");
+                assert_eq!(r.session_id, Some(text(f, SESSION)), "{what}");
+                let canceled = long(f, CANCELED) == Some(1);
+                assert_eq!(r.outcome == Outcome::ClientCancelled, canceled, "{what}");
+                let hashes = match &f[HASHES] {
+                    P::ListInternal(l) => l
+                        .elements()
+                        .iter()
+                        .map(|e| match e {
+                            P::Long(v) => *v as u64,
+                            v => panic!("{v:?}"),
+                        })
+                        .collect::<Vec<u64>>(),
+                    v => panic!("{v:?}"),
+                };
+                assert_eq!(r.prefix_hashes.as_ref(), Some(&hashes), "{what}");
+                let body: serde_json::Value =
+                    serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+                assert_eq!(body["prompt"], text(f, PROMPT), "{what}");
+                let got = r
+                    .parent_request_id
+                    .as_ref()
+                    .map(|p| (p.clone(), r.think_time_us));
+                let want = want_parent[i].map(|(j, t)| (format!("b:{}", j + 1), t));
+                assert_eq!(got, want, "{what}");
+            }
+        }
     }
 
     /// No provided session repeats, the poor man's one does: sessions come from it.

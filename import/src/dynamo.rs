@@ -212,8 +212,20 @@ fn request_end(ev: &Fields<'_>, id: String, t: &mut Tally) -> Result<(TraceRecor
         }
     };
     let req = ev.object("request")?;
-    let total = req.opt_duration_us("total_time_ms", 1e3)?;
-    let arrival = match req.opt_count("request_received_ms")? {
+    let received = req.opt_count("request_received_ms")?;
+    // A `request_end` is written when its request ends: without `total_time_ms` the duration
+    // is the event's time minus the arrival (as Dynamo's own loader reads it).
+    let total = match req.opt_duration_us("total_time_ms", 1e3)? {
+        Some(t) => Some(t),
+        None => match (received, ev.opt_count("event_time_unix_ms")?) {
+            (Some(r), Some(e)) if e >= r => (e - r).checked_mul(1000),
+            _ => None,
+        },
+    };
+    if total.is_none() {
+        t.unknown.push("request.total_time_ms");
+    }
+    let arrival = match received {
         Some(ms) => ms.checked_mul(1000),
         None => {
             let end = ev.count("event_time_unix_ms")?;
@@ -293,7 +305,7 @@ fn roots(chains: &[Chain], sessions: &[Option<String>]) -> Vec<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Format, ImportOptions, SourceStats};
+    use crate::{detect as detect_format, Format, ImportOptions, SourceStats};
 
     fn import(p: &Path) -> Result<(Vec<TraceRecord>, SourceStats)> {
         let opts = ImportOptions {
@@ -301,6 +313,179 @@ mod tests {
             ..Default::default()
         };
         crate::import_file(p, &opts, "d")
+    }
+
+    /// One `request_end` of a file as Dynamo's loader reads it (`request_trace/load.rs`).
+    struct Want {
+        line: usize,
+        id: String,
+        at_ms: i64,
+        end_ms: i64,
+        prompt: Option<i64>,
+        output: Option<i64>,
+        session: Option<String>,
+        parent_session: Option<String>,
+    }
+
+    /// The rows of a Dynamo request trace and, for each, the request it waits on last and the
+    /// gap after that one's end, computed here from the file's JSON by Dynamo's own rules
+    /// (`request_trace/load.rs`, `agentic.rs`): the duration is `total_time_ms`, else the
+    /// event time minus `request_received_ms`; a session's requests follow each other; a child
+    /// session's first request waits on the parent session's latest request ended by then;
+    /// the parent's first request starting after the child's last-finishing request ended
+    /// waits on that one too. A row's session is its session tree's root (llmreplay's
+    /// sessions are whole agent trees; Dynamo keys each child session apart).
+    fn dynamo_reading(p: &Path) -> (Vec<Want>, Vec<Option<(String, i64)>>) {
+        let text = std::fs::read_to_string(p).unwrap();
+        let mut want = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            let ev = if v.get("schema").is_none() {
+                &v["event"]
+            } else {
+                &v
+            };
+            if ev["event_type"] != "request_end" {
+                continue;
+            }
+            let req = &ev["request"];
+            let at_ms = req["request_received_ms"].as_i64().unwrap();
+            let total = req["total_time_ms"]
+                .as_f64()
+                .map(|t| t.round() as i64)
+                .unwrap_or_else(|| ev["event_time_unix_ms"].as_i64().unwrap() - at_ms);
+            let ctx = &ev["agent_context"];
+            want.push(Want {
+                line: i + 1,
+                id: req["request_id"].as_str().unwrap().to_string(),
+                at_ms,
+                end_ms: at_ms + total,
+                prompt: req["input_tokens"]
+                    .as_i64()
+                    .or(req["replay"]["input_length"].as_i64()),
+                output: req["output_tokens"].as_i64(),
+                session: ctx["session_id"].as_str().map(str::to_string),
+                parent_session: ctx["parent_session_id"].as_str().map(str::to_string),
+            });
+        }
+        let mut deps: Vec<Vec<usize>> = vec![Vec::new(); want.len()];
+        // The trace's session is the agent tree's: a child session's rows take its root's id.
+        let parent_of: HashMap<String, String> = want
+            .iter()
+            .filter_map(|w| Some((w.session.clone()?, w.parent_session.clone()?)))
+            .collect();
+        let root = |mut s: String| {
+            while let Some(p) = parent_of.get(&s) {
+                s = p.clone();
+            }
+            s
+        };
+        let roots: Vec<Option<String>> = want.iter().map(|w| w.session.clone().map(root)).collect();
+        let of = |s: &str| -> Vec<usize> {
+            let mut v: Vec<usize> = (0..want.len())
+                .filter(|&i| want[i].session.as_deref() == Some(s))
+                .collect();
+            v.sort_by_key(|&i| (want[i].at_ms, want[i].end_ms));
+            v
+        };
+        let mut sessions: Vec<&str> = want.iter().filter_map(|w| w.session.as_deref()).collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        for s in &sessions {
+            let own = of(s);
+            for k in 1..own.len() {
+                deps[own[k]].push(own[k - 1]);
+            }
+            let Some(parent) = own.iter().find_map(|&i| want[i].parent_session.clone()) else {
+                continue;
+            };
+            let parents = of(&parent);
+            let first = own[0];
+            let last = *own.iter().max_by_key(|&&i| want[i].end_ms).unwrap();
+            if let Some(&spawn) = parents
+                .iter()
+                .filter(|&&j| want[j].end_ms <= want[first].at_ms)
+                .max_by_key(|&&j| want[j].end_ms)
+            {
+                deps[first].push(spawn);
+            }
+            if let Some(&join) = parents
+                .iter()
+                .filter(|&&j| want[j].at_ms >= want[last].end_ms)
+                .min_by_key(|&&j| want[j].at_ms)
+            {
+                deps[join].push(last);
+            }
+        }
+        let parents = deps
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let &p = d.iter().max_by_key(|&&j| want[j].end_ms)?;
+                Some((want[p].id.clone(), (want[i].at_ms - want[p].end_ms).max(0)))
+            })
+            .collect();
+        let want = want
+            .into_iter()
+            .zip(roots)
+            .map(|(w, session)| Want { session, ..w })
+            .collect();
+        (want, parents)
+    }
+
+    /// Dynamo's own fixtures (ai-dynamo/dynamo, Apache-2.0; `tests/data/dynamo/SOURCE.md`):
+    /// every `request_end` one row, arrivals, durations, tokens, sessions, parents and think
+    /// times as Dynamo reads the file (computed from the file above, not from the importer).
+    #[test]
+    fn dynamos_own_fixtures_import_as_dynamo_reads_them() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/dynamo");
+        for name in [
+            "request-trace-v1.jsonl",
+            "request-trace-v1-wrapped.jsonl",
+            "request-trace-v1-agentic.jsonl",
+            "agentic-subagent-join.jsonl",
+            "agentic-join-last-finishing.jsonl",
+        ] {
+            let p = dir.join(name);
+            assert_eq!(detect_format(&p).unwrap(), Format::Dynamo, "{name}");
+            let (rows, stats) = import(&p).unwrap();
+            let (want, parents) = dynamo_reading(&p);
+            assert_eq!(rows.len(), want.len(), "{name}");
+            assert_eq!(stats.block_size, Some(2), "{name}");
+            let id_at_line = |row_id: &str| {
+                let line: usize = row_id.rsplit(':').next().unwrap().parse().unwrap();
+                want.iter().find(|w| w.line == line).unwrap().id.clone()
+            };
+            for (r, (w, parent)) in rows.iter().zip(want.iter().zip(&parents)) {
+                let what = format!("{name}: {}", w.id);
+                assert_eq!(r.request_id, format!("d:{}", w.line), "{what}");
+                assert_eq!(r.arrival_time_us, w.at_ms * 1000, "{what}");
+                assert_eq!(r.e2el_us, Some((w.end_ms - w.at_ms) * 1000), "{what}");
+                assert_eq!(
+                    (r.prompt_tokens, r.output_tokens),
+                    (w.prompt, w.output),
+                    "{what}"
+                );
+                assert_eq!(r.session_id, w.session, "{what}");
+                let got = r
+                    .parent_request_id
+                    .as_deref()
+                    .map(|p| (id_at_line(p), r.think_time_us.unwrap()));
+                let want_parent = parent.as_ref().map(|(id, ms)| (id.clone(), ms * 1000));
+                assert_eq!(got, want_parent, "{what}");
+            }
+        }
+        // The payload's request is the body of the request_end of the same request id.
+        let p = dir.join("request-trace-v1.jsonl");
+        let (rows, _) = import(&p).unwrap();
+        let first: Value =
+            serde_json::from_str(std::fs::read_to_string(&p).unwrap().lines().next().unwrap())
+                .unwrap();
+        let body: Value = serde_json::from_str(rows[0].body.as_deref().unwrap()).unwrap();
+        assert_eq!(body, first["payload"]["request"]);
+        // The tool span is counted, not a request.
+        let (_, stats) = import(&dir.join("request-trace-v1-agentic.jsonl")).unwrap();
+        assert!(stats.notes.iter().any(|n| n.starts_with("1 tool events")));
     }
 
     fn req_end(session: &str, traj: &str, parent: Option<&str>, at_ms: u64, total: f64) -> String {

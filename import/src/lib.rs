@@ -2,14 +2,16 @@
 //!
 //! | format | file | time | lengths | prefix structure |
 //! |---|---|---|---|---|
-//! | [`azure`] | Azure LLM inference 2023/2024 CSV | `TIMESTAMP` absolute, UTC | `ContextTokens`, `GeneratedTokens` | none |
+//! | [`azure`] | Azure LLM inference 2023/2024 CSV; 2025 multimodal (`NumImages`) | `TIMESTAMP` absolute, UTC | `ContextTokens`, `GeneratedTokens` | none |
 //! | [`baseten`] | Baseten Parquet (AIPerf's loader's columns) | `timestamp_start_unix_ms`, `duration_ttft_ms`, `duration_e2e_ms`, `request_canceled` | `input_tokens`, `output_tokens`, the `prompt` | sessions; `total_hashes` of `block_size` |
 //! | [`copilot`] | GitHub Copilot coding-agent JSONL (2026) | ISO `timestamp` (the call's end), `duration_ms` | `tokens.prompt`, `tokens.completion` | sessions of LLM calls, `UserCancel` |
 //! | [`dynamo`] | NVIDIA Dynamo `dynamo.request.trace.v1` / `dynamo.agent.trace.v1` JSONL | `request_received_ms`, `ttft_ms`, `total_time_ms` | `input_tokens` (else `replay.input_length`), `output_tokens` | sessions, trajectories, sub-agents and joins; sequence hashes |
 //! | [`burstgpt`] | BurstGPT CSV | `Timestamp` s from day start | `Request tokens`, `Response tokens` (0 = failed) | v3 `Session ID` |
 //! | [`mooncake`] | Mooncake JSONL (and AIPerf's `mooncake_trace`) | `timestamp` ms from trace start | `input_length`, `output_length` | `hash_ids`, 512-token blocks; AIPerf's `session_id`, `delay` |
+//! | [`otel`] | OpenTelemetry GenAI spans, OTLP/JSON lines (a collector's file exporter; llmreplay's `--otlp-endpoint`) | `startTimeUnixNano`, `endTimeUnixNano`, `gen_ai.response.time_to_first_chunk` | `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens` | none |
 //! | [`qwen`] | Qwen Bailian JSONL | `timestamp` s (float) | `input_length`, `output_length` | `hash_ids`, 16-token blocks; `chat_id`/`parent_chat_id` |
 //! | [`sharegpt`] | ShareGPT JSON | none: gamma arrivals | text, counted by a tokenizer | none |
+//! | [`swissai`] | SwissAI serving trace JSONL (OSDI '26) | `created_at`, `finished_at` ISO | `reported_token_input`, `reported_token_output` (-1 = unknown) | `bucket_ids`, 16-token blocks (chained) |
 //! | [`weka`] | WEKA / SemiAnalysis agent traces | `t` s from session start (a sub-agent's from its spawn), `api_time`, `ttft` | `in`, `out` | sessions, sub-agents and joins; `hash_ids`, 64-token blocks |
 //!
 //! Every row of the source becomes one row of the trace, so row counts and token sums equal
@@ -21,7 +23,7 @@
 //! counted in [`SourceStats::skipped`] and reported.)
 //!
 //! Rows go on as they are read ([`import_to`]): a row at a time for the CSV and Parquet
-//! formats, a session line at a time for WEKA and Copilot; Dynamo, Qwen, Mooncake and ShareGPT
+//! formats, SwissAI's JSON lines and OTLP/JSON lines, a session line at a time for WEKA and Copilot; Dynamo, Qwen, Mooncake and ShareGPT
 //! files are read whole first (their rows are linked across the file).
 //!
 //! Times relative to a trace start (BurstGPT, Mooncake, Qwen) are placed at the Unix epoch
@@ -44,10 +46,12 @@ pub mod copilot;
 pub mod dynamo;
 mod link;
 pub mod mooncake;
+pub mod otel;
 mod out;
 pub mod qwen;
 mod rows;
 pub mod sharegpt;
+pub mod swissai;
 pub mod weka;
 
 use std::collections::{BTreeMap, HashSet};
@@ -91,6 +95,10 @@ pub enum Format {
     Weka,
     /// GitHub Copilot coding-agent JSONL (AzurePublicDataset 2026).
     Copilot,
+    /// SwissAI serving trace JSONL (OSDI '26).
+    SwissAi,
+    /// OpenTelemetry GenAI spans, OTLP/JSON lines.
+    Otel,
     /// Detect from the content ([`detect`]).
     Auto,
 }
@@ -108,6 +116,8 @@ impl Format {
             Format::Baseten => "baseten",
             Format::Weka => "weka",
             Format::Copilot => "copilot",
+            Format::SwissAi => "swissai",
+            Format::Otel => "otel",
             Format::Auto => "auto",
         }
     }
@@ -118,6 +128,7 @@ impl Format {
         match self {
             Format::Mooncake => Some(mooncake::BLOCK_SIZE),
             Format::Qwen => Some(qwen::BLOCK_SIZE),
+            Format::SwissAi => Some(swissai::BLOCK_SIZE),
             _ => None,
         }
     }
@@ -125,7 +136,7 @@ impl Format {
 
 /// The import formats, as the command line names them.
 pub const FORMATS: &str =
-    "azure, baseten, burstgpt, copilot, dynamo, mooncake, qwen, sharegpt, weka";
+    "azure, baseten, burstgpt, copilot, dynamo, mooncake, otel, qwen, sharegpt, swissai, weka";
 
 impl fmt::Display for Format {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -146,6 +157,8 @@ impl FromStr for Format {
             "baseten" => Ok(Format::Baseten),
             "weka" => Ok(Format::Weka),
             "copilot" => Ok(Format::Copilot),
+            "swissai" => Ok(Format::SwissAi),
+            "otel" | "otlp" => Ok(Format::Otel),
             "auto" => Ok(Format::Auto),
             _ => Err(format!(
                 "unknown import format {s:?} (expected {} or auto)",
@@ -338,7 +351,9 @@ pub fn import(paths: &[PathBuf], opts: &ImportOptions, command: &str) -> Result<
 /// Detects the format of `path` from its content: Parquet by its columns (Baseten's;
 /// llmreplay's own are refused: such a file is already a trace); a CSV header with
 /// `ContextTokens` (Azure) or `Request tokens` (BurstGPT); a JSON line with a Dynamo schema,
-/// a WEKA session (`requests` and `block_size`), a Copilot session (`turns`, `llm_calls`),
+/// a WEKA session (`requests` and `block_size`), a Copilot session (`turns`, `llm_calls`), a
+/// SwissAI request (`created_at`, `finished_at`, `reported_token_input`), OTLP/JSON spans
+/// (`resourceSpans`),
 /// `chat_id` (Qwen) or `hash_ids` / `input_length` (Mooncake); a JSON array (ShareGPT).
 pub fn detect(path: &Path) -> Result<Format> {
     let mut magic = Vec::new();
@@ -371,6 +386,9 @@ pub fn detect(path: &Path) -> Result<Format> {
         if dynamo::SCHEMAS.iter().any(|s| first_line.contains(s)) {
             return Ok(Format::Dynamo);
         }
+        if first_line.contains("\"resourceSpans\"") {
+            return Ok(Format::Otel);
+        }
         let Ok(v) = serde_json::from_str::<serde_json::Value>(first_line) else {
             // A session per line can outgrow the head read: known keys decide.
             return if first_line.contains("\"llm_calls\"") {
@@ -385,6 +403,8 @@ pub fn detect(path: &Path) -> Result<Format> {
             Ok(Format::Copilot)
         } else if v.get("requests").is_some() && v.get("block_size").is_some() {
             Ok(Format::Weka)
+        } else if swissai::KEYS.iter().all(|k| v.get(k).is_some()) {
+            Ok(Format::SwissAi)
         } else if v.get("chat_id").is_some() {
             Ok(Format::Qwen)
         } else if v.get("input_length").is_some() || v.get("hash_ids").is_some() {
@@ -423,6 +443,8 @@ fn import_source(path: &Path, opts: &ImportOptions, id_prefix: &str, out: &mut O
         Format::Dynamo => dynamo::import(path, id_prefix, out),
         Format::Weka => weka::import(path, id_prefix, out),
         Format::Baseten => baseten::import(path, id_prefix, out),
+        Format::SwissAi => swissai::import(path, id_prefix, out),
+        Format::Otel => otel::import(path, id_prefix, out),
         Format::ShareGpt => sharegpt::import(path, id_prefix, opts, out),
         Format::Auto => unreachable!("resolved before"),
     }
@@ -647,6 +669,8 @@ mod tests {
             ("f.jsonl", "{\"schema\": \"dynamo.agent.trace.v1\", \"event_type\": \"tool_end\"}\n", Format::Dynamo),
             ("g.jsonl", "{\"session_id\": \"s\", \"date\": \"2026-06-01\", \"turns\": []}\n", Format::Copilot),
             ("h.jsonl", "{\"id\": \"a\", \"block_size\": 64, \"hash_id_scope\": \"local\", \"requests\": []}\n", Format::Weka),
+            ("l.jsonl", "{\"resourceSpans\": [{\"scopeSpans\": [{\"spans\": []}]}]}\n", Format::Otel),
+            ("k.jsonl", "{\"id\": \"a\", \"status\": \"DEFAULT\", \"created_at\": \"2025-08-21T14:34:25.590Z\", \"finished_at\": \"2025-08-21T14:34:26.945Z\", \"reported_token_input\": -1}\n", Format::SwissAi),
             ("j.jsonl", "{\"timestamp\": 1, \"event\": {\"schema\": \"dynamo.request.trace.v1\", \"event_type\": \"request_end\"}}\n", Format::Dynamo),
         ];
         for (name, content, want) in cases {

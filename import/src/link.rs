@@ -4,7 +4,7 @@
 //! chain's requests that had ended when the sub-agent's first request arrived (what Dynamo
 //! links a sub-agent to), else the latest to have arrived. With [`Links::join_children`], a
 //! request whose chain spawned sub-agents waits on one of them when the times say it did (a
-//! join): when a sub-agent chain's last request ended after the previous request of this
+//! join): when a sub-agent chain's last request to end ended after the previous request of this
 //! chain ended, and before this request arrived, that last request is the parent (the latest
 //! such; each sub-agent joins once; one launched in the background, never). `parent_request_id` names the parent and `parent_link`
 //! says `subagent` for a sub-agent's first request, `recorded` otherwise; `think_time_us` is
@@ -40,13 +40,75 @@ pub(crate) struct Links {
     pub(crate) join_children: bool,
 }
 
+/// When the chain of `requests` (in arrival order) finished: the latest end of its requests
+/// and the request that ended then (not always the last to arrive); None when its last
+/// request's end is unknown.
+fn finished(requests: &[usize], records: &[TraceRecord]) -> Option<(i64, usize)> {
+    end(&records[*requests.last()?])?;
+    requests
+        .iter()
+        .filter_map(|&j| end(&records[j]).map(|e| (e, j)))
+        .max_by_key(|&(e, _)| e)
+}
+
+/// When a request ended (arrival + `e2el_us`), if its duration is known.
+fn end(r: &TraceRecord) -> Option<i64> {
+    r.e2el_us.map(|d| r.arrival_time_us.saturating_add(d))
+}
+
+/// Links requests as they are read, a row at a time (a file too large to hold): each request
+/// with a session continues the previous request of its session in file order, with the think
+/// time after that one's end (as [`link`] reckons it). Memory holds one request per session. A
+/// request arriving before the previous one of its session (a file not in arrival order
+/// within its sessions) is left unlinked and counted in `out_of_order`.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    /// Each session's latest request: its id, arrival and end.
+    last: HashMap<String, (String, i64, Option<i64>)>,
+    /// Requests left unlinked because they arrive before the previous one of their session.
+    pub(crate) out_of_order: usize,
+}
+
+impl Sessions {
+    /// Links `r` to the previous request of its session (none for a session's first).
+    pub(crate) fn link(&mut self, r: &mut TraceRecord) {
+        let Some(session) = r.session_id.as_deref() else {
+            return;
+        };
+        let at = r.arrival_time_us;
+        match self.last.get(session) {
+            Some((_, prev_at, _)) if *prev_at > at => {
+                self.out_of_order += 1;
+                return;
+            }
+            Some((id, _, prev_end)) => {
+                r.parent_request_id = Some(id.clone());
+                r.parent_link = Some(ParentLink::Recorded);
+                r.think_time_us = prev_end.map(|e| at.saturating_sub(e).max(0));
+            }
+            None => {}
+        }
+        let this = (r.request_id.clone(), at, end(r));
+        self.last.insert(session.to_string(), this);
+    }
+
+    /// The note for the requests left unlinked, if any.
+    pub(crate) fn note(&self) -> Option<String> {
+        (self.out_of_order > 0).then(|| {
+            format!(
+                "{} rows arrive before an earlier row of their session: not linked to it",
+                self.out_of_order
+            )
+        })
+    }
+}
+
 /// Links `records` (any order; `chains[i]` is where `records[i]` belongs), in arrival order
 /// (file order among equal arrivals).
 pub(crate) fn link(records: &mut [TraceRecord], chains: &[Chain], how: Links) {
     debug_assert_eq!(records.len(), chains.len());
     let mut order: Vec<usize> = (0..records.len()).collect();
     order.sort_by_key(|&i| records[i].arrival_time_us);
-    let end = |r: &TraceRecord| r.e2el_us.map(|d| r.arrival_time_us.saturating_add(d));
     // Each chain's requests in arrival order, and which chains each chain spawned.
     let mut of_chain: HashMap<&str, Vec<usize>> = HashMap::new();
     let mut children: HashMap<&str, Vec<&str>> = HashMap::new();
@@ -80,8 +142,7 @@ pub(crate) fn link(records: &mut [TraceRecord], chains: &[Chain], how: Links) {
                 let mut best = (p, end(&records[p]));
                 if how.join_children {
                     for &c in children.get(key).map(Vec::as_slice).unwrap_or(&[]) {
-                        let last = *of_chain[c].last().expect("a chain has a request");
-                        let Some(e) = end(&records[last]) else {
+                        let Some((e, last)) = finished(&of_chain[c], records) else {
                             continue;
                         };
                         let later = best.1.is_none_or(|b| e > b);
@@ -179,6 +240,31 @@ mod tests {
             l,
             vec![Some(Recorded), None, Some(Subagent), Some(Recorded), None]
         );
+    }
+
+    /// Row by row: each continues its session's previous row; a row arriving before it is
+    /// left unlinked and counted.
+    #[test]
+    fn sessions_link_row_by_row_and_count_rows_out_of_order() {
+        let mut s = Sessions::default();
+        let mut rs = [
+            rec("a1", 1_000, Some(800)),
+            rec("b1", 1_500, None),
+            rec("a2", 3_000, Some(700)),
+            rec("b2", 9_000, None),
+            rec("a0", 2_000, None),
+            rec("x", 0, None),
+        ];
+        for (r, sid) in rs.iter_mut().zip(["A", "B", "A", "B", "A", ""]) {
+            r.session_id = (!sid.is_empty()).then(|| sid.to_string());
+            s.link(r);
+        }
+        let p: Vec<_> = rs.iter().map(|r| r.parent_request_id.as_deref()).collect();
+        assert_eq!(p, vec![None, None, Some("a1"), Some("b1"), None, None]);
+        let t: Vec<_> = rs.iter().map(|r| r.think_time_us).collect();
+        assert_eq!(t, vec![None, None, Some(1_200), None, None, None]);
+        assert_eq!(s.out_of_order, 1);
+        assert!(s.note().unwrap().starts_with("1 rows arrive before"));
     }
 
     #[test]

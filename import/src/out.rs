@@ -66,7 +66,12 @@ impl Selecting {
     }
 
     /// Whether the row arriving at `at_us` is in the window (the first row read opens it).
+    /// Without a window every row is in it, also one arriving before the first row read (a
+    /// file not sorted by arrival).
     fn in_window(&mut self, at_us: i64) -> bool {
+        if self.select.start_offset_us == 0 && self.select.duration_us.is_none() {
+            return true;
+        }
         let first = *self.first_us.get_or_insert(at_us);
         let from = first.saturating_add(self.select.start_offset_us);
         at_us >= from
@@ -150,5 +155,24 @@ impl Sink for Out<'_> {
         (self.write)(r)?;
         self.selecting.taken += 1;
         Ok(!self.file_full())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No window: a row arriving before the first one read is kept, not counted outside a
+    /// window nobody asked for; with a window, the first row read opens it.
+    #[test]
+    fn rows_out_of_arrival_order_stay_without_a_window() {
+        let mut s = Selecting::new(Select::default());
+        assert!(s.in_window(1_000) && s.in_window(10) && s.in_window(5_000));
+        let mut s = Selecting::new(Select {
+            duration_us: Some(100),
+            ..Select::default()
+        });
+        assert!(s.in_window(1_000) && s.in_window(1_099));
+        assert!(!s.in_window(10) && !s.in_window(1_100));
     }
 }

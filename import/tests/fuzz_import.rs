@@ -34,7 +34,7 @@ fn tmp() -> PathBuf {
 }
 
 /// Small valid inputs of each import format, the seeds the mutations start from.
-const SEEDS: [(Format, &str, &str); 8] = [
+const SEEDS: [(Format, &str, &str); 9] = [
     (
         Format::Azure,
         "a.csv",
@@ -69,6 +69,13 @@ const SEEDS: [(Format, &str, &str); 8] = [
         Format::Copilot,
         "c.jsonl",
         r#"{"session_id": "s1", "date": "2026-06-01", "turns": [{"turn_id": "t1", "llm_calls": [{"message_id": "m1", "timestamp": "2026-06-01T10:00:00.000Z", "duration_ms": 1500.0, "model": "Model A", "result": "Success", "tokens": {"total": 1100, "prompt": 1000, "completion": 100, "cached": 0}}, {"message_id": "m2", "timestamp": "2026-06-01T10:00:04.000Z", "duration_ms": 800.5, "model": "Model A", "result": "UserCancel", "tokens": {"total": 1250, "prompt": 1200, "completion": 50, "cached": 1000}}], "tool_batches": [{"timestamp": "2026-06-01T10:00:01.600Z", "duration_ms": 2000.0, "function_calls": [{"name": "bash", "status": 1, "duration_ms": 1900.0}]}]}]}
+"#,
+    ),
+    (
+        Format::SwissAi,
+        "t.jsonl",
+        r#"{"id": "a:b:c", "status": "DEFAULT", "created_at": "2025-08-21T19:19:22.469Z", "finished_at": "2025-08-21T19:19:27.249Z", "model": "Qwen/Qwen3-32B", "model_parameters": {"temperature": 0.7, "max_tokens": null}, "reported_token_input": 111, "reported_token_output": 184, "token_count": 108, "bucket_ids": [44122773, 36225474, 7]}
+{"id": "d:e:f", "status": "ERROR", "created_at": "2025-08-21T19:19:23.000Z", "finished_at": "2025-08-21T19:19:23.500Z", "model": "Qwen/Qwen3-32B", "reported_token_input": -1, "reported_token_output": -1}
 "#,
     ),
     (

@@ -29,6 +29,9 @@ pub mod attr {
     pub const ERROR_TYPE: &str = "error.type";
     /// The row's request id.
     pub const REQUEST_ID: &str = "llmreplay.request_id";
+    /// The row's endpoint (the operation name does not tell chat completions, Responses and
+    /// Messages apart).
+    pub const ENDPOINT: &str = "llmreplay.endpoint";
     /// The row's outcome.
     pub const OUTCOME: &str = "llmreplay.outcome";
     /// Replay: the run id.
@@ -174,6 +177,7 @@ pub fn row_span(
         a.push(s(attr::ERROR_TYPE, e.as_str()));
     }
     a.push(s(attr::REQUEST_ID, rec.request_id.as_str()));
+    a.push(s(attr::ENDPOINT, rec.endpoint.as_str()));
     a.push(s(attr::OUTCOME, rec.outcome.as_str()));
     a.push(kv(attr::STREAM, Value::BoolValue(rec.stream)));
     if let Some(r) = &rec.run_id {

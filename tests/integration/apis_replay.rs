@@ -285,6 +285,45 @@ fn every_row_goes_to_its_own_endpoint_in_its_apis_shape() {
     assert_eq!(got["be"].prompt_tokens, Some(3));
 }
 
+/// Runs a capture of `flags` in front of `upstream` into `out` while `send` sends to its
+/// listener; its rows, sorted by endpoint.
+fn capture_while(
+    upstream: &str,
+    out: &Path,
+    flags: &[&str],
+    send: &dyn Fn(SocketAddr),
+) -> Vec<TraceRecord> {
+    let listen = support::env::free_addr();
+    let mut args = vec!["--flush-interval", "20ms"];
+    args.extend_from_slice(flags);
+    let mut cap = support::capture::CaptureProc::spawn(listen, upstream, out, &args);
+    cap.wait_for("listening on");
+    send(listen);
+    let (status, log) = cap.terminate();
+    assert!(status.success(), "{log:#?}");
+    let mut rows = trace_format::read_traces(&[out.to_str().unwrap()])
+        .unwrap()
+        .records;
+    rows.sort_by(|x, y| x.endpoint.cmp(&y.endpoint));
+    rows
+}
+
+/// Replays `trace` into the capture listening on `listen`.
+fn replay_into(trace: &Path, listen: SocketAddr) {
+    let out = Command::new(bin())
+        .arg("replay")
+        .arg(trace)
+        .args(["--target", &format!("c=http://{listen}"), "--speedup", "10"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A prompt's images survive a `hashes` trace (issue 51): capture records how many, their
 /// bytes and sizes but no pixel; replaying that trace sends, per image, a synthetic PNG of the
 /// recorded size and bytes in the row's API — checked by a second capture in front of the
@@ -292,8 +331,6 @@ fn every_row_goes_to_its_own_endpoint_in_its_apis_shape() {
 /// Messages.
 #[test]
 fn a_hashes_traces_images_are_replayed_at_their_recorded_sizes_and_bytes() {
-    use support::capture::CaptureProc;
-    use support::env::free_addr;
     use support::http1::Http1Client;
     let sim = SimProc::start(&bin(), &["--fixed-timing", "2,1"]);
     let dir = tmpdir("apis-images");
@@ -321,21 +358,8 @@ fn a_hashes_traces_images_are_replayed_at_their_recorded_sizes_and_bytes() {
                     "data": b.base64()}}]}]}),
         ),
     ];
-    let capture = |name: &str, send: &dyn Fn(SocketAddr)| {
-        let out = dir.join(name);
-        let listen = free_addr();
-        let mut cap = CaptureProc::spawn(listen, &sim.url(), &out, &["--flush-interval", "20ms"]);
-        cap.wait_for("listening on");
-        send(listen);
-        let (status, log) = cap.terminate();
-        assert!(status.success(), "{log:#?}");
-        let mut rows = trace_format::read_traces(&[out.to_str().unwrap()])
-            .unwrap()
-            .records;
-        rows.sort_by(|x, y| x.endpoint.cmp(&y.endpoint));
-        (out, rows)
-    };
-    let (first, captured) = capture("first", &|listen| {
+    let first = dir.join("first");
+    let captured = capture_while(&sim.url(), &first, &[], &|listen| {
         let mut c = Http1Client::new(listen);
         for (ep, body) in &bodies {
             let r = c.post(ep, &[], &body.to_string()).unwrap();
@@ -346,19 +370,8 @@ fn a_hashes_traces_images_are_replayed_at_their_recorded_sizes_and_bytes() {
     for r in &captured {
         assert!(r.body.is_none() && r.images.unwrap_or(0) > 0, "{r:?}");
     }
-    let (_, replayed) = capture("second", &|listen| {
-        let out = Command::new(bin())
-            .arg("replay")
-            .arg(&first)
-            .args(["--target", &format!("c=http://{listen}"), "--speedup", "10"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let replayed = capture_while(&sim.url(), &dir.join("second"), &[], &|listen| {
+        replay_into(&first, listen)
     });
     assert_eq!(replayed.len(), 3);
     for (c, r) in captured.iter().zip(&replayed) {
@@ -380,8 +393,6 @@ fn a_hashes_traces_images_are_replayed_at_their_recorded_sizes_and_bytes() {
 /// recorded bytes — a second capture in front of the sim stores the same images.
 #[test]
 fn a_full_captures_images_are_stored_once_and_replayed_as_sent() {
-    use support::capture::CaptureProc;
-    use support::env::free_addr;
     use support::http1::Http1Client;
     let sim = SimProc::start(&bin(), &["--fixed-timing", "2,1"]);
     let dir = tmpdir("apis-blobs");
@@ -402,39 +413,27 @@ fn a_full_captures_images_are_stored_once_and_replayed_as_sent() {
             "messages": [{"role": "user", "content": history}]});
         sent.push(body.to_string());
     }
-    let capture = |name: &str, send: &dyn Fn(SocketAddr)| {
-        let out = dir.join(name);
-        let listen = free_addr();
-        let mut cap = CaptureProc::spawn(
-            listen,
-            &sim.url(),
-            &out,
-            &["--flush-interval", "20ms", "--privacy", "full"],
-        );
-        cap.wait_for("listening on");
-        send(listen);
-        let (status, log) = cap.terminate();
-        assert!(status.success(), "{log:#?}");
-        let t = trace_format::read_traces(&[out.to_str().unwrap()]).unwrap();
-        let blobs: Vec<Vec<u8>> = {
-            let mut v: Vec<Vec<u8>> = std::fs::read_dir(out.join("blobs"))
-                .map(|d| {
-                    d.map(|e| std::fs::read(e.unwrap().path()).unwrap())
-                        .collect()
-                })
-                .unwrap_or_default();
-            v.sort();
-            v
-        };
-        (out, t.records, blobs)
+    // The images a capture stored, sorted.
+    let blobs_of = |out: &Path| -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = std::fs::read_dir(out.join("blobs"))
+            .map(|d| {
+                d.map(|e| std::fs::read(e.unwrap().path()).unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
     };
-    let (first, rows, blobs) = capture("first", &|listen| {
+    let full = ["--privacy", "full"];
+    let first = dir.join("first");
+    let rows = capture_while(&sim.url(), &first, &full, &|listen| {
         let mut c = Http1Client::new(listen);
         for b in &sent {
             let r = c.post("/v1/chat/completions", &[], b).unwrap();
             assert_eq!(r.status, 200, "{}", r.text());
         }
     });
+    let blobs = blobs_of(&first);
     assert_eq!(blobs.len(), 2, "two distinct images, each stored once");
     let mut want = vec![
         shot.data_url.clone().into_bytes(),
@@ -462,19 +461,10 @@ fn a_full_captures_images_are_stored_once_and_replayed_as_sent() {
         "{parquet} bytes of Parquet for {inline} sent"
     );
     // Replayed: the recorded bytes, as a second capture stores them.
-    let (_, _, again) = capture("second", &|listen| {
-        let out = Command::new(bin())
-            .arg("replay")
-            .arg(&first)
-            .args(["--target", &format!("c=http://{listen}"), "--speedup", "10"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let second = dir.join("second");
+    capture_while(&sim.url(), &second, &full, &|listen| {
+        replay_into(&first, listen)
     });
+    let again = blobs_of(&second);
     assert_eq!(again, blobs);
 }

@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use super::{quantile_beyond, shape_drifts, LatencyFidelity, RATIO_TOL};
+use super::{quantile_beyond, shape_drifts, shape_drifts_beyond, LatencyFidelity, RATIO_TOL};
 pub use crate::paired::Paired;
 
 /// How far beyond the measured run-to-run spread a difference must be, in log ratio, to be a
@@ -110,7 +110,11 @@ pub fn judge(l: &LatencyFidelity) -> Status {
         .iter()
         .any(|q| q.3.is_finite() && q.3 > 0.0 && q.3.ln().abs() > bound && beyond(q, n.bound));
     let p_out = l.paired.is_some_and(|p| p.beyond(bound));
-    let shape_out = shape && l.ks > NOISE_MARGIN * n.ks;
+    // A shape drift beyond the noise: further from the capture than the noise run is from the
+    // replay, and with some decile moved past the engine's own bound, not only past 5%.
+    let shape_out = shape
+        && l.ks > NOISE_MARGIN * n.ks
+        && shape_drifts_beyond(l.ks, &l.captured_ms, &l.replayed_ms, n.bound);
     if q_out || p_out || shape_out {
         Status::Drifts
     } else {

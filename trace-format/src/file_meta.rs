@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use parquet::file::metadata::KeyValue;
 
 use crate::error::{Error, Result};
+use crate::fleet::CaptureInfo;
 use crate::privacy::Manifest;
 use crate::redact;
 use crate::schema::{self, meta, Producer, SCHEMA_MAJOR};
@@ -29,6 +30,8 @@ pub struct FileMeta {
     /// A capture's privacy manifest (grade, key id, content-derived columns), stored under
     /// [`meta::PRIVACY`]; a replay's results carry their trace's.
     pub privacy: Option<Manifest>,
+    /// The capture that wrote the file (id, start, clock), stored under [`meta::CAPTURE`].
+    pub capture: Option<CaptureInfo>,
 }
 
 impl FileMeta {
@@ -41,6 +44,7 @@ impl FileMeta {
             block_size: None,
             extra: BTreeMap::new(),
             privacy: None,
+            capture: None,
         }
     }
 
@@ -66,6 +70,10 @@ impl FileMeta {
         }
         if let Some(m) = &self.privacy {
             out.push(KeyValue::new(meta::PRIVACY.to_string(), m.to_json()));
+        }
+        if let Some(c) = &self.capture {
+            let json = serde_json::to_string(c).unwrap_or_default();
+            out.push(KeyValue::new(meta::CAPTURE.to_string(), json));
         }
         out
     }
@@ -112,6 +120,12 @@ impl FileMeta {
             extra,
             privacy: get(meta::PRIVACY)
                 .map(|s| Manifest::from_json(s, path))
+                .transpose()?,
+            capture: get(meta::CAPTURE)
+                .map(|s| {
+                    serde_json::from_str(s)
+                        .map_err(|e| Error::format(path, format!("{}: {e}", meta::CAPTURE)))
+                })
                 .transpose()?,
         })
     }

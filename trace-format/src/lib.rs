@@ -14,6 +14,7 @@ pub mod cause;
 pub mod encode;
 pub mod error;
 pub mod file_meta;
+pub mod fleet;
 pub mod fnv;
 pub mod inspect;
 pub mod inspect_card;

@@ -30,8 +30,9 @@ pub struct FileMeta {
     /// A capture's privacy manifest (grade, key id, content-derived columns), stored under
     /// [`meta::PRIVACY`]; a replay's results carry their trace's.
     pub privacy: Option<Manifest>,
-    /// The capture that wrote the file (id, start, clock), stored under [`meta::CAPTURE`].
-    pub capture: Option<CaptureInfo>,
+    /// The capture(s) whose rows the file holds (id, start, clock): the capture that wrote
+    /// it, or each capture a `link` pass joined; stored under [`meta::CAPTURES`].
+    pub captures: Vec<CaptureInfo>,
 }
 
 impl FileMeta {
@@ -44,7 +45,7 @@ impl FileMeta {
             block_size: None,
             extra: BTreeMap::new(),
             privacy: None,
-            capture: None,
+            captures: Vec::new(),
         }
     }
 
@@ -71,9 +72,9 @@ impl FileMeta {
         if let Some(m) = &self.privacy {
             out.push(KeyValue::new(meta::PRIVACY.to_string(), m.to_json()));
         }
-        if let Some(c) = &self.capture {
-            let json = serde_json::to_string(c).unwrap_or_default();
-            out.push(KeyValue::new(meta::CAPTURE.to_string(), json));
+        if !self.captures.is_empty() {
+            let json = serde_json::to_string(&self.captures).unwrap_or_default();
+            out.push(KeyValue::new(meta::CAPTURES.to_string(), json));
         }
         out
     }
@@ -121,12 +122,13 @@ impl FileMeta {
             privacy: get(meta::PRIVACY)
                 .map(|s| Manifest::from_json(s, path))
                 .transpose()?,
-            capture: get(meta::CAPTURE)
+            captures: get(meta::CAPTURES)
                 .map(|s| {
                     serde_json::from_str(s)
-                        .map_err(|e| Error::format(path, format!("{}: {e}", meta::CAPTURE)))
+                        .map_err(|e| Error::format(path, format!("{}: {e}", meta::CAPTURES)))
                 })
-                .transpose()?,
+                .transpose()?
+                .unwrap_or_default(),
         })
     }
 }

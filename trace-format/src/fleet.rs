@@ -1,6 +1,6 @@
 //! A fleet of captures as one trace (issue 56): where each row was captured
 //! ([`CaptureInfo`]: the capture's id and start on every row, its clock against a reference
-//! in the file metadata under [`crate::schema::meta::CAPTURE`]), and the link keys every
+//! in the file metadata under [`crate::schema::meta::CAPTURES`]), and the link keys every
 //! capture row carries ([`LinkKeys`], the `link_*` columns) so that a pass over the rows of
 //! several captures links them as one capture would have.
 //!
@@ -227,7 +227,7 @@ impl CaptureCounter {
         CaptureCounter {
             clocks: files
                 .iter()
-                .filter_map(|f| f.meta.capture.clone())
+                .flat_map(|f| f.meta.captures.iter().cloned())
                 .collect(),
             ..CaptureCounter::default()
         }

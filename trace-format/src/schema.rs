@@ -235,9 +235,9 @@ pub mod meta {
     pub const ARRIVAL_ORDER: &str = "llmreplay.arrival_order";
     /// A capture's privacy manifest ([`crate::privacy::Manifest`], JSON).
     pub const PRIVACY: &str = "llmreplay.privacy";
-    /// The capture that wrote the file: its id, start and clock offset
-    /// ([`crate::fleet::CaptureInfo`], JSON).
-    pub const CAPTURE: &str = "llmreplay.capture";
+    /// The captures whose rows the file holds: each one's id, start and clock offset (a
+    /// JSON list of [`crate::fleet::CaptureInfo`]; one for a capture's own file).
+    pub const CAPTURES: &str = "llmreplay.captures";
 }
 
 /// Which program wrote a trace file.

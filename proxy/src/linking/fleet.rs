@@ -13,10 +13,12 @@
 //! would have found.
 //!
 //! A row its capture linked keeps its link where the pass finds the same, or no parent at
-//! all (counted as a conflict), or another parent by an exact rule (a tool call, a
-//! sub-agent, a response id: counted as a conflict, kept as captured). A chat-prefix link
-//! the pass finds a later turn for is replaced (`relinked`): its capture did not see that
-//! turn. Think times are recomputed from the parent found, as the writer thread does;
+//! all (counted as a conflict: the captured link kept). Where the pass finds another parent
+//! it writes that one: it saw every row its capture saw and the rest. A chat-prefix link to
+//! an older turn is the expected case (`relinked`: its capture did not see the later turn);
+//! another rule's is counted as a conflict and said (a tool call id reused by another
+//! client's response that its capture saw, where the request's own was seen by another
+//! capture). Think times are recomputed from the parent found, as the writer thread does;
 //! sessions follow the parents (a row's header session stays: one that is neither its own
 //! request id nor its captured parent's session).
 //!
@@ -61,8 +63,9 @@ pub struct FleetCounts {
     /// Chat-prefix links to an older turn of their own capture, relinked to the later turn
     /// another capture saw.
     pub relinked: u64,
-    /// Rows their capture linked otherwise than the pass would (another parent by an exact
-    /// rule, or a parent the pass did not find): kept as captured.
+    /// Rows their capture linked otherwise than the pass: to another parent by an exact
+    /// rule (the pass's written), or to a parent the pass did not find (the captured one
+    /// kept).
     pub conflicts: u64,
     /// The first few conflicts, described.
     pub examples: Vec<String>,
@@ -184,12 +187,13 @@ impl FleetPass {
         }
         let keys = std::mem::take(&mut rec.link_keys);
         let written_session = rec.session_id.clone();
+        let header = self.header_session(rec);
         let captured = (
             rec.parent_request_id.take(),
             rec.parent_link.take(),
             rec.think_time_us.take(),
         );
-        rec.session_id = self.header_session(rec);
+        rec.session_id = header;
         self.links.link(rec, &keys);
         rec.link_keys = keys;
         match (&captured.0, &rec.parent_request_id) {
@@ -203,14 +207,21 @@ impl FleetPass {
                 self.counts.conflicts += 1;
                 if self.counts.examples.len() < EXAMPLES {
                     self.counts.examples.push(format!(
-                        "{}: captured parent {c} ({}), the pass found {}",
+                        "{}: captured parent {c} ({}), the pass found {}{}",
                         rec.request_id,
                         captured.1.map_or("?", ParentLink::as_str),
-                        found.as_deref().unwrap_or("none")
+                        found.as_deref().unwrap_or("none"),
+                        if found.is_some() {
+                            " (written)"
+                        } else {
+                            " (the captured one kept)"
+                        }
                     ));
                 }
-                rec.session_id = written_session.clone();
-                (rec.parent_request_id, rec.parent_link, rec.think_time_us) = captured;
+                if found.is_none() {
+                    rec.session_id = written_session.clone();
+                    (rec.parent_request_id, rec.parent_link, rec.think_time_us) = captured;
+                }
             }
         }
         self.sessions.insert(
@@ -238,8 +249,8 @@ impl FleetReport {
         let mut out = vec![
             format!(
                 "{} rows: {} linked across captures, {} chat-prefix links relinked to a later \
-                 turn another capture saw, {} as their capture linked them, {} conflicts \
-                 (kept as captured), {} without link keys (left as they are)",
+                 turn another capture saw, {} as their capture linked them, {} conflicts, \
+                 {} without link keys (left as they are)",
                 self.rows, c.linked, c.relinked, c.agreed, c.conflicts, c.without_keys
             ),
             format!("held at most {} rows in flight at once", c.peak_held),
@@ -338,21 +349,25 @@ mod tests {
         (out, counts)
     }
 
-    /// Three turns of one conversation over two captures: capture A saw t1 and t3 (and
-    /// linked t3 to t1, the latest it saw), B saw t2 (unlinked). The pass links t2 to t1
-    /// and t3 to t2, in t1's session, think times from the parents' ends.
+    /// Four turns of one conversation over two captures: B saw t2 and t3 (t2 unlinked, so
+    /// its session is its own; t3 linked to t2, in t2's session), A saw t1 and t4 (t4
+    /// linked to t1, the latest it saw). The pass links t2 to t1 and t4 to t3, all in t1's
+    /// session (t3's captured session was inherited, not a header's), think times from the
+    /// parents' ends.
     #[test]
     fn turns_spread_over_captures_link_as_one_conversation() {
         let mut t1 = row("t1", 0, 10, &[], 100);
         captured(&mut t1, None);
         let mut t2 = row("t2", 30, 10, &[100], 200);
         captured(&mut t2, None);
-        let mut t3 = row("t3", 70, 10, &[100, 200], 300);
-        captured(&mut t3, Some(("t1", "t1")));
+        let mut t3 = row("t3", 50, 10, &[100, 200], 300);
+        captured(&mut t3, Some(("t2", "t2")));
+        let mut t4 = row("t4", 70, 10, &[100, 200, 300], 400);
+        captured(&mut t4, Some(("t1", "t1")));
         // A header session, on a row its capture left unlinked: kept.
-        let mut h = row("h", 75, 10, &[999], 400);
+        let mut h = row("h", 75, 10, &[999], 500);
         h.session_id = Some("H".into());
-        let (out, counts) = run(vec![t1, t2, t3, h]);
+        let (out, counts) = run(vec![t1, t2, t3, t4, h]);
         let by: Vec<_> = out
             .iter()
             .map(|r| {
@@ -369,7 +384,8 @@ mod tests {
             [
                 ("t1", None, Some("t1"), None),
                 ("t2", Some("t1"), Some("t1"), Some(20_000)),
-                ("t3", Some("t2"), Some("t1"), Some(30_000)),
+                ("t3", Some("t2"), Some("t1"), Some(10_000)),
+                ("t4", Some("t3"), Some("t1"), Some(10_000)),
                 ("h", None, Some("H"), None),
             ]
         );
@@ -380,7 +396,7 @@ mod tests {
                 counts.agreed,
                 counts.conflicts
             ),
-            (1, 1, 0, 0)
+            (1, 1, 1, 0)
         );
     }
 

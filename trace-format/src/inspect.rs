@@ -11,7 +11,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 
-use chrono::{DateTime, SecondsFormat};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -79,7 +78,7 @@ pub struct TraceSummary {
     /// The captures the rows came from: rows and span of each, the spread of their clock
     /// offsets (absent when no row names a capture).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub captures: Option<crate::fleet::CaptureSummary>,
+    pub captures: Option<crate::captures::CaptureSummary>,
 }
 
 /// Arrival rate over 1-second buckets starting at the first arrival.
@@ -163,11 +162,7 @@ impl TokenAcc {
 }
 
 /// RFC 3339 (µs, `Z`) of a time in µs since the epoch.
-pub fn rfc3339(us: i64) -> String {
-    DateTime::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true))
-        .unwrap_or_else(|| format!("{us} µs since the epoch (out of range)"))
-}
+pub use crate::utc::rfc3339;
 
 /// Computes the summary of a trace (its records need not be sorted), with the prefix-cache hit
 /// rate of an unbounded cache only.
@@ -230,7 +225,7 @@ pub struct Summarizer {
     streamed: usize,
     prefix: Option<PrefixCacheSim>,
     card: crate::inspect_card::CardBuilder,
-    captures: crate::fleet::CaptureCounter,
+    captures: crate::captures::CaptureCounter,
 }
 
 impl Summarizer {
@@ -269,7 +264,7 @@ impl Summarizer {
             streamed: 0,
             prefix: block_size.map(|b| PrefixCacheSim::new(b, cache_blocks)),
             card: crate::inspect_card::CardBuilder::new(block_size),
-            captures: crate::fleet::CaptureCounter::new(files),
+            captures: crate::captures::CaptureCounter::new(files),
         }
     }
 

@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod arrivals;
+pub mod captures;
 pub mod cause;
 pub mod encode;
 pub mod error;
@@ -34,6 +35,7 @@ pub mod stream;
 mod test_records;
 pub mod tokens;
 pub mod tracectx;
+pub mod utc;
 pub mod writer;
 
 pub use cause::{Cause, CauseCounts};

@@ -33,8 +33,8 @@ use std::collections::BinaryHeap;
 use std::path::Path;
 
 use serde::Serialize;
+use trace_format::captures::{CaptureCounter, CaptureSummary};
 use trace_format::file_meta::{carried, one_key};
-use trace_format::fleet::{CaptureCounter, CaptureSummary};
 use trace_format::{
     FileMeta, ParentLink, Producer, Result, TraceFileWriter, TraceRecord, TraceStream,
 };

@@ -199,6 +199,10 @@ pub struct CaptureArgs {
     /// Trace file name prefix.
     #[arg(long, default_value = "capture")]
     file_prefix: String,
+    /// The capture_id written on every row (default: the pod's name, POD_NAME or, inside
+    /// Kubernetes, HOSTNAME; else host:port of the listener).
+    #[arg(long, value_name = "ID")]
+    capture_id: Option<String>,
     /// Request header whose value is recorded as session_id (never a credential header).
     #[arg(long)]
     session_header: Option<String>,
@@ -426,6 +430,7 @@ impl CaptureArgs {
         // An object store's uploader moves the trace files only: images stay inline.
         c.blobs = !store::is_url(&self.out);
         c.file_prefix = self.file_prefix;
+        c.capture_id = self.capture_id;
         c.session_header = self.session_header;
         c.phase_log = self.phase_log;
         c.traceparent = !self.otel.no_traceparent;

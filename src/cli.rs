@@ -63,6 +63,9 @@ pub(crate) enum Command {
     /// Write the capacity report of result files: one self-contained HTML file with plots, or Markdown.
     #[command(allow_negative_numbers = true)]
     Report(crate::report_cmd::ReportArgs),
+    /// Link the traces of several capture processes (a fleet of pods) into one trace, as one capture of all the traffic would have linked it.
+    #[command(allow_negative_numbers = true)]
+    Link(crate::link_cmd::LinkArgs),
     /// Merge the --results of shard runs (replay --shard K/N) into one Parquet file and one JSON result.
     #[command(allow_negative_numbers = true)]
     Merge(crate::merge_cmd::MergeArgs),
@@ -122,6 +125,7 @@ pub fn run(cli: Cli) -> Result<ExitStatus> {
         }),
         Command::Report(a) => done(crate::report_cmd::run_report(a)),
         Command::Merge(a) => done(crate::merge_cmd::run_merge(a, &command_line())),
+        Command::Link(a) => done(crate::link_cmd::run_link(a, &command_line())),
         Command::Fidelity(a) => Ok(if crate::fidelity_cmd::run_fidelity(a)? {
             said(
                 "the replay does not reproduce the captured load or schedule",

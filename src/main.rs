@@ -8,6 +8,7 @@ mod exit;
 mod fidelity_cmd;
 mod flags;
 mod import_cmd;
+mod link_cmd;
 mod merge_cmd;
 mod otel;
 mod rekey_cmd;

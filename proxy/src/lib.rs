@@ -36,6 +36,7 @@ pub mod config;
 pub mod error;
 mod lifecycle;
 pub mod linking;
+mod origin;
 mod phases;
 pub mod prefix;
 pub mod recording;

@@ -155,7 +155,7 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
     };
     let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
 
-    let (sink, writer, recovered) = start_recorder(&cfg, &metrics).await?;
+    let (sink, writer, recovered) = start_recorder(&cfg, &metrics, addr).await?;
 
     let mut local_authorities = vec![addr.to_string(), forward.authority().to_string()];
     if addr.ip().is_loopback() {
@@ -257,12 +257,18 @@ pub async fn start(cfg: ValidatedProxyConfig) -> Result<ProxyHandle> {
 async fn start_recorder(
     cfg: &crate::ProxyConfig,
     metrics: &Arc<Metrics>,
+    listen: std::net::SocketAddr,
 ) -> Result<(
     writer::Sink,
     WriterThread,
     trace_format::writer::RecoveryReport,
 )> {
-    let wcfg = writer_config(cfg);
+    let flag = cfg.capture_id.clone();
+    let origin =
+        tokio::task::spawn_blocking(move || crate::origin::capture_info(flag.as_deref(), listen))
+            .await
+            .map_err(|e| ProxyError::WriterThread(e.to_string()))?;
+    let wcfg = writer_config(cfg, &origin);
     let capacity = cfg.queue_capacity;
     let m2 = metrics.clone();
     let keep = writer::Keep {
@@ -273,6 +279,7 @@ async fn start_recorder(
         key: cfg.hash_key.clone(),
         blobs: (cfg.privacy == crate::Privacy::Full && cfg.blobs)
             .then(|| trace_format::blobs::dir_of(&cfg.out)),
+        capture: Some((origin.id, origin.started_us)),
     };
     let shed_after = cfg.recorder_shed_after;
     let tok = cfg.tokenizer.clone();
@@ -292,8 +299,12 @@ async fn start_recorder(
 }
 
 /// The trace writer's configuration: where, rotation, and the file metadata of a capture.
-fn writer_config(cfg: &crate::ProxyConfig) -> WriterConfig {
+fn writer_config(
+    cfg: &crate::ProxyConfig,
+    origin: &trace_format::fleet::CaptureInfo,
+) -> WriterConfig {
     let mut meta = FileMeta::new(Producer::Capture, cfg.command.clone());
+    meta.captures = vec![origin.clone()];
     meta.block_size = cfg.privacy.hashes().then_some(cfg.block_size);
     meta.extra
         .insert("tokenizer".into(), cfg.tokenizer.name().to_string());

@@ -21,6 +21,7 @@ use support::env::{free_addr, serial, tmpdir};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -31,10 +32,10 @@ use support::http1::Http1Client;
 use trace_format::{ParentLink, TraceRecord};
 
 /// splitmix64: the workload's draws, fixed by the seed.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -42,14 +43,14 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn range(&mut self, lo: u64, hi_inclusive: u64) -> u64 {
+    pub(crate) fn range(&mut self, lo: u64, hi_inclusive: u64) -> u64 {
         lo + self.next() % (hi_inclusive - lo + 1)
     }
 }
 
 /// The scripted model: answers with the request's `x_answer` (`content`, `tool_calls`:
 /// `[{id, name, arguments}]`), streamed when the request asks.
-fn scripted(r: &Received) -> Act {
+pub(crate) fn scripted(r: &Received) -> Act {
     let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
     let answer = &body["x_answer"];
     let content = answer["content"].as_str();
@@ -123,26 +124,43 @@ fn tools() -> Value {
 /// What the test knows of one request: its marker, its true parent's marker and how it is
 /// linked, the tool calls its answer made, and the client-side tool time before it.
 #[derive(Debug, Clone)]
-struct Truth {
-    marker: String,
-    parent: Option<(String, ParentLink)>,
+pub(crate) struct Truth {
+    pub(crate) marker: String,
+    pub(crate) parent: Option<(String, ParentLink)>,
     calls: Vec<String>,
     /// The client's time between the parent's response and this request (tool or think).
     gap: Option<Duration>,
 }
 
-struct Play {
-    addr: SocketAddr,
-    key: String,
-    seed: u64,
-    truths: Mutex<Vec<Truth>>,
+/// Where a play's requests go: one capture, or several in turn (a load balancer's round
+/// robin over a fleet: each request to the next).
+pub(crate) struct Route<'a> {
+    pub(crate) addrs: &'a [SocketAddr],
+    pub(crate) next: &'a AtomicUsize,
 }
 
-impl Play {
-    /// Sends one request with `messages`, scripted to answer `answer`; records its truth.
-    fn send(
+/// A client's connections, one per address of its route.
+pub(crate) struct Clients(Vec<Http1Client>);
+
+impl Clients {
+    pub(crate) fn new(route: &Route<'_>) -> Clients {
+        Clients(route.addrs.iter().map(|&a| Http1Client::new(a)).collect())
+    }
+}
+
+pub(crate) struct Play<'a> {
+    pub(crate) route: Route<'a>,
+    pub(crate) key: String,
+    pub(crate) seed: u64,
+    pub(crate) truths: Mutex<Vec<Truth>>,
+}
+
+impl Play<'_> {
+    /// Sends one request with `messages`, scripted to answer `answer`, to the next address
+    /// of the route; records its truth.
+    pub(crate) fn send(
         &self,
-        client: &mut Http1Client,
+        clients: &mut Clients,
         marker: &str,
         messages: &[Value],
         answer: Value,
@@ -155,7 +173,8 @@ impl Play {
         })
         .to_string();
         let auth = format!("Bearer {}", self.key);
-        let resp = client
+        let at = self.route.next.fetch_add(1, Ordering::Relaxed) % clients.0.len();
+        let resp = clients.0[at]
             .post("/v1/chat/completions", &[("authorization", &auth)], &body)
             .unwrap_or_else(|e| panic!("{marker}: {e}"));
         assert_eq!(resp.status, 200, "{marker}: {}", resp.text());
@@ -178,12 +197,18 @@ impl Play {
 
     /// Plays one agent (`depth` 0) or sub-agent (`depth` 1, opened with `task`) to its
     /// final answer; returns that answer.
-    fn agent(&self, name: &str, task: &str, depth: u8, spawned_by: Option<String>) -> String {
+    pub(crate) fn agent(
+        &self,
+        name: &str,
+        task: &str,
+        depth: u8,
+        spawned_by: Option<String>,
+    ) -> String {
         let mut rng = Rng(self.seed
             ^ name
                 .bytes()
                 .fold(7u64, |h, b| h.wrapping_mul(31) ^ u64::from(b)));
-        let mut client = Http1Client::new(self.addr);
+        let mut client = Clients::new(&self.route);
         let mut messages = vec![
             json!({"role": "system", "content": if depth == 0 { "You are a coding agent." } else { "You are a sub-agent." }}),
             json!({"role": "user", "content": task}),
@@ -271,7 +296,7 @@ impl Play {
     }
 }
 
-fn marker(r: &TraceRecord) -> String {
+pub(crate) fn marker(r: &TraceRecord) -> String {
     let v: Value = serde_json::from_str(r.body.as_deref().expect("a body")).unwrap();
     v["user"].as_str().unwrap().to_string()
 }
@@ -290,9 +315,13 @@ fn capture_links_tool_results_and_subagents_of_agents_at_work() {
     );
     cap.wait_for("listening on");
     // 24 agents of 4 API keys, started over 300 ms; the agents of one key open alike.
+    let (next, addrs) = (AtomicUsize::new(0), [listen]);
     let plays: Vec<Play> = (0..4)
         .map(|k| Play {
-            addr: listen,
+            route: Route {
+                addrs: &addrs,
+                next: &next,
+            },
             key: format!("key-{k}"),
             seed: 42 + k,
             truths: Mutex::new(Vec::new()),

@@ -48,6 +48,7 @@ mod conn;
 mod exits;
 mod fidelity;
 mod first_send;
+mod fleet;
 mod from_trace;
 mod importers;
 mod interrupt;

@@ -105,6 +105,16 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
     let mut audio_inputs = Int32Builder::with_capacity(n);
     let mut audio_bytes = Int64Builder::with_capacity(n);
     let mut parent_wait = Int64Builder::with_capacity(n);
+    let mut capture_id = str_builder(|r| r.capture_id.as_deref());
+    let mut capture_started = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let keys = |f: fn(&TraceRecord) -> Option<&[u64]>| {
+        let values = records.iter().filter_map(f).map(<[u64]>::len).sum();
+        ListBuilder::with_capacity(UInt64Builder::with_capacity(values), n)
+    };
+    let mut chat_keys = keys(|r| r.link_keys.chat.as_deref());
+    let mut call_keys = keys(|r| r.link_keys.calls.as_deref());
+    let mut arg_keys = keys(|r| r.link_keys.args.as_deref());
+    let mut one_keys: [UInt64Builder; 6] = std::array::from_fn(|_| UInt64Builder::with_capacity(n));
 
     for r in records {
         request_id.append_value(&r.request_id);
@@ -172,7 +182,26 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         audio_inputs.append_option(r.audio_inputs);
         audio_bytes.append_option(r.audio_bytes);
         parent_wait.append_option(r.parent_wait_us);
+        capture_id.append_option(r.capture_id.as_deref());
+        capture_started.append_option(r.capture_started_us);
+        let k = &r.link_keys;
+        append_keys(&mut chat_keys, k.chat.as_deref());
+        append_keys(&mut call_keys, k.calls.as_deref());
+        append_keys(&mut arg_keys, k.args.as_deref());
+        let ones = [
+            k.answer,
+            k.result,
+            k.opening,
+            k.client,
+            k.response,
+            k.previous_response,
+        ];
+        for (b, v) in one_keys.iter_mut().zip(ones) {
+            b.append_option(v);
+        }
     }
+    let [mut answer_key, mut result_key, mut opening_key, mut client_key, mut response_key, mut previous_key] =
+        one_keys;
 
     // Same order as `schema::schema()`; `RecordBatch::try_new` checks types and nullability.
     let columns: Vec<ArrayRef> = vec![
@@ -228,9 +257,31 @@ pub fn records_to_batch(records: &[TraceRecord]) -> Result<RecordBatch> {
         Arc::new(audio_inputs.finish()),
         Arc::new(audio_bytes.finish()),
         Arc::new(parent_wait.finish()),
+        Arc::new(capture_id.finish()),
+        Arc::new(capture_started.finish()),
+        Arc::new(chat_keys.finish()),
+        Arc::new(answer_key.finish()),
+        Arc::new(call_keys.finish()),
+        Arc::new(arg_keys.finish()),
+        Arc::new(result_key.finish()),
+        Arc::new(opening_key.finish()),
+        Arc::new(client_key.finish()),
+        Arc::new(response_key.finish()),
+        Arc::new(previous_key.finish()),
     ];
     RecordBatch::try_new(Arc::new(schema::schema()), columns)
         .map_err(|e| Error::Invalid(format!("building a trace batch: {e}")))
+}
+
+/// Appends one row's keys to a list-of-uint64 column (null when None).
+fn append_keys(b: &mut ListBuilder<UInt64Builder>, v: Option<&[u64]>) {
+    match v {
+        Some(v) => {
+            b.values().append_slice(v);
+            b.append(true);
+        }
+        None => b.append_null(),
+    }
 }
 
 /// A builder for a list-of-strings column (tool names), sized for `records`.

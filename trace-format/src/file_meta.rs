@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use parquet::file::metadata::KeyValue;
 
 use crate::error::{Error, Result};
+use crate::fleet::CaptureInfo;
 use crate::privacy::Manifest;
 use crate::redact;
 use crate::schema::{self, meta, Producer, SCHEMA_MAJOR};
@@ -29,6 +30,9 @@ pub struct FileMeta {
     /// A capture's privacy manifest (grade, key id, content-derived columns), stored under
     /// [`meta::PRIVACY`]; a replay's results carry their trace's.
     pub privacy: Option<Manifest>,
+    /// The capture(s) whose rows the file holds (id, start, clock): the capture that wrote
+    /// it, or each capture a `link` pass joined; stored under [`meta::CAPTURES`].
+    pub captures: Vec<CaptureInfo>,
 }
 
 impl FileMeta {
@@ -41,6 +45,7 @@ impl FileMeta {
             block_size: None,
             extra: BTreeMap::new(),
             privacy: None,
+            captures: Vec::new(),
         }
     }
 
@@ -66,6 +71,10 @@ impl FileMeta {
         }
         if let Some(m) = &self.privacy {
             out.push(KeyValue::new(meta::PRIVACY.to_string(), m.to_json()));
+        }
+        if !self.captures.is_empty() {
+            let json = serde_json::to_string(&self.captures).unwrap_or_default();
+            out.push(KeyValue::new(meta::CAPTURES.to_string(), json));
         }
         out
     }
@@ -113,6 +122,13 @@ impl FileMeta {
             privacy: get(meta::PRIVACY)
                 .map(|s| Manifest::from_json(s, path))
                 .transpose()?,
+            captures: get(meta::CAPTURES)
+                .map(|s| {
+                    serde_json::from_str(s)
+                        .map_err(|e| Error::format(path, format!("{}: {e}", meta::CAPTURES)))
+                })
+                .transpose()?
+                .unwrap_or_default(),
         })
     }
 }

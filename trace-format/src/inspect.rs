@@ -11,7 +11,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
 
-use chrono::{DateTime, SecondsFormat};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -76,6 +75,10 @@ pub struct TraceSummary {
     /// The workload card ([`crate::inspect_card`]): what `compare` and `shadow` check two
     /// runs against before calling one better.
     pub workload: crate::inspect_card::WorkloadCard,
+    /// The captures the rows came from: rows and span of each, the spread of their clock
+    /// offsets (absent when no row names a capture).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub captures: Option<crate::captures::CaptureSummary>,
 }
 
 /// Arrival rate over 1-second buckets starting at the first arrival.
@@ -159,11 +162,7 @@ impl TokenAcc {
 }
 
 /// RFC 3339 (µs, `Z`) of a time in µs since the epoch.
-pub fn rfc3339(us: i64) -> String {
-    DateTime::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true))
-        .unwrap_or_else(|| format!("{us} µs since the epoch (out of range)"))
-}
+pub use crate::utc::rfc3339;
 
 /// Computes the summary of a trace (its records need not be sorted), with the prefix-cache hit
 /// rate of an unbounded cache only.
@@ -226,6 +225,7 @@ pub struct Summarizer {
     streamed: usize,
     prefix: Option<PrefixCacheSim>,
     card: crate::inspect_card::CardBuilder,
+    captures: crate::captures::CaptureCounter,
 }
 
 impl Summarizer {
@@ -264,6 +264,7 @@ impl Summarizer {
             streamed: 0,
             prefix: block_size.map(|b| PrefixCacheSim::new(b, cache_blocks)),
             card: crate::inspect_card::CardBuilder::new(block_size),
+            captures: crate::captures::CaptureCounter::new(files),
         }
     }
 
@@ -277,6 +278,7 @@ impl Summarizer {
             return;
         }
         self.card.add(r);
+        self.captures.add(r);
         let at = r.arrival_time_us;
         self.rows += 1;
         self.first.get_or_insert(at);
@@ -338,6 +340,7 @@ impl Summarizer {
             models: self.models,
             prefix_cache: self.prefix.and_then(PrefixCacheSim::finish),
             workload: self.card.finish(),
+            captures: self.captures.finish(),
         }
     }
 }
@@ -524,6 +527,10 @@ impl fmt::Display for TraceSummary {
                 "time span", self.duration_s
             )?,
             _ => writeln!(f, "{:<14} empty", "time span")?,
+        }
+        for (i, line) in self.captures.iter().flat_map(|c| c.lines()).enumerate() {
+            let label = if i == 0 { "captures" } else { "" };
+            writeln!(f, "{label:<14} {line}")?;
         }
         match &self.arrival_rate {
             Some(r) => writeln!(

@@ -11,10 +11,12 @@
 
 pub mod arrivals;
 pub mod blobs;
+pub mod captures;
 pub mod cause;
 pub mod encode;
 pub mod error;
 pub mod file_meta;
+pub mod fleet;
 pub mod fnv;
 pub mod inspect;
 pub mod inspect_card;
@@ -35,6 +37,7 @@ pub mod stream;
 mod test_records;
 pub mod tokens;
 pub mod tracectx;
+pub mod utc;
 pub mod writer;
 
 pub use cause::{Cause, CauseCounts};

@@ -96,6 +96,23 @@ const CONTENT_COLUMNS: &[(&str, Held, Held, Held)] = &[
     (col::PREFIX_HASHES, Held::Null, Held::Keyed, Held::Keyed),
     (col::TOOL_NAMES, Held::Null, Held::Keyed, Held::Text),
     (col::TOOL_CALL_NAMES, Held::Null, Held::Keyed, Held::Text),
+    // The link keys: keyed under every grade that hashes (hashes of content, call ids and
+    // of who sent a request), none under `perf` (so `perf` traces link within one capture
+    // only).
+    (col::LINK_CHAT_KEYS, Held::Null, Held::Keyed, Held::Keyed),
+    (col::LINK_ANSWER_KEY, Held::Null, Held::Keyed, Held::Keyed),
+    (col::LINK_CALL_KEYS, Held::Null, Held::Keyed, Held::Keyed),
+    (col::LINK_ARG_KEYS, Held::Null, Held::Keyed, Held::Keyed),
+    (col::LINK_RESULT_KEY, Held::Null, Held::Keyed, Held::Keyed),
+    (col::LINK_OPENING_KEY, Held::Null, Held::Keyed, Held::Keyed),
+    (col::LINK_CLIENT_KEY, Held::Null, Held::Keyed, Held::Keyed),
+    (col::LINK_RESPONSE_KEY, Held::Null, Held::Keyed, Held::Keyed),
+    (
+        col::LINK_PREVIOUS_RESPONSE_KEY,
+        Held::Null,
+        Held::Keyed,
+        Held::Keyed,
+    ),
 ];
 
 /// Whether a column of the schema holds values derived from request or response content
@@ -424,7 +441,16 @@ mod tests {
                 col::BODY,
                 col::PREFIX_HASHES,
                 col::TOOL_NAMES,
-                col::TOOL_CALL_NAMES
+                col::TOOL_CALL_NAMES,
+                col::LINK_CHAT_KEYS,
+                col::LINK_ANSWER_KEY,
+                col::LINK_CALL_KEYS,
+                col::LINK_ARG_KEYS,
+                col::LINK_RESULT_KEY,
+                col::LINK_OPENING_KEY,
+                col::LINK_CLIENT_KEY,
+                col::LINK_RESPONSE_KEY,
+                col::LINK_PREVIOUS_RESPONSE_KEY,
             ]
         );
         assert_eq!(content_column("no_such_column"), None);

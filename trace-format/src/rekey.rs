@@ -148,10 +148,11 @@ impl Plan {
         let to = &self.to;
         match &self.source {
             Source::OldKey(k) => {
+                let rekey = |v: &mut u64| *v = k.rekey_u64(to, Domain::Block, *v);
                 if let Some(h) = &mut r.prefix_hashes {
-                    h.iter_mut()
-                        .for_each(|v| *v = k.rekey_u64(to, Domain::Block, *v));
+                    h.iter_mut().for_each(rekey);
                 }
+                r.link_keys.for_each_value(rekey);
             }
             Source::Unkeyed => {
                 if let Some(h) = &mut r.prefix_hashes {
@@ -159,6 +160,11 @@ impl Plan {
                 }
             }
             Source::Bodies => {
+                // The link keys (`llmreplay link` across captures) hash call ids, responses'
+                // ids and who sent a request, which the body does not hold: without the old
+                // key they cannot be made again, and keys under two keys would never match.
+                // The row's own links (parent, session) are kept.
+                r.link_keys = crate::fleet::LinkKeys::default();
                 let Some(old) = &r.prefix_hashes else {
                     return Ok(());
                 };
@@ -237,11 +243,21 @@ mod tests {
             vec![keyed_name(old.hash_bytes(b"read_file"))],
             None,
         );
+        // Its fleet link keys (issue 56) too: what `llmreplay link` compares across captures.
+        let links = |k: &HashKey| crate::fleet::LinkKeys {
+            chat: Some(vec![k.hash_u64(5), k.hash_u64(6)]),
+            answer: Some(k.hash_u64(7)),
+            client: Some(k.hash_u64(8)),
+            previous_response: Some(k.hash_u64(9)),
+            ..Default::default()
+        };
+        r.link_keys = links(&old);
         let m = manifest(Grade::Hashes, &old);
         let p = Plan::of(Some(&m), Some(old.clone()), new.clone()).unwrap();
         p.record(&mut r, NO_DERIVE, "words").unwrap();
         let want: Vec<u64> = unkeyed.iter().map(|&h| new.hash_u64(h)).collect();
         assert_eq!(r.prefix_hashes.as_deref(), Some(&want[..]));
+        assert_eq!(r.link_keys, links(&new));
         assert_eq!(
             r.tool_names.unwrap(),
             vec![keyed_name(new.hash_bytes(b"read_file"))]
@@ -274,7 +290,9 @@ mod tests {
             vec!["read_file".into()],
             Some("hello"),
         );
+        r.link_keys.client = Some(old.hash_u64(3));
         p.record(&mut r, derive, "words").unwrap();
+        assert!(!r.link_keys.any(), "no link key under the old key is left");
         assert_eq!(
             r.prefix_hashes.unwrap(),
             vec![new.hash_u64(5), new.hash_u64(7)]

@@ -9,7 +9,10 @@
 //! `tool_calls`, `tool_call_names`, `parent_link`) and shadow pairs (`pair_request_id`);
 //! `1.5` added the prompt's cached part (`cached_tokens`), its images and audio (`images`,
 //! `image_bytes`, `image_dims`, `audio_inputs`, `audio_bytes`) and the parent link
-//! `previous_response` (Responses and Anthropic Messages recorded as chat is).
+//! `previous_response` (Responses and Anthropic Messages recorded as chat is); `1.6` added
+//! where a row was captured (`capture_id`, `capture_started`) and the link keys
+//! (`link_*`: what capture's linkers look up and leave, keyed, so a pass over the rows of
+//! several captures links them as one capture would: [`crate::fleet`]).
 //! A minor version only adds nullable columns, so every `1.x` file reads: a column
 //! the file lacks reads as null.
 //!
@@ -28,7 +31,7 @@ use serde::{Deserialize, Serialize};
 /// The schema version written into every file (`llmreplay.schema_version`).
 ///
 /// Readers accept any `1.x`; a different major version is an error.
-pub const SCHEMA_VERSION: &str = "1.5";
+pub const SCHEMA_VERSION: &str = "1.6";
 /// The major version this build reads.
 pub const SCHEMA_MAJOR: u32 = 1;
 
@@ -175,6 +178,40 @@ pub mod col {
     /// candidate; closed mode waits for every turn's predecessor): not latency, not dispatch
     /// lag, not queue time (int64, null for a row that waits for no parent; since 1.5).
     pub const PARENT_WAIT_US: &str = "parent_wait_us";
+    /// Capture: which capture process wrote the row: its `--capture-id`, else the pod name
+    /// (`POD_NAME`, or `HOSTNAME` inside Kubernetes), else `host:port` of its listener (utf8,
+    /// null for rows no capture wrote; since 1.6).
+    pub const CAPTURE_ID: &str = "capture_id";
+    /// Capture: when that capture process started (timestamp µs, UTC; with `capture_id` it
+    /// names one run of one capture; since 1.6).
+    pub const CAPTURE_STARTED: &str = "capture_started";
+    /// Link key: the keys this chat row looks up for its parent, the chained hash of its
+    /// messages up to each `assistant` message, oldest first (the last found wins) (list of
+    /// uint64, keyed; empty for a chat row without an answer in its history; null for a row
+    /// that is not chat-shaped, or under `perf`; since 1.6).
+    pub const LINK_CHAT_KEYS: &str = "link_chat_keys";
+    /// Link key: the key this row leaves for the turn that continues it: its chain continued
+    /// by its answer, as that turn's `link_chat_keys` will hold it (uint64, keyed; null when
+    /// not ok or no answer; since 1.6).
+    pub const LINK_ANSWER_KEY: &str = "link_answer_key";
+    /// Link key: the ids of the tool calls this row's response made (list of uint64, keyed;
+    /// since 1.6).
+    pub const LINK_CALL_KEYS: &str = "link_call_keys";
+    /// Link key: the string values (≥ 8 bytes) of those calls' arguments, that a sub-agent
+    /// opens with (list of uint64, keyed; since 1.6).
+    pub const LINK_ARG_KEYS: &str = "link_arg_keys";
+    /// Link key: the `tool_call_id` whose results this row carries (uint64, keyed; since 1.6).
+    pub const LINK_RESULT_KEY: &str = "link_result_key";
+    /// Link key: the first user message of a conversation opening here (uint64, keyed;
+    /// since 1.6).
+    pub const LINK_OPENING_KEY: &str = "link_opening_key";
+    /// Link key: who sent the row (peer address and API credentials) (uint64, keyed; since
+    /// 1.6).
+    pub const LINK_CLIENT_KEY: &str = "link_client_key";
+    /// Link key: the id of this row's Responses response (uint64, keyed; since 1.6).
+    pub const LINK_RESPONSE_KEY: &str = "link_response_key";
+    /// Link key: the `previous_response_id` this row names (uint64, keyed; since 1.6).
+    pub const LINK_PREVIOUS_RESPONSE_KEY: &str = "link_previous_response_key";
 }
 
 /// Key-value metadata keys written into every file.
@@ -198,6 +235,9 @@ pub mod meta {
     pub const ARRIVAL_ORDER: &str = "llmreplay.arrival_order";
     /// A capture's privacy manifest ([`crate::privacy::Manifest`], JSON).
     pub const PRIVACY: &str = "llmreplay.privacy";
+    /// The captures whose rows the file holds: each one's id, start and clock offset (a
+    /// JSON list of [`crate::fleet::CaptureInfo`]; one for a capture's own file).
+    pub const CAPTURES: &str = "llmreplay.captures";
 }
 
 /// Which program wrote a trace file.
@@ -487,6 +527,15 @@ pub struct TraceRecord {
     /// Replay: time held waiting for its parent's answer, µs (since 1.5).
     #[serde(default)]
     pub parent_wait_us: Option<i64>,
+    /// The capture process that wrote the row (since 1.6).
+    #[serde(default)]
+    pub capture_id: Option<String>,
+    /// When that capture process started, µs since the epoch (since 1.6).
+    #[serde(default)]
+    pub capture_started_us: Option<i64>,
+    /// The link keys (`link_*` columns, since 1.6).
+    #[serde(default)]
+    pub link_keys: crate::fleet::LinkKeys,
 }
 
 impl TraceRecord {
@@ -549,6 +598,9 @@ impl TraceRecord {
             audio_inputs: None,
             audio_bytes: None,
             parent_wait_us: None,
+            capture_id: None,
+            capture_started_us: None,
+            link_keys: crate::fleet::LinkKeys::default(),
         }
     }
 
@@ -570,6 +622,8 @@ impl TraceRecord {
             + names_bytes(&self.tool_call_names)
             + self.pair_request_id.as_ref().map_or(0, String::len)
             + names_bytes(&self.image_dims)
+            + self.capture_id.as_ref().map_or(0, String::len)
+            + self.link_keys.approx_bytes()
     }
 }
 
@@ -615,6 +669,22 @@ pub const COLUMNS_SINCE: &[(&str, &[&str])] = {
                 AUDIO_INPUTS,
                 AUDIO_BYTES,
                 PARENT_WAIT_US,
+            ],
+        ),
+        (
+            "1.6",
+            &[
+                CAPTURE_ID,
+                CAPTURE_STARTED,
+                LINK_CHAT_KEYS,
+                LINK_ANSWER_KEY,
+                LINK_CALL_KEYS,
+                LINK_ARG_KEYS,
+                LINK_RESULT_KEY,
+                LINK_OPENING_KEY,
+                LINK_CLIENT_KEY,
+                LINK_RESPONSE_KEY,
+                LINK_PREVIOUS_RESPONSE_KEY,
             ],
         ),
     ]
@@ -691,6 +761,21 @@ pub fn schema() -> Schema {
         Field::new(AUDIO_INPUTS, DataType::Int32, true),
         Field::new(AUDIO_BYTES, DataType::Int64, true),
         Field::new(PARENT_WAIT_US, DataType::Int64, true),
+        Field::new(CAPTURE_ID, DataType::Utf8, true),
+        Field::new(
+            CAPTURE_STARTED,
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new(LINK_CHAT_KEYS, list_of(DataType::UInt64), true),
+        Field::new(LINK_ANSWER_KEY, DataType::UInt64, true),
+        Field::new(LINK_CALL_KEYS, list_of(DataType::UInt64), true),
+        Field::new(LINK_ARG_KEYS, list_of(DataType::UInt64), true),
+        Field::new(LINK_RESULT_KEY, DataType::UInt64, true),
+        Field::new(LINK_OPENING_KEY, DataType::UInt64, true),
+        Field::new(LINK_CLIENT_KEY, DataType::UInt64, true),
+        Field::new(LINK_RESPONSE_KEY, DataType::UInt64, true),
+        Field::new(LINK_PREVIOUS_RESPONSE_KEY, DataType::UInt64, true),
     ])
 }
 
@@ -772,7 +857,17 @@ mod tests {
             col::AUDIO_INPUTS,
             col::AUDIO_BYTES,
             col::PARENT_WAIT_US,
-        ] {
+        ]
+        .into_iter()
+        .chain(
+            COLUMNS_SINCE
+                .iter()
+                .find(|(v, _)| *v == "1.6")
+                .unwrap()
+                .1
+                .iter()
+                .copied(),
+        ) {
             let idx = batch.schema().index_of(name).unwrap();
             batch.remove_column(idx);
         }
@@ -813,6 +908,8 @@ mod tests {
         (want.cached_tokens, want.images, want.image_bytes) = (None, None, None);
         (want.image_dims, want.audio_inputs, want.audio_bytes) = (None, None, None);
         want.parent_wait_us = None;
+        (want.capture_id, want.capture_started_us) = (None, None);
+        want.link_keys = crate::fleet::LinkKeys::default();
         assert_eq!(t.records[0], want);
         assert!(t.records.iter().all(|r| r.parent_request_id.is_none()));
 
@@ -854,6 +951,9 @@ mod tests {
             "audio_inputs",
             "audio_bytes",
             "parent_wait_us",
+            "capture_id",
+            "capture_started_us",
+            "link_keys",
         ] {
             o.remove(k);
         }
@@ -923,6 +1023,17 @@ mod tests {
             "audio_inputs",
             "audio_bytes",
             "parent_wait_us",
+            "capture_id",
+            "capture_started",
+            "link_chat_keys",
+            "link_answer_key",
+            "link_call_keys",
+            "link_arg_keys",
+            "link_result_key",
+            "link_opening_key",
+            "link_client_key",
+            "link_response_key",
+            "link_previous_response_key",
         ] {
             assert!(s.field_with_name(name).is_ok(), "missing column {name}");
         }

@@ -58,6 +58,19 @@ pub(crate) fn full_record(i: i64) -> TraceRecord {
         audio_inputs: Some(1),
         audio_bytes: Some(32_000),
         parent_wait_us: Some(i * 7),
+        capture_id: Some("capture-0".into()),
+        capture_started_us: Some(1_700_000_000_000_000),
+        link_keys: crate::fleet::LinkKeys {
+            chat: Some(vec![1, u64::MAX - i as u64]),
+            answer: Some(3),
+            calls: Some(vec![]),
+            args: Some(vec![5, 6]),
+            result: Some(7),
+            opening: None,
+            client: Some(u64::MAX),
+            response: Some(9),
+            previous_response: Some(10),
+        },
     }
 }
 

@@ -262,6 +262,9 @@ pub struct ProxyConfig {
     pub otlp: Option<telemetry::OtlpConfig>,
     /// Shadow traffic to candidates (`--shadow`); `None`: nothing is mirrored.
     pub shadow: Option<ShadowConfig>,
+    /// The `capture_id` of every row (`--capture-id`); `None`: the pod's name, else
+    /// `host:port` of the listener ([`trace_format::fleet::capture_id`]).
+    pub capture_id: Option<String>,
 }
 
 impl ProxyConfig {
@@ -309,6 +312,7 @@ impl ProxyConfig {
             traceparent: true,
             otlp: None,
             shadow: None,
+            capture_id: None,
         }
     }
 }

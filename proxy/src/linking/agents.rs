@@ -35,13 +35,14 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use serde_json::{Map, Value};
+use trace_format::fleet::LinkKeys;
 use trace_format::keyed::{keyed_name, HashKey};
 use trace_format::{ParentLink, TraceRecord};
 use wire::sse::{ToolCallPiece, Whole};
 
 use crate::linking::bounded::Recent;
 use crate::linking::responses::ResponseIds;
-use crate::linking::sessions::{content_hash, Linker, Parent, TextHash};
+use crate::linking::sessions::{content_hash, ChatKeys, Linker, Parent, TextHash};
 use crate::prefix::{fnv, FNV_OFFSET};
 
 /// Bytes of one call's arguments kept while it streams, to hash its string values at the
@@ -464,22 +465,19 @@ impl Agents {
         })
     }
 
-    /// Remembers a finished response's tool calls (nothing when it made none with an id or
-    /// a matchable argument).
+    /// Remembers a finished response's tool calls, by the hashes of their `ids` and of
+    /// their arguments' `strings` ([`LinkKeys::calls`], [`LinkKeys::args`]; nothing when it
+    /// made none with an id or a matchable argument).
     pub fn remember(
         &mut self,
         request_id: &str,
         session_id: &str,
         end_us: i64,
         client: u64,
-        calls: &ResponseCalls,
+        (ids, strings): (&[u64], &[u64]),
     ) {
-        let ids: Vec<u64> = calls.calls.iter().filter_map(|c| c.id).collect();
-        let mut strings: Vec<u64> = calls
-            .calls
-            .iter()
-            .flat_map(|c| c.strings.iter().copied())
-            .collect();
+        let ids = ids.to_vec();
+        let mut strings = strings.to_vec();
         strings.sort_unstable();
         strings.dedup();
         if ids.is_empty() && strings.is_empty() {
@@ -517,70 +515,115 @@ impl Agents {
     }
 }
 
-/// Session, agent and response-id linking together, on the writer thread.
+/// The link keys of a request ([`LinkKeys`]: what [`Links::link`] looks up and leaves),
+/// each hashed by `keyed` (the trace's key, so captures under one key agree): its chat keys,
+/// what it carries ([`RequestTools`]) and what its response made ([`Seen`]). Empty for a row
+/// that is neither chat-shaped nor names a `previous_response_id`.
+pub(crate) fn link_keys(
+    chat: Option<&ChatKeys>,
+    req: Option<&RequestTools>,
+    seen: &Seen,
+    keyed: impl Fn(u64) -> u64,
+) -> LinkKeys {
+    let previous = req.and_then(|r| r.previous_response);
+    if chat.is_none() && previous.is_none() {
+        return LinkKeys::default();
+    }
+    let calls = seen.calls.as_ref();
+    LinkKeys {
+        chat: chat.map(|c| c.lookups.iter().map(|&h| keyed(h)).collect()),
+        answer: chat.zip(seen.answer).map(|(c, a)| keyed(c.answer_key(a))),
+        calls: calls.map(|c| c.calls.iter().filter_map(|c| c.id).map(&keyed).collect()),
+        args: calls.map(|c| {
+            let mut v: Vec<u64> = c
+                .calls
+                .iter()
+                .flat_map(|c| c.strings.iter().map(|&h| keyed(h)))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        }),
+        result: req.and_then(|r| r.results_for).map(&keyed),
+        opening: req.and_then(|r| r.opening).map(&keyed),
+        client: Some(keyed(seen.client)),
+        response: seen.response_id.map(&keyed),
+        previous_response: previous.map(&keyed),
+    }
+}
+
+/// Session, agent and response-id linking together: on capture's writer thread, and in the
+/// fleet pass over the rows of several captures ([`crate::linking::fleet`]), from the same
+/// keys ([`LinkKeys`]).
 #[derive(Debug)]
-pub(crate) struct Links {
+pub struct Links {
     pub(crate) sessions: Linker,
     pub(crate) agents: Agents,
     pub(crate) responses: ResponseIds,
 }
 
+impl Default for Links {
+    /// Each linker remembering its default.
+    fn default() -> Links {
+        Links {
+            sessions: Linker::new(crate::linking::sessions::DEFAULT_MAX_KEYS),
+            agents: Agents::new(DEFAULT_MAX_REQUESTS),
+            responses: ResponseIds::new(crate::linking::responses::DEFAULT_MAX_RESPONSES),
+        }
+    }
+}
+
 impl Links {
-    /// Links a chat-shaped row (`chain`: its [`crate::linking::sessions::chat_chain`]; rows
-    /// without one and without a `previous_response_id` keep their header session, if any,
-    /// and no parent) and remembers what its response leaves for later rows: its answer
-    /// (only a complete one can be continued), its tool calls and its response id. The
-    /// parent: by `previous_response_id`, else by tool call, else by chat prefix, else as a
-    /// sub-agent.
-    pub(crate) fn link(
-        &mut self,
-        rec: &mut TraceRecord,
-        chain: Option<&[u64]>,
-        req: Option<&RequestTools>,
-        seen: &Seen,
-    ) {
-        let previous = req
-            .and_then(|r| r.previous_response)
+    /// Links a row by its keys (`keys.chat`: None for a row that is not chat-shaped; rows
+    /// without chat keys and without a `previous_response_id` keep their header session, if
+    /// any, and no parent) and remembers what its response leaves for later rows: its
+    /// answer (only a complete one can be continued), its tool calls and its response id.
+    /// The parent: by `previous_response_id`, else by tool call, else by chat prefix, else
+    /// as a sub-agent. `rec.session_id` on the way in is the session its request header
+    /// named (None: none), which wins.
+    pub fn link(&mut self, rec: &mut TraceRecord, keys: &LinkKeys) {
+        let previous = keys
+            .previous_response
             .and_then(|id| self.responses.parent(id));
-        if chain.is_none() && previous.is_none() {
+        if keys.chat.is_none() && previous.is_none() {
             return;
         }
+        let client = keys.client.unwrap_or(0);
         let arrival = rec.arrival_time_us;
         let end_us = arrival.saturating_add(rec.e2el_us.unwrap_or(0).max(0));
         let parent = previous.or_else(|| {
-            let chain = chain?;
-            let tool = req
-                .and_then(|r| r.results_for)
-                .and_then(|id| self.agents.tool_parent(id, arrival, seen.client));
+            let lookups = keys.chat.as_deref()?;
+            let tool = keys
+                .result
+                .and_then(|id| self.agents.tool_parent(id, arrival, client));
             let parent = match tool {
                 Some(p) => {
-                    self.sessions.mark_continued(chain, &p.request_id);
+                    self.sessions.mark_continued(lookups, &p.request_id);
                     Some(p)
                 }
-                None => self.sessions.find_parent(chain, arrival),
+                None => self.sessions.find_parent(lookups, arrival),
             };
-            parent.or_else(|| {
-                let first = req?.opening?;
-                self.agents.subagent_parent(first, arrival, seen.client)
-            })
+            parent.or_else(|| self.agents.subagent_parent(keys.opening?, arrival, client))
         });
         let session_id = match (&rec.session_id, &parent) {
             (Some(s), _) => s.clone(),
             (None, Some(p)) => p.session_id.clone(),
             (None, None) => rec.request_id.clone(),
         };
-        let ok = rec.outcome == trace_format::Outcome::Ok;
-        if let (Some(a), Some(chain)) = (seen.answer.filter(|_| ok), chain) {
-            self.sessions
-                .remember_answer(&rec.request_id, &session_id, end_us, chain, a);
-        }
-        if let Some(id) = seen.response_id.filter(|_| ok) {
-            self.responses
-                .remember(id, &rec.request_id, &session_id, end_us);
-        }
-        if let Some(c) = seen.calls.as_ref().filter(|_| ok) {
-            self.agents
-                .remember(&rec.request_id, &session_id, end_us, seen.client, c);
+        if rec.outcome == trace_format::Outcome::Ok {
+            if let (Some(a), Some(_)) = (keys.answer, &keys.chat) {
+                self.sessions
+                    .remember_answer(&rec.request_id, &session_id, end_us, a);
+            }
+            if let Some(id) = keys.response {
+                self.responses
+                    .remember(id, &rec.request_id, &session_id, end_us);
+            }
+            if let Some(ids) = &keys.calls {
+                let args = keys.args.as_deref().unwrap_or(&[]);
+                self.agents
+                    .remember(&rec.request_id, &session_id, end_us, client, (ids, args));
+            }
         }
         rec.think_time_us = parent
             .as_ref()
@@ -617,7 +660,7 @@ pub(crate) fn fill_tools(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linking::sessions::chat_chain;
+    use crate::linking::sessions::{chat_chain, chat_keys};
     use serde_json::json;
 
     fn obj(v: Value) -> Map<String, Value> {
@@ -802,7 +845,6 @@ mod tests {
         client: u64,
     ) {
         let body = obj(json!({"messages": messages}));
-        let chain = chat_chain(&body);
         let req = request_tools(&body);
         let seen = Seen {
             answer: Some(TextHash::of("")),
@@ -810,7 +852,10 @@ mod tests {
             client,
             response_id: None,
         };
-        l.link(rec, chain.as_deref(), Some(&req), &seen);
+        l.link(
+            rec,
+            &link_keys(chat_keys(&body).as_ref(), Some(&req), &seen, |h| h),
+        );
     }
 
     /// Two agents with identical histories (same system prompt, same task, answers that
@@ -1080,7 +1125,9 @@ mod tests {
                 "f",
                 &format!("{{\"p\":\"prompt number {i}\"}}"),
             )]);
-            a.remember(&format!("r{i}"), "s", i as i64, 1, &c);
+            let ids: Vec<u64> = c.calls.iter().filter_map(|c| c.id).collect();
+            let strings: Vec<u64> = c.calls.iter().flat_map(|c| c.strings.clone()).collect();
+            a.remember(&format!("r{i}"), "s", i as i64, 1, (&ids, &strings));
             assert!(a.remembered() <= 10 && a.by_id.len() <= 10 && a.by_string.len() <= 10);
         }
         assert!(a.tool_parent(hash_str("id5"), 2_000, 1).is_none());
@@ -1256,7 +1303,8 @@ mod tests {
                 response_id: None,
             };
             let req = request_tools(&body);
-            l.link(&mut rec, chat_chain(&body).as_deref(), Some(&req), &seen);
+            let keys = link_keys(chat_keys(&body).as_ref(), Some(&req), &seen, |h| h);
+            l.link(&mut rec, &keys);
             match &f.truth {
                 Some((p, how)) => {
                     let t = tally.entry(*how).or_default();

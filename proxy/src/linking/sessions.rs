@@ -120,6 +120,11 @@ pub fn content_hash(content: &Value) -> u64 {
 /// The chained hash after each message of a chat request (`messages`); None when the body has
 /// no messages (a completion, an embedding).
 pub fn chat_chain(body: &Map<String, Value>) -> Option<Vec<u64>> {
+    walk_chain(body, |_, _| {})
+}
+
+/// The chain of `body`'s messages, calling `each(role, hash)` after each message.
+fn walk_chain(body: &Map<String, Value>, mut each: impl FnMut(&str, u64)) -> Option<Vec<u64>> {
     let messages = body.get("messages")?.as_array()?;
     if messages.is_empty() {
         return None;
@@ -130,9 +135,55 @@ pub fn chat_chain(body: &Map<String, Value>) -> Option<Vec<u64>> {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         let text = m.get("content").map_or(TextHash::of(""), content_hash);
         h = step(h, role, text);
+        each(role, h);
         chain.push(h);
     }
     Some(chain)
+}
+
+/// What chat linking needs of a prompt: the keys it looks up (the chain after each of its
+/// `assistant` messages but the last message: only there can a remembered [`answer_key`],
+/// an answer continued as an `assistant` message, be), oldest first, and the chain after its
+/// last message, on which the key its own answer leaves is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatKeys {
+    /// The chain after each `assistant` message before the last message, oldest first.
+    pub lookups: Vec<u64>,
+    /// The chain after the last message.
+    pub last: u64,
+}
+
+impl ChatKeys {
+    /// The keys of a chain (the lookups at every message but the last: for callers that do
+    /// not know the roles; a non-`assistant` position never matches an answer key).
+    pub fn of_chain(chain: &[u64]) -> Option<ChatKeys> {
+        let (&last, before) = chain.split_last()?;
+        Some(ChatKeys {
+            lookups: before.to_vec(),
+            last,
+        })
+    }
+
+    /// The key a complete answer of [`TextHash`] `answer` to this prompt leaves.
+    pub fn answer_key(&self, answer: u64) -> u64 {
+        step(self.last, "assistant", answer)
+    }
+}
+
+/// The [`ChatKeys`] of a chat request (None when it has no messages).
+pub fn chat_keys(body: &Map<String, Value>) -> Option<ChatKeys> {
+    let mut lookups = Vec::new();
+    let chain = walk_chain(body, |role, h| {
+        if role == "assistant" {
+            lookups.push(h);
+        }
+    })?;
+    let last = *chain.last()?;
+    // The last message is the new one: never a lookup.
+    if lookups.last() == Some(&last) {
+        lookups.pop();
+    }
+    Some(ChatKeys { lookups, last })
 }
 
 /// The key a finished chat request leaves: its chain continued by its answer (the
@@ -242,14 +293,17 @@ impl Linker {
         answer: Option<u64>,
         header_session: Option<&str>,
     ) -> Link {
-        let parent = chain.and_then(|c| self.find_parent(c, arrival_us));
+        let keys = chain.and_then(ChatKeys::of_chain);
+        let parent = keys
+            .as_ref()
+            .and_then(|k| self.find_parent(&k.lookups, arrival_us));
         let session_id = match (header_session, &parent) {
             (Some(s), _) => s.to_string(),
             (None, Some(p)) => p.session_id.clone(),
             (None, None) => request_id.to_string(),
         };
-        if let (Some(c), Some(a)) = (chain, answer) {
-            self.remember_answer(request_id, &session_id, end_us, c, a);
+        if let (Some(k), Some(a)) = (keys, answer) {
+            self.remember_answer(request_id, &session_id, end_us, k.answer_key(a));
         }
         Link {
             session_id,
@@ -260,31 +314,22 @@ impl Linker {
         }
     }
 
-    /// Remembers a finished request's answer (the [`TextHash`] of a complete answer to the
-    /// prompt whose chain is `chain`) for the turns that will continue it.
-    pub fn remember_answer(
-        &mut self,
-        request_id: &str,
-        session_id: &str,
-        end_us: i64,
-        chain: &[u64],
-        answer: u64,
-    ) {
-        if let Some(key) = answer_key(chain, answer) {
-            let c = Candidate {
-                request_id: request_id.to_string(),
-                session_id: session_id.to_string(),
-                end_us,
-                continued: false,
-            };
-            self.index.insert(key, c, |_| {});
-        }
+    /// Remembers a finished request's answer (`key`: [`ChatKeys::answer_key`] of a complete
+    /// answer) for the turns that will continue it.
+    pub fn remember_answer(&mut self, request_id: &str, session_id: &str, end_us: i64, key: u64) {
+        let c = Candidate {
+            request_id: request_id.to_string(),
+            session_id: session_id.to_string(),
+            end_us,
+            continued: false,
+        };
+        self.index.insert(key, c, |_| {});
     }
 
-    /// The parent of a request with this chain arriving at `arrival_us`, by chat prefix
-    /// (see the module); it counts as continued.
-    pub fn find_parent(&mut self, chain: &[u64], arrival_us: i64) -> Option<Parent> {
-        self.parent_of(chain, arrival_us).map(|c| Parent {
+    /// The parent of a request looking up `lookups` ([`ChatKeys::lookups`]) arriving at
+    /// `arrival_us`, by chat prefix (see the module); it counts as continued.
+    pub fn find_parent(&mut self, lookups: &[u64], arrival_us: i64) -> Option<Parent> {
+        self.parent_of(lookups, arrival_us).map(|c| Parent {
             request_id: c.request_id,
             session_id: c.session_id,
             end_us: c.end_us,
@@ -292,12 +337,11 @@ impl Linker {
         })
     }
 
-    /// A request with this chain has `request_id` as its parent, found otherwise (by tool
-    /// call): that candidate, where the chain passes one, counts as continued, so an
+    /// A request looking up `lookups` has `request_id` as its parent, found otherwise (by
+    /// tool call): that candidate, where a lookup finds one, counts as continued, so an
     /// ambiguous prefix does not give it to another turn.
-    pub fn mark_continued(&mut self, chain: &[u64], request_id: &str) {
-        let upto = chain.len().saturating_sub(1);
-        for h in &chain[..upto] {
+    pub fn mark_continued(&mut self, lookups: &[u64], request_id: &str) {
+        for h in lookups {
             if let Some(cands) = self.index.get_mut(h) {
                 if let Some((_, c)) = cands.iter_mut().find(|c| c.1.request_id == request_id) {
                     c.continued = true;
@@ -307,11 +351,10 @@ impl Linker {
         }
     }
 
-    /// The parent of a request with this chain: the longest prefix of it that ends at a
-    /// remembered answer (the chain's last message is the new one, so it never is).
-    fn parent_of(&mut self, chain: &[u64], arrival_us: i64) -> Option<Candidate> {
-        let upto = chain.len().saturating_sub(1);
-        for &h in chain[..upto].iter().rev() {
+    /// The parent of a request looking up `lookups`: the longest prefix of its chain that
+    /// ends at a remembered answer.
+    fn parent_of(&mut self, lookups: &[u64], arrival_us: i64) -> Option<Candidate> {
+        for &h in lookups.iter().rev() {
             let Some(cands) = self.index.get_mut(&h) else {
                 continue;
             };

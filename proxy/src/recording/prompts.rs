@@ -32,7 +32,7 @@ use tokenize::Tokenizer;
 use wire::api::Api;
 
 use crate::linking::agents::{request_tools, RequestTools};
-use crate::linking::sessions::chat_chain;
+use crate::linking::sessions::{chat_keys, ChatKeys};
 use crate::prefix::{
     estimate_tokens, prompt_blocks_cached, PrefixCache, PromptBlocks, PREFIX_CACHE_HASHES,
 };
@@ -44,9 +44,9 @@ use crate::recording::media::{media, Media};
 pub(crate) struct PromptInfo {
     /// Prefix hashes and token count (None when the body has no prompt this can read).
     pub(crate) blocks: Option<PromptBlocks>,
-    /// The chat chain for session linking ([`chat_chain`] of the request in chat's shape,
+    /// The chat keys for session linking ([`chat_keys`] of the request in chat's shape,
     /// [`chat_view`]; None for completions and the APIs that do not generate).
-    pub(crate) chain: Option<Vec<u64>>,
+    pub(crate) chain: Option<ChatKeys>,
     /// A completion's prompt (a string), for [`crate::linking::completions`]' linking on the writer
     /// thread, which drops it once hashed (None for chat and anything else).
     pub(crate) completion: Option<String>,
@@ -143,7 +143,7 @@ fn info(
                 blocks: tokenize
                     .then(|| prompt_blocks_cached(&obj, block_size, tok, cache))
                     .flatten(),
-                chain: chat_chain(&obj).filter(|_| api.generates()),
+                chain: chat_keys(&obj).filter(|_| api.generates()),
                 completion: None,
                 tools: api.generates().then(|| request_tools(&obj)),
                 shed: (!tokenize).then(|| Shed {

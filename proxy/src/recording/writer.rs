@@ -50,10 +50,8 @@ use trace_format::{TokenSource, TraceRecord, TraceWriter, WriterConfig};
 
 use crate::capture_metrics::Metrics;
 use crate::error::{ProxyError, Result};
-use crate::linking::agents::{fill_tools, Agents, Links, Seen, ToolNaming, DEFAULT_MAX_REQUESTS};
+use crate::linking::agents::{fill_tools, link_keys, Links, Seen, ToolNaming};
 use crate::linking::completions::CompletionLinker;
-use crate::linking::responses::{ResponseIds, DEFAULT_MAX_RESPONSES};
-use crate::linking::sessions::{Linker, DEFAULT_MAX_KEYS};
 use crate::prefix::prompt_tokens;
 use crate::recording::apis::chat_view;
 use crate::recording::prompts::PendingPrompt;
@@ -163,6 +161,8 @@ pub(crate) struct Keep {
     pub(crate) time_bucket_us: i64,
     /// Where a `full` body's images are stored once ([`trace_format::blobs`]; None: inline).
     pub(crate) blobs: Option<std::path::PathBuf>,
+    /// The capture's id and start (µs since the epoch), on every row.
+    pub(crate) capture: Option<(String, i64)>,
 }
 
 impl Keep {
@@ -299,8 +299,20 @@ impl Resolver<'_> {
             seen.calls.as_ref(),
             &self.keep.naming(),
         );
-        self.links
-            .link(&mut rec, info.chain.as_deref(), info.tools.as_ref(), &seen);
+        // Linked by the keys it writes (keyed: the fleet pass over several captures' rows
+        // finds what this thread found), written unless the grade keeps no hashes.
+        let key = &self.keep.key;
+        let keys = link_keys(info.chain.as_ref(), info.tools.as_ref(), &seen, |h| {
+            key.hash_u64(h)
+        });
+        self.links.link(&mut rec, &keys);
+        if self.keep.grade.hashes() {
+            rec.link_keys = keys;
+        }
+        if let Some((id, started)) = &self.keep.capture {
+            rec.capture_id = Some(id.clone());
+            rec.capture_started_us = Some(*started);
+        }
         if let Some(p) = info.completion.filter(|_| info.chain.is_none()) {
             crate::linking::completions::link(&mut rec, &p, seen.answer, &mut self.completions);
         }
@@ -363,11 +375,7 @@ pub(crate) fn start(
                 tokenizer: &tokenizer,
                 shed_after,
                 metrics: &m,
-                links: Links {
-                    sessions: Linker::new(DEFAULT_MAX_KEYS),
-                    agents: Agents::new(DEFAULT_MAX_REQUESTS),
-                    responses: ResponseIds::new(DEFAULT_MAX_RESPONSES),
-                },
+                links: Links::default(),
                 completions: CompletionLinker::new(crate::linking::completions::DEFAULT_MAX_KEYS),
             };
             run(writer, rx, tick, resolver, &m, taps)
@@ -686,10 +694,12 @@ mod tests {
             blobs: None,
             grade: Grade::Hashes,
             key: Arc::new(HashKey::random()),
+            capture: None,
         }
     }
 
     fn links() -> Links {
+        use crate::linking::{agents::Agents, responses::ResponseIds, sessions::Linker};
         Links {
             sessions: Linker::new(100),
             agents: Agents::new(100),
@@ -717,13 +727,13 @@ mod tests {
     /// session stays.
     #[test]
     fn rows_are_linked_in_the_order_they_finish() {
-        use crate::linking::sessions::{chat_chain, TextHash};
+        use crate::linking::sessions::{chat_keys, TextHash};
         let body = |msgs: &[(&str, &str)]| {
             let m: Vec<serde_json::Value> = msgs
                 .iter()
                 .map(|(r, t)| serde_json::json!({"role": r, "content": t}))
                 .collect();
-            chat_chain(serde_json::json!({"messages": m}).as_object().unwrap()).unwrap()
+            chat_keys(serde_json::json!({"messages": m}).as_object().unwrap()).unwrap()
         };
         let mut l = links();
         let t1 = body(&[("user", "hi")]);
@@ -731,10 +741,16 @@ mod tests {
         let answer = Some(TextHash::of("hello"));
 
         let mut first = chat("a1", 1_000, 2_000, Outcome::Ok);
-        l.link(&mut first, Some(&t1), None, &answered(answer));
+        l.link(
+            &mut first,
+            &link_keys(Some(&t1), None, &answered(answer), |h| h),
+        );
         assert_eq!(first.session_id.as_deref(), Some("a1"));
         let mut second = chat("a2", 3_500, 1_000, Outcome::Ok);
-        l.link(&mut second, Some(&t2), None, &answered(None));
+        l.link(
+            &mut second,
+            &link_keys(Some(&t2), None, &answered(None), |h| h),
+        );
         assert_eq!(
             (
                 second.session_id.as_deref(),
@@ -752,21 +768,33 @@ mod tests {
             ("b1", Outcome::ClientCancelled),
         ] {
             let mut failed = chat(id, 0, 100, outcome);
-            l.link(&mut failed, Some(&t1), None, &answered(answer));
+            l.link(
+                &mut failed,
+                &link_keys(Some(&t1), None, &answered(answer), |h| h),
+            );
         }
         let mut next = chat("b2", 1_000, 100, Outcome::Ok);
-        l.link(&mut next, Some(&t2), None, &answered(None));
+        l.link(
+            &mut next,
+            &link_keys(Some(&t2), None, &answered(None), |h| h),
+        );
         assert_eq!(
             next.parent_request_id, None,
             "a failed answer is not continued"
         );
 
         let mut completion = TraceRecord::new("c1", 0, "/v1/completions");
-        l.link(&mut completion, None, None, &answered(answer));
+        l.link(
+            &mut completion,
+            &link_keys(None, None, &answered(answer), |h| h),
+        );
         assert_eq!(completion.session_id, None);
         let mut named = chat("d1", 0, 10, Outcome::Ok);
         named.session_id = Some("H".into());
-        l.link(&mut named, Some(&t1), None, &answered(answer));
+        l.link(
+            &mut named,
+            &link_keys(Some(&t1), None, &answered(answer), |h| h),
+        );
         assert_eq!(named.session_id.as_deref(), Some("H"));
     }
 

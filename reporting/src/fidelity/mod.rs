@@ -1379,9 +1379,8 @@ mod tests {
                 .collect()
         };
         let c = decode(1.0, 0);
-        let as_replay = |v: Vec<TraceRecord>| -> Vec<TraceRecord> {
-            v.iter().map(|x| rep(x, 0, 1)).collect()
-        };
+        let as_replay =
+            |v: Vec<TraceRecord>| -> Vec<TraceRecord> { v.iter().map(|x| rep(x, 0, 1)).collect() };
         let itl = |f: &Fidelity| -> LatencyFidelity {
             f.classes[0]
                 .latencies

@@ -17,6 +17,7 @@ use arrow_schema::{DataType, Schema, TimeUnit};
 
 use super::foreign;
 use crate::error::{Error, Result};
+use crate::fleet::LinkKeys;
 use crate::schema::{col, Outcome, ParentLink, TokenSource, TraceRecord};
 
 /// Columns a file must have to be a trace.
@@ -119,6 +120,23 @@ fn convert_rows(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Ve
     let audio_inputs = cx.ints(col::AUDIO_INPUTS)?;
     let audio_bytes = cx.ints(col::AUDIO_BYTES)?;
     let parent_wait = cx.ints(col::PARENT_WAIT_US)?;
+    let capture_id = cx.strs(col::CAPTURE_ID)?;
+    let capture_started = cx.times(col::CAPTURE_STARTED)?;
+    let chat_keys = cx.lists(col::LINK_CHAT_KEYS)?;
+    let call_keys = cx.lists(col::LINK_CALL_KEYS)?;
+    let arg_keys = cx.lists(col::LINK_ARG_KEYS)?;
+    let one_keys = [
+        col::LINK_ANSWER_KEY,
+        col::LINK_RESULT_KEY,
+        col::LINK_OPENING_KEY,
+        col::LINK_CLIENT_KEY,
+        col::LINK_RESPONSE_KEY,
+        col::LINK_PREVIOUS_RESPONSE_KEY,
+    ]
+    .map(|c| cx.ints(c).map(|v| (c, v)));
+    let [answer_key, result_key, opening_key, client_key, response_key, previous_key] = one_keys;
+    let (answer_key, result_key, opening_key) = (answer_key?, result_key?, opening_key?);
+    let (client_key, response_key, previous_key) = (client_key?, response_key?, previous_key?);
 
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
@@ -141,6 +159,11 @@ fn convert_rows(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Ve
         let i32_of = |c: &Ints<'_>, name: &str| -> Result<Option<i32>> {
             c.get(i)
                 .map(|v| i32::try_from(v).map_err(|_| cx.bad(i, name, "value out of range")))
+                .transpose()
+        };
+        let key_of = |(name, c): &(&str, Ints<'_>)| -> Result<Option<u64>> {
+            c.get(i)
+                .map(|v| u64::try_from(v).map_err(|_| cx.bad(i, name, "not a uint64 key")))
                 .transpose()
         };
         let outcome_str = outcome
@@ -227,6 +250,19 @@ fn convert_rows(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Ve
             audio_inputs: i32_of(&audio_inputs, col::AUDIO_INPUTS)?,
             audio_bytes: i64_of(&audio_bytes, col::AUDIO_BYTES)?,
             parent_wait_us: i64_of(&parent_wait, col::PARENT_WAIT_US)?,
+            capture_id: s(&capture_id),
+            capture_started_us: capture_started.get(i),
+            link_keys: LinkKeys {
+                chat: chat_keys.get::<u64>(i, &cx, col::LINK_CHAT_KEYS)?,
+                answer: key_of(&answer_key)?,
+                calls: call_keys.get::<u64>(i, &cx, col::LINK_CALL_KEYS)?,
+                args: arg_keys.get::<u64>(i, &cx, col::LINK_ARG_KEYS)?,
+                result: key_of(&result_key)?,
+                opening: key_of(&opening_key)?,
+                client: key_of(&client_key)?,
+                response: key_of(&response_key)?,
+                previous_response: key_of(&previous_key)?,
+            },
         };
         out.push(rec);
     }

@@ -240,8 +240,12 @@ def volume_key(volume):
     return "vol-" + volume["name"]
 
 
-def mounts(container, spec):
+def mounts(container, spec, claim_templates=()):
+    """(mount path, volume, read-only) of each mount; a StatefulSet's claim templates are
+    volumes of their own pod (give them as `claim_templates`)."""
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for t in claim_templates:
+        volumes.setdefault(t["metadata"]["name"], {"name": t["metadata"]["name"]})
     out = []
     for m in container.get("volumeMounts", []):
         assert m["name"] in volumes, f"{container['name']} mounts undeclared volume {m['name']}"
@@ -249,13 +253,13 @@ def mounts(container, spec):
     return out
 
 
-def map_paths(args, container, spec, roots, tmp):
+def map_paths(args, container, spec, roots, tmp, claim_templates=()):
     """Args with every absolute path under a mount moved to the volume's temporary directory.
 
     Returns (args, inputs): inputs are the mapped paths on read-only mounts (files to provide).
     An absolute path that is under no mount fails: it would not survive the pod.
     """
-    ms = sorted(mounts(container, spec), key=lambda m: -len(m[0]))
+    ms = sorted(mounts(container, spec, claim_templates), key=lambda m: -len(m[0]))
     out, inputs = [], []
     for a in args:
         if not a.startswith("/"):
@@ -330,7 +334,7 @@ def every_llmreplay_container(docs):
 
 def test_there_are_llmreplay_commands_to_check(docs):
     subs = sorted(c["args"][0] for _, c in every_llmreplay_container(docs))
-    assert subs == ["capture", "merge", "replay"], subs
+    assert subs == ["capture", "capture", "link", "merge", "replay"], subs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,7 +416,11 @@ def test_sharded_replay_and_merge_run_as_written(docs, binary, tmp_path):
     others = [d for p, _, d in all_docs() if p.name != "replay-job.yaml"]
     ds = replay_docs + others
     job = find(ds, "Job", is_indexed_job)[0]
-    merge_job = find(ds, "Job", lambda d: not is_indexed_job(d))[0]
+    merge_job = find(
+        ds, "Job",
+        lambda d: not is_indexed_job(d)
+        and any(c["args"][0] == "merge" for c in llmreplay_containers(pod_spec(d))),
+    )[0]
     n = job["spec"]["completions"]
     roots = {}
 
@@ -626,5 +634,162 @@ def test_capture_sidecar_command_runs(docs, binary, tmp_path):
     finally:
         for p in (proc, sim):
             if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# A fleet of captures (issue 56): capture-fleet.yaml's pods and link-job.yaml's pass
+
+
+def fleet_parts(docs):
+    (sts,) = [
+        d for d in docs
+        if d["kind"] == "StatefulSet"
+        and any(c["args"][0] == "capture" for c in llmreplay_containers(pod_spec(d)))
+    ]
+    (cap,) = llmreplay_containers(pod_spec(sts))
+    (job,) = [
+        d for d in docs
+        if d["kind"] == "Job"
+        and any(c["args"][0] == "link" for c in llmreplay_containers(pod_spec(d)))
+    ]
+    (link,) = llmreplay_containers(pod_spec(job))
+    return sts, cap, job, link
+
+
+def test_capture_fleet_is_one_key_and_one_store_the_link_job_reads(docs):
+    sts, cap, job, link = fleet_parts(docs)
+    args = cap["args"]
+    # Each pod its own prefix (by its name), all under one store prefix, which the Job reads.
+    (out,) = option_value(args, "--out")
+    assert "$(POD_NAME)" in out, f"--out {out}: pods would write over each other"
+    env = {e["name"]: e for e in cap.get("env", [])}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    store = out.split("$(POD_NAME)")[0].rsplit("/", 1)[0]
+    assert store in link["args"], f"the link Job reads {link['args']}, not {store}"
+    # One key for every pod: a Secret, mounted read-only, named by --hash-key-file.
+    (key,) = option_value(args, "--hash-key-file")
+    spec = pod_spec(sts)
+    ((mount_path, vol, ro),) = [
+        m for m in mounts(cap, spec, sts["spec"]["volumeClaimTemplates"])
+        if key.startswith(m[0] + "/")
+    ]
+    assert "secret" in vol and ro, f"{key}: not on a read-only Secret volume ({vol})"
+    # What the spool keeps survives the pod: a claim template, not an emptyDir.
+    (spool,) = option_value(args, "--spool-dir")
+    claims = {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+    assert any(
+        m["name"] in claims and spool.startswith(m["mountPath"]) for m in cap["volumeMounts"]
+    ), f"--spool-dir {spool} is not on a per-pod claim"
+    assert sts["spec"]["serviceName"] in {
+        d["metadata"]["name"] for d in docs if d["kind"] == "Service"
+    }
+
+
+def _chat(listen, messages):
+    body = json.dumps(
+        {"model": "llmreplay-sim", "messages": messages, "max_tokens": 8, "stream": False}
+    ).encode()
+    req = urllib.request.Request(
+        f"http://{listen}/v1/chat/completions", data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def test_capture_fleet_and_link_job_run_as_written(docs, binary, tmp_path):
+    """Three pods' command lines (the store a local directory standing in for the bucket),
+    a conversation whose turns a load balancer spread over them, then the link Job's command
+    line: one trace, every pod's rows, the conversation linked across pods as one capture
+    would have linked it."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    sts, cap, job, link = fleet_parts(docs)
+    spec = pod_spec(sts)
+    claims = sts["spec"]["volumeClaimTemplates"]
+    bucket = tmp_path / "bucket"
+    (upstream,) = option_value(cap["args"], "--upstream")
+    sim_listen = f"127.0.0.1:{free_port()}"
+    sim = subprocess.Popen(
+        [str(binary), "sim", "--listen", sim_listen, "--fixed-timing", "2,1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    pods, procs = [], []
+    try:
+        wait_http(f"http://{sim_listen}/v1/models", proc=sim)
+        key_root = None
+        for i in range(3):
+            name = f"{sts['metadata']['name']}-{i}"
+            penv = container_env(cap, docs, {"POD_NAME": name})
+            args = resolved_args(cap, penv)
+            # The bucket: a local directory (a local --out has no spool: it writes in place).
+            j = args.index("--spool-dir")
+            args = args[:j] + args[j + 2:]
+            args, inputs = map_paths(args, cap, spec, {}, tmp_path / name, claims)
+            args = [a.replace("s3://", str(bucket) + "/") for a in args]
+            args = [a.replace(upstream.rstrip("/"), f"http://{sim_listen}") for a in args]
+            for f in inputs:  # the Secret's key: the same bytes in every pod
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text("3f" * 32 + "\n")
+                key_root = f
+            listen = f"127.0.0.1:{free_port()}"
+            admin = f"127.0.0.1:{free_port()}"
+            args = [
+                listen if a == "0.0.0.0:8080" else admin if a == "0.0.0.0:9464" else a
+                for a in args
+            ]
+            p = subprocess.Popen(
+                [str(binary), *args], env={**os.environ, **penv},
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            procs.append(p)
+            assert wait_http(f"http://{admin}/readyz", proc=p) == 200
+            pods.append((name, listen))
+        assert key_root is not None, "no --hash-key-file input mapped"
+        # A conversation, each turn through the next pod (round-robin), then one-off requests.
+        messages = [{"role": "user", "content": "plan a trip to Lisbon"}]
+        for turn in range(3):
+            answer = _chat(pods[turn % 3][1], messages)
+            messages += [
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": f"and on day {turn + 2}?"},
+            ]
+        for _, listen in pods:
+            _chat(listen, [{"role": "user", "content": f"unrelated question {listen}"}])
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, f"capture exited {p.returncode}:\n{err}"
+
+        largs = resolved_args(link, container_env(link, docs))
+        largs, _ = map_paths(largs, link, pod_spec(job), {}, tmp_path / "job")
+        largs = [a.replace("s3://", str(bucket) + "/") for a in largs]
+        (linked,) = option_value(largs, "--out")
+        r = run([binary, *largs], timeout=120)
+        assert r.returncode == 0, r.stderr
+        t = pq.read_table(linked).to_pylist()
+        assert len(t) == 6, t
+        assert {row["capture_id"] for row in t} == {n for n, _ in pods}
+        t.sort(key=lambda row: row["arrival_time"])
+        conv, others = t[:3], t[3:]
+        assert [row["capture_id"] for row in conv] == [n for n, _ in pods]
+        assert conv[0]["parent_request_id"] is None
+        for prev, row in zip(conv, conv[1:]):
+            assert row["parent_request_id"] == prev["request_id"], (prev, row)
+        assert len({row["session_id"] for row in conv}) == 1
+        assert all(row["parent_request_id"] is None for row in others), others
+        # Each pod alone could not link them: the pass did.
+        raw = [
+            row for f in sorted(bucket.rglob("*.parquet")) for row in pq.read_table(f).to_pylist()
+        ]
+        assert len(raw) == 6
+        by_id = {row["request_id"]: row for row in raw}
+        assert all(by_id[row["request_id"]]["parent_request_id"] is None for row in conv[1:])
+    finally:
+        for p in [*procs, sim]:
+            if p.poll() is None:
                 p.kill()
                 p.wait()

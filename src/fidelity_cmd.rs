@@ -7,9 +7,13 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct FidelityArgs {
-    /// The captured trace (files, directories or globs, like replay's input).
+    /// The captured trace (files, directories, globs or object-store prefixes, like replay's
+    /// input: several captures are one trace).
     #[arg(long, required = true, num_args = 1..)]
     pub captured: Vec<String>,
+    /// --since/--until: the window of the captured trace read (the replay's rows are all read).
+    #[command(flatten)]
+    pub window: crate::flags::WindowFlags,
     /// The replay's result rows (`replay --results`), replayed against the same upstream.
     #[arg(long, required = true, num_args = 1..)]
     pub replayed: Vec<String>,
@@ -39,7 +43,9 @@ pub struct FidelityArgs {
 
 /// Runs the assessment; Ok(true) when --fail-on-drift applies.
 pub fn run_fidelity(a: FidelityArgs) -> Result<bool> {
-    let captured = crate::traces::read_traces(&a.captured).context("reading the captured trace")?;
+    let captured = crate::traces::read_traces_in(&a.captured, &a.window)
+        .context("reading the captured trace")?;
+    crate::traces::say_trace_captures(&captured, a.window.window()?);
     let replayed =
         crate::traces::read_traces(&a.replayed).context("reading the replay's results")?;
     let noise = if a.noise.is_empty() {

@@ -76,6 +76,34 @@ pub(crate) struct MetricFlags {
     pub metric_percentiles: Vec<f64>,
 }
 
+/// A wall-clock time, RFC 3339 (`2026-01-02T03:04:05Z`), as µs since the epoch.
+pub(crate) fn parse_time(s: &str) -> Result<i64, String> {
+    replay::config::parse_rfc3339_us(s).map_err(|e| e.to_string())
+}
+
+/// The time window of every command that reads a captured trace (`inspect`, `replay`,
+/// `fidelity --captured`, `report --trace`, `export`): declared once, flattened into each,
+/// applied where traces are opened (`traces::open_stream`, `traces::read_traces`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct WindowFlags {
+    /// Read only the trace's rows arriving at or after this time, RFC 3339
+    /// (2026-11-29T06:00:00Z): files whose rows all arrive outside --since/--until are not
+    /// decoded.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub since: Option<i64>,
+    /// Read only the trace's rows arriving before this time, RFC 3339 (the window is
+    /// [--since, --until): hourly windows tile a day).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub until: Option<i64>,
+}
+
+impl WindowFlags {
+    /// The window; refused (a usage error) when it holds no instant.
+    pub(crate) fn window(&self) -> anyhow::Result<trace_format::Window> {
+        trace_format::Window::new(self.since, self.until).map_err(crate::exit::refused)
+    }
+}
+
 /// A whole number from 1 (a count of requests, a cap on them).
 pub(crate) fn parse_count(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
@@ -154,6 +182,17 @@ mod tests {
         assert_eq!(parse_share("1").unwrap(), 1.0);
         assert!(parse_fraction("1.5").is_err() && parse_fraction("0").is_ok());
         assert!(parse_positive("-2").is_err() && parse_positive("inf").is_err());
+    }
+
+    #[test]
+    fn times_are_rfc3339_and_a_window_must_hold_an_instant() {
+        assert_eq!(parse_time("1970-01-01T00:00:01Z").unwrap(), 1_000_000);
+        assert_eq!(parse_time("1970-01-01T01:00:00+01:00").unwrap(), 0);
+        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
+        let w = |since, until| WindowFlags { since, until }.window();
+        assert!(w(Some(1), Some(2)).is_ok() && w(None, None).is_ok());
+        let e = format!("{:#}", w(Some(2), Some(2)).unwrap_err());
+        assert!(e.contains("--since must come before --until"), "{e}");
     }
 
     #[test]

@@ -150,9 +150,12 @@ impl std::str::FromStr for ExportFormat {
 /// `llmreplay export`.
 #[derive(Args, Debug)]
 pub struct ExportArgs {
-    /// Trace files, directories or globs.
+    /// Trace files, directories, globs or object-store prefixes: several captures are one
+    /// trace.
     #[arg(required = true)]
     pub traces: Vec<String>,
+    #[command(flatten)]
+    pub window: crate::flags::WindowFlags,
     /// Output file.
     #[arg(short, long)]
     pub output: PathBuf,
@@ -252,7 +255,8 @@ fn skipped_note(e: &import::MooncakeExport, rows: usize) -> String {
 
 /// Runs `llmreplay export`: rows are read in arrival order and written as read.
 pub fn run_export(a: ExportArgs) -> Result<()> {
-    let stream = crate::traces::open_stream(&a.traces).context("reading the trace")?;
+    let stream =
+        crate::traces::open_stream_in(&a.traces, &a.window).context("reading the trace")?;
     let (flavor, name) = match a.format {
         ExportFormat::Mooncake => (import::Flavor::Mooncake, "mooncake JSONL"),
         ExportFormat::Aiperf => (
@@ -317,6 +321,7 @@ pub fn run_export(a: ExportArgs) -> Result<()> {
     if e.skipped_rows() > 0 {
         eprintln!("{}", skipped_note(&e, stream.rows()));
     }
+    crate::traces::say_stream_captures(&stream)?;
     let with_hashes = e.with_hashes;
     if with_hashes > 0 {
         match sizes.iter().next() {

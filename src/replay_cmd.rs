@@ -24,7 +24,7 @@ use crate::sim_cmd::{EmbeddedSim, SimOpts, DEFAULT_PROFILE};
 fn parse_start_at(s: &str) -> Result<i64, String> {
     match s.trim().strip_prefix('+') {
         Some(rel) => Ok(wire::clock::epoch_us() + parse_duration(rel)?.as_micros() as i64),
-        None => replay::config::parse_rfc3339_us(s).map_err(|e| e.to_string()),
+        None => crate::flags::parse_time(s),
     }
 }
 
@@ -43,9 +43,11 @@ fn shard_from_env() -> Result<Shard> {
 
 #[derive(Args, Debug)]
 pub(crate) struct ReplayArgs {
-    /// Trace files, directories or globs.
+    /// Trace files, directories, globs or object-store prefixes: several captures are one trace.
     #[arg(required = true)]
     traces: Vec<String>,
+    #[command(flatten)]
+    window: crate::flags::WindowFlags,
     /// Target base URL, `URL` or `NAME=URL`; repeat to replay the same schedule against each in turn.
     /// Without one, an in-process sim is the target. `--base-url` is `vllm bench serve`'s name
     /// for it: the server's base URL without the endpoint path (a trailing /v1 is dropped; a
@@ -325,7 +327,8 @@ fn progress_bar(enabled: bool) -> impl Fn(&Target, replay::Progress) {
 pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
     // The trace is streamed: its files' footers now, its rows as the run reaches them (a
     // sweep or repeats read it whole below).
-    let stream = crate::traces::open_stream(&a.traces).context("reading the trace")?;
+    let stream =
+        crate::traces::open_stream_in(&a.traces, &a.window).context("reading the trace")?;
     let block_size = stream
         .files()
         .iter()
@@ -401,6 +404,7 @@ pub(crate) fn run_replay(a: ReplayArgs) -> Result<ExitStatus> {
     }
     let ran = ran.map_err(anyhow::Error::from).and_then(|runs| {
         identity.content_hash = stream.content_hash().context("reading the trace")?;
+        crate::traces::say_stream_captures(&stream)?;
         if let Some(s) = results.as_mut() {
             s.set_trace_hash(&identity.content_hash);
         }
@@ -517,7 +521,8 @@ fn sweep_levels(
         refuse!("--otlp-endpoint exports one run's requests; it cannot be combined with a sweep or repeats (export one replay per level)");
     }
     // Every level replays the same rows: they are read once, into memory.
-    let trace = crate::traces::read_traces(&a.traces).context("reading the trace")?;
+    let trace = crate::traces::read_traces_in(&a.traces, &a.window).context("reading the trace")?;
+    crate::traces::say_trace_captures(&trace, a.window.window()?);
     let stop = replay::Stop::new();
     stop_on_signals(&stop, a.drain_timeout)?;
     crate::report_cmd::run_sweep(

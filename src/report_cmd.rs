@@ -395,9 +395,13 @@ pub struct ReportArgs {
     /// the JSON was saved without --save-detailed.
     #[arg(long = "results", num_args = 1..)]
     results: Vec<String>,
-    /// The captured trace (files, directories, globs): its arrival rate plot and peak load.
+    /// The captured trace (files, directories, globs, object-store prefixes: several
+    /// captures are one trace): its arrival rate plot and peak load.
     #[arg(long, num_args = 1..)]
     trace: Vec<String>,
+    /// --since/--until: the window of the --trace read.
+    #[command(flatten)]
+    window: crate::flags::WindowFlags,
     /// The percentile SLOs are judged at (default: the sweep's, else 95).
     #[arg(long, value_parser = parse_percentile)]
     slo_percentile: Option<f64>,
@@ -439,9 +443,11 @@ pub fn run_report(a: ReportArgs) -> Result<()> {
     let arrivals = if a.trace.is_empty() {
         None
     } else {
-        let stream = crate::traces::open_stream(&a.trace).context("reading --trace")?;
+        let stream =
+            crate::traces::open_stream_in(&a.trace, &a.window).context("reading --trace")?;
         let mut a = series::arrival_profile_of(&stream).context("reading --trace")?;
         a.producer = series::producer_of(stream.files());
+        crate::traces::say_stream_captures(&stream)?;
         Some(a)
     };
     let data = reporting::document::build(

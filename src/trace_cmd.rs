@@ -46,9 +46,12 @@ pub(crate) struct SynthArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct InspectArgs {
-    /// Trace files, directories or globs.
+    /// Trace files, directories, globs or object-store prefixes (Hive partitions included):
+    /// several captures are one trace, each capture's rows and span shown.
     #[arg(required = true)]
     traces: Vec<String>,
+    #[command(flatten)]
+    window: crate::flags::WindowFlags,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -95,7 +98,8 @@ pub(crate) fn run_synth(a: SynthArgs) -> Result<()> {
 
 pub(crate) fn run_inspect(a: InspectArgs) -> Result<()> {
     use std::io::Write;
-    let stream = crate::traces::open_stream(&a.traces).context("reading the trace")?;
+    let stream =
+        crate::traces::open_stream_in(&a.traces, &a.window).context("reading the trace")?;
     let summary = trace_format::inspect::summarize_stream(&stream, &a.cache_blocks)
         .context("reading the trace")?;
     let mut out = std::io::stdout().lock();

@@ -14,7 +14,7 @@
 //! the upload succeeded: a store that is down delays files, it never loses them.
 //!
 //! [`read_traces`] (and [`open_stream`], the same inputs read in arrival order with bounded
-//! memory) and [`write_trace`] are the trace reader and writer of `trace-format` for
+//! memory; [`open_stream_in`], only the rows of a time window) and [`write_trace`] are the trace reader and writer of `trace-format` for
 //! inputs and outputs that may be URLs; [`write_bytes`] writes any other output (a result
 //! document) to a path or a URL alike.
 //!
@@ -34,7 +34,7 @@ use futures_util::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme};
 use trace_format::reader::{RemoteFile, RemoteFiles};
-use trace_format::{FileMeta, Trace, TraceFileWriter, TraceRecord, TraceStream};
+use trace_format::{FileMeta, Trace, TraceFileWriter, TraceRecord, TraceStream, Window};
 
 mod connector;
 mod uploader;
@@ -327,7 +327,14 @@ pub fn read_traces<S: AsRef<str>>(inputs: &[S]) -> Result<Trace> {
 /// object is fetched whole each time the stream reads it (once for the first pass, once per
 /// pass over its records), one object at a time unless objects overlap in time.
 pub fn open_stream<S: AsRef<str>>(inputs: &[S]) -> Result<TraceStream> {
-    TraceStream::open_with(inputs, &ObjectStores)
+    open_stream_in(inputs, Window::ALL)
+}
+
+/// [`open_stream`], reading only the rows arriving in `window` (see
+/// [`TraceStream::open_in`]): an object whose rows all arrive outside it is fetched once, for
+/// its footer, and never decoded.
+pub fn open_stream_in<S: AsRef<str>>(inputs: &[S], window: Window) -> Result<TraceStream> {
+    TraceStream::open_in(inputs, &ObjectStores, window)
 }
 
 /// The object stores as a source of trace files for [`trace_format::reader`].

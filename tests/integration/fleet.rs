@@ -316,3 +316,229 @@ fn three_captures_linked_are_one_capture_and_replay_closed_in_order() {
     }
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// µs since the epoch of an RFC 3339 time.
+fn us(t: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(t)
+        .unwrap()
+        .timestamp_micros()
+}
+
+/// An RFC 3339 time as the tools print it (µs, UTC).
+fn utc(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .unwrap()
+        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string()
+}
+
+/// Three captures' directories (`pod-K`, 4 files of 5 s each, as capture rotates them, a
+/// request every 50 ms from 18:53:05 for 20 s; capture K's 7·K ms later), hashed under `key`,
+/// beside the repository's sample of an older schema (synth, 1.1: 300 rows from 18:53:09.8 to
+/// 18:53:19.7, no capture columns). Returns the inputs and every row written or sampled.
+fn fleet_inputs(work: &Path, key: &str) -> (Vec<String>, Vec<TraceRecord>) {
+    use trace_format::privacy::{Grade, Manifest};
+    let t0 = us("2026-12-01T18:53:05Z");
+    let mut meta = trace_format::FileMeta::new(trace_format::Producer::Capture, "test");
+    meta.privacy = Some(Manifest::new(
+        Grade::Hashes,
+        Some(&trace_format::keyed::KeyId(key.into())),
+        16,
+        "words",
+    ));
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/synth-300.parquet");
+    let mut all = trace_format::read_traces(&[sample.to_str().unwrap()])
+        .unwrap()
+        .records;
+    let mut inputs = Vec::new();
+    for k in 0..3i64 {
+        let dir = work.join(format!("pod-{k}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..4i64 {
+            let rows: Vec<TraceRecord> = (0..100i64)
+                .map(|i| {
+                    let at = t0 + f * 5_000_000 + i * 50_000 + k * 7_000;
+                    let mut r = TraceRecord::new(format!("pod{k}-{f}-{i}"), at, "/v1/completions");
+                    r.stream = true;
+                    (r.prompt_tokens, r.output_tokens, r.max_tokens) = (Some(12), Some(3), Some(3));
+                    (r.status, r.ttft_us, r.e2el_us) = (Some(200), Some(2_000), Some(6_000));
+                    r.capture_id = Some(format!("pod-{k}"));
+                    r.capture_started_us = Some(t0 - 60_000_000 + k);
+                    r
+                })
+                .collect();
+            let name = format!("capture-20261201T1853{:02}Z-{f:06}.parquet", 5 + 5 * f);
+            trace_format::write_trace_file(&dir.join(name), &rows, &meta).unwrap();
+            all.extend(rows);
+        }
+        inputs.push(dir.display().to_string());
+    }
+    inputs.push(sample.display().to_string());
+    (inputs, all)
+}
+
+/// llmreplay with `args`: (success, stdout, stderr).
+fn llmreplay(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run llmreplay");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// Three captures' directories and a trace of an older schema, given together with a window
+/// across their files, are one trace of exactly the rows arriving in the window to `replay`,
+/// `fidelity --captured`, `report --trace`, `export` and `inspect`: each reads (or replays,
+/// exports, compares) that many rows and says each capture's rows and span in it, the same
+/// lines from every command. A directory hashed under another key is refused beside them.
+#[test]
+fn several_captures_in_a_window_are_one_trace_to_replay_fidelity_report_and_export() {
+    let _serial = serial();
+    let work = tmpdir("fleet-window");
+    let (mut inputs, all) = fleet_inputs(&work, "fleet-key");
+    let (since, until) = ("2026-12-01T18:53:12Z", "2026-12-01T18:53:16Z");
+    let kept: Vec<&TraceRecord> = all
+        .iter()
+        .filter(|r| (us(since)..us(until)).contains(&r.arrival_time_us))
+        .collect();
+    let total = kept.len();
+    let unnamed = kept.iter().filter(|r| r.capture_id.is_none()).count();
+    let mut want = vec![format!(
+        "trace: {total} rows in the window [{}, {}) from 3 capture(s):",
+        utc(us(since)),
+        utc(us(until))
+    )];
+    for k in 0..3 {
+        let at: Vec<i64> = kept
+            .iter()
+            .filter(|r| r.capture_id.as_deref() == Some(&format!("pod-{k}")))
+            .map(|r| r.arrival_time_us)
+            .collect();
+        let (first, last) = (at[0], *at.last().unwrap());
+        want.push(format!(
+            "  pod-{k} (started {}): {} rows, {} → {} ({:.3} s), clock unknown (no file says)",
+            utc(us("2026-12-01T18:52:05Z") + k),
+            at.len(),
+            utc(first),
+            utc(last),
+            (last - first) as f64 / 1e6
+        ));
+    }
+    want.push(format!("  {unnamed} rows name no capture"));
+    assert!(
+        unnamed > 50 && total > unnamed + 200,
+        "{total} rows, {unnamed} synth"
+    );
+    let says_captures = |what: &str, err: &str| {
+        for line in &want {
+            assert!(err.contains(line.as_str()), "{what}: no {line:?} in\n{err}");
+        }
+    };
+    let with = |inputs: &[String], extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        v.extend(inputs.iter().cloned());
+        v.extend(["--since", since, "--until", until].map(String::from));
+        v
+    };
+    let run = |args: Vec<String>| llmreplay(&args.iter().map(String::as_str).collect::<Vec<_>>());
+
+    // replay: every row of the window sent, none other.
+    let sim = SimProc::fixed(&bin(), 1, 1);
+    let results = work.join("replayed.parquet");
+    let doc = work.join("replayed.json");
+    let mut args = with(&inputs, &["replay"]);
+    args.extend(["--target".into(), format!("sim={}", sim.url())]);
+    args.extend(["--speedup", "4", "--quiet", "--results"].map(String::from));
+    args.extend([results.display().to_string(), "--save-result".into()]);
+    args.push(doc.display().to_string());
+    let (ok, out, err) = run(args);
+    assert!(ok, "replay failed\n{out}\n{err}");
+    says_captures("replay", &err);
+    let replayed = trace_format::read_traces(&[results.to_str().unwrap()])
+        .unwrap()
+        .records;
+    assert_eq!(replayed.len(), total);
+
+    // fidelity: the window's rows are the capture the replay is compared with, all matched.
+    let mut args = with(&inputs, &["fidelity", "--captured"]);
+    args.extend(["--replayed".into(), results.display().to_string()]);
+    args.extend(["--speedup".into(), "4".into()]);
+    let (ok, out, err) = run(args);
+    assert!(ok, "fidelity failed\n{out}\n{err}");
+    says_captures("fidelity", &err);
+    assert!(
+        out.contains(&format!(
+            "Requests: {total} captured, {total} replayed, {total} in both (0 only captured"
+        )),
+        "{out}"
+    );
+
+    // report: the window's 4 s of arrivals are the trace's.
+    let md = work.join("report.md");
+    let mut args = with(&inputs, &["report", "--trace"]);
+    args.extend([
+        doc.display().to_string(),
+        "-o".into(),
+        md.display().to_string(),
+    ]);
+    let (ok, out, err) = run(args);
+    assert!(ok, "report failed\n{out}\n{err}");
+    says_captures("report", &err);
+    let text = std::fs::read_to_string(&md).unwrap();
+    let mean = format!(": 4 s, mean {:.2} req/s", total as f64 / 4.0);
+    assert!(text.contains(&mean), "no {mean:?} in\n{text}");
+
+    // export: a line per row of the window.
+    let jsonl = work.join("window.jsonl");
+    let mut args = with(&inputs, &["export"]);
+    args.extend(["-o".into(), jsonl.display().to_string()]);
+    let (ok, out, err) = run(args);
+    assert!(ok, "export failed\n{out}\n{err}");
+    says_captures("export", &err);
+    assert_eq!(
+        std::fs::read_to_string(&jsonl).unwrap().lines().count(),
+        total
+    );
+
+    // inspect: the same rows, and each capture's share of them in its summary.
+    let (ok, out, err) = run(with(&inputs, &["inspect", "--json"]));
+    assert!(ok, "inspect failed\n{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"], total, "{out}");
+    let shares: Vec<(String, u64)> = v["captures"]["captures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["rows"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let count = |k: usize| {
+        kept.iter()
+            .filter(|r| r.capture_id.as_deref() == Some(&format!("pod-{k}")))
+            .count() as u64
+    };
+    assert_eq!(
+        shares,
+        (0..3)
+            .map(|k| (format!("pod-{k}"), count(k)))
+            .collect::<Vec<_>>()
+    );
+
+    // A capture hashed under another key is not combined, window or not.
+    let other = tmpdir("fleet-window-other");
+    let (odd, _) = fleet_inputs(&other, "another-key");
+    inputs.push(odd[0].clone());
+    let (ok, _, err) = run(with(&inputs, &["inspect"]));
+    assert!(
+        !ok && err.contains("hashes under different keys never compare"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&work);
+    let _ = std::fs::remove_dir_all(&other);
+}

@@ -43,10 +43,15 @@ pub struct CaptureSummary {
     pub rows_without_capture: usize,
 }
 
-/// Counts the rows of each capture run as they go by (memory: one entry per capture run).
-#[derive(Debug, Default)]
+/// One capture run's start, rows, first and last arrival.
+type Run = (Option<i64>, usize, i64, i64);
+
+/// Counts the rows of each capture run as they go by (memory: one entry per capture run; a
+/// row costs a lookup by its id, no allocation once its run is known).
+#[derive(Debug, Default, Clone)]
 pub struct CaptureCounter {
-    runs: BTreeMap<(String, Option<i64>), (usize, i64, i64)>,
+    /// Per `capture_id`: each of its runs.
+    runs: BTreeMap<String, Vec<Run>>,
     without: usize,
     clocks: Vec<CaptureInfo>,
 }
@@ -65,18 +70,31 @@ impl CaptureCounter {
 
     /// One row.
     pub fn add(&mut self, r: &TraceRecord) {
-        let Some(id) = &r.capture_id else {
+        self.add_row(
+            r.capture_id.as_deref(),
+            r.capture_started_us,
+            r.arrival_time_us,
+        );
+    }
+
+    /// One row, by its `capture_id`, `capture_started` and arrival.
+    pub fn add_row(&mut self, id: Option<&str>, started: Option<i64>, at: i64) {
+        let Some(id) = id else {
             self.without += 1;
             return;
         };
-        let at = r.arrival_time_us;
-        let e = self
-            .runs
-            .entry((id.clone(), r.capture_started_us))
-            .or_insert((0, at, at));
-        e.0 += 1;
-        e.1 = e.1.min(at);
-        e.2 = e.2.max(at);
+        let runs = match self.runs.get_mut(id) {
+            Some(runs) => runs,
+            None => self.runs.entry(id.to_string()).or_default(),
+        };
+        match runs.iter_mut().find(|r| r.0 == started) {
+            Some(e) => {
+                e.1 += 1;
+                e.2 = e.2.min(at);
+                e.3 = e.3.max(at);
+            }
+            None => runs.push((started, 1, at, at)),
+        }
     }
 
     /// The summary (None when no row names a capture).
@@ -87,7 +105,11 @@ impl CaptureCounter {
         let captures: Vec<CaptureShare> = self
             .runs
             .into_iter()
-            .map(|((id, started), (rows, first, last))| {
+            .flat_map(|(id, mut runs)| {
+                runs.sort_by_key(|r| r.0);
+                runs.into_iter().map(move |r| (id.clone(), r))
+            })
+            .map(|(id, (started, rows, first, last))| {
                 let clock = self
                     .clocks
                     .iter()

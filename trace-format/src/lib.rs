@@ -38,6 +38,7 @@ mod test_records;
 pub mod tokens;
 pub mod tracectx;
 pub mod utc;
+pub mod window;
 pub mod writer;
 
 pub use cause::{Cause, CauseCounts};
@@ -47,4 +48,5 @@ pub use file_meta::FileMeta;
 pub use reader::{read_traces, ContentHash, Trace, TraceFile};
 pub use schema::{Outcome, ParentLink, Producer, TokenSource, TraceRecord, SCHEMA_VERSION};
 pub use stream::TraceStream;
+pub use window::Window;
 pub use writer::{TraceWriter, WriterConfig};

@@ -27,7 +27,7 @@ mod guard;
 mod pages;
 
 pub use columns::batch_to_records;
-pub(crate) use columns::{arrivals, convert, ids_and_arrivals};
+pub(crate) use columns::{arrivals, convert, row_keys, RowKey};
 pub use file::guarded;
 use file::{Columns, OpenFile, Source};
 

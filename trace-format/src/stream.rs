@@ -34,9 +34,13 @@
 //! whose footer misstates its rows (a row outside the recorded extent or out of the recorded
 //! order, a different row count), is an error naming it.
 //!
-//! The [content hash](TraceStream::content_hash) is taken as the records go by: after one
-//! full pass of [`TraceStream::records`] (a replay that reads the whole trace) it is known
-//! without another read.
+//! The [content hash](TraceStream::content_hash) and [each capture's share](TraceStream::captures)
+//! are taken as the records go by: after one full pass of [`TraceStream::records`] (a replay
+//! that reads the whole trace) they are known without another read.
+//!
+//! [`TraceStream::open_in`] reads only the rows of a time [`Window`] (`--since/--until`): the
+//! files are placed against it by their footers' extent, those outside it dropped unread, those
+//! across an edge counted by their arrival column and read only as far as the window goes.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -45,13 +49,15 @@ use std::sync::OnceLock;
 
 use arrow_array::RecordBatch;
 
+use crate::captures::{CaptureCounter, CaptureSummary};
 use crate::error::{Error, Result};
 use crate::order::{non_null_from_statistics, Claim, OrderMeter};
 use crate::reader::file::{Batches, Columns, OpenFile, Source};
 use crate::reader::{
-    arrivals, convert, ids_and_arrivals, sources, ContentHash, LocalOnly, RemoteFiles, TraceFile,
+    arrivals, convert, row_keys, sources, ContentHash, LocalOnly, RemoteFiles, RowKey, TraceFile,
 };
 use crate::schema::{col, TraceRecord};
+use crate::window::{Overlap, Window};
 
 pub use crate::order::FileOrder;
 
@@ -65,6 +71,13 @@ struct Input {
     first_arrival_us: Option<i64>,
     last_arrival_us: Option<i64>,
     disorder_us: OnceLock<i64>,
+    /// Its rows (the footer's count; [`TraceFile::rows`] counts those in the window).
+    total_rows: usize,
+    /// The rows read: the stream's window.
+    window: Window,
+    /// The first and last arrival in the window (the whole extent without one).
+    kept_first_us: Option<i64>,
+    kept_last_us: Option<i64>,
     /// Rows with a recorded body, from the footer's statistics (None: not there).
     bodies: Option<usize>,
     /// Shadow rows (with `pair_request_id`), from the footer's statistics (None: not there).
@@ -78,8 +91,8 @@ impl Input {
         if let Some(&d) = self.disorder_us.get() {
             return Ok(d);
         }
-        let (rows, order) = measure(&OpenFile::open(&self.source)?)?;
-        if rows != info.rows
+        let Measured { rows, order, .. } = measure(&OpenFile::open(&self.source)?, Window::ALL)?;
+        if rows != self.total_rows
             || (order.first_arrival_us, order.last_arrival_us)
                 != (self.first_arrival_us, self.last_arrival_us)
         {
@@ -90,7 +103,7 @@ impl Input {
                      ({rows} rows from {:?} to {:?}; the footer says {} from {:?} to {:?})",
                     order.first_arrival_us,
                     order.last_arrival_us,
-                    info.rows,
+                    self.total_rows,
                     self.first_arrival_us,
                     self.last_arrival_us
                 ),
@@ -99,13 +112,46 @@ impl Input {
         let _ = self.disorder_us.set(order.disorder_us);
         Ok(order.disorder_us)
     }
+
+    /// Narrows the file to `window`: false when none of its rows is in it; else its rows in
+    /// the window counted in `info` (a file across an edge is measured now, by a pass over
+    /// its arrival column, which also measures a disorder not recorded) and its footer's
+    /// counts of bodies and shadow rows forgotten when they count rows outside.
+    fn narrow(&mut self, info: &mut TraceFile, window: Window) -> Result<bool> {
+        self.window = window;
+        let (Some(first), Some(last)) = (self.first_arrival_us, self.last_arrival_us) else {
+            return Ok(false);
+        };
+        match window.overlap(first, last) {
+            Overlap::Inside => return Ok(true),
+            Overlap::Outside => return Ok(false),
+            Overlap::Across => {}
+        }
+        let m = measure(&OpenFile::open(&self.source)?, window)?;
+        if m.rows != self.total_rows {
+            return Err(Error::format(
+                &info.path,
+                format!(
+                    "the file changed while it was read ({} rows; {} when it was opened)",
+                    m.rows, self.total_rows
+                ),
+            ));
+        }
+        let _ = self.disorder_us.set(m.order.disorder_us);
+        info.rows = m.kept;
+        (self.kept_first_us, self.kept_last_us) = (m.kept_first_us, m.kept_last_us);
+        (self.bodies, self.shadow) = (None, None);
+        Ok(m.kept > 0)
+    }
 }
 
 /// Trace files opened for reading in arrival order (see the [module](self) documentation).
 pub struct TraceStream {
     files: Vec<TraceFile>,
     inputs: Vec<Input>,
+    window: Window,
     hash: OnceLock<String>,
+    captures: OnceLock<Option<CaptureSummary>>,
 }
 
 impl std::fmt::Debug for TraceStream {
@@ -134,19 +180,58 @@ impl TraceStream {
 
     /// [`TraceStream::open`], with the inputs `remote` claims listed and fetched through it.
     pub fn open_with<S: AsRef<str>>(inputs: &[S], remote: &dyn RemoteFiles) -> Result<TraceStream> {
+        TraceStream::open_in(inputs, remote, Window::ALL)
+    }
+
+    /// [`TraceStream::open_with`], reading only the rows arriving in `window`: the files with
+    /// none in it are left out (of [`TraceStream::files`] too) and never decoded, a file across
+    /// an edge is measured when opened (its arrival column) and its rows outside the window
+    /// are dropped as they are decoded, its reading stopped once no later row can be in it.
+    /// The files kept must share one key; a window that keeps no row is an error.
+    pub fn open_in<S: AsRef<str>>(
+        inputs: &[S],
+        remote: &dyn RemoteFiles,
+        window: Window,
+    ) -> Result<TraceStream> {
         let mut files = Vec::new();
         let mut opened = Vec::new();
+        let (mut seen, mut extent) = (0usize, None::<(i64, i64)>);
         for source in sources(inputs, remote)? {
-            let (info, input) = open_file(source)?;
-            files.push(info);
-            opened.push(input);
+            let (mut info, mut input) = open_file(source)?;
+            seen += 1;
+            if let (Some(a), Some(b)) = (input.first_arrival_us, input.last_arrival_us) {
+                extent = Some(extent.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+            }
+            if window.is_all() || input.narrow(&mut info, window)? {
+                files.push(info);
+                opened.push(input);
+            }
+        }
+        if files.is_empty() {
+            let span = extent.map_or("no rows".to_string(), |(a, b)| {
+                format!(
+                    "rows from {} to {}",
+                    crate::utc::rfc3339(a),
+                    crate::utc::rfc3339(b)
+                )
+            });
+            return Err(Error::Invalid(format!(
+                "no row arrives in the window {window}: the {seen} file(s) hold {span}"
+            )));
         }
         crate::file_meta::one_key(files.iter().map(|f| (f.path.as_path(), &f.meta)))?;
         Ok(TraceStream {
             files,
             inputs: opened,
+            window,
             hash: OnceLock::new(),
+            captures: OnceLock::new(),
         })
+    }
+
+    /// The window its rows are read in ([`Window::ALL`] unless opened with one).
+    pub fn window(&self) -> Window {
+        self.window
     }
 
     /// The files, in reading order (as [`Trace::files`](crate::Trace::files)).
@@ -171,14 +256,14 @@ impl TraceStream {
             .collect()
     }
 
-    /// Rows over every file.
+    /// Rows over every file (in the window).
     pub fn rows(&self) -> usize {
         self.files.iter().map(|f| f.rows).sum()
     }
 
     /// The earliest arrival over every file, µs since the epoch (None: no rows).
     pub fn first_arrival_us(&self) -> Option<i64> {
-        self.inputs.iter().filter_map(|i| i.first_arrival_us).min()
+        self.inputs.iter().filter_map(|i| i.kept_first_us).min()
     }
 
     /// Rows with a recorded body over every file, from the footers' statistics, without
@@ -195,25 +280,43 @@ impl TraceStream {
 
     /// The latest arrival over every file.
     pub fn last_arrival_us(&self) -> Option<i64> {
-        self.inputs.iter().filter_map(|i| i.last_arrival_us).max()
+        self.inputs.iter().filter_map(|i| i.kept_last_us).max()
     }
 
     /// The trace's content hash ([`crate::reader::content_hash`] of its rows in arrival
     /// order, equal to [`Trace::content_hash`](crate::Trace::content_hash) of the same
     /// inputs): kept from the first full pass of [`TraceStream::records`], else from a merge
-    /// over the `request_id` and `arrival_time` columns only, made on this call and kept.
+    /// over the `request_id`, `arrival_time` and capture columns only, made on this call and
+    /// kept (with [`TraceStream::captures`]).
     pub fn content_hash(&self) -> Result<String> {
-        if let Some(h) = self.hash.get() {
-            return Ok(h.clone());
+        if self.hash.get().is_none() {
+            self.key_pass()?;
         }
+        Ok(self.hash.get().cloned().unwrap_or_default())
+    }
+
+    /// What each capture contributed to the rows read (in the window): rows, span and clock
+    /// per capture run, None when no row names a capture. Kept from the first full pass of
+    /// [`TraceStream::records`], else from the pass [`TraceStream::content_hash`] makes.
+    pub fn captures(&self) -> Result<Option<CaptureSummary>> {
+        if self.captures.get().is_none() {
+            self.key_pass()?;
+        }
+        Ok(self.captures.get().cloned().flatten())
+    }
+
+    /// One merge over the key columns: the content hash and the captures, kept.
+    fn key_pass(&self) -> Result<()> {
         let mut h = ContentHash::default();
-        for key in Merge::<Key>::new(&self.inputs, &self.files) {
-            let Key(id, at) = key?;
-            h.add(&id, at);
+        let mut counter = CaptureCounter::new(&self.files);
+        for key in Merge::<RowKey>::new(&self.inputs, &self.files) {
+            let k = key?;
+            h.add(&k.request_id, k.arrival_us);
+            counter.add_row(k.capture_id.as_deref(), k.capture_started_us, k.arrival_us);
         }
-        let h = h.finish();
-        let _ = self.hash.set(h.clone());
-        Ok(h)
+        let _ = self.hash.set(h.finish());
+        let _ = self.captures.set(counter.finish());
+        Ok(())
     }
 
     /// Every record in arrival order (stable: file order breaks ties), exactly as
@@ -223,7 +326,8 @@ impl TraceStream {
         Records {
             merge: Merge::new(&self.inputs, &self.files),
             hash: ContentHash::default(),
-            hash_slot: &self.hash,
+            counter: CaptureCounter::new(&self.files),
+            stream: self,
             failed: false,
         }
     }
@@ -238,11 +342,16 @@ fn open_file(source: Source) -> Result<(TraceFile, Input)> {
     let footer = file.footer();
     let bodies = non_null_from_statistics(footer, col::BODY);
     let shadow = non_null_from_statistics(footer, col::PAIR_REQUEST_ID);
+    let total_rows = info.rows;
     let input = |first, last, disorder: Option<i64>| Input {
         source,
         first_arrival_us: first,
         last_arrival_us: last,
         disorder_us: disorder.map(OnceLock::from).unwrap_or_default(),
+        total_rows,
+        window: Window::ALL,
+        kept_first_us: first,
+        kept_last_us: last,
         bodies,
         shadow,
     };
@@ -254,7 +363,7 @@ fn open_file(source: Source) -> Result<(TraceFile, Input)> {
         Claim::Extent(first, last) => return Ok((info, input(first, last, None))),
         Claim::Nothing => {}
     }
-    let (rows, o) = measure(&file)?;
+    let Measured { rows, order: o, .. } = measure(&file, Window::ALL)?;
     if rows != info.rows {
         return Err(Error::format(
             &info.path,
@@ -268,16 +377,37 @@ fn open_file(source: Source) -> Result<(TraceFile, Input)> {
     Ok((info, i))
 }
 
-/// A pass over one file's arrival column: its rows and order.
-fn measure(file: &OpenFile) -> Result<(usize, FileOrder)> {
+/// What a pass over one file's arrival column found.
+struct Measured {
+    rows: usize,
+    order: FileOrder,
+    /// Rows in the window, and their first and last arrival.
+    kept: usize,
+    kept_first_us: Option<i64>,
+    kept_last_us: Option<i64>,
+}
+
+/// A pass over one file's arrival column: its rows and order, and its rows in `window`.
+fn measure(file: &OpenFile, window: Window) -> Result<Measured> {
     let mut meter = OrderMeter::default();
+    let mut kept = OrderMeter::default();
     for batch in file.batches(Columns::Only(&[col::ARRIVAL_TIME]), 64 * 1024)? {
         let (first_row, batch) = batch?;
         for at in arrivals(&batch, file.name(), first_row)? {
             meter.add(at);
+            if window.contains(at) {
+                kept.add(at);
+            }
         }
     }
-    Ok((meter.rows(), meter.order()))
+    let k = kept.order();
+    Ok(Measured {
+        rows: meter.rows(),
+        order: meter.order(),
+        kept: kept.rows(),
+        kept_first_us: k.first_arrival_us,
+        kept_last_us: k.last_arrival_us,
+    })
 }
 
 /// What a merge reads of each row.
@@ -300,19 +430,19 @@ impl Row for TraceRecord {
     }
 }
 
-/// A row's (request id, arrival): what the content hash reads.
-struct Key(String, i64);
-
-impl Row for Key {
-    const COLUMNS: Columns = Columns::Only(&[col::REQUEST_ID, col::ARRIVAL_TIME]);
+/// A row's request id, arrival and capture: what the content hash and the captures read.
+impl Row for RowKey {
+    const COLUMNS: Columns = Columns::Only(&[
+        col::REQUEST_ID,
+        col::ARRIVAL_TIME,
+        col::CAPTURE_ID,
+        col::CAPTURE_STARTED,
+    ]);
     fn decode(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<Self>> {
-        Ok(ids_and_arrivals(batch, path, first_row)?
-            .into_iter()
-            .map(|(id, at)| Key(id, at))
-            .collect())
+        row_keys(batch, path, first_row)
     }
     fn arrival_us(&self) -> i64 {
-        self.1
+        self.arrival_us
     }
 }
 
@@ -355,6 +485,10 @@ struct FileRows<T: Row> {
     last: i64,
     expected_rows: usize,
     exhausted: bool,
+    /// The rows yielded; reading stops once no later row can be in it.
+    window: Window,
+    /// Whether reading stopped there (the rows after it are not counted).
+    cut: bool,
 }
 
 impl<T: Row> FileRows<T> {
@@ -371,8 +505,10 @@ impl<T: Row> FileRows<T> {
             disorder,
             first: input.first_arrival_us.unwrap_or(i64::MAX),
             last: input.last_arrival_us.unwrap_or(i64::MIN),
-            expected_rows: info.rows,
+            expected_rows: input.total_rows,
             exhausted: false,
+            window: input.window,
+            cut: false,
         })
     }
 
@@ -408,12 +544,23 @@ impl<T: Row> FileRows<T> {
                     return Some(Err(self.changed("a row outside the extent first measured")));
                 }
                 self.latest = self.latest.max(at);
+                self.seq += 1;
+                if !self.window.contains(at) {
+                    // No later row arrives before `latest - disorder`: past the window's end
+                    // the rest of the file is not read.
+                    if self
+                        .window
+                        .ended_by(self.latest.saturating_sub(self.disorder))
+                    {
+                        (self.exhausted, self.cut) = (true, true);
+                    }
+                    continue;
+                }
                 self.buffer.push(Reverse(Pending {
                     at,
                     seq: self.seq,
                     row,
                 }));
-                self.seq += 1;
                 continue;
             }
             match self.batches.next() {
@@ -424,7 +571,7 @@ impl<T: Row> FileRows<T> {
                 Some(Err(e)) => return Some(Err(e)),
                 None => {
                     self.exhausted = true;
-                    if self.seq as usize != self.expected_rows {
+                    if !self.cut && self.seq as usize != self.expected_rows {
                         return Some(Err(self.changed(&format!(
                             "{} rows, {} when it was opened",
                             self.seq, self.expected_rows
@@ -460,9 +607,9 @@ struct Merge<'a, T: Row> {
 impl<'a, T: Row> Merge<'a, T> {
     fn new(inputs: &'a [Input], files: &'a [TraceFile]) -> Merge<'a, T> {
         let mut unopened: Vec<usize> = (0..inputs.len())
-            .filter(|&i| inputs[i].first_arrival_us.is_some())
+            .filter(|&i| inputs[i].kept_first_us.is_some())
             .collect();
-        unopened.sort_by_key(|&i| (inputs[i].first_arrival_us, i));
+        unopened.sort_by_key(|&i| (inputs[i].kept_first_us, i));
         Merge {
             inputs,
             files,
@@ -509,7 +656,7 @@ impl<'a, T: Row> Merge<'a, T> {
     /// Opens every file whose first row comes before the best head.
     fn open_due(&mut self) -> Result<()> {
         while let Some(&j) = self.unopened.get(self.next_unopened) {
-            let first = self.inputs[j].first_arrival_us.unwrap_or(i64::MIN);
+            let first = self.inputs[j].kept_first_us.unwrap_or(i64::MIN);
             if self
                 .heads
                 .peek()
@@ -561,11 +708,12 @@ impl<T: Row> Iterator for Merge<'_, T> {
 
 /// The records of a [`TraceStream`] in arrival order (see [`TraceStream::records`]), with
 /// what they hold in memory (for tests and benches). A pass read to its end without an error
-/// leaves the stream's content hash behind.
+/// leaves the stream's content hash and captures behind.
 pub struct Records<'a> {
     merge: Merge<'a, TraceRecord>,
     hash: ContentHash,
-    hash_slot: &'a OnceLock<String>,
+    counter: CaptureCounter,
+    stream: &'a TraceStream,
     failed: bool,
 }
 
@@ -592,10 +740,15 @@ impl Iterator for Records<'_> {
     fn next(&mut self) -> Option<Result<TraceRecord>> {
         let next = self.merge.next();
         match &next {
-            Some(Ok(r)) => self.hash.add(&r.request_id, r.arrival_time_us),
+            Some(Ok(r)) => {
+                self.hash.add(&r.request_id, r.arrival_time_us);
+                self.counter.add(r);
+            }
             Some(Err(_)) => self.failed = true,
             None if !self.failed => {
-                let _ = self.hash_slot.set(self.hash.finish());
+                let _ = self.stream.hash.set(self.hash.finish());
+                let counter = std::mem::take(&mut self.counter);
+                let _ = self.stream.captures.set(counter.finish());
             }
             None => {}
         }

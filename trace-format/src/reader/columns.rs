@@ -289,13 +289,17 @@ pub(crate) fn arrivals(batch: &RecordBatch, path: &Path, first_row: usize) -> Re
         .collect()
 }
 
-/// The (request id, arrival time) of every row of a batch (which may hold only those
-/// columns), checked as in [`convert`].
-pub(crate) fn ids_and_arrivals(
-    batch: &RecordBatch,
-    path: &Path,
-    first_row: usize,
-) -> Result<Vec<(String, i64)>> {
+/// A row's request id, arrival and capture: what a stream's content hash and its captures
+/// read ([`row_keys`]).
+pub(crate) struct RowKey {
+    pub(crate) request_id: String,
+    pub(crate) arrival_us: i64,
+    pub(crate) capture_id: Option<String>,
+    pub(crate) capture_started_us: Option<i64>,
+}
+
+/// The [`RowKey`] of each row of a batch (decoding only those columns).
+pub(crate) fn row_keys(batch: &RecordBatch, path: &Path, first_row: usize) -> Result<Vec<RowKey>> {
     let normalized = foreign::normalize(batch, path, first_row)?;
     let batch: &RecordBatch = &normalized;
     let cx = Cx {
@@ -304,6 +308,8 @@ pub(crate) fn ids_and_arrivals(
         first_row,
     };
     let ids = cx.strs(col::REQUEST_ID)?;
+    let capture_id = cx.strs(col::CAPTURE_ID)?;
+    let capture_started = cx.times(col::CAPTURE_STARTED)?;
     let at = arrivals(batch, path, first_row)?;
     at.into_iter()
         .enumerate()
@@ -311,7 +317,12 @@ pub(crate) fn ids_and_arrivals(
             let id = ids
                 .get(i)
                 .ok_or_else(|| cx.bad(i, col::REQUEST_ID, "null in a required column"))?;
-            Ok((id.to_string(), a))
+            Ok(RowKey {
+                request_id: id.to_string(),
+                arrival_us: a,
+                capture_id: capture_id.get(i).map(str::to_string),
+                capture_started_us: capture_started.get(i),
+            })
         })
         .collect()
 }

@@ -446,8 +446,15 @@ fn files_llmreplay_wrote_open_from_the_footer_alone() {
         })
         .collect();
     write_trace_file(&p, &capture_order(rows), &test_meta()).unwrap();
-    let (measured_rows, measured) =
-        measure(&OpenFile::open(&Source::Local(p.clone())).unwrap()).unwrap();
+    let Measured {
+        rows: measured_rows,
+        order: measured,
+        ..
+    } = measure(
+        &OpenFile::open(&Source::Local(p.clone())).unwrap(),
+        Window::ALL,
+    )
+    .unwrap();
     assert_eq!(measured_rows, 3000);
     assert!(measured.disorder_us > 20_000, "{measured:?}");
     wipe_rows(&p);
@@ -593,5 +600,183 @@ fn a_full_pass_of_the_records_leaves_the_content_hash() {
     assert!(
         partial.content_hash().is_err(),
         "a partial pass hashed nothing"
+    );
+}
+
+/// A capture's rows: `n` requests of capture `id`, one every `step_us` from `T0 + from_us`,
+/// appended as capture appends them (when each ends).
+fn capture_rows(id: &str, from_us: i64, n: i64, step_us: i64) -> Vec<TraceRecord> {
+    capture_order(
+        (0..n)
+            .map(|i| {
+                let mut r = rec(
+                    &format!("{id}-{i}"),
+                    from_us + i * step_us,
+                    (i * 7919) % 30_000,
+                );
+                r.capture_id = Some(id.to_string());
+                r.capture_started_us = Some(T0 + from_us);
+                r
+            })
+            .collect(),
+    )
+}
+
+/// Several captures' files read in a window are the rows of the whole trace that arrive in
+/// it, in the same order, with their hash and each capture's rows and span: a file across an
+/// edge is narrowed (its counts are the window's), a file outside it is never decoded (its
+/// rows are wiped: reading it would fail), the window's end stops a file's reading (its rows
+/// after it are wiped too), and files of an older schema (no capture columns) mix in.
+#[test]
+fn a_window_over_several_captures_reads_only_its_rows_and_counts_each_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |n: &str| dir.path().join(n);
+    // a: 0–2 s, b: 1–3 s (overlapping a), c: 5–6 s (after the window), old: 1.5–2.5 s.
+    let a = capture_rows("pod-a", 0, 200, 10_000);
+    let b = capture_rows("pod-b", 1_000_000, 400, 5_000);
+    let c = capture_rows("pod-c", 5_000_000, 100, 10_000);
+    let old: Vec<_> = (0..50)
+        .map(|i| {
+            let mut r = rec(&format!("old-{i}"), 1_500_000 + i * 20_000, 10);
+            (r.capture_id, r.capture_started_us) = (None, None);
+            r
+        })
+        .collect();
+    for (n, rows) in [("a", &a), ("b", &b), ("c", &c), ("old", &old)] {
+        write_trace_file(&path(&format!("{n}.parquet")), rows, &test_meta()).unwrap();
+    }
+    // b written in row groups of 64, so that its rows after the window are in later groups.
+    write_grouped(&path("b.parquet"), &b, 64);
+    let inputs: Vec<String> = ["a", "b", "c", "old"]
+        .iter()
+        .map(|n| path(&format!("{n}.parquet")).display().to_string())
+        .collect();
+    let whole = read_traces(&inputs).unwrap();
+    let (since, until) = (T0 + 1_200_000, T0 + 1_800_000);
+    let want: Vec<TraceRecord> = whole
+        .records
+        .iter()
+        .filter(|r| (since..until).contains(&r.arrival_time_us))
+        .cloned()
+        .collect();
+    wipe_rows(&path("c.parquet"));
+    let window = Window::new(Some(since), Some(until)).unwrap();
+    let stream = TraceStream::open_in(&inputs, &LocalOnly, window).unwrap();
+    let files: Vec<_> = stream
+        .files()
+        .iter()
+        .map(|f| (f.path.clone(), f.rows))
+        .collect();
+    let count = |id: &str| {
+        want.iter()
+            .filter(|r| r.capture_id.as_deref() == Some(id))
+            .count()
+    };
+    assert_eq!(
+        files,
+        vec![
+            (path("a.parquet"), count("pod-a")),
+            (path("b.parquet"), count("pod-b")),
+            (path("old.parquet"), 15),
+        ]
+    );
+    assert_eq!(stream.rows(), want.len());
+    assert_eq!(stream.window(), window);
+    assert_eq!(stream.first_arrival_us(), Some(want[0].arrival_time_us));
+    assert_eq!(
+        stream.last_arrival_us(),
+        want.last().map(|r| r.arrival_time_us)
+    );
+    // The key pass (no records read yet) and a full pass of the records agree.
+    let hash = crate::reader::content_hash(
+        want.iter()
+            .map(|r| (r.request_id.as_str(), r.arrival_time_us)),
+    );
+    assert_eq!(stream.content_hash().unwrap(), hash);
+    let by_keys = stream.captures().unwrap().unwrap();
+    let streamed: Vec<TraceRecord> = stream.records().collect::<Result<_>>().unwrap();
+    assert!(streamed == want, "the window's rows differ");
+    let again = TraceStream::open_in(&inputs, &LocalOnly, window).unwrap();
+    assert_eq!(again.records().count(), want.len());
+    let by_records = again.captures().unwrap().unwrap();
+    assert_eq!(by_keys, by_records);
+    let got: Vec<_> = by_keys
+        .captures
+        .iter()
+        .map(|c| (c.id.as_str(), c.rows, (c.span_s * 1e6).round() as i64))
+        .collect();
+    let span = |id: &str| {
+        let at: Vec<i64> = want
+            .iter()
+            .filter(|r| r.capture_id.as_deref() == Some(id))
+            .map(|r| r.arrival_time_us)
+            .collect();
+        at.iter().max().unwrap() - at.iter().min().unwrap()
+    };
+    assert_eq!(
+        got,
+        vec![
+            ("pod-a", count("pod-a"), span("pod-a")),
+            ("pod-b", count("pod-b"), span("pod-b")),
+        ]
+    );
+    assert_eq!(by_keys.rows_without_capture, 15);
+    // Without the window, the wiped file is read, and fails naming it.
+    let all = TraceStream::open(&inputs).unwrap();
+    let err = all.records().find_map(Result::err).unwrap();
+    assert!(
+        matches!(&err, Error::Format { path: p, .. } if p == &path("c.parquet")),
+        "{err}"
+    );
+}
+
+/// The window's end stops a file's reading: rows after it (every column but the arrival
+/// time wiped here, in the last row groups) are never decoded; the arrival column of a file
+/// across an edge is read when it is opened, to count its rows in the window. A window
+/// holding no row is an error saying where the rows are.
+#[test]
+fn a_file_is_read_no_further_than_the_window_and_an_empty_window_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.parquet");
+    let rows: Vec<_> = (0..4096)
+        .map(|i| rec(&format!("r{i}"), i * 1000, 1))
+        .collect();
+    write_grouped(&p, &rows, 256);
+    // Zero the column chunks of rows 3072 on (row groups 12–15), arrival_time's kept.
+    let mut bytes = fs::read(&p).unwrap();
+    {
+        let f = OpenFile::open(&Source::Local(p.clone())).unwrap();
+        for g in 12..16 {
+            let group = f.footer().row_group(g);
+            for c in group.columns() {
+                if c.column_path().string() != col::ARRIVAL_TIME {
+                    let (at, len) = c.byte_range();
+                    bytes[at as usize..(at + len) as usize].fill(0);
+                }
+            }
+        }
+    }
+    fs::write(&p, bytes).unwrap();
+    let inputs = [path_str(&p)];
+    let w = Window::new(Some(T0 + 1_000_000), Some(T0 + 2_000_000)).unwrap();
+    let stream = TraceStream::open_in(&inputs, &LocalOnly, w).unwrap();
+    let got: Vec<i64> = stream
+        .records()
+        .map(|r| r.unwrap().arrival_time_us - T0)
+        .collect();
+    assert_eq!(got, (1000..2000).map(|i| i * 1000).collect::<Vec<_>>());
+    // The whole file fails where it was wiped.
+    assert!(TraceStream::open(&inputs)
+        .unwrap()
+        .records()
+        .any(|r| r.is_err()));
+    let late = Window::new(Some(T0 + 10_000_000), None).unwrap();
+    let e = TraceStream::open_in(&inputs, &LocalOnly, late)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no row arrives in the window"), "{e}");
+    assert!(
+        e.contains("1 file(s) hold rows from 2023-11-14T22:13:20.000000Z"),
+        "{e}"
     );
 }

@@ -318,6 +318,16 @@ def wait_http(url, timeout=20.0, proc=None):
     pytest.fail(f"{url} did not answer within {timeout} s: {last}")
 
 
+def post_json(url, body):
+    """POSTs `body` as JSON; asserts 200 and returns the response's bytes."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        return r.read()
+
+
 def start_at_in(seconds):
     t = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=seconds)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -614,16 +624,8 @@ def test_capture_sidecar_command_runs(docs, binary, tmp_path):
         )
         probe = cap["readinessProbe"]["httpGet"]
         assert wait_http(f"http://{admin}{probe['path']}", proc=proc) == 200
-        body = json.dumps(
-            {"model": "llmreplay-sim", "prompt": "hello there", "max_tokens": 4, "stream": True}
-        ).encode()
-        req = urllib.request.Request(
-            f"http://{listen}/v1/completions", data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert r.status == 200
-            assert b"[DONE]" in r.read()
+        body = {"model": "llmreplay-sim", "prompt": "hello there", "max_tokens": 4, "stream": True}
+        assert b"[DONE]" in post_json(f"http://{listen}/v1/completions", body)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=_seconds(option_value(args, "--drain-timeout")[0]) + 10)
         assert proc.returncode == 0, f"capture exited {proc.returncode} on SIGTERM:\n{err}"
@@ -688,16 +690,9 @@ def test_capture_fleet_is_one_key_and_one_store_the_link_job_reads(docs):
 
 
 def _chat(listen, messages):
-    body = json.dumps(
-        {"model": "llmreplay-sim", "messages": messages, "max_tokens": 8, "stream": False}
-    ).encode()
-    req = urllib.request.Request(
-        f"http://{listen}/v1/chat/completions", data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
-        return json.loads(r.read())["choices"][0]["message"]["content"]
+    body = {"model": "llmreplay-sim", "messages": messages, "max_tokens": 8, "stream": False}
+    answer = post_json(f"http://{listen}/v1/chat/completions", body)
+    return json.loads(answer)["choices"][0]["message"]["content"]
 
 
 def test_capture_fleet_and_link_job_run_as_written(docs, binary, tmp_path):

@@ -111,9 +111,9 @@ pub fn judge(l: &LatencyFidelity) -> Status {
         .any(|q| q.3.is_finite() && q.3 > 0.0 && q.3.ln().abs() > bound && beyond(q, n.bound));
     let p_out = l.paired.is_some_and(|p| p.beyond(bound));
     // A shape drift beyond the noise: further from the capture than the noise run is from the
-    // replay, and with some decile moved past the engine's own bound, not only past 5%.
-    let shape_out = shape
-        && l.ks > NOISE_MARGIN * n.ks
+    // replay, and with some decile moved past the engine's own bound (≥ RATIO_TOL, so past
+    // SHAPE_TOL too), not only past 5%.
+    let shape_out = l.ks > NOISE_MARGIN * n.ks
         && shape_drifts_beyond(l.ks, &l.captured_ms, &l.replayed_ms, n.bound);
     if q_out || p_out || shape_out {
         Status::Drifts
